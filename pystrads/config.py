@@ -1,0 +1,114 @@
+"""Runtime settings: ``spark.pystrads.*`` keys with their defaults.
+
+The reference file with every key commented is ``conf/pystrads-defaults.conf``;
+``tests/test_config.py`` checks that it and :data:`DEFAULTS` agree.  Values
+come from (later wins): the defaults here, the Spark configuration
+(``--conf spark.pystrads.x=y`` or ``spark-defaults.conf``), and the
+``config`` mapping passed to :class:`pystrads.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+from .errors import ConfigurationError
+
+PREFIX = "spark.pystrads."
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    key: str  # without the prefix
+    default: Any
+    kind: type
+    doc: str
+    minimum: Optional[float] = None
+
+
+_SETTINGS = [
+    Setting("shard.perExecutor", 1, int, "shard processes started on each executor", 1),
+    Setting("shard.bindHost", "", str,
+            "address shards listen on; empty = 127.0.0.1 in local mode, the executor's "
+            "SPARK_LOCAL_IP or host address on clusters (never 0.0.0.0 unless set here)"),
+    Setting("shard.leaseSeconds", 30.0, float,
+            "seconds a shard lives without a driver heartbeat before it exits", 1.0),
+    Setting("shard.heartbeatSeconds", 0.0, float,
+            "seconds between driver heartbeats; 0 = automatic (leaseSeconds / 5, at most 3); "
+            "keep it well under leaseSeconds / 2", 0.0),
+    Setting("shard.startTimeoutSeconds", 60.0, float,
+            "seconds to wait for a shard process to report its port", 1.0),
+    Setting("shard.workDir", "", str,
+            "local directory on each executor for shard logs and port files; "
+            "empty = <tmp>/pystrads-<uid>"),
+    Setting("rpc.chunkBytes", 2 * 1024 * 1024, int,
+            "bytes per Arrow record batch in a get or put stream (kept under gRPC's "
+            "4 MiB message limit)", 4096),
+    Setting("rpc.maxKeysPerRequest", 262144, int,
+            "keys sent in one get request; larger key sets are split", 1),
+    Setting("round.timeoutSeconds", 600.0, float,
+            "seconds a worker waits for the others to finish a round before failing the step", 1.0),
+    Setting("step.targetSeconds", 3.0, float,
+            "wall time a step aims for; more rounds per step amortise the Spark job cost", 0.01),
+    Setting("step.maxRounds", 100000, int, "upper bound on the rounds of one step", 1),
+    Setting("executor.waitSeconds", 120.0, float,
+            "seconds to wait for enough executors to register before the first step", 0.0),
+]
+
+DEFAULTS = {s.key: s.default for s in _SETTINGS}
+_BY_KEY = {s.key: s for s in _SETTINGS}
+
+
+def _coerce(setting: Setting, value: Any) -> Any:
+    try:
+        if setting.kind is bool:
+            out = value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes")
+        else:
+            out = setting.kind(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"{PREFIX}{setting.key}={value!r} is not a valid {setting.kind.__name__} "
+            f"({setting.doc}); use e.g. {setting.default!r}") from None
+    if setting.minimum is not None and out < setting.minimum:
+        raise ConfigurationError(
+            f"{PREFIX}{setting.key}={value!r} is below its minimum {setting.minimum} "
+            f"({setting.doc}); use e.g. {setting.default!r}")
+    return out
+
+
+class Config(dict):
+    """A resolved settings mapping ``key -> value`` (keys without the prefix)."""
+
+    @classmethod
+    def resolve(cls, spark_conf: Optional[Mapping[str, str]] = None,
+                overrides: Optional[Mapping[str, Any]] = None) -> "Config":
+        values = dict(DEFAULTS)
+        for source in (spark_conf or {}, overrides or {}):
+            for key, value in source.items():
+                short = key[len(PREFIX):] if key.startswith(PREFIX) else key
+                if short not in _BY_KEY:
+                    if key.startswith(PREFIX) or source is overrides:
+                        raise ConfigurationError(
+                            f"unknown setting {PREFIX}{short}; known settings: "
+                            + ", ".join(PREFIX + k for k in sorted(_BY_KEY)))
+                    continue
+                values[short] = _coerce(_BY_KEY[short], value)
+        out = cls(values)
+        if out["shard.heartbeatSeconds"] == 0:
+            out["shard.heartbeatSeconds"] = min(3.0, out["shard.leaseSeconds"] / 5)
+        elif out["shard.heartbeatSeconds"] * 2 > out["shard.leaseSeconds"]:
+            raise ConfigurationError(
+                f"{PREFIX}shard.heartbeatSeconds={out['shard.heartbeatSeconds']} must be at most half "
+                f"of {PREFIX}shard.leaseSeconds={out['shard.leaseSeconds']}; lower the heartbeat "
+                "or raise the lease")
+        return out
+
+    @classmethod
+    def from_spark(cls, sc, overrides: Optional[Mapping[str, Any]] = None) -> "Config":
+        conf = {k: v for k, v in sc.getConf().getAll() if k.startswith(PREFIX)}
+        return cls.resolve(conf, overrides)
+
+
+def settings():
+    """All known settings (for docs and the reference-file test)."""
+    return list(_SETTINGS)

@@ -1,0 +1,494 @@
+"""Driver side: the Spark driver is the scheduler.
+
+:class:`Engine` runs a :class:`~pystrads.engine.program.Program` over an RDD:
+pre-flight checks, shard start (first use), table creation, an init step,
+then steps -- ``schedule`` on the driver, one barrier Spark job carrying all
+the step's rounds, metrics, ``after_step`` -- until the program stops.
+Each step is atomic: shards undo its writes unless the driver commits it.
+Worker state moves from step to step through cached RDDs (immutable data
+cached once, mutable state re-cached each step), never re-read from input.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from ..config import Config
+from ..errors import ConfigurationError, PystradsError, ScheduleError, StepFailedError
+from ..ps import launcher
+from ..ps.partition import TableLayout, range_bounds
+from ..ps.protocol import check_dtype
+from .program import Program, Schedule, ScheduleContext, StepMetrics
+from .worker import StepSpec, run_init, run_load, run_rounds
+
+log = logging.getLogger(__name__)
+
+
+class TrainingSummary:
+    """Per-step history of a fit (objective, throughput, time split).
+
+    ``rows`` is a list of dicts, one per step; :meth:`to_pandas` gives a
+    DataFrame.  Time columns are seconds: ``schedule_s`` (driver schedule),
+    ``job_s`` (the Spark job), ``compute_s`` / ``sync_s`` (mean per worker:
+    program code / waiting on round clocks), ``spark_s`` (job time outside
+    the rounds: task launch, state (de)serialisation).
+    """
+
+    def __init__(self):
+        self.rows: List[Dict[str, Any]] = []
+        self.fixed: Dict[str, float] = {}
+
+    def to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    @property
+    def total_rounds(self) -> int:
+        return int(sum(r["rounds"] for r in self.rows))
+
+    @property
+    def total_seconds(self) -> float:
+        """Wall time of the whole fit (shard start, init and steps)."""
+        return float(self.fixed.get("total_s", 0.0))
+
+    def __repr__(self) -> str:
+        return f"TrainingSummary(steps={len(self.rows)}, rounds={self.total_rounds})"
+
+
+def _slots(sc) -> Optional[int]:
+    master = sc.master
+    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+    m = re.match(r"local\[(\*|\d+)(?:,\s*\d+)?\]$", master)
+    if master == "local":
+        return 1
+    if m:
+        n = (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
+        return max(1, n // cpus)
+    m = re.match(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]$", master)
+    if m:
+        return int(m.group(1)) * int(m.group(2)) // cpus
+    return None
+
+
+def _python_cause(exc: BaseException) -> str:
+    """The last Python exception line inside a Py4J error (what the user needs)."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines()
+             if re.match(r"^\s*[\w.]+(Error|Exception|Warning)\b.*:", ln)]
+    python_lines = [ln for ln in lines if not ln.startswith(("org.apache", "java.", "py4j", "scala."))]
+    chosen = (python_lines or lines or [text.splitlines()[0] if text else repr(exc)])[-1]
+    return chosen[:2000]
+
+
+def check_java() -> None:
+    """Raise :class:`ConfigurationError` unless a Java 17+ runtime is available."""
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise ConfigurationError(
+            "Spark needs Java 17 or newer and none was found (JAVA_HOME unset and no java on PATH); "
+            "install OpenJDK 17 (e.g. apt-get install openjdk-17-jre-headless) and retry")
+    import subprocess
+
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(m.group(1)) if m else 0
+    if major == 1 and m and m.group(2):
+        major = int(m.group(2))
+    if major < 17:
+        raise ConfigurationError(f"Spark needs Java 17 or newer; {java} is version {major or out!r}. "
+                                 "Install OpenJDK 17 and point JAVA_HOME at it")
+
+
+class Engine:
+    """Runs one :class:`Program` over the partitions of an RDD.
+
+    Parameters
+    ----------
+    program : Program
+        The model-parallel program.
+    rdd : pyspark.RDD
+        Input records; repartitioned to ``num_workers`` partitions if needed
+        (each partition is one worker).
+    num_workers : int, optional
+        Workers U (default: the RDD's partitions, capped by the task slots).
+    seed : int
+        Seed handed to the program (``ctx.seed``, ``ctx.rng()``).
+    config : mapping, optional
+        ``spark.pystrads.*`` overrides (keys with or without the prefix).
+    """
+
+    def __init__(self, program: Program, rdd, num_workers: Optional[int] = None, seed: int = 0,
+                 config: Optional[Mapping[str, Any]] = None):
+        if not isinstance(program, Program):
+            raise TypeError(f"program must be a pystrads Program, got {type(program).__name__}")
+        self.program = program
+        self.rdd = rdd
+        self.sc = rdd.context
+        self.config = Config.from_spark(self.sc, config)
+        self.seed = int(seed)
+        slots = _slots(self.sc)
+        parts = rdd.getNumPartitions()
+        if num_workers is None:
+            num_workers = min(parts, slots) if slots else parts
+        if not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
+            raise ConfigurationError(f"num_workers={num_workers!r} must be a positive integer")
+        self.num_workers = int(num_workers)
+        staleness = getattr(program, "staleness", 0)
+        if not isinstance(staleness, (int, np.integer)) or staleness < 0:
+            raise ConfigurationError(f"{type(program).__name__}.staleness={staleness!r} must be an integer >= 0")
+        if staleness and program.has_apply():
+            raise ConfigurationError(
+                f"{type(program).__name__} defines apply(), which needs each round committed before "
+                f"the next: staleness must be 0, got {staleness}")
+        self.summary = TrainingSummary()
+        self.manager = None
+        self.group = None
+        self.layouts: Dict[str, TableLayout] = {}
+        self.namespace = "fit-" + secrets.token_hex(6)
+        self._data_rdd = None
+        self._state_rdd = None
+        self._old_rdds: List[Any] = []
+        self._step = 0
+        self._rounds_done = 0
+
+    # ------------------------------------------------------------------ checks
+    def preflight(self) -> None:
+        """Checks that must pass before any Spark job; each says what to change."""
+        sc, U = self.sc, self.num_workers
+        conf = sc.getConf()
+        if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+            raise ConfigurationError(
+                "spark.dynamicAllocation.enabled=true: pystrads runs barrier stages whose tasks must all "
+                "run at once on fixed executors; set spark.dynamicAllocation.enabled=false")
+        python = getattr(sc, "pythonExec", None) or sys.executable
+        resolved = shutil.which(python) or python
+        if os.path.realpath(resolved) != os.path.realpath(sys.executable):
+            log.warning("executors use Python %r, the driver %r; set PYSPARK_PYTHON=%s if the "
+                        "executors lack pystrads or its dependencies", python, sys.executable, sys.executable)
+        slots = _slots(sc)
+        if slots is None:
+            deadline = time.monotonic() + self.config["executor.waitSeconds"]
+            cpus = int(conf.get("spark.task.cpus", "1"))
+            while True:
+                executors = launcher._count_executors(sc)
+                slots = sc.defaultParallelism // cpus if executors else 0
+                if slots >= U or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+        if slots < U:
+            raise ConfigurationError(
+                f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
+                f"offers {slots}; lower num_workers to {max(1, slots)} or give Spark more executor cores "
+                "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
+        tables = list(self.program.tables())
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"{type(self.program).__name__} declares duplicate tables: {names}")
+        for t in tables:
+            check_dtype(t.dtype)
+            if t.num_rows < 0 or t.width < 1:
+                raise ConfigurationError(f"table {t.name!r}: bad shape {t.num_rows} x {t.width}")
+
+    # ------------------------------------------------------------------ setup
+    def _expected_executors(self) -> int:
+        if self.sc.master.startswith("local"):
+            return 1
+        return max(1, launcher._count_executors(self.sc))
+
+    def _start(self) -> None:
+        from pyspark import cloudpickle
+
+        t0 = time.perf_counter()
+        for key, manager in list(launcher._MANAGERS.items()):
+            if getattr(manager.sc, "_jsc", None) is None:  # its SparkContext was stopped
+                manager.shutdown()
+                launcher._MANAGERS.pop(key, None)
+        try:
+            self.manager = launcher.get_shards(self.sc, self.config, self._expected_executors())
+        except PystradsError:
+            raise
+        except Exception as exc:
+            cause = _python_cause(exc)
+            if "No module named" in cause:
+                raise ConfigurationError(
+                    f"executors could not import pystrads ({cause}); install it on every executor or set "
+                    f"PYSPARK_PYTHON={sys.executable} so executors use the driver's environment") from exc
+            raise
+        self.group = self.manager.group
+        self.summary.fixed["shard_start_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        num_shards = len(self.group.shards)
+        for t in self.program.tables():
+            if t.single_shard:
+                bounds, owners = [0, t.num_rows], [hash(t.name) % num_shards]
+            else:
+                if t.partitioner is not None:
+                    bounds = np.asarray(t.partitioner(t.num_rows, num_shards), dtype=np.int64)
+                else:
+                    bounds = range_bounds(t.num_rows, num_shards, t.weights)
+                owners = list(range(num_shards))
+                if len(bounds) != num_shards + 1 or bounds[0] != 0 or bounds[-1] != t.num_rows \
+                        or np.any(np.diff(bounds) < 0):
+                    raise ConfigurationError(
+                        f"table {t.name!r}: partitioner returned bounds {list(bounds)[:10]}; need "
+                        f"{num_shards + 1} non-decreasing values from 0 to {t.num_rows}")
+            layout = TableLayout(f"{self.namespace}/{t.name}", int(t.num_rows), int(t.width), t.dtype,
+                                 tuple(int(b) for b in bounds), tuple(owners),
+                                 int(t.contrib_width or t.width))
+            init = (base64.b64encode(cloudpickle.dumps(t.initializer)).decode()
+                    if t.initializer is not None else None)
+            for shard, lo, hi in layout.ranges():
+                self.group.client(shard).action(
+                    "create_table", name=layout.name, row_start=lo, row_stop=hi, width=layout.width,
+                    dtype=layout.dtype, fill=t.fill, initializer=init, contrib_width=layout.contrib_width)
+            self.layouts[t.name] = layout
+        payload = base64.b64encode(cloudpickle.dumps(self.program)).decode()
+        self.group.broadcast("register_program", namespace=self.namespace, payload=payload)
+        self.summary.fixed["table_create_s"] = time.perf_counter() - t0
+
+    def table(self, name: str):
+        """Driver-side handle of a table (reads; writes only between steps)."""
+        try:
+            return self.group.table(self.layouts[name])
+        except KeyError:
+            raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
+
+    def _spec(self, step: int, schedule: Optional[Schedule]) -> StepSpec:
+        return StepSpec(self.program, self.group, dict(self.layouts), step, self.num_workers,
+                        self._rounds_done, self.seed, int(getattr(self.program, "staleness", 0)),
+                        self.config["round.timeoutSeconds"], schedule)
+
+    # ------------------------------------------------------------------ steps
+    def _run_job(self, step: int, rdd) -> None:
+        from pyspark import StorageLevel
+
+        self.group.broadcast("begin_step", step=step, num_workers=self.num_workers, namespace=self.namespace)
+        try:
+            # Local checkpoints cut the lineage at every step: a barrier stage may not
+            # depend on two barrier RDDs (data and state), and a lost block must never
+            # be recomputed by re-running a step against the shards.
+            rdd.persist(StorageLevel.MEMORY_AND_DISK)
+            rdd.localCheckpoint()
+            self._materialize(rdd)
+        except BaseException as exc:
+            self.group.broadcast("abort_step", step=step)
+            rdd.unpersist()
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise StepFailedError(
+                f"step {step} failed on every attempt Spark allowed; the model tables were rolled back "
+                f"to their state before the step. Cause: {_python_cause(exc)}") from exc
+        self.group.broadcast("commit_step", step=step)
+
+    def _materialize(self, rdd) -> None:
+        """Compute and cache a barrier RDD in a job Spark can retry.
+
+        Spark retries a failed barrier stage only when it is a shuffle-map stage
+        (a failed barrier *result* stage aborts the job), so the barrier stage
+        ends in a tiny shuffle: a count per partition, read as raw bytes (the
+        cached state is never unpickled again for this).
+        """
+        from pyspark import RDD
+        from pyspark.serializers import NoOpSerializer
+
+        raw = RDD(rdd._jrdd, self.sc, NoOpSerializer())
+        counted = raw.mapPartitions(lambda it: [(0, sum(1 for _ in it))]).reduceByKey(
+            lambda a, b: a + b, numPartitions=1).collect()
+        if not counted:
+            raise StepFailedError("a step produced no worker state")
+
+    def _zip(self, data_rdd, state_rdd):
+        """(data, state) pairs without re-serialising either side (one element per partition)."""
+        from pyspark import RDD
+        from pyspark.serializers import PairDeserializer
+
+        jpairs = data_rdd._jrdd.zip(state_rdd._jrdd)
+        return RDD(jpairs, self.sc, PairDeserializer(data_rdd._jrdd_deserializer, state_rdd._jrdd_deserializer))
+
+    def _stats(self) -> Dict[str, int]:
+        total = {"bytes_in": 0, "bytes_out": 0, "requests": 0}
+        for s in self.group.broadcast("stats"):
+            for k in total:
+                total[k] += s[k]
+        return total
+
+    def _collect_metrics(self) -> StepMetrics:
+        answer = self.group.client(0).action("metrics")
+        rounds = answer.get("rounds", {})
+        n = max((int(k) for k in rounds), default=-1) + 1
+        return StepMetrics([rounds.get(str(i), {}) for i in range(n)])
+
+    def _init_step(self) -> None:
+        """Load each worker's immutable data (plain cached job), then the init step
+        (barrier, atomic) builds the mutable state and may write initial table values.
+
+        Keeping ``data`` out of every barrier lineage matters beyond speed: Spark
+        refuses a barrier stage that depends on two barrier RDDs, and a step reads
+        both ``data`` and the previous step's state.
+        """
+        from pyspark import StorageLevel
+
+        t0 = time.perf_counter()
+        rdd = self.rdd
+        if rdd.getNumPartitions() != self.num_workers:
+            rdd = rdd.repartition(self.num_workers)
+        spec = self._spec(0, None)
+        self._data_rdd = rdd.mapPartitionsWithIndex(lambda index, it: run_load(spec, index, it))
+        self._data_rdd.persist(StorageLevel.MEMORY_AND_DISK)
+        self._data_rdd._jrdd.count()
+        self.summary.fixed["load_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        state = self._data_rdd.barrier().mapPartitions(lambda it: run_init(spec, it))
+        self._run_job(0, state)
+        metrics = self._collect_metrics()
+        self._state_rdd = state
+        self._old_rdds = [state]
+        self.summary.fixed["init_s"] = time.perf_counter() - t0
+        self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
+        self._step = 1
+
+    def fit(self, max_steps: Optional[int] = None) -> "FitResult":
+        """Run the program until ``schedule`` returns ``None``, ``ctx.stop`` is called or
+        ``max_steps`` steps ran."""
+        t_fit = time.perf_counter()
+        self.preflight()
+        log.info("fit %s: program %r, %d workers, seed %d, settings %s", self.namespace, self.program,
+                 self.num_workers, self.seed, dict(self.config))
+        self._start()
+        try:
+            self._init_step()
+            ctx = ScheduleContext(self)
+            ctx.rounds_hint = self.num_workers
+            steps = 0
+            while max_steps is None or steps < max_steps:
+                ctx.step, ctx.rounds_done, ctx._records = self._step, self._rounds_done, {}
+                t0 = time.perf_counter()
+                schedule = self.program.schedule(ctx)
+                t_sched = time.perf_counter() - t0
+                if schedule is None or ctx.stopped:
+                    break
+                if not isinstance(schedule, Schedule):
+                    raise ScheduleError(f"{type(self.program).__name__}.schedule returned "
+                                        f"{type(schedule).__name__}; return a Schedule or None")
+                if len(schedule) == 0:
+                    raise ScheduleError("schedule returned no rounds; return None to end the fit")
+                schedule.validate(self.num_workers, self.config["step.maxRounds"])
+                self._run_step(ctx, schedule, t_sched)
+                steps += 1
+                if ctx.stopped:
+                    break
+                in_rounds = self.summary.rows[-1]["round_s"]
+                per_round = in_rounds / max(1, len(schedule))
+                target = self.config["step.targetSeconds"]
+                ctx.rounds_hint = int(max(1, min(self.config["step.maxRounds"],
+                                                 target / max(per_round, 1e-6))))
+            self.summary.fixed["total_s"] = time.perf_counter() - t_fit
+            return FitResult(self, ctx.stopped)
+        except BaseException:
+            self.release()
+            raise
+
+    def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float) -> None:
+        step = self._step
+        spec = self._spec(step, schedule)
+        stats0 = self._stats()
+        t0 = time.perf_counter()
+        new_state = self._zip(self._data_rdd, self._state_rdd).barrier().mapPartitions(
+            lambda it: run_rounds(spec, it))
+        self._run_job(step, new_state)
+        t_job = time.perf_counter() - t0
+        metrics = self._collect_metrics()
+        stats1 = self._stats()
+        for old in self._old_rdds:
+            old.unpersist()
+        self._old_rdds = [new_state]
+        self._state_rdd = new_state
+        U = self.num_workers
+        compute = metrics.total("_compute_s") / U
+        sync = metrics.total("_sync_s") / U
+        row = {
+            "step": step, "rounds": len(schedule), "seconds": t_sched + t_job, "schedule_s": t_sched,
+            "job_s": t_job, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
+            "spark_s": max(0.0, t_job - compute - sync), "rounds_per_s": len(schedule) / t_job,
+            "bytes_in": stats1["bytes_in"] - stats0["bytes_in"],
+            "bytes_out": stats1["bytes_out"] - stats0["bytes_out"],
+            "requests": stats1["requests"] - stats0["requests"],
+        }
+        self._rounds_done += len(schedule)
+        self._step += 1
+        self.program.after_step(ctx, metrics)
+        row.update(ctx._records)
+        self.summary.rows.append(row)
+        extra = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in ctx._records.items())
+        log.info("step %d: %d rounds in %.3f s (%.0f rounds/s; compute %.3f s, sync %.3f s, spark %.3f s) %s",
+                 step, len(schedule), t_job, row["rounds_per_s"], compute, sync, row["spark_s"], extra)
+
+    # ------------------------------------------------------------------ results
+    def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:
+        """``fn(worker, data, state)`` on every worker's current state; results in worker order."""
+        pairs = self._zip(self._data_rdd, self._state_rdd)
+
+        def run(index, it):
+            for data, state in it:
+                yield index, fn(index, data, state)
+
+        return [v for _, v in sorted(pairs.mapPartitionsWithIndex(run).collect(), key=lambda kv: kv[0])]
+
+    def release(self) -> None:
+        """Drop the fit's tables from the shards and unpersist its RDDs."""
+        for rdd in self._old_rdds + [self._data_rdd]:  # noqa: B007
+            if rdd is not None:
+                try:
+                    rdd.unpersist()
+                except Exception:  # the SparkContext may be gone
+                    pass
+        self._old_rdds = []
+        if self.group is not None:
+            try:
+                self.group.broadcast("drop_tables", prefix=self.namespace + "/")
+            except PystradsError:
+                pass
+
+
+class FitResult:
+    """The outcome of :meth:`Engine.fit`: summary, tables and worker states.
+
+    Call :meth:`release` (or use it as a context manager) to free the shard
+    memory and cached RDDs once the results are read.
+    """
+
+    def __init__(self, engine: Engine, stop_reason: Optional[str]):
+        self.engine = engine
+        self.summary = engine.summary
+        self.stop_reason = stop_reason
+
+    def table(self, name: str):
+        return self.engine.table(name)
+
+    def read_table(self, name: str) -> np.ndarray:
+        """The whole table on the driver (mind memory for big models)."""
+        return self.engine.table(name).read_all()
+
+    def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:
+        return self.engine.map_states(fn)
+
+    def release(self) -> None:
+        self.engine.release()
+
+    def __enter__(self) -> "FitResult":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,283 @@
+"""The Program API: how a model-parallel algorithm is written for pystrads.
+
+A :class:`Program` declares its model :class:`Table` s and implements
+
+* ``load(ctx, records) -> data`` -- once per data partition (worker), on the
+  executor: the worker's immutable ``data`` built from its input records
+  (kept cached; a pure function of the records -- no table access);
+* ``init_state(ctx, data) -> state`` -- in the (atomic) init step: the
+  worker's mutable ``state``, carried from step to step; may write initial
+  values into tables (e.g. LDA's initial counts);
+* ``schedule(ctx) -> Schedule | None`` -- on the **driver**: which work each
+  worker does in each of the next rounds (``None`` ends the fit).  It may
+  read current parameter values through ``ctx.table(name)`` (dynamic
+  schedules) and should size the step with ``ctx.rounds_hint``;
+* ``push(ctx, data, state, work) -> state`` -- on each worker, once per
+  round: read the rows it needs (``ctx.table(name).get``), compute on local
+  data, and write (``inc`` / ``put``) or send partial sums (``contribute``);
+* ``pull(table, keys, partials, current) -> new_rows`` -- on the **shards**,
+  where the rows live: turns the summed contributions of every worker for
+  a round into the table's new rows (server-side aggregation);
+* ``apply(ctx, data, state, work) -> state`` (optional) -- on each worker
+  after the round's ``pull`` is committed everywhere, e.g. to update a
+  local residual with the new parameter values;
+* ``after_step(ctx, metrics)`` (optional) -- on the driver after each step,
+  with the per-round sums of what workers ``ctx.report``-ed; record an
+  objective with ``ctx.record(...)`` and stop with ``ctx.stop(reason)``.
+
+The four shapes of STRADS / Petuum programs map onto it directly (see
+:mod:`pystrads.programs.examples` for one worked example of each):
+
+=====================  ==========================================================
+static rotation        ``Schedule.per_worker``: round r gives worker p block
+                       (p + r) mod U (LDA word rotation)
+alternating / k-part.  ``Schedule.shared``: every worker works on the same block;
+                       ``contribute`` + ``pull`` aggregate (MF's W-then-H)
+dynamic, pipelined     ``schedule`` reads ``ctx.table(...)`` and ships ``s``
+                       rounds per step (Lasso)
+data-parallel          ``Schedule.data_parallel(n)`` with ``staleness > 0`` (SSP)
+=====================  ==========================================================
+
+Programs should be light objects (parameters, not data): they are pickled
+into every step's closure and onto the shards for ``pull``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ScheduleError
+
+
+@dataclasses.dataclass
+class Table:
+    """A model table: ``num_rows`` rows of ``width`` values, range-partitioned over shards.
+
+    Parameters
+    ----------
+    name : str
+        Name used by the program (``ctx.table(name)``).
+    num_rows, width : int
+        Shape.
+    dtype : {"float64", "float32", "int64", "int32"}
+        Element type.
+    fill : number
+        Initial value of every cell (ignored with ``initializer``).
+    initializer : callable ``(row_start, row_stop) -> array``, optional
+        Runs on the shard to create its rows (so large tables never pass
+        through the driver); must depend only on the row indices to give the
+        same table for any number of shards.
+    weights : array of shape (num_rows,), optional
+        Cost of each row; shards get contiguous ranges of about equal cost.
+    partitioner : callable ``(num_rows, num_shards) -> bounds``, optional
+        Custom range cut (``num_shards + 1`` non-decreasing bounds).
+    contrib_width : int, optional
+        Width of the partial sums ``contribute`` sends for this table
+        (default: ``width``).
+    single_shard : bool
+        Keep the whole table on one shard (for a ``pull`` that needs all of
+        a round's keys together, or a tiny table read every round).
+    """
+
+    name: str
+    num_rows: int
+    width: int = 1
+    dtype: str = "float64"
+    fill: float = 0
+    initializer: Optional[Callable[[int, int], np.ndarray]] = None
+    weights: Optional[np.ndarray] = None
+    partitioner: Optional[Callable[[int, int], Sequence[int]]] = None
+    contrib_width: Optional[int] = None
+    single_shard: bool = False
+
+
+class Schedule:
+    """The work of the rounds of one step.
+
+    Use the constructors:
+
+    * :meth:`per_worker` -- ``rounds[r][p]`` is worker p's work in round r;
+    * :meth:`shared` -- ``rounds[r]`` is every worker's work in round r;
+    * :meth:`data_parallel` -- ``n`` rounds with no work item (``None``).
+    """
+
+    PER_WORKER, SHARED, NONE = "per_worker", "shared", "none"
+
+    def __init__(self, rounds: Sequence[Any], mode: str):
+        if mode not in (self.PER_WORKER, self.SHARED, self.NONE):
+            raise ScheduleError(f"unknown schedule mode {mode!r}")
+        self.rounds = list(rounds)
+        self.mode = mode
+
+    @classmethod
+    def per_worker(cls, rounds: Iterable[Sequence[Any]]) -> "Schedule":
+        return cls(list(rounds), cls.PER_WORKER)
+
+    @classmethod
+    def shared(cls, rounds: Iterable[Any]) -> "Schedule":
+        return cls(list(rounds), cls.SHARED)
+
+    @classmethod
+    def data_parallel(cls, num_rounds: int) -> "Schedule":
+        return cls([None] * int(num_rounds), cls.NONE)
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def work(self, round_index: int, worker: int) -> Any:
+        if self.mode == self.PER_WORKER:
+            return self.rounds[round_index][worker]
+        if self.mode == self.SHARED:
+            return self.rounds[round_index]
+        return None
+
+    def validate(self, num_workers: int, max_rounds: int) -> None:
+        if len(self.rounds) > max_rounds:
+            raise ScheduleError(
+                f"schedule has {len(self.rounds)} rounds, more than spark.pystrads.step.maxRounds="
+                f"{max_rounds}; return fewer rounds per step (see ctx.rounds_hint)")
+        if self.mode == self.PER_WORKER:
+            for r, work in enumerate(self.rounds):
+                if len(work) != num_workers:
+                    raise ScheduleError(
+                        f"round {r} of a per-worker schedule has {len(work)} work items for "
+                        f"{num_workers} workers; give exactly one per worker")
+
+
+class Program:
+    """Base class of model-parallel programs; see the module docstring."""
+
+    #: Rounds a worker may run ahead of the slowest one (0 = BSP; > 0 = SSP).
+    staleness: int = 0
+
+    def tables(self) -> Sequence[Table]:
+        return []
+
+    def load(self, ctx: "WorkerContext", records: Iterable[Any]) -> Any:
+        raise NotImplementedError
+
+    def init_state(self, ctx: "WorkerContext", data: Any) -> Any:
+        return None
+
+    def schedule(self, ctx: "ScheduleContext") -> Optional[Schedule]:
+        raise NotImplementedError
+
+    def push(self, ctx: "WorkerContext", data: Any, state: Any, work: Any) -> Any:
+        raise NotImplementedError
+
+    def pull(self, table: str, keys: np.ndarray, partials: np.ndarray, current: np.ndarray) -> np.ndarray:
+        raise NotImplementedError(
+            f"{type(self).__name__} contributes to table {table!r} but defines no pull()")
+
+    def apply(self, ctx: "WorkerContext", data: Any, state: Any, work: Any) -> Any:
+        return state
+
+    def after_step(self, ctx: "ScheduleContext", metrics: "StepMetrics") -> None:
+        return None
+
+    # -- helpers used by the engine
+    def has_apply(self) -> bool:
+        return type(self).apply is not Program.apply
+
+
+class WorkerContext:
+    """What a worker sees in ``load`` / ``init_state`` / ``push`` / ``apply``
+    (``load`` sees no tables)."""
+
+    def __init__(self, worker: int, num_workers: int, step: int, attempt: int,
+                 handles: Dict[str, Any], round_offset: int, seed: int):
+        self.worker = worker
+        self.num_workers = num_workers
+        self.step = step
+        self.attempt = attempt
+        self.round_offset = round_offset
+        self.local_round = 0
+        self.seed = seed
+        self._handles = handles
+        self._metrics: Dict[str, float] = {}
+
+    @property
+    def round(self) -> int:
+        """Global index of the current round (counted over the whole fit)."""
+        return self.round_offset + self.local_round
+
+    def table(self, name: str):
+        """The :class:`~pystrads.ps.client.TableHandle` of table ``name``."""
+        try:
+            return self._handles[name]
+        except KeyError:
+            raise KeyError(f"no table {name!r}; the program declares {sorted(self._handles)}") from None
+
+    def contribute(self, name: str, keys, partials) -> None:
+        """Partial sums for this round's ``pull`` of table ``name``."""
+        self.table(name).contribute(keys, partials, self.local_round)
+
+    def report(self, **values: float) -> None:
+        """Add numbers to this round's metrics (summed over workers)."""
+        for key, value in values.items():
+            self._metrics[key] = self._metrics.get(key, 0.0) + float(value)
+
+    def rng(self, salt: int = 0) -> np.random.Generator:
+        """A generator seeded by (fit seed, worker, round, salt): reproducible."""
+        return np.random.default_rng([self.seed, self.worker, self.round, salt])
+
+    def _take_metrics(self) -> Dict[str, float]:
+        out, self._metrics = self._metrics, {}
+        return out
+
+
+class StepMetrics:
+    """Per-round sums of the metrics workers reported in one step."""
+
+    def __init__(self, rounds: List[Dict[str, float]]):
+        self.rounds = rounds
+
+    def total(self, key: str, default: float = 0.0) -> float:
+        return float(sum(r.get(key, 0.0) for r in self.rounds)) if self.rounds else default
+
+    def last(self, key: str, default: float = float("nan")) -> float:
+        for r in reversed(self.rounds):
+            if key in r:
+                return float(r[key])
+        return default
+
+    def series(self, key: str) -> List[float]:
+        return [float(r[key]) for r in self.rounds if key in r]
+
+
+class ScheduleContext:
+    """What the driver-side hooks (``schedule``, ``after_step``) see."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+        self.step = 0
+        self.rounds_done = 0
+        self.rounds_hint = 1
+        self.num_workers = engine.num_workers
+        self.seed = engine.seed
+        self._stop_reason: Optional[str] = None
+        self._records: Dict[str, Any] = {}
+
+    def table(self, name: str):
+        """Handle of table ``name`` for reads on the driver (dynamic schedules)."""
+        return self._engine.table(name)
+
+    def record(self, **values: Any) -> None:
+        """Store values (objective, iteration, ...) in this step's summary row."""
+        self._records.update(values)
+
+    def stop(self, reason: str = "converged") -> None:
+        """End the fit after this step."""
+        self._stop_reason = reason
+
+    @property
+    def stopped(self) -> Optional[str]:
+        return self._stop_reason
+
+    @property
+    def history(self):
+        """The summary rows of the steps so far (list of dicts)."""
+        return self._engine.summary.rows

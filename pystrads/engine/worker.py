@@ -1,0 +1,103 @@
+"""Executor side of a step: one barrier task runs all the rounds of a step.
+
+Rounds are synchronised through the shards' round clocks (one ``tick`` per
+shard per round), never through Spark jobs or ``BarrierTaskContext.barrier()``.
+Every write carries ``(step, attempt, worker)`` so that shards roll back a
+failed attempt and refuse writes from its zombie tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, Iterator, Optional
+
+from .program import Program, Schedule, WorkerContext
+
+
+@dataclasses.dataclass
+class StepSpec:
+    """Everything a step's tasks need; pickled into the job's closure."""
+
+    program: Program
+    group: Any  # ShardGroup
+    layouts: Dict[str, Any]  # short name -> TableLayout
+    step: int
+    num_workers: int
+    round_offset: int
+    seed: int
+    staleness: int
+    timeout: float
+    schedule: Optional[Schedule] = None  # None: the init step
+
+
+def _task_identity():
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId(), ctx.taskAttemptId(), ctx.attemptNumber()
+
+
+def _open(spec: StepSpec):
+    worker, task, attempt = _task_identity()
+    fence = {"step": spec.step, "worker": worker, "task": task}
+    for i in range(len(spec.group.shards)):
+        spec.group.client(i).action("enter", **fence)
+    handles = {name: spec.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
+    ctx = WorkerContext(worker, spec.num_workers, spec.step, attempt, handles, spec.round_offset, spec.seed)
+    return ctx, fence
+
+
+def _tick(spec: StepSpec, fence: Dict[str, int], rnd: int, wait_for: int,
+          metrics: Optional[Dict[str, float]]) -> None:
+    for i in range(len(spec.group.shards)):
+        spec.group.client(i).action("tick", **fence, round=rnd, wait_for=wait_for,
+                                    metrics=metrics if i == 0 else None, timeout=spec.timeout)
+
+
+def run_load(spec: StepSpec, index: int, records: Iterator[Any]) -> Iterator[Any]:
+    """Plain (non-barrier) task: the worker's immutable data from its input records."""
+    ctx = WorkerContext(index, spec.num_workers, 0, 0, {}, 0, spec.seed)
+    yield spec.program.load(ctx, records)
+
+
+def run_init(spec: StepSpec, datas: Iterator[Any]) -> Iterator[Any]:
+    """The init step (barrier, atomic): each worker's initial mutable state."""
+    data, = list(datas)
+    ctx, fence = _open(spec)
+    t0 = time.perf_counter()
+    state = spec.program.init_state(ctx, data)
+    metrics = ctx._take_metrics()
+    metrics["_compute_s"] = time.perf_counter() - t0
+    _tick(spec, fence, 0, 0, metrics)
+    yield state
+
+
+def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
+    """A regular step: all rounds of ``spec.schedule`` on this worker."""
+    (data, state), = list(pairs)
+    program, schedule = spec.program, spec.schedule
+    ctx, fence = _open(spec)
+    has_apply = program.has_apply()
+    last = len(schedule) - 1
+    for rnd in range(len(schedule)):
+        ctx.local_round = rnd
+        work = schedule.work(rnd, ctx.worker)
+        t0 = time.perf_counter()
+        new = program.push(ctx, data, state, work)
+        state = state if new is None else new
+        t1 = time.perf_counter()
+        metrics = ctx._take_metrics()
+        metrics["_compute_s"] = t1 - t0
+        wait_for = rnd if (has_apply or rnd == last) else rnd - spec.staleness
+        _tick(spec, fence, rnd, wait_for, metrics)
+        t2 = time.perf_counter()
+        if has_apply:
+            new = program.apply(ctx, data, state, work)
+            state = state if new is None else new
+            t3 = time.perf_counter()
+            ctx.report(_compute_s=t3 - t2)
+        ctx.report(_sync_s=t2 - t1)  # travels with the next tick
+    if ctx._metrics:
+        _tick(spec, fence, last, last, ctx._take_metrics())
+    yield state

@@ -1,0 +1,52 @@
+"""The exception and warning types a pystrads user can catch.
+
+Every error raised on purpose by pystrads is one of these (or a standard
+``ValueError``/``TypeError`` subclass of them for bad parameters), so callers
+never have to catch a bare ``Exception``.
+"""
+
+
+class PystradsError(Exception):
+    """Base class of every pystrads error."""
+
+
+class ConfigurationError(PystradsError, ValueError):
+    """A parameter, a Spark setting or the environment cannot work.
+
+    The message names the parameter or setting, the value and the fix.
+    """
+
+
+class InputError(PystradsError, ValueError):
+    """The input data is unusable (a bad column, value or id).
+
+    Raised before any Spark job starts; the message names the column, the
+    offending value and the fix.
+    """
+
+
+class ShardUnavailableError(PystradsError, ConnectionError):
+    """A parameter-server shard cannot be reached, refused a call, or failed."""
+
+
+class ShardStartError(ShardUnavailableError):
+    """A shard process could not be started on an executor (the message says
+    which executor and why: port, memory, import error...)."""
+
+
+class ScheduleError(PystradsError, RuntimeError):
+    """A program's ``schedule`` returned something the engine cannot run."""
+
+
+class StepFailedError(PystradsError, RuntimeError):
+    """A step failed on every attempt Spark allowed; the shards were rolled
+    back to the state before the step."""
+
+
+class RoundTimeoutError(PystradsError, TimeoutError):
+    """A worker waited longer than ``spark.pystrads.round.timeoutSeconds`` for
+    the other workers to finish a round."""
+
+
+class ConvergenceWarning(UserWarning):
+    """A fit stopped at its iteration limit before reaching its tolerance."""

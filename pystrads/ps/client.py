@@ -1,0 +1,312 @@
+"""Client side of the parameter server.
+
+* :class:`ShardClient` -- one authenticated connection to one shard; the only
+  place that talks Flight.  Errors come back as :mod:`pystrads.errors` types.
+* :class:`ShardGroup` -- a small picklable handle (addresses + token) that
+  travels in Spark closures; connections are opened lazily, once per process.
+* :class:`TableHandle` -- a model table spread over the shards by a
+  :class:`~pystrads.ps.partition.TableLayout`: ``get``, additive ``inc``,
+  ``put`` and ``contribute`` on row blocks, one request per shard touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from ..errors import RoundTimeoutError, ShardUnavailableError
+from . import protocol
+from .partition import TableLayout
+
+_CONNECTIONS: Dict[Tuple[str, str], "ShardClient"] = {}
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def _translate(exc: Exception, uri: str, what: str) -> Exception:
+    text = str(exc).split("\n")[0]
+    detail = getattr(exc, "extra_info", None)
+    if isinstance(exc, flight.FlightTimedOutError) or "round timeout" in text:
+        return RoundTimeoutError(f"{what} on shard {uri}: {text}")
+    if isinstance(exc, flight.FlightUnauthenticatedError):
+        return ShardUnavailableError(f"{what} on shard {uri} was refused: {text}")
+    if isinstance(exc, flight.FlightUnavailableError):
+        return ShardUnavailableError(
+            f"{what}: shard {uri} is unreachable ({text}); the shard process died or its lease "
+            "expired (see spark.pystrads.shard.leaseSeconds), or the network between executors "
+            "blocks its port")
+    del detail
+    return ShardUnavailableError(f"{what} on shard {uri} failed: {text}")
+
+
+class ShardClient:
+    """One authenticated Flight connection to one shard."""
+
+    def __init__(self, uri: str, token: str, chunk_bytes: int = 2 << 20):
+        self.uri = uri
+        self.chunk_bytes = chunk_bytes
+        self._client = flight.FlightClient(uri)
+        self._options = flight.FlightCallOptions(
+            headers=[(protocol.AUTH_HEADER.encode(), ("Bearer " + token).encode())])
+
+    @classmethod
+    def cached(cls, uri: str, token: str, chunk_bytes: int = 2 << 20) -> "ShardClient":
+        key = (uri, token)
+        with _CONNECTIONS_LOCK:
+            client = _CONNECTIONS.get(key)
+            if client is None:
+                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes)
+            return client
+
+    def action(self, action_type: str, **body: Any) -> Dict[str, Any]:
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        try:
+            results = list(self._client.do_action(flight.Action(action_type, payload), self._options))
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"action {action_type!r}") from None
+        return json.loads(results[0].body.to_pybytes()) if results else {}
+
+    def get_rows(self, table: str, width: int, dtype: str, keys: Optional[np.ndarray] = None,
+                 start: int = 0, stop: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Rows by key list (any order) or by range ``[start, stop)``."""
+        header: Dict[str, Any] = {"table": table, "chunk": self.chunk_bytes}
+        if keys is None:
+            header.update(start=int(start), stop=int(stop))
+            ticket = protocol.encode_header(header)
+            n = stop - start
+        else:
+            keys = np.ascontiguousarray(keys, dtype="<i8")
+            ticket = protocol.encode_header(header, keys.tobytes())
+            n = len(keys)
+        if out is None:
+            out = np.empty((n, width), dtype=protocol.DTYPES[dtype][0])
+        try:
+            reader = self._client.do_get(flight.Ticket(ticket), self._options)
+            pos = 0
+            for chunk in reader:
+                rows = protocol.array_to_rows(chunk.data.column(0), width, dtype)
+                out[pos:pos + len(rows)] = rows
+                pos += len(rows)
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+        if pos != n:
+            raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
+        return out
+
+    def write_rows(self, op: str, table: str, keys: np.ndarray, values: np.ndarray, dtype: str,
+                   header: Optional[Dict[str, Any]] = None) -> None:
+        """``put`` / ``inc`` / ``contribute`` rows ``values[i]`` at ``keys[i]``."""
+        width = values.shape[1]
+        head = dict(header or {}, op=op, table=table)
+        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
+        schema = protocol.value_schema(dtype, width, with_keys=True)
+        chunk = protocol.rows_per_chunk(width, dtype, self.chunk_bytes)
+        try:
+            writer, _ = self._client.do_put(descriptor, schema, self._options)
+            for k, v in protocol.iter_chunks(keys, values, chunk):
+                writer.write_batch(pa.record_batch([pa.array(k, pa.int64()), protocol.rows_to_array(v)],
+                                                   schema=schema))
+            writer.close()
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """Where one shard listens and which executor it belongs to."""
+
+    host: str
+    port: int
+    pid: int
+    executor: str
+    shard_id: str
+    python: str = ""
+
+    @property
+    def uri(self) -> str:
+        return f"grpc://{self.host}:{self.port}"
+
+
+class ShardGroup:
+    """The shards of one run: addresses plus the run token. Small and picklable."""
+
+    def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = 2 << 20,
+                 max_keys: int = 262144):
+        self.shards = tuple(shards)
+        self.token = token
+        self.chunk_bytes = chunk_bytes
+        self.max_keys = max_keys
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def client(self, index: int) -> ShardClient:
+        return ShardClient.cached(self.shards[index].uri, self.token, self.chunk_bytes)
+
+    def broadcast(self, action_type: str, **body: Any) -> List[Dict[str, Any]]:
+        """Send one action to every shard, in order; return their answers."""
+        return [self.client(i).action(action_type, **body) for i in range(len(self.shards))]
+
+    def table(self, layout: TableLayout) -> "TableHandle":
+        return TableHandle(self, layout)
+
+    def __repr__(self) -> str:
+        return f"ShardGroup({[s.uri for s in self.shards]})"
+
+
+def _as_keys(keys) -> np.ndarray:
+    keys = np.asarray(keys)
+    if keys.ndim != 1:
+        raise ValueError(f"keys must be one-dimensional, got shape {keys.shape}")
+    if keys.dtype.kind not in "iu":
+        raise TypeError(f"keys must be integers, got dtype {keys.dtype}")
+    return keys.astype(np.int64, copy=False)
+
+
+class TableHandle:
+    """A model table spread over shards. Picklable; travels in closures.
+
+    Reads and writes take a key array (any order, any size) and a
+    ``(len(keys), width)`` value block, and cost one request per shard
+    touched (more only when a request exceeds the chunking limits).
+    """
+
+    def __init__(self, group: ShardGroup, layout: TableLayout, fence: Optional[Dict[str, int]] = None):
+        self.group = group
+        self.layout = layout
+        self._fence = fence
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        return (self.layout.num_rows, self.layout.width)
+
+    def fenced(self, **fence: int) -> "TableHandle":
+        """This handle with every write tagged with the step attempt (worker side)."""
+        return TableHandle(self.group, self.layout, dict(self._fence or {}, **fence))
+
+    # -- helpers
+    def _check_keys(self, keys: np.ndarray) -> None:
+        if len(keys) and (keys.min() < 0 or keys.max() >= self.layout.num_rows):
+            bad = keys[(keys < 0) | (keys >= self.layout.num_rows)][:5].tolist()
+            raise IndexError(f"table {self.layout.short_name!r}: keys {bad} outside [0, {self.layout.num_rows})")
+
+    def _segments(self, sorted_keys: np.ndarray):
+        """(range index, lo, hi) slices of sorted keys falling in each row range."""
+        cuts = np.searchsorted(sorted_keys, self.layout.bounds)
+        for part in range(len(self.layout.bounds) - 1):
+            lo, hi = int(cuts[part]), int(cuts[part + 1])
+            if hi > lo:
+                yield part, lo, hi
+
+    def _values(self, values, n: int, width: Optional[int] = None, dtype: Optional[str] = None) -> np.ndarray:
+        width = self.layout.width if width is None else width
+        dtype = self.layout.dtype if dtype is None else dtype
+        values = np.asarray(values, dtype=protocol.DTYPES[dtype][0])
+        if values.ndim == 1 and width == 1:
+            values = values.reshape(-1, 1)
+        if values.shape != (n, width):
+            raise ValueError(f"table {self.layout.short_name!r}: values of shape {values.shape}, "
+                             f"expected {(n, width)}")
+        return values
+
+    # -- reads
+    def get(self, keys) -> np.ndarray:
+        """Rows at ``keys`` as a ``(len(keys), width)`` array (in the order asked)."""
+        keys = _as_keys(keys)
+        self._check_keys(keys)
+        out = np.empty((len(keys), self.layout.width), dtype=protocol.DTYPES[self.layout.dtype][0])
+        if len(keys) == 0:
+            return out
+        ordered = bool(np.all(keys[1:] >= keys[:-1]))
+        order = None if ordered else np.argsort(keys, kind="stable")
+        sorted_keys = keys if ordered else keys[order]
+        buf = out if ordered else np.empty_like(out)
+        step = self.group.max_keys
+        for part, lo, hi in self._segments(sorted_keys):
+            client = self.group.client(self.layout.shards[part])
+            for a in range(lo, hi, step):
+                b = min(hi, a + step)
+                seg = sorted_keys[a:b]
+                if seg[-1] - seg[0] + 1 == len(seg) and len(seg) > 1 and np.all(np.diff(seg) == 1):
+                    client.get_rows(self.layout.name, self.layout.width, self.layout.dtype,
+                                    start=int(seg[0]), stop=int(seg[-1]) + 1, out=buf[a:b])
+                else:
+                    client.get_rows(self.layout.name, self.layout.width, self.layout.dtype,
+                                    keys=seg, out=buf[a:b])
+        if not ordered:
+            out[order] = buf
+        return out
+
+    def get_range(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (one request per shard the range spans)."""
+        if not 0 <= start <= stop <= self.layout.num_rows:
+            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
+                             f"[0, {self.layout.num_rows})")
+        out = np.empty((stop - start, self.layout.width), dtype=protocol.DTYPES[self.layout.dtype][0])
+        bounds = self.layout.bounds
+        for part in range(len(bounds) - 1):
+            lo, hi = max(start, bounds[part]), min(stop, bounds[part + 1])
+            if hi > lo:
+                self.group.client(self.layout.shards[part]).get_rows(
+                    self.layout.name, self.layout.width, self.layout.dtype, start=lo, stop=hi,
+                    out=out[lo - start:hi - start])
+        return out
+
+    def read_all(self) -> np.ndarray:
+        """The whole table on the caller: mind the memory for large models."""
+        return self.get_range(0, self.layout.num_rows)
+
+    # -- writes
+    def _write(self, op: str, keys, values, width=None, dtype=None, extra=None) -> None:
+        keys = _as_keys(keys)
+        self._check_keys(keys)
+        values = self._values(values, len(keys), width, dtype)
+        if len(keys) == 0:
+            return
+        if not bool(np.all(keys[1:] > keys[:-1])):  # sort; merge duplicates
+            order = np.argsort(keys, kind="stable")
+            keys, values = keys[order], values[order]
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+            if len(starts) != len(keys):
+                if op == "put":
+                    raise ValueError(f"put into {self.layout.short_name!r}: duplicate keys")
+                values = np.add.reduceat(values, starts, axis=0)
+                keys = keys[starts]
+        header = dict(self._fence or {}, **(extra or {}))
+        for part, lo, hi in self._segments(keys):
+            self.group.client(self.layout.shards[part]).write_rows(
+                op, self.layout.name, keys[lo:hi], values[lo:hi], dtype or self.layout.dtype, header)
+
+    def inc(self, keys, deltas) -> None:
+        """Add ``deltas`` to the rows at ``keys`` (duplicate keys add up)."""
+        self._write("inc", keys, deltas)
+
+    def put(self, keys, values) -> None:
+        """Overwrite the rows at ``keys``."""
+        self._write("put", keys, values)
+
+    def put_range(self, start: int, values) -> None:
+        values = np.asarray(values)
+        self._write("put", np.arange(start, start + len(values)), values)
+
+    def contribute(self, keys, partials, round_index: int) -> None:
+        """Send partial sums for ``keys`` in round ``round_index``; when every
+        worker has finished the round, the shard sums the contributions and
+        the program's ``pull`` turns them into the new rows."""
+        self._write("contribute", keys, partials, width=self.layout.contrib_width, dtype="float64",
+                    extra={"round": int(round_index)})
+
+    def __repr__(self) -> str:
+        return f"TableHandle({self.layout.short_name!r}, shape={self.shape}, dtype={self.layout.dtype})"

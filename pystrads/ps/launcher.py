@@ -1,0 +1,288 @@
+"""Starting, watching and stopping the shard processes of a Spark application.
+
+A small Spark job runs a task on every executor; each task starts (once per
+executor, guarded by a file lock) ``spark.pystrads.shard.perExecutor``
+detached shard processes with the executor's own Python (``sys.executable``,
+which is ``PYSPARK_PYTHON``), waits until each reports its port, and returns
+``(executor, host, port, pid)``.  Shards hold no Spark task slot.  The
+driver then keeps a heartbeat thread running; shards exit when the driver
+calls ``shutdown`` (at exit, or :func:`shutdown`) or, if the driver dies,
+when their lease lapses.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import json
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
+from .client import ShardGroup, ShardInfo
+from .server import TOKEN_ENV
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------- executor side
+def _proc_stat(pid: int):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    name = raw[raw.index("(") + 1:raw.rindex(")")]
+    ppid = int(raw[raw.rindex(")") + 2:].split()[1])
+    return name, ppid
+
+
+def executor_identity() -> str:
+    """``host:pid`` of the JVM this Python worker serves (one per executor)."""
+    host = socket.gethostname()
+    pid = os.getpid()
+    for _ in range(6):
+        stat = _proc_stat(pid)
+        if stat is None:
+            break
+        name, ppid = stat
+        if name == "java":
+            return f"{host}:{pid}"
+        if ppid <= 1:
+            break
+        pid = ppid
+    return f"{host}:{os.getppid()}"
+
+
+def default_bind_host(local_mode: bool, configured: str) -> str:
+    if configured:
+        return configured
+    if local_mode:
+        return "127.0.0.1"
+    env = os.environ.get("SPARK_LOCAL_IP")
+    if env:
+        return env
+    try:
+        return socket.gethostbyname(socket.getfqdn())
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
+                       work_dir: str, start_timeout: float) -> List[Dict[str, Any]]:
+    """Start ``count`` shards for ``run_id`` on this executor unless already running."""
+    executor = executor_identity()
+    base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
+    run_dir = os.path.join(base, run_id)
+    os.makedirs(run_dir, exist_ok=True)
+    os.chmod(run_dir, 0o700)
+    safe = executor.replace(":", "_").replace("/", "_")
+    with open(os.path.join(run_dir, f"{safe}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        registry = os.path.join(run_dir, f"{safe}.json")
+        if os.path.exists(registry):
+            with open(registry) as fh:
+                infos = json.load(fh)
+            if all(_alive(i["pid"]) for i in infos):
+                return infos
+        infos, procs = [], []
+        env = dict(os.environ)
+        env[TOKEN_ENV] = token
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+            env.setdefault(var, "1")
+        for i in range(count):
+            shard_id = f"{executor}#{i}"
+            info_file = os.path.join(run_dir, f"{safe}-{i}.port")
+            log_file = os.path.join(run_dir, f"{safe}-{i}.log")
+            if os.path.exists(info_file):
+                os.remove(info_file)
+            with open(log_file, "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "pystrads.ps.server", "--host", bind_host, "--port", "0",
+                     "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, close_fds=True)
+            procs.append((proc, info_file, log_file, shard_id))
+        deadline = time.monotonic() + start_timeout
+        for proc, info_file, log_file, shard_id in procs:
+            while not os.path.exists(info_file):
+                code = proc.poll()
+                if code is not None or time.monotonic() > deadline:
+                    for other, *_ in procs:
+                        if other.poll() is None:
+                            other.kill()
+                    tail = ""
+                    try:
+                        with open(log_file, errors="replace") as fh:
+                            tail = fh.read()[-2000:]
+                    except OSError:
+                        pass
+                    why = (f"exited with code {code}" if code is not None
+                           else f"did not report a port within {start_timeout:.0f} s "
+                                "(spark.pystrads.shard.startTimeoutSeconds)")
+                    raise ShardStartError(
+                        f"shard {shard_id} on executor {executor} (host {socket.gethostname()}, "
+                        f"python {sys.executable}) {why}. Its log {log_file} ends with:\n{tail}")
+                time.sleep(0.02)
+            with open(info_file) as fh:
+                info = json.load(fh)
+            info["executor"] = executor
+            infos.append(info)
+        with open(registry + ".tmp", "w") as fh:
+            json.dump(infos, fh)
+        os.replace(registry + ".tmp", registry)
+        return infos
+
+
+# --------------------------------------------------------------------- driver side
+def _count_executors(sc) -> int:
+    """Executors registered now (the driver counts as one in local mode)."""
+    status = sc._jsc.sc().getExecutorMemoryStatus()
+    n = status.size()
+    return 1 if sc.master.startswith("local") else max(0, n - 1)
+
+
+class ShardManager:
+    """Owns the shard group of one SparkContext: launch, heartbeat, shutdown."""
+
+    def __init__(self, sc, config):
+        self.sc = sc
+        self.config = config
+        self.run_id = "run-" + secrets.token_hex(8)
+        self.token = secrets.token_urlsafe(32)
+        self.group: Optional[ShardGroup] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.heartbeat_failures = 0
+
+    def start(self, expected_executors: int) -> ShardGroup:
+        cfg = self.config
+        local_mode = self.sc.master.startswith("local")
+        run_id, token = self.run_id, self.token
+        count = cfg["shard.perExecutor"]
+        bind = cfg["shard.bindHost"]
+        lease = cfg["shard.leaseSeconds"]
+        work_dir = cfg["shard.workDir"]
+        start_timeout = cfg["shard.startTimeoutSeconds"]
+
+        def launch(_):
+            host = default_bind_host(local_mode, bind)
+            infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout)
+            return [(i, sys.version_info[:2]) for i in infos]
+
+        found: Dict[str, Dict[str, Any]] = {}
+        versions = set()
+        tasks = max(1, expected_executors) * (1 if local_mode else 4)
+        t0 = time.monotonic()
+        for attempt in range(8):
+            rdd = self.sc.parallelize(range(tasks), tasks)
+            for info, version in rdd.mapPartitions(launch).collect():
+                found[f"{info['executor']}#{info['shard']}"] = info
+                versions.add(tuple(version))
+            executors = {i["executor"] for i in found.values()}
+            if len(executors) >= expected_executors:
+                break
+            tasks *= 2
+        driver_version = tuple(sys.version_info[:2])
+        if versions and versions != {driver_version}:
+            raise ConfigurationError(
+                f"executors run Python {sorted(versions)} but the driver runs {driver_version}; "
+                f"set PYSPARK_PYTHON (or spark.pyspark.python) to the driver's interpreter {sys.executable}")
+        shards = sorted(found.values(), key=lambda i: (i["executor"], i["shard"]))
+        self.group = ShardGroup(
+            [ShardInfo(i["host"], int(i["port"]), int(i["pid"]), i["executor"], i["shard"], i.get("python", ""))
+             for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"])
+        # The first heartbeat also proves every shard is reachable from the driver.
+        self._beat(raise_errors=True)
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="pystrads-heartbeat", daemon=True)
+        self._thread.start()
+        log.info("started %d shard(s) on %d executor(s) in %.1f s: %s", len(shards),
+                 len({i['executor'] for i in shards}), time.monotonic() - t0,
+                 ", ".join(s.uri for s in self.group.shards))
+        return self.group
+
+    def _beat(self, raise_errors: bool = False) -> None:
+        for i in range(len(self.group.shards)):
+            try:
+                self.group.client(i).action("heartbeat")
+            except ShardUnavailableError:
+                self.heartbeat_failures += 1
+                if raise_errors:
+                    raise
+
+    def _heartbeat_loop(self) -> None:
+        period = self.config["shard.heartbeatSeconds"]
+        while not self._stop.wait(period):
+            try:
+                self._beat()
+            except Exception:  # never let the heartbeat thread die silently
+                log.exception("heartbeat failed")
+
+    def alive(self) -> bool:
+        if self.group is None:
+            return False
+        try:
+            self.group.broadcast("ping")
+            return True
+        except ShardUnavailableError:
+            return False
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self.group is None:
+            return
+        for i in range(len(self.group.shards)):
+            try:
+                self.group.client(i).action("shutdown")
+            except ShardUnavailableError:
+                pass
+        self.group = None
+
+
+_MANAGERS: Dict[int, ShardManager] = {}
+_LOCK = threading.Lock()
+
+
+def get_shards(sc, config, expected_executors: int) -> ShardManager:
+    """The running shard manager of ``sc``, started on first use."""
+    with _LOCK:
+        key = id(sc._jsc)
+        manager = _MANAGERS.get(key)
+        if manager is not None and manager.alive():
+            return manager
+        if manager is not None:
+            log.warning("shards of %s are gone; starting new ones", manager.run_id)
+            manager.shutdown()
+        manager = ShardManager(sc, config)
+        manager.start(expected_executors)
+        _MANAGERS[key] = manager
+        return manager
+
+
+def shutdown() -> None:
+    """Stop every shard this driver started (also runs at interpreter exit)."""
+    with _LOCK:
+        for manager in list(_MANAGERS.values()):
+            manager.shutdown()
+        _MANAGERS.clear()
+
+
+atexit.register(shutdown)

@@ -1,0 +1,84 @@
+"""Wire format shared by the shard server and its client.
+
+Row blocks travel as Arrow record batches.  A write stream (``do_put``) has
+two columns, ``key`` (int64, sorted) and ``value`` (a FixedSizeList of the
+table's dtype, one list per row).  A read stream (``do_get``) has only the
+``value`` column, in the order of the keys asked for.  Small control calls
+are Flight actions with a JSON body and a JSON answer.  Tickets and put
+descriptors start with a JSON header; a key-list ticket appends the keys as
+raw little-endian int64 after a NUL byte.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterator, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+DTYPES = {
+    "float64": (np.float64, pa.float64()),
+    "float32": (np.float32, pa.float32()),
+    "int64": (np.int64, pa.int64()),
+    "int32": (np.int32, pa.int32()),
+}
+
+AUTH_HEADER = "authorization"
+
+
+def check_dtype(name: str) -> str:
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported; use one of {sorted(DTYPES)}")
+    return name
+
+
+def value_schema(dtype: str, width: int, with_keys: bool) -> pa.Schema:
+    value = pa.field("value", pa.list_(DTYPES[dtype][1], width))
+    if with_keys:
+        return pa.schema([pa.field("key", pa.int64()), value])
+    return pa.schema([value])
+
+
+def rows_to_array(values: np.ndarray) -> pa.FixedSizeListArray:
+    """A (n, width) C-contiguous numpy block as a FixedSizeList array (zero copy)."""
+    n, width = values.shape
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, width)
+
+
+def array_to_rows(column, width: int, dtype: str) -> np.ndarray:
+    """A FixedSizeList column back as a read-only (n, width) numpy view."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    flat = column.flatten().to_numpy(zero_copy_only=False)
+    if flat.dtype != DTYPES[dtype][0]:
+        flat = flat.astype(DTYPES[dtype][0])
+    return flat.reshape(-1, width)
+
+
+def rows_per_chunk(width: int, dtype: str, chunk_bytes: int) -> int:
+    itemsize = np.dtype(DTYPES[dtype][0]).itemsize
+    return max(1, chunk_bytes // max(1, width * itemsize + 8))
+
+
+def iter_chunks(keys: np.ndarray, values: np.ndarray, chunk_rows: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    for start in range(0, len(keys), chunk_rows):
+        yield keys[start:start + chunk_rows], values[start:start + chunk_rows]
+
+
+def encode_header(header: Dict[str, Any], payload: bytes = b"") -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return head + b"\0" + payload if payload else head
+
+
+def decode_header(raw: bytes) -> Tuple[Dict[str, Any], bytes]:
+    raw = bytes(raw)
+    head, sep, payload = raw.partition(b"\0")
+    try:
+        header = json.loads(head.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed request header: {exc}") from None
+    if not isinstance(header, dict):
+        raise ValueError("malformed request header: not a JSON object")
+    return header, payload

@@ -1,0 +1,573 @@
+"""A parameter-server shard: one Arrow Flight server process.
+
+A shard holds contiguous row ranges of model tables as numpy arrays and
+serves (see :mod:`pystrads.ps.protocol` for the wire format):
+
+* ``do_get``  -- rows of a table, by key list or by row range;
+* ``do_put``  -- ``put`` (overwrite), additive ``inc``, or ``contribute``
+  (partial sums that the program's ``pull`` turns into new rows when a round
+  completes: server-side aggregation next to the rows);
+* actions     -- table management, round clocks (BSP / SSP), step
+  begin / enter / commit / abort with an undo log so a failed step can be
+  rolled back exactly, per-round metrics, ``stats``, ``heartbeat`` and
+  ``shutdown``.
+
+Every call must carry the run's token (``authorization: Bearer <token>``),
+checked in constant time by a server middleware.  The process exits on
+``shutdown`` and on its own when no heartbeat arrived for ``--lease``
+seconds, so a killed driver leaves nothing running.
+
+Run as ``python -m pystrads.ps.server --host 127.0.0.1 --info-file F``; the
+token comes from the environment variable ``PYSTRADS_SHARD_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hmac
+import json
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from . import protocol
+
+log = logging.getLogger("pystrads.ps.server")
+
+TOKEN_ENV = "PYSTRADS_SHARD_TOKEN"
+
+
+class _AuthMiddlewareFactory(flight.ServerMiddlewareFactory):
+    """Refuses every call whose ``authorization`` header is not the run's token."""
+
+    def __init__(self, token: str):
+        super().__init__()
+        self._expected = ("Bearer " + token).encode()
+
+    def start_call(self, info, headers):
+        values = headers.get(protocol.AUTH_HEADER) or []
+        given = values[0] if values else ""
+        if isinstance(given, str):
+            given = given.encode()
+        if not hmac.compare_digest(given, self._expected):
+            raise flight.FlightUnauthenticatedError(
+                "pystrads shard: missing or wrong run token; only the fit that started "
+                "this shard may call it")
+        return None
+
+
+class ShardTable:
+    """The rows ``[row_start, row_stop)`` of one table, with an undo log."""
+
+    def __init__(self, name: str, row_start: int, row_stop: int, width: int, dtype: str,
+                 values: np.ndarray, contrib_width: int):
+        self.name = name
+        self.row_start = row_start
+        self.row_stop = row_stop
+        self.width = width
+        self.dtype = dtype
+        self.values = values
+        self.contrib_width = contrib_width
+        self.lock = threading.Lock()
+        self._saved = np.zeros(row_stop - row_start, dtype=bool)
+        self._undo: List[Tuple[Any, np.ndarray]] = []
+
+    def local(self, keys: np.ndarray) -> Any:
+        """Global keys -> local row index (a slice when they are one contiguous run)."""
+        n = len(keys)
+        if n == 0:
+            return slice(0, 0)
+        lo, hi = int(keys[0]), int(keys[-1])
+        if lo < self.row_start or hi >= self.row_stop or (n > 1 and (keys.min() < self.row_start
+                                                                    or keys.max() >= self.row_stop)):
+            bad = keys[(keys < self.row_start) | (keys >= self.row_stop)][:5]
+            raise flight.FlightServerError(
+                f"table {self.name!r}: keys {bad.tolist()} are outside this shard's rows "
+                f"[{self.row_start}, {self.row_stop}); the client's table layout is stale")
+        if hi - lo + 1 == n and (n == 1 or bool(np.all(np.diff(keys) == 1))):
+            return slice(lo - self.row_start, hi - self.row_start + 1)
+        return keys - self.row_start
+
+    def remember(self, index: Any) -> None:
+        """Save the pre-step value of rows about to change (first touch only)."""
+        if isinstance(index, slice):
+            index = np.arange(index.start, index.stop)
+        fresh = index[~self._saved[index]]
+        if fresh.size:
+            fresh = np.unique(fresh)
+            self._undo.append((fresh, self.values[fresh].copy()))
+            self._saved[fresh] = True
+
+    def rollback(self) -> int:
+        restored = 0
+        for index, rows in reversed(self._undo):
+            self.values[index] = rows
+            restored += len(index)
+        self.forget()
+        return restored
+
+    def forget(self) -> None:
+        for index, _ in self._undo:
+            self._saved[index] = False
+        self._undo = []
+
+
+class _StepState:
+    def __init__(self, step: int = -1, num_workers: int = 0, namespace: str = ""):
+        self.step = step
+        self.epoch = 0
+        self.registered: Dict[int, int] = {}  # worker -> task attempt id of the current epoch
+        self.retired = -1  # task ids up to this one belong to failed attempts
+        self.open = step >= 0
+        self.num_workers = num_workers
+        self.namespace = namespace
+        self.clocks = np.full(max(num_workers, 0), -1, dtype=np.int64)
+        self.committed = -1  # highest round whose contributions are applied
+        self.contrib: Dict[Tuple[str, int], List[Tuple[np.ndarray, np.ndarray]]] = {}
+        self.metrics: Dict[int, Dict[str, float]] = {}
+        self.error: Optional[str] = None
+
+
+class ShardServer(flight.FlightServerBase):
+    def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = ""):
+        super().__init__(location, middleware={"auth": _AuthMiddlewareFactory(token)})
+        self.shard_id = shard_id
+        self.tables: Dict[str, ShardTable] = {}
+        self.programs: Dict[str, Any] = {}
+        self.cond = threading.Condition()
+        self.step = _StepState()
+        self.lease_seconds = lease_seconds
+        self.last_heartbeat = time.monotonic()
+        self.started = time.time()
+        self.counters = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "rows_in": 0, "rows_out": 0}
+        self._counter_lock = threading.Lock()
+        self._stopping = False
+        threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
+
+    # ------------------------------------------------------------------ helpers
+    def _count(self, **deltas: int) -> None:
+        with self._counter_lock:
+            for key, value in deltas.items():
+                self.counters[key] += value
+
+    def _table(self, name: str) -> ShardTable:
+        table = self.tables.get(name)
+        if table is None:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: no table {name!r} (tables: {sorted(self.tables)[:10]}); "
+                "was it dropped, or did the shard restart?")
+        return table
+
+    def _watchdog(self) -> None:
+        while not self._stopping:
+            time.sleep(min(0.5, self.lease_seconds / 4))
+            idle = time.monotonic() - self.last_heartbeat
+            if idle > self.lease_seconds:
+                log.warning("shard %s: no driver heartbeat for %.1f s (lease %.1f s); exiting",
+                            self.shard_id, idle, self.lease_seconds)
+                os._exit(3)
+
+    def _check_fence(self, header: Dict[str, Any], entering: bool = False) -> None:
+        """Writes during a step must come from the worker's current task.
+
+        Python tasks cannot see Spark's stage attempt number, so attempts are
+        told apart by task attempt ids (unique and increasing in an
+        application): when a worker enters again with a newer task id, the
+        stage was retried -- roll back to the pre-step state and start a new
+        epoch; tasks of older epochs (zombies) are refused from then on.
+        """
+        st = self.step
+        step = header.get("step")
+        if step is None:
+            if st.open:
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: unfenced write while step {st.step} is open")
+            return
+        if not st.open or step != st.step:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: request for step {step} but the open step is "
+                f"{st.step if st.open else 'none'} (a task from a finished step?)")
+        worker, task = int(header.get("worker", -1)), int(header.get("task", -1))
+        if not 0 <= worker < st.num_workers:
+            raise flight.FlightServerError(f"worker {worker} out of range [0, {st.num_workers})")
+        current = st.registered.get(worker)
+        if current == task:
+            return
+        if task <= st.retired or (current is not None and task < current):
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: task {task} of worker {worker} belongs to a failed attempt of "
+                f"step {step}; refusing a zombie task's request")
+        if not entering:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: task {task} of worker {worker} did not enter step {step}")
+        if current is not None:  # the same worker again with a newer task: the stage was retried
+            self._new_epoch()
+        st.registered[worker] = task
+
+    def _new_epoch(self) -> None:
+        """Called with ``self.cond`` held: roll back to the pre-step state."""
+        st = self.step
+        restored = 0
+        for table in self.tables.values():
+            with table.lock:
+                restored += table.rollback()
+        log.warning("shard %s: step %d was retried (epoch %d); rolled back %d rows",
+                    self.shard_id, st.step, st.epoch + 1, restored)
+        st.retired = max([st.retired] + list(st.registered.values()))
+        st.registered = {}
+        st.epoch += 1
+        st.clocks[:] = -1
+        st.committed = -1
+        st.contrib.clear()
+        st.metrics.clear()
+        st.error = None
+        self.cond.notify_all()
+
+    def _commit_rounds(self, upto: int) -> None:
+        """With ``self.cond`` held: apply the contributions of rounds up to ``upto``."""
+        st = self.step
+        while st.committed < upto:
+            rnd = st.committed + 1
+            for (name, r) in sorted(k for k in st.contrib if k[1] == rnd):
+                parts = st.contrib.pop((name, r))
+                try:
+                    self._apply_pull(name, parts)
+                except Exception as exc:  # the program's pull failed: fail the round for all
+                    st.error = f"pull of table {name!r} in round {rnd} failed: {exc!r}"
+                    log.exception("shard %s: %s", self.shard_id, st.error)
+            st.committed = rnd
+
+    def _apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+        table = self._table(name)
+        keys = np.concatenate([k for k, _ in parts])
+        vals = np.concatenate([v for _, v in parts])
+        order = np.argsort(keys, kind="stable")
+        keys, vals = keys[order], vals[order]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        uniq = keys[starts]
+        sums = np.add.reduceat(vals, starts, axis=0)
+        namespace, _, short = name.partition("/")
+        program = self.programs.get(namespace)
+        if program is None:
+            raise RuntimeError(f"no program registered for {namespace!r}")
+        with table.lock:
+            index = table.local(uniq)
+            current = table.values[index].copy()
+            new = np.asarray(program.pull(short, uniq, sums, current))
+            if new.shape != current.shape:
+                raise ValueError(f"pull returned shape {new.shape}, expected {current.shape}")
+            if self.step.open:
+                table.remember(index)
+            table.values[index] = new
+
+    @staticmethod
+    def _decode(raw) -> Tuple[Dict[str, Any], bytes]:
+        try:
+            return protocol.decode_header(raw)
+        except ValueError as exc:
+            raise flight.FlightServerError(str(exc)) from None
+
+    # ------------------------------------------------------------------ reads
+    def do_get(self, context, ticket):
+        header, payload = self._decode(ticket.ticket)
+        table = self._table(header.get("table", ""))
+        with table.lock:
+            if "start" in header:
+                start, stop = int(header["start"]), int(header["stop"])
+                if not (table.row_start <= start <= stop <= table.row_stop):
+                    raise flight.FlightServerError(
+                        f"table {table.name!r}: range [{start}, {stop}) is outside this shard's rows "
+                        f"[{table.row_start}, {table.row_stop})")
+                rows = table.values[start - table.row_start:stop - table.row_start].copy()
+            else:
+                keys = np.frombuffer(payload, dtype="<i8")
+                rows = table.values[table.local(keys)].copy()
+        chunk = protocol.rows_per_chunk(table.width, table.dtype, int(header.get("chunk", 1 << 21)))
+        schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
+        self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
+
+        def batches():
+            if len(rows) == 0:
+                yield pa.record_batch([protocol.rows_to_array(rows)], schema=schema)
+            for start in range(0, len(rows), chunk):
+                yield pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
+
+        return flight.GeneratorStream(schema, batches())
+
+    # ------------------------------------------------------------------ writes
+    def do_put(self, context, descriptor, reader, writer):
+        header, _ = self._decode(descriptor.command)
+        op = header.get("op")
+        if op not in ("put", "inc", "contribute"):
+            raise flight.FlightServerError(f"unknown write op {op!r}; expected put, inc or contribute")
+        table = self._table(header.get("table", ""))
+        width = table.contrib_width if op == "contribute" else table.width
+        dtype = "float64" if op == "contribute" else table.dtype
+        blocks = []
+        nbytes = nrows = 0
+        for chunk in reader:
+            batch = chunk.data
+            if batch.num_columns != 2:
+                raise flight.FlightServerError("a write batch needs the columns key and value")
+            keys = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            rows = protocol.array_to_rows(batch.column(1), width, dtype)
+            if rows.shape[0] != len(keys):
+                raise flight.FlightServerError(
+                    f"table {table.name!r}: value width does not match the table's ({width})")
+            blocks.append((keys, rows))
+            nbytes += rows.nbytes + keys.nbytes
+            nrows += len(keys)
+        # The fence check and the write happen under one lock, so a retried step's
+        # rollback can never be followed by a zombie's write.
+        with self.cond:
+            self._check_fence(header)
+            for keys, rows in blocks:
+                if op == "contribute":
+                    table.local(keys)  # range check
+                    self.step.contrib.setdefault((table.name, int(header["round"])), []).append(
+                        (keys.copy(), rows.copy()))
+                    continue
+                with table.lock:
+                    index = table.local(keys)
+                    if self.step.open:
+                        table.remember(index)
+                    if op == "put":
+                        table.values[index] = rows
+                    elif isinstance(index, slice):
+                        table.values[index] += rows
+                    else:
+                        np.add.at(table.values, index, rows)
+        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
+
+    # ------------------------------------------------------------------ actions
+    def list_actions(self, context):
+        return [(name[len("_action_"):], (getattr(self, name).__doc__ or "").strip().split("\n")[0])
+                for name in sorted(dir(self)) if name.startswith("_action_")]
+
+    def do_action(self, context, action):
+        handler = getattr(self, "_action_" + action.type, None)
+        if handler is None:
+            raise flight.FlightServerError(f"unknown action {action.type!r}")
+        body = action.body.to_pybytes() if action.body is not None else b""
+        try:
+            request = json.loads(body.decode()) if body else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise flight.FlightServerError(f"action {action.type}: malformed JSON body: {exc}") from None
+        if not isinstance(request, dict):
+            raise flight.FlightServerError(f"action {action.type}: body must be a JSON object")
+        self._count(requests=1, bytes_in=len(body))
+        answer = handler(request)
+        return [json.dumps(answer if answer is not None else {}).encode()]
+
+    def _action_ping(self, req):
+        """Liveness and identity."""
+        return {"pid": os.getpid(), "shard": self.shard_id, "tables": len(self.tables),
+                "python": sys.version.split()[0], "uptime": time.time() - self.started}
+
+    def _action_heartbeat(self, req):
+        """Renew the driver's lease."""
+        self.last_heartbeat = time.monotonic()
+        return {}
+
+    def _action_create_table(self, req):
+        """Create (or replace) this shard's slice of a table."""
+        name = req["name"]
+        start, stop, width = int(req["row_start"]), int(req["row_stop"]), int(req["width"])
+        dtype = protocol.check_dtype(req.get("dtype", "float64"))
+        if stop < start or width < 1:
+            raise flight.FlightServerError(f"table {name!r}: bad shape rows [{start}, {stop}) x {width}")
+        if req.get("initializer"):
+            init = pickle.loads(base64.b64decode(req["initializer"]))
+            values = np.ascontiguousarray(init(start, stop), dtype=protocol.DTYPES[dtype][0])
+            if values.shape != (stop - start, width):
+                raise flight.FlightServerError(
+                    f"table {name!r}: initializer returned shape {values.shape}, "
+                    f"expected {(stop - start, width)}")
+        else:
+            values = np.full((stop - start, width), req.get("fill", 0), dtype=protocol.DTYPES[dtype][0])
+        with self.cond:
+            self.tables[name] = ShardTable(name, start, stop, width, dtype, values,
+                                           int(req.get("contrib_width", width)))
+        return {"rows": stop - start, "bytes": int(values.nbytes)}
+
+    def _action_drop_tables(self, req):
+        """Drop every table whose name starts with ``prefix`` (and its program)."""
+        prefix = req["prefix"]
+        with self.cond:
+            names = [n for n in self.tables if n.startswith(prefix)]
+            for n in names:
+                del self.tables[n]
+            self.programs.pop(prefix.rstrip("/"), None)
+            if self.step.namespace and self.step.namespace.startswith(prefix.rstrip("/")):
+                self.step = _StepState()
+        return {"dropped": names}
+
+    def _action_register_program(self, req):
+        """Install a fit's program object; its ``pull`` runs here."""
+        program = pickle.loads(base64.b64decode(req["payload"]))
+        with self.cond:
+            self.programs[req["namespace"]] = program
+        return {}
+
+    def _action_begin_step(self, req):
+        """Open a step: clocks reset, writes from now on are undoable."""
+        with self.cond:
+            if self.step.open:
+                raise flight.FlightServerError(
+                    f"step {self.step.step} is still open; commit or abort it first")
+            for table in self.tables.values():
+                table.forget()
+            self.step = _StepState(int(req["step"]), int(req["num_workers"]), req.get("namespace", ""))
+        return {}
+
+    def _action_enter(self, req):
+        """A worker task starts an attempt of the open step (a newer attempt rolls back)."""
+        with self.cond:
+            self._check_fence(req, entering=True)
+        return {"epoch": self.step.epoch}
+
+    def _action_tick(self, req):
+        """Advance a worker's round clock, then wait until every worker reached ``wait_for``."""
+        worker, rnd = int(req["worker"]), int(req["round"])
+        wait_for = int(req.get("wait_for", rnd))
+        timeout = float(req.get("timeout", 600.0))
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            self._check_fence(req)
+            st = self.step
+            epoch = st.epoch
+            if rnd > st.clocks[worker]:
+                st.clocks[worker] = rnd
+            for key, value in (req.get("metrics") or {}).items():
+                bucket = st.metrics.setdefault(rnd, {})
+                bucket[key] = bucket.get(key, 0.0) + float(value)
+            low = int(st.clocks.min())
+            if low > st.committed:
+                self._commit_rounds(low)
+                self.cond.notify_all()
+            while True:
+                if st is not self.step or st.epoch != epoch or not st.open:
+                    raise flight.FlightServerError(
+                        f"step {st.step} was retried or closed while worker {worker} waited")
+                if st.error:
+                    raise flight.FlightServerError(st.error)
+                if st.committed >= wait_for:
+                    return {"committed": st.committed}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    lagging = np.flatnonzero(st.clocks < wait_for).tolist()
+                    raise flight.FlightTimedOutError(
+                        f"round timeout: worker {worker} waited {timeout:.0f} s for round {wait_for}; "
+                        f"workers {lagging} did not finish it. Raise spark.pystrads.round.timeoutSeconds "
+                        "if rounds are legitimately this slow")
+                self.cond.wait(min(left, 1.0))
+
+    def _action_commit_step(self, req):
+        """Close the step and keep its writes."""
+        with self.cond:
+            st = self.step
+            if st.open and st.step == int(req["step"]):
+                for table in self.tables.values():
+                    with table.lock:
+                        table.forget()
+                st.open = False
+                self.cond.notify_all()
+        return {}
+
+    def _action_abort_step(self, req):
+        """Close the step and roll back every write it made."""
+        restored = 0
+        with self.cond:
+            st = self.step
+            if st.open and st.step == int(req["step"]):
+                for table in self.tables.values():
+                    with table.lock:
+                        restored += table.rollback()
+                st.open = False  # fences out any straggler
+                self.cond.notify_all()
+        return {"restored_rows": restored}
+
+    def _action_metrics(self, req):
+        """Per-round metric sums reported by the workers of the current step."""
+        with self.cond:
+            st = self.step
+            return {"step": st.step, "epoch": st.epoch,
+                    "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
+                    "clocks": st.clocks.tolist()}
+
+    def _action_stats(self, req):
+        """Rows, bytes and requests served, and resident memory."""
+        with self._counter_lock:
+            out = dict(self.counters)
+        out.update({
+            "pid": os.getpid(), "shard": self.shard_id,
+            "tables": {n: {"rows": t.row_stop - t.row_start, "bytes": int(t.values.nbytes)}
+                       for n, t in list(self.tables.items())},
+            "table_bytes": int(sum(t.values.nbytes for t in list(self.tables.values()))),
+            "rss_bytes": _rss_bytes(),
+        })
+        return out
+
+    def _action_shutdown(self, req):
+        """Stop serving and exit."""
+        self._stopping = True
+
+        def stop():
+            time.sleep(0.05)
+            try:
+                self.shutdown()
+            finally:
+                os._exit(0)
+
+        threading.Thread(target=stop, daemon=True).start()
+        return {}
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
+          shard_id: str = "") -> None:
+    server = ShardServer(f"grpc://{host}:{port}", token, lease_seconds, shard_id)
+    info = {"host": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
+            "python": sys.executable, "version": sys.version.split()[0]}
+    if info_file:
+        tmp = info_file + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(info, fh)
+        os.replace(tmp, info_file)
+    log.info("shard %s listening on %s:%d", shard_id, host, server.port)
+    server.serve()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description="pystrads parameter-server shard")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--info-file")
+    parser.add_argument("--shard-id", default="")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        sys.exit(f"{TOKEN_ENV} is not set: a shard never runs without a run token")
+    serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id)
+
+
+if __name__ == "__main__":
+    main()

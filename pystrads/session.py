@@ -1,0 +1,41 @@
+"""Creating a SparkSession that pystrads can use.
+
+In a notebook or under ``spark-submit`` you already have a session and do
+not need this module; it is what the jobs and tests use to start one
+correctly: Java is checked first (with a clear message), and the executors'
+Python is pinned to the driver's (``PYSPARK_PYTHON``), without which
+executors may start a system Python that lacks pystrads and its
+dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping, Optional
+
+from .engine.driver import check_java
+
+
+def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
+                  conf: Optional[Mapping[str, str]] = None):
+    """Get or create a SparkSession (``local[2]`` unless ``master`` or
+    ``spark.master`` is set), after checking Java and pinning Python."""
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    elif "spark.master" not in (conf or {}) and not os.environ.get("MASTER"):
+        builder = builder.config("spark.master", os.environ.get("PYSTRADS_MASTER", "local[2]"))
+    defaults = {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.python.worker.reuse": "true",
+    }
+    for key, value in {**defaults, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

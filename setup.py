@@ -1,0 +1,42 @@
+"""pystrads: STRADS-style scheduled model-parallel machine learning on Apache Spark."""
+
+import os
+import re
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "pystrads", "__init__.py")) as fh:
+    VERSION = re.search(r'__version__ = "([^"]+)"', fh.read()).group(1)
+with open(os.path.join(HERE, "README.md"), encoding="utf-8") as fh:
+    LONG_DESCRIPTION = fh.read()
+
+setup(
+    name="pystrads",
+    version=VERSION,
+    description="Scheduled model-parallel machine learning (STRADS) for PySpark: "
+                "LDA, matrix factorisation and Lasso with parameter-server shards on the executors",
+    long_description=LONG_DESCRIPTION,
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=find_packages(include=["pystrads", "pystrads.*"]),
+    package_data={"pystrads": ["datasets/data/*"]},
+    include_package_data=True,
+    install_requires=[
+        "pyspark>=3.5",
+        "numpy>=1.23",
+        "numba>=0.57",
+        "pandas>=1.5,<3",  # pyspark 4.x warns it does not fully support pandas 3
+        "pyarrow>=14",
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+        "plot": ["matplotlib>=3.6"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+)

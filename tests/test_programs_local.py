@@ -1,0 +1,176 @@
+"""The four program shapes end to end on local[2], plus atomicity and pre-flight checks."""
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from pyspark import cloudpickle
+
+from pystrads.engine import Engine, Program, Schedule, Table
+from pystrads.errors import ConfigurationError, ScheduleError, StepFailedError
+from pystrads.programs import examples as ex
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test programs travel by value
+
+
+def run_rotation(sc, num_workers=2):
+    rng = np.random.default_rng(0)
+    keys, vals = rng.integers(0, 300, 5000), rng.random(5000)
+    rdd = sc.parallelize(list(zip(keys.tolist(), vals.tolist())), num_workers)
+    with Engine(ex.RotationSum(300, iterations=3), rdd, seed=1).fit() as res:
+        got = res.read_table("sums")[:, 0]
+        summary = res.summary
+    return got, 3 * np.bincount(keys, vals, 300), summary
+
+
+def run_block_lstsq(sc, num_workers=2):
+    a, b, groups = ex.orthogonal_groups_problem(400, 3, 4, seed=2)
+    rdd = sc.parallelize(ex.as_records(a, b), num_workers)
+    with Engine(ex.BlockLeastSquares(a.shape[1], groups, max_sweeps=300), rdd).fit() as res:
+        x = res.read_table("x")[:, 0]
+        summary = res.summary
+    return x, np.linalg.lstsq(a, b, rcond=None)[0], summary
+
+
+def lasso_problem():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((200, 12))
+    a[:, 1] = a[:, 0] + 0.3 * rng.standard_normal(200)  # one strongly dependent pair
+    b = a @ np.r_[3.0, 0, -2.0, 0, 0, 1.5, np.zeros(6)] + 0.1 * rng.standard_normal(200)
+    lam = 0.1 * np.abs(a.T @ b).max()
+    corr = np.corrcoef(a.T)
+    return a, b, lam, corr
+
+
+def run_priority_lasso(sc, num_workers=2):
+    a, b, lam, corr = lasso_problem()
+    program = ex.PriorityLasso(a.shape[1], lam, corr, coords_per_round=3, candidates=8, rho=0.5,
+                               pipeline_depth=40, max_rounds=4000)
+    rdd = sc.parallelize(ex.as_records(a, b), num_workers)
+    with Engine(program, rdd, seed=3).fit() as res:
+        x = res.read_table("x")[:, 0]
+        summary = res.summary
+    return x, ex.lasso_reference(a, b, lam), summary, (a, b, lam)
+
+
+def run_sgd(sc, num_workers=2):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((300, 5))
+    w_true = rng.standard_normal(5)
+    b = a @ w_true
+    lr = 1.0 / np.linalg.eigvalsh(a.T @ a / 300).max()
+    program = ex.DataParallelSGD(5, 300, lr=0.5 * lr, rounds=400, staleness=2)
+    rdd = sc.parallelize(ex.as_records(a, b), num_workers)
+    with Engine(program, rdd).fit() as res:
+        w = res.read_table("w")[:, 0]
+        summary = res.summary
+    return w, w_true, summary
+
+
+def test_static_rotation_gives_exact_block_sums(sc):
+    got, expected, summary = run_rotation(sc)
+    assert np.allclose(got, expected, rtol=0, atol=1e-9)
+    assert summary.total_rounds == 3 * 2
+    assert summary.rows[-1]["iteration"] == 3
+
+
+def test_alternating_blocks_reach_lstsq(sc):
+    x, ref, summary = run_block_lstsq(sc)
+    assert np.allclose(x, ref, atol=1e-8), np.abs(x - ref).max()
+    objectives = [r["objective"] for r in summary.rows]
+    assert all(b <= a + 1e-9 for a, b in zip(objectives, objectives[1:])), "BCD never increases the loss"
+
+
+def test_dynamic_pipelined_schedule_reaches_lasso_optimum(sc):
+    x, ref, summary, (a, b, lam) = run_priority_lasso(sc)
+    obj = lambda v: 0.5 * np.sum((a @ v - b) ** 2) + lam * np.abs(v).sum()
+    assert obj(x) <= obj(ref) * (1 + 1e-9)
+    assert np.allclose(x, ref, atol=1e-6), np.abs(x - ref).max()
+    assert summary.rows[0]["rounds"] == 40  # pipeline depth = rounds shipped per step
+
+
+def test_data_parallel_ssp_reaches_known_weights(sc):
+    w, w_true, summary = run_sgd(sc)
+    assert np.allclose(w, w_true, atol=1e-6), np.abs(w - w_true).max()
+    assert summary.rows[-1]["objective"] < 1e-10
+
+
+def test_counter_table_is_exact(sc):
+    program = ex.CounterProgram(num_keys=7, rounds_per_step=5, steps=3)
+    with Engine(program, sc.parallelize(range(10), 2)).fit() as res:
+        assert np.array_equal(res.read_table("counter")[:, 0], program.expected(2))
+        states = res.map_states(lambda worker, data, state: (worker, data, state))
+    assert states == [(0, 5, 15), (1, 5, 15)]
+
+
+class FailingCounter(ex.CounterProgram):
+    """Fails once, in the middle of step 2 on worker 1, after some of its writes."""
+
+    def __init__(self, marker, **kw):
+        super().__init__(**kw)
+        self.marker = marker
+
+    def push(self, ctx, data, state, work):
+        out = super().push(ctx, data, state, work)
+        if ctx.step == 2 and ctx.worker == 1 and ctx.local_round == 3 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("injected task failure")
+        return out
+
+
+def test_failed_step_is_rerun_without_lost_or_doubled_updates(sc):
+    marker = os.path.join(tempfile.mkdtemp(), "failed-once")
+    program = FailingCounter(marker, num_keys=7, rounds_per_step=6, steps=3)
+    with Engine(program, sc.parallelize(range(10), 2)).fit() as res:
+        got = res.read_table("counter")[:, 0]
+    assert os.path.exists(marker), "the failure was injected"
+    assert np.array_equal(got, program.expected(2))
+
+
+class AlwaysFailing(ex.CounterProgram):
+    def push(self, ctx, data, state, work):
+        super().push(ctx, data, state, work)
+        if ctx.step == 2 and ctx.local_round == 1:
+            raise ValueError("broken program")
+        return state + 1
+
+
+def test_step_failing_every_attempt_rolls_back_and_names_the_cause(sc):
+    program = AlwaysFailing(num_keys=5, rounds_per_step=4, steps=3)
+    engine = Engine(program, sc.parallelize(range(4), 2))
+    with pytest.raises(StepFailedError, match="step 2 failed.*broken program"):
+        engine.fit()
+
+
+def test_preflight_refuses_more_workers_than_slots(sc):
+    engine = Engine(ex.EmptyProgram(10), sc.parallelize(range(10), 4), num_workers=3)
+    with pytest.raises(ConfigurationError, match=r"num_workers=3 needs 3 task slots.*offers 2"):
+        engine.fit()
+
+
+class BadSchedule(ex.EmptyProgram):
+    def schedule(self, ctx):
+        return Schedule.per_worker([[0]])  # one work item for two workers
+
+
+def test_bad_schedule_is_refused_before_the_step(sc):
+    with pytest.raises(ScheduleError, match="1 work items for 2 workers"):
+        Engine(BadSchedule(10), sc.parallelize(range(4), 2)).fit()
+
+
+class ApplyWithStaleness(ex.BlockLeastSquares):
+    staleness = 1
+
+
+def test_apply_with_staleness_is_refused(sc):
+    with pytest.raises(ConfigurationError, match="staleness must be 0"):
+        Engine(ApplyWithStaleness(3, [[0, 1, 2]]), sc.parallelize(range(4), 2))
+
+
+def test_empty_program_runs_hundreds_of_rounds_per_second(sc):
+    with Engine(ex.EmptyProgram(1200, rounds_per_step=400), sc.parallelize(range(4), 2)).fit() as res:
+        rows = res.summary.rows
+    assert sum(r["rounds"] for r in rows) == 1200
+    assert len(rows) == 3  # rounds are synchronised by the shards, not by one Spark job each

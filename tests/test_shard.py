@@ -1,0 +1,241 @@
+"""The shard server and client in-process, without Spark."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from pystrads.errors import ShardUnavailableError
+from pystrads.ps.client import ShardClient, ShardGroup, ShardInfo
+from pystrads.ps.partition import TableLayout, range_bounds
+from pystrads.ps.server import ShardServer
+
+TOKEN = "test-token"
+
+
+class _Program:
+    """pull: new = current + sum of partials (first column)."""
+
+    def pull(self, table, keys, partials, current):
+        return current + partials[:, :1]
+
+
+@pytest.fixture()
+def shards():
+    servers = [ShardServer("grpc://127.0.0.1:0", TOKEN, 1e9, f"s{i}") for i in range(2)]
+    group = ShardGroup([ShardInfo("127.0.0.1", s.port, 0, "exec", f"s{i}") for i, s in enumerate(servers)],
+                       TOKEN, chunk_bytes=4096)
+    yield servers, group
+    for s in servers:
+        s.shutdown()
+
+
+def make_table(group, name="fit/t", rows=1000, width=3, dtype="float64", contrib_width=None):
+    bounds = tuple(int(b) for b in range_bounds(rows, len(group.shards)))
+    layout = TableLayout(name, rows, width, dtype, bounds, tuple(range(len(group.shards))),
+                         contrib_width or width)
+    for shard, lo, hi in layout.ranges():
+        group.client(shard).action("create_table", name=name, row_start=lo, row_stop=hi, width=width,
+                                   dtype=dtype, contrib_width=layout.contrib_width)
+    return group.table(layout)
+
+
+def test_refuses_calls_without_the_token(shards):
+    servers, group = shards
+    for token in ("", "wrong", TOKEN + "x"):
+        client = ShardClient(f"grpc://127.0.0.1:{servers[0].port}", token)
+        with pytest.raises(ShardUnavailableError, match="token"):
+            client.action("ping")
+        with pytest.raises(ShardUnavailableError, match="token"):
+            client.get_rows("fit/t", 1, "float64", start=0, stop=1)
+    assert group.client(0).action("ping")["shard"] == "s0"
+
+
+def test_get_put_inc_round_trip_across_shards(shards):
+    _, group = shards
+    table = make_table(group)
+    values = np.arange(3000, dtype=np.float64).reshape(1000, 3)
+    table.put(np.arange(1000), values)
+    assert np.array_equal(table.read_all(), values)
+    keys = np.array([999, 0, 500, 499, 3])
+    assert np.array_equal(table.get(keys), values[keys])
+    table.inc([5, 5, 700], np.ones((3, 3)))  # duplicate keys add up
+    got = table.get([5, 700])
+    assert np.array_equal(got, values[[5, 700]] + np.array([[2.0], [1.0]]))
+    with pytest.raises(IndexError, match="outside"):
+        table.get([1000])
+    with pytest.raises(ValueError, match="shape"):
+        table.put([1, 2], np.ones((2, 4)))
+
+
+def test_chunked_transfers_are_exact(shards):
+    _, group = shards  # chunk_bytes=4096 -> many batches per request
+    table = make_table(group, rows=20000, width=5)
+    values = np.random.default_rng(0).random((20000, 5))
+    table.put_range(0, values)
+    assert np.array_equal(table.get_range(0, 20000), values)
+    keys = np.random.default_rng(1).permutation(20000)[:7000]
+    assert np.array_equal(table.get(keys), values[keys])
+
+
+def test_integer_tables_and_stats(shards):
+    _, group = shards
+    table = make_table(group, rows=10, width=2, dtype="int32")
+    table.inc(np.arange(10), np.ones((10, 2), dtype=np.int32))
+    assert table.read_all().dtype == np.int32
+    assert table.read_all().sum() == 20
+    stats = group.client(0).action("stats")
+    assert stats["requests"] >= 2 and stats["bytes_in"] > 0 and stats["rss_bytes"] > 0
+    assert stats["tables"]["fit/t"]["rows"] == 5
+
+
+def _enter(group, step, worker, task):
+    fence = {"step": step, "worker": worker, "task": task}
+    for i in range(len(group.shards)):
+        group.client(i).action("enter", **fence)
+    return fence
+
+
+def test_retried_step_rolls_back_and_fences_out_zombies(shards):
+    _, group = shards
+    table = make_table(group, rows=100, width=1, dtype="int64")
+    table.put(np.arange(100), np.arange(100).reshape(-1, 1))
+    group.broadcast("begin_step", step=1, num_workers=2, namespace="fit")
+    f0 = _enter(group, 1, 0, task=10)
+    _enter(group, 1, 1, task=11)
+    old0 = table.fenced(**f0)
+    old0.inc(np.arange(0, 100, 7), np.ones((15, 1), dtype=np.int64))
+    old0.put([99], [[-5]])
+    # the stage is retried: worker 0 enters again with a newer task id
+    f0b = _enter(group, 1, 0, task=12)
+    _enter(group, 1, 1, task=13)
+    assert np.array_equal(table.read_all()[:, 0], np.arange(100)), "rollback must restore every row"
+    with pytest.raises(ShardUnavailableError, match="zombie|failed attempt"):
+        old0.inc([1], [[1]])
+    table.fenced(**f0b).inc([1], [[1]])
+    group.broadcast("commit_step", step=1)
+    expected = np.arange(100)
+    expected[1] += 1
+    assert np.array_equal(table.read_all()[:, 0], expected)
+
+
+def test_abort_step_restores_rows(shards):
+    _, group = shards
+    table = make_table(group, rows=50, width=2)
+    base = np.random.default_rng(3).random((50, 2))
+    table.put_range(0, base)
+    group.broadcast("begin_step", step=4, num_workers=1, namespace="fit")
+    fence = _enter(group, 4, 0, task=1)
+    table.fenced(**fence).inc(np.arange(50), np.ones((50, 2)))
+    assert not np.array_equal(table.read_all(), base)
+    restored = sum(a["restored_rows"] for a in group.broadcast("abort_step", step=4))
+    assert restored == 50
+    assert np.array_equal(table.read_all(), base)
+    with pytest.raises(ShardUnavailableError, match="open step"):
+        table.fenced(**fence).inc([0], [[1, 1]])
+
+
+def test_round_clocks_bsp_and_contributions(shards):
+    _, group = shards
+    table = make_table(group, rows=10, width=1, contrib_width=2)
+    for i in range(2):
+        group.client(i).action("register_program", namespace="fit",
+                               payload=__import__("base64").b64encode(
+                                   __import__("pyspark").cloudpickle.dumps(_Program())).decode())
+    group.broadcast("begin_step", step=1, num_workers=3, namespace="fit")
+    fences = [_enter(group, 1, w, task=100 + w) for w in range(3)]
+    order, seen = [], {}
+
+    def worker(w):
+        handle = table.fenced(**fences[w])
+        for rnd in range(4):
+            handle.contribute(np.arange(10), np.full((10, 2), w + 1.0), rnd)
+            for i in range(2):
+                group.client(i).action("tick", **fences[w], round=rnd, wait_for=rnd, timeout=30,
+                                       metrics={"n": 1.0} if i == 0 else None)
+            seen[(w, rnd)] = table.get([0, 9])[:, 0].copy()
+            order.append((w, rnd))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    group.broadcast("commit_step", step=1)
+    # after round r every worker sees (r + 1) * (1 + 2 + 3)
+    for (w, rnd), values in seen.items():
+        assert np.allclose(values, 6.0 * (rnd + 1)), (w, rnd, values)
+    # BSP: no worker finished round r+1 before all finished round r
+    done = {}
+    for i, (w, rnd) in enumerate(order):
+        done.setdefault(rnd, []).append(i)
+    for rnd in range(3):
+        assert max(done[rnd]) < min(done[rnd + 1]) + 3
+    metrics = group.client(0).action("metrics")
+    assert [metrics["rounds"][str(r)]["n"] for r in range(4)] == [3.0] * 4
+
+
+def test_ssp_lets_a_worker_run_ahead_by_the_staleness_bound(shards):
+    _, group = shards
+    group.broadcast("begin_step", step=2, num_workers=2, namespace="fit")
+    fast = _enter(group, 2, 0, task=1)
+    slow = _enter(group, 2, 1, task=2)
+    client = group.client(0)
+    for i in range(2):
+        group.client(i).action("tick", **slow, round=0, wait_for=-5)
+    # staleness 2: the fast worker may finish rounds 0..2 while the slow one sits at round 0
+    for rnd in range(3):
+        for i in range(2):
+            group.client(i).action("tick", **fast, round=rnd, wait_for=rnd - 2, timeout=5)
+    from pystrads.errors import RoundTimeoutError
+
+    with pytest.raises(RoundTimeoutError, match="round.timeoutSeconds"):
+        client.action("tick", **fast, round=3, wait_for=1, timeout=1)
+    group.broadcast("abort_step", step=2)
+
+
+def test_concurrent_clients_add_up(shards):
+    _, group = shards
+    table = make_table(group, rows=64, width=1, dtype="int64")
+
+    def hammer(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(50):
+            keys = rng.integers(0, 64, 20)
+            table.inc(keys, np.ones((20, 1), dtype=np.int64))
+
+    threads = [threading.Thread(target=hammer, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert table.read_all().sum() == 4 * 50 * 20
+
+
+def test_malformed_requests_get_clear_errors(shards):
+    servers, group = shards
+    client = group.client(0)
+    with pytest.raises(ShardUnavailableError, match="unknown action"):
+        client.action("no_such_action")
+    with pytest.raises(ShardUnavailableError, match="no table"):
+        client.get_rows("fit/missing", 1, "float64", start=0, stop=1)
+    make_table(group, rows=10, width=1)
+    with pytest.raises(ShardUnavailableError, match="outside this shard"):
+        client.get_rows("fit/t", 1, "float64", start=0, stop=10)  # shard 0 holds rows 0..4
+    import pyarrow.flight as flight
+
+    raw = flight.FlightClient(f"grpc://127.0.0.1:{servers[0].port}")
+    opts = flight.FlightCallOptions(headers=[(b"authorization", ("Bearer " + TOKEN).encode())])
+    with pytest.raises(flight.FlightError, match="malformed"):
+        list(raw.do_get(flight.Ticket(b"\xff\xfe not json"), opts))
+    assert client.action("ping")["tables"] == 1  # still serving
+
+
+def test_range_bounds_balance_weights():
+    weights = np.r_[np.full(10, 100.0), np.ones(990)]
+    bounds = range_bounds(1000, 2, weights)
+    left = weights[:bounds[1]].sum()
+    assert bounds[0] == 0 and bounds[-1] == 1000
+    assert abs(left - weights.sum() / 2) <= weights.max()
+    assert list(range_bounds(10, 3)) == [0, 3, 7, 10]
+    assert list(range_bounds(0, 2)) == [0, 0, 0]
