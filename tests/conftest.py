@@ -7,6 +7,39 @@ from pystrads.engine.driver import check_java
 from pystrads.errors import ConfigurationError
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes minutes (still run in CI)")
+
+
+def _shard_processes():
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = open(f"/proc/{entry}/cmdline").read()
+            except OSError:
+                continue
+            if "pystrads.ps.server" in cmd:
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_processes_left_behind():
+    """Fails the run if any shard process outlives the test session."""
+    before = set(_shard_processes())
+    yield
+    from pystrads.ps import launcher
+
+    launcher.shutdown()
+    deadline = __import__("time").time() + 15
+    left = set(_shard_processes()) - before
+    while left and __import__("time").time() < deadline:
+        __import__("time").sleep(0.2)
+        left = set(_shard_processes()) - before
+    assert not left, f"shard processes left behind: {sorted(left)}"
+
+
 def pytest_sessionstart(session):
     try:
         check_java()

@@ -1,0 +1,205 @@
+"""Runtime benchmark: empty rounds per second, and shard-client throughput vs raw Arrow Flight.
+
+    python jobs/bench_runtime.py [--repeats 5] [--out out/bench_runtime.json]
+
+1. Rounds/s of :class:`~pystrads.programs.examples.EmptyProgram` at U = 2 on
+   ``local[2]`` (steps of 500 rounds, the Spark job cost included), median of
+   ``--repeats`` fits.
+2. Get / put throughput of a row block of 1-64 MiB through the pystrads
+   shard client (``TableHandle.get_range`` / ``put_range`` against a shard
+   process) and through raw ``pyarrow.flight`` (a minimal server process that
+   streams a prebuilt table / discards what it receives), interleaved in the
+   same run, median of ``--repeats``.
+
+Prints a table, writes JSON (and a PNG plot when matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+WIDTH = 16  # float64 values per row: 128-byte rows
+
+
+def raw_server() -> None:
+    """A minimal Arrow Flight server: the baseline the shard client is held against."""
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    class Raw(flight.FlightServerBase):
+        def __init__(self):
+            super().__init__("grpc://127.0.0.1:0")
+            self.tables = {}
+
+        def do_get(self, context, ticket):
+            rows = int(ticket.ticket.decode())
+            if rows not in self.tables:
+                flat = pa.array(np.random.default_rng(0).random(rows * WIDTH))
+                self.tables[rows] = pa.table({"value": pa.FixedSizeListArray.from_arrays(flat, WIDTH)})
+            return flight.RecordBatchStream(self.tables[rows])
+
+        def do_put(self, context, descriptor, reader, writer):
+            for _ in reader:
+                pass
+
+    server = Raw()
+    print(server.port, flush=True)
+    server.serve()
+
+
+def _start(cmd, env=None, info_file=None):
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    if info_file:
+        while not os.path.exists(info_file):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd} exited with {proc.returncode}")
+            time.sleep(0.02)
+        with open(info_file) as fh:
+            return proc, json.load(fh)["port"]
+    return proc, int(proc.stdout.readline())
+
+
+def throughput(sizes_mib, repeats):
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    from pystrads.ps.client import ShardGroup, ShardInfo
+    from pystrads.ps.partition import TableLayout
+
+    token = "bench-" + os.urandom(8).hex()
+    info_file = f"/tmp/pystrads-bench-{os.getpid()}.json"
+    env = dict(os.environ, PYSTRADS_SHARD_TOKEN=token)
+    shard, shard_port = _start([sys.executable, "-m", "pystrads.ps.server", "--lease", "600",
+                                "--info-file", info_file], env, info_file)
+    raw, raw_port = _start([sys.executable, os.path.abspath(__file__), "--raw-server"])
+    os.remove(info_file)
+    rows_out = []
+    try:
+        group = ShardGroup([ShardInfo("127.0.0.1", shard_port, shard.pid, "bench", "0")], token)
+        raw_client = flight.FlightClient(f"grpc://127.0.0.1:{raw_port}")
+        for mib in sizes_mib:
+            rows = mib * 2 ** 20 // (WIDTH * 8)
+            layout = TableLayout(f"bench/t{mib}", rows, WIDTH, "float64", (0, rows), (0,), WIDTH)
+            group.client(0).action("create_table", name=layout.name, row_start=0, row_stop=rows, width=WIDTH)
+            table = group.table(layout)
+            block = np.random.default_rng(1).random((rows, WIDTH))
+            flat = pa.array(block.reshape(-1))
+            raw_table = pa.table({"value": pa.FixedSizeListArray.from_arrays(flat, WIDTH)})
+            times = {k: [] for k in ("client_get", "raw_get", "client_put", "raw_put")}
+            table.put_range(0, block)  # warm up both paths
+            raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                got = table.get_range(0, rows)
+                times["client_get"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
+                times["raw_get"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                table.put_range(0, block)
+                times["client_put"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                writer, _ = raw_client.do_put(flight.FlightDescriptor.for_command(b"put"), raw_table.schema)
+                writer.write_table(raw_table)
+                writer.close()
+                times["raw_put"].append(time.perf_counter() - t0)
+            assert np.array_equal(got, block)
+            med = {k: float(np.median(v)) for k, v in times.items()}
+            gbps = {k: block.nbytes / v / 1e9 for k, v in med.items()}
+            rows_out.append({"mib": mib, **{f"{k}_gbps": round(v, 3) for k, v in gbps.items()},
+                             "get_ratio": round(gbps["client_get"] / gbps["raw_get"], 3),
+                             "put_ratio": round(gbps["client_put"] / gbps["raw_put"], 3)})
+            group.client(0).action("drop_tables", prefix=layout.name)
+    finally:
+        shard.kill()
+        raw.kill()
+    return rows_out
+
+
+def empty_rounds(repeats, rounds=2000, per_step=500):
+    from pystrads.engine import Engine
+    from pystrads.programs.examples import EmptyProgram
+    from pystrads.session import spark_session
+
+    spark = spark_session("local[2]", "pystrads-bench-runtime", {"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    sc = spark.sparkContext
+    rates, in_rounds = [], []
+    with Engine(EmptyProgram(per_step, per_step), sc.parallelize(range(2), 2)).fit():
+        pass  # warm-up: shard start, Python workers
+    for _ in range(repeats):
+        with Engine(EmptyProgram(rounds, per_step), sc.parallelize(range(2), 2)).fit() as res:
+            steps = res.summary.rows
+            rates.append(sum(r["rounds"] for r in steps) / sum(r["job_s"] for r in steps))
+            in_rounds.append(sum(r["rounds"] for r in steps) / sum(r["round_s"] for r in steps))
+    spark.stop()
+    return {"workers": 2, "rounds": rounds, "rounds_per_step": per_step,
+            "rounds_per_s": float(np.median(rates)), "rounds_per_s_all": [round(r, 1) for r in rates],
+            "rounds_per_s_inside_steps": float(np.median(in_rounds))}
+
+
+def plot(result, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install 'pystrads[plot]')")
+        return None
+    sizes = [r["mib"] for r in result["throughput"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, style in [("client_get", "o-"), ("raw_get", "o--"), ("client_put", "s-"), ("raw_put", "s--")]:
+        ax.plot(sizes, [r[f"{key}_gbps"] for r in result["throughput"]], style, label=key.replace("_", " "))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("block size (MiB)")
+    ax.set_ylabel("GB/s (median)")
+    ax.set_title(f"shard client vs raw pyarrow.flight; empty rounds/s = {result['rounds']['rounds_per_s']:.0f}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="pystrads runtime benchmark")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", default="1,4,16,64", help="block sizes in MiB")
+    parser.add_argument("--out", default="out/bench_runtime.json")
+    parser.add_argument("--raw-server", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.raw_server:
+        return raw_server()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "platform": platform.platform()},
+              "throughput": throughput(sizes, args.repeats), "rounds": empty_rounds(args.repeats)}
+    print()
+    print(f"Empty program, U=2, local[2]: {result['rounds']['rounds_per_s']:.0f} rounds/s "
+          f"(median of {args.repeats}; inside steps {result['rounds']['rounds_per_s_inside_steps']:.0f}/s)")
+    print()
+    print("| block MiB | get: client GB/s | raw GB/s | ratio | put: client GB/s | raw GB/s | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in result["throughput"]:
+        print(f"| {r['mib']} | {r['client_get_gbps']:.2f} | {r['raw_get_gbps']:.2f} | {r['get_ratio']:.2f} "
+              f"| {r['client_put_gbps']:.2f} | {r['raw_put_gbps']:.2f} | {r['put_ratio']:.2f} |")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=2)
+    png = plot(result, os.path.splitext(args.out)[0] + ".png")
+    print(f"\nwrote {args.out}" + (f" and {png}" if png else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Shard processes during a fit: separate, loopback-only, token-protected, and
+gone within the lease after the driver is SIGKILLed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pystrads.errors import ShardUnavailableError
+from pystrads.ps.client import ShardClient
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LEASE = 4.0
+
+
+def _listening_addresses(port):
+    """Local addresses in LISTEN state for ``port`` (from /proc/net/tcp*)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            address, state = fields[1], fields[3]
+            host_hex, port_hex = address.split(":")
+            if int(port_hex, 16) == port and state == "0A":
+                found.append(host_hex)
+    return found
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_shards_are_separate_loopback_only_token_protected_and_die_with_the_driver():
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "lifecycle_driver.py"), str(LEASE)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=os.path.dirname(HERE), env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    try:
+        info = None
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("SHARDS "):
+                info = json.loads(line[len("SHARDS "):])
+                break
+        assert info, "the driver never reported its shards"
+        shards = info["shards"]
+        assert len(shards) == 2  # spark.pystrads.shard.perExecutor=2, one executor in local mode
+        time.sleep(1.0)  # let the fit run a step
+        assert proc.poll() is None, "the fit must still be running"
+        for shard in shards:
+            pid = shard["pid"]
+            cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
+            assert "pystrads.ps.server" in cmdline, cmdline
+            assert os.getsid(pid) == pid, "a shard runs in its own session, not inside a Spark task"
+            assert shard["host"] == "127.0.0.1"
+            addresses = _listening_addresses(shard["port"])
+            loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, or as ::ffff:127.0.0.1
+            assert addresses and set(addresses) <= loopback, f"shard must listen on 127.0.0.1 only: {addresses}"
+            uri = f"grpc://127.0.0.1:{shard['port']}"
+            for token in ("", "not-the-token"):
+                with pytest.raises(ShardUnavailableError, match="token"):
+                    ShardClient(uri, token).action("stats")
+            assert ShardClient(uri, info["token"]).action("ping")["pid"] == pid
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        killed = time.time()
+        while time.time() - killed < LEASE + 10 and any(_alive(s["pid"]) for s in shards):
+            time.sleep(0.2)
+        gone_after = time.time() - killed
+        assert not any(_alive(s["pid"]) for s in shards), "shards outlived the driver's lease"
+        assert gone_after <= LEASE + 3, f"shards took {gone_after:.1f} s to exit (lease {LEASE} s)"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
