@@ -9,7 +9,8 @@
    shard client (``TableHandle.get_range`` / ``put_range`` against a shard
    process) and through raw ``pyarrow.flight`` (a minimal server process that
    streams a prebuilt table / discards what it receives), interleaved in the
-   same run, median of ``--repeats``.
+   same run, interleaved; each sample moves at least 64 MiB (a loop of calls
+   for small blocks); median of ``--repeats`` samples.
 
 Prints a table, writes JSON (and a PNG plot when matplotlib is installed).
 """
@@ -95,29 +96,39 @@ def throughput(sizes_mib, repeats):
             block = np.random.default_rng(1).random((rows, WIDTH))
             flat = pa.array(block.reshape(-1))
             raw_table = pa.table({"value": pa.FixedSizeListArray.from_arrays(flat, WIDTH)})
-            times = {k: [] for k in ("client_get", "raw_get", "client_put", "raw_put")}
+            times = {k: [] for k in ("client_get", "client_get_out", "raw_get", "client_put", "raw_put")}
+            buffer = np.empty_like(block)
             table.put_range(0, block)  # warm up both paths
             raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
-            for _ in range(repeats):
+            calls = max(1, 64 // mib)  # each sample moves >= 64 MiB, so small blocks are not all noise
+
+            def timed(fn):
                 t0 = time.perf_counter()
-                got = table.get_range(0, rows)
-                times["client_get"].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
-                times["raw_get"].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                table.put_range(0, block)
-                times["client_put"].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                for _ in range(calls):
+                    out = fn()
+                return (time.perf_counter() - t0) / calls, out
+
+            def raw_get():
+                return raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
+
+            def raw_put():
                 writer, _ = raw_client.do_put(flight.FlightDescriptor.for_command(b"put"), raw_table.schema)
                 writer.write_table(raw_table)
                 writer.close()
-                times["raw_put"].append(time.perf_counter() - t0)
-            assert np.array_equal(got, block)
+
+            for _ in range(repeats):  # interleaved, so drifting load hits every path alike
+                seconds, got = timed(lambda: table.get_range(0, rows))
+                times["client_get"].append(seconds)
+                times["client_get_out"].append(timed(lambda: table.get_range(0, rows, out=buffer))[0])
+                times["raw_get"].append(timed(raw_get)[0])
+                times["client_put"].append(timed(lambda: table.put_range(0, block))[0])
+                times["raw_put"].append(timed(raw_put)[0])
+            assert np.array_equal(got, block) and np.array_equal(buffer, block)
             med = {k: float(np.median(v)) for k, v in times.items()}
             gbps = {k: block.nbytes / v / 1e9 for k, v in med.items()}
             rows_out.append({"mib": mib, **{f"{k}_gbps": round(v, 3) for k, v in gbps.items()},
                              "get_ratio": round(gbps["client_get"] / gbps["raw_get"], 3),
+                             "get_out_ratio": round(gbps["client_get_out"] / gbps["raw_get"], 3),
                              "put_ratio": round(gbps["client_put"] / gbps["raw_put"], 3)})
             group.client(0).action("drop_tables", prefix=layout.name)
     finally:
@@ -159,7 +170,8 @@ def plot(result, path):
         return None
     sizes = [r["mib"] for r in result["throughput"]]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, style in [("client_get", "o-"), ("raw_get", "o--"), ("client_put", "s-"), ("raw_put", "s--")]:
+    for key, style in [("client_get", "o-"), ("client_get_out", "o:"), ("raw_get", "o--"),
+                       ("client_put", "s-"), ("raw_put", "s--")]:
         ax.plot(sizes, [r[f"{key}_gbps"] for r in result["throughput"]], style, label=key.replace("_", " "))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("block size (MiB)")
@@ -188,11 +200,13 @@ def main(argv=None):
     print(f"Empty program, U=2, local[2]: {result['rounds']['rounds_per_s']:.0f} rounds/s "
           f"(median of {args.repeats}; inside steps {result['rounds']['rounds_per_s_inside_steps']:.0f}/s)")
     print()
-    print("| block MiB | get: client GB/s | raw GB/s | ratio | put: client GB/s | raw GB/s | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| block MiB | get: raw GB/s | client, new array | ratio | client, out= buffer | ratio "
+          "| put: raw GB/s | client | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["throughput"]:
-        print(f"| {r['mib']} | {r['client_get_gbps']:.2f} | {r['raw_get_gbps']:.2f} | {r['get_ratio']:.2f} "
-              f"| {r['client_put_gbps']:.2f} | {r['raw_put_gbps']:.2f} | {r['put_ratio']:.2f} |")
+        print(f"| {r['mib']} | {r['raw_get_gbps']:.2f} | {r['client_get_gbps']:.2f} | {r['get_ratio']:.2f} "
+              f"| {r['client_get_out_gbps']:.2f} | {r['get_out_ratio']:.2f} "
+              f"| {r['raw_put_gbps']:.2f} | {r['client_put_gbps']:.2f} | {r['put_ratio']:.2f} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2)

@@ -41,7 +41,7 @@ _SETTINGS = [
     Setting("shard.workDir", "", str,
             "local directory on each executor for shard logs and port files; "
             "empty = <tmp>/pystrads-<uid>"),
-    Setting("rpc.chunkBytes", 2 * 1024 * 1024, int,
+    Setting("rpc.chunkBytes", 4 * 1024 * 1024 - 64 * 1024, int,
             "bytes per Arrow record batch in a get or put stream (kept under gRPC's "
             "4 MiB message limit)", 4096),
     Setting("rpc.maxKeysPerRequest", 262144, int,

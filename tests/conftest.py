@@ -11,7 +11,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes minutes (still run in CI)")
 
 
-def _shard_processes():
+def _shard_processes(run_ids=None):
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -19,24 +19,26 @@ def _shard_processes():
                 cmd = open(f"/proc/{entry}/cmdline").read()
             except OSError:
                 continue
-            if "pystrads.ps.server" in cmd:
+            if "pystrads.ps.server" in cmd and (run_ids is None or any(r in cmd for r in run_ids)):
                 pids.append(int(entry))
     return pids
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_processes_left_behind():
-    """Fails the run if any shard process outlives the test session."""
-    before = set(_shard_processes())
+    """Fails the run if a shard started by this test session outlives it
+    (subprocess drivers check their own shards)."""
+    import time
+
     yield
     from pystrads.ps import launcher
 
     launcher.shutdown()
-    deadline = __import__("time").time() + 15
-    left = set(_shard_processes()) - before
-    while left and __import__("time").time() < deadline:
-        __import__("time").sleep(0.2)
-        left = set(_shard_processes()) - before
+    deadline = time.time() + 15
+    left = _shard_processes(launcher.STARTED_RUN_IDS)
+    while left and time.time() < deadline:
+        time.sleep(0.2)
+        left = _shard_processes(launcher.STARTED_RUN_IDS)
     assert not left, f"shard processes left behind: {sorted(left)}"
 
 

@@ -47,15 +47,15 @@ def _translate(exc: Exception, uri: str, what: str) -> Exception:
 class ShardClient:
     """One authenticated Flight connection to one shard."""
 
-    def __init__(self, uri: str, token: str, chunk_bytes: int = 2 << 20):
+    def __init__(self, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10)):
         self.uri = uri
         self.chunk_bytes = chunk_bytes
         self._client = flight.FlightClient(uri)
-        self._options = flight.FlightCallOptions(
-            headers=[(protocol.AUTH_HEADER.encode(), ("Bearer " + token).encode())])
+        self._token = token  # travels in every request header (see pystrads.ps.server)
+        self._options = flight.FlightCallOptions()
 
     @classmethod
-    def cached(cls, uri: str, token: str, chunk_bytes: int = 2 << 20) -> "ShardClient":
+    def cached(cls, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10)) -> "ShardClient":
         key = (uri, token)
         with _CONNECTIONS_LOCK:
             client = _CONNECTIONS.get(key)
@@ -64,7 +64,7 @@ class ShardClient:
             return client
 
     def action(self, action_type: str, **body: Any) -> Dict[str, Any]:
-        payload = json.dumps(body, separators=(",", ":")).encode()
+        payload = json.dumps(dict(body, token=self._token), separators=(",", ":")).encode()
         try:
             results = list(self._client.do_action(flight.Action(action_type, payload), self._options))
         except flight.FlightError as exc:
@@ -74,7 +74,7 @@ class ShardClient:
     def get_rows(self, table: str, width: int, dtype: str, keys: Optional[np.ndarray] = None,
                  start: int = 0, stop: int = 0, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Rows by key list (any order) or by range ``[start, stop)``."""
-        header: Dict[str, Any] = {"table": table, "chunk": self.chunk_bytes}
+        header: Dict[str, Any] = {"table": table, "chunk": self.chunk_bytes, "token": self._token}
         if keys is None:
             header.update(start=int(start), stop=int(stop))
             ticket = protocol.encode_header(header)
@@ -98,19 +98,28 @@ class ShardClient:
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
         return out
 
-    def write_rows(self, op: str, table: str, keys: np.ndarray, values: np.ndarray, dtype: str,
-                   header: Optional[Dict[str, Any]] = None) -> None:
-        """``put`` / ``inc`` / ``contribute`` rows ``values[i]`` at ``keys[i]``."""
+    def write_rows(self, op: str, table: str, keys: Optional[np.ndarray], values: np.ndarray, dtype: str,
+                   header: Optional[Dict[str, Any]] = None, start: Optional[int] = None) -> None:
+        """``put`` / ``inc`` / ``contribute`` rows ``values[i]`` at sorted unique ``keys[i]``,
+        or at rows ``start, start + 1, ...`` (a contiguous run travels as a range,
+        without a key column)."""
         width = values.shape[1]
-        head = dict(header or {}, op=op, table=table)
+        head = dict(header or {}, op=op, table=table, token=self._token)
+        if start is None and len(keys) > 0 and int(keys[-1]) - int(keys[0]) + 1 == len(keys):
+            start = int(keys[0])
+        contiguous = start is not None
+        if contiguous:
+            head["start"] = int(start)
+            keys = np.empty(len(values), dtype=np.int64)  # only its length is used below
         descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
-        schema = protocol.value_schema(dtype, width, with_keys=True)
+        schema = protocol.value_schema(dtype, width, with_keys=not contiguous)
         chunk = protocol.rows_per_chunk(width, dtype, self.chunk_bytes)
         try:
             writer, _ = self._client.do_put(descriptor, schema, self._options)
             for k, v in protocol.iter_chunks(keys, values, chunk):
-                writer.write_batch(pa.record_batch([pa.array(k, pa.int64()), protocol.rows_to_array(v)],
-                                                   schema=schema))
+                columns = [protocol.rows_to_array(v)] if contiguous else [pa.array(k, pa.int64()),
+                                                                         protocol.rows_to_array(v)]
+                writer.write_batch(pa.record_batch(columns, schema=schema))
             writer.close()
         except flight.FlightError as exc:
             raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
@@ -138,7 +147,7 @@ class ShardInfo:
 class ShardGroup:
     """The shards of one run: addresses plus the run token. Small and picklable."""
 
-    def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = 2 << 20,
+    def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
                  max_keys: int = 262144):
         self.shards = tuple(shards)
         self.token = token
@@ -249,12 +258,21 @@ class TableHandle:
             out[order] = buf
         return out
 
-    def get_range(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` (one request per shard the range spans)."""
+    def get_range(self, start: int, stop: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Rows ``[start, stop)`` (one request per shard the range spans).
+
+        ``out``: an existing C-contiguous ``(stop - start, width)`` array to fill
+        (reusing one buffer across rounds avoids fresh-memory page faults).
+        """
         if not 0 <= start <= stop <= self.layout.num_rows:
             raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
                              f"[0, {self.layout.num_rows})")
-        out = np.empty((stop - start, self.layout.width), dtype=protocol.DTYPES[self.layout.dtype][0])
+        shape = (stop - start, self.layout.width)
+        if out is None:
+            out = np.empty(shape, dtype=protocol.DTYPES[self.layout.dtype][0])
+        elif out.shape != shape or out.dtype != protocol.DTYPES[self.layout.dtype][0]:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; need {shape} "
+                             f"{self.layout.dtype}")
         bounds = self.layout.bounds
         for part in range(len(bounds) - 1):
             lo, hi = max(start, bounds[part]), min(stop, bounds[part + 1])
@@ -297,9 +315,27 @@ class TableHandle:
         """Overwrite the rows at ``keys``."""
         self._write("put", keys, values)
 
+    def _write_range(self, op: str, start: int, values) -> None:
+        values = self._values(values, len(np.asarray(values)))
+        stop = start + len(values)
+        if not 0 <= start <= stop <= self.layout.num_rows:
+            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
+                             f"[0, {self.layout.num_rows})")
+        bounds = self.layout.bounds
+        for part in range(len(bounds) - 1):
+            lo, hi = max(start, bounds[part]), min(stop, bounds[part + 1])
+            if hi > lo:
+                self.group.client(self.layout.shards[part]).write_rows(
+                    op, self.layout.name, None, values[lo - start:hi - start], self.layout.dtype,
+                    dict(self._fence or {}), start=lo)
+
     def put_range(self, start: int, values) -> None:
-        values = np.asarray(values)
-        self._write("put", np.arange(start, start + len(values)), values)
+        """Overwrite rows ``start, start + 1, ...`` with ``values``."""
+        self._write_range("put", start, values)
+
+    def inc_range(self, start: int, deltas) -> None:
+        """Add ``deltas`` to rows ``start, start + 1, ...``."""
+        self._write_range("inc", start, deltas)
 
     def contribute(self, keys, partials, round_index: int) -> None:
         """Send partial sums for ``keys`` in round ``round_index``; when every

@@ -259,6 +259,7 @@ class ShardManager:
 
 _MANAGERS: Dict[int, ShardManager] = {}
 _LOCK = threading.Lock()
+STARTED_RUN_IDS: List[str] = []  # every run this driver process started shards for
 
 
 def get_shards(sc, config, expected_executors: int) -> ShardManager:
@@ -272,6 +273,7 @@ def get_shards(sc, config, expected_executors: int) -> ShardManager:
             log.warning("shards of %s are gone; starting new ones", manager.run_id)
             manager.shutdown()
         manager = ShardManager(sc, config)
+        STARTED_RUN_IDS.append(manager.run_id)
         manager.start(expected_executors)
         _MANAGERS[key] = manager
         return manager

@@ -24,7 +24,6 @@ DTYPES = {
     "int32": (np.int32, pa.int32()),
 }
 
-AUTH_HEADER = "authorization"
 
 
 def check_dtype(name: str) -> str:
