@@ -1,0 +1,1 @@
+"""Numba kernels (numpy and numba only; no Spark, no Arrow)."""
