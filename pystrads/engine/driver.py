@@ -47,12 +47,14 @@ class TrainingSummary:
 
     def __init__(self):
         self.rows: List[Dict[str, Any]] = []
+        self.iterations: List[Dict[str, Any]] = []  # rows a program adds with ctx.record_row
         self.fixed: Dict[str, float] = {}
 
-    def to_pandas(self):
+    def to_pandas(self, per: str = "step"):
+        """The history as a DataFrame: ``per="step"`` (default) or ``"iteration"``."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows)
+        return pd.DataFrame(self.rows if per == "step" else self.iterations)
 
     @property
     def total_rounds(self) -> int:
@@ -80,6 +82,16 @@ def _slots(sc) -> Optional[int]:
     if m:
         return int(m.group(1)) * int(m.group(2)) // cpus
     return None
+
+
+def default_num_workers(rdd, requested: Optional[int] = None) -> int:
+    """Workers an :class:`Engine` over ``rdd`` uses: ``requested``, else the RDD's
+    partitions capped by the task slots known without a job."""
+    if requested:
+        return int(requested)
+    slots = _slots(rdd.context)
+    parts = rdd.getNumPartitions()
+    return min(parts, slots) if slots else parts
 
 
 def _python_cause(exc: BaseException) -> str:
@@ -111,6 +123,38 @@ def check_java() -> None:
                                  "Install OpenJDK 17 and point JAVA_HOME at it")
 
 
+def check_cluster(sc, num_workers: int, config: Optional[Mapping[str, Any]] = None) -> None:
+    """Pre-flight checks of the cluster for ``num_workers`` barrier tasks (no Spark job):
+    dynamic allocation off, enough task slots, executors' Python; each error says what to change."""
+    config = config if isinstance(config, Config) else Config.from_spark(sc, config)
+    U = num_workers
+    conf = sc.getConf()
+    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        raise ConfigurationError(
+            "spark.dynamicAllocation.enabled=true: pystrads runs barrier stages whose tasks must all "
+            "run at once on fixed executors; set spark.dynamicAllocation.enabled=false")
+    python = getattr(sc, "pythonExec", None) or sys.executable
+    resolved = shutil.which(python) or python
+    if os.path.realpath(resolved) != os.path.realpath(sys.executable):
+        log.warning("executors use Python %r, the driver %r; set PYSPARK_PYTHON=%s if the "
+                    "executors lack pystrads or its dependencies", python, sys.executable, sys.executable)
+    slots = _slots(sc)
+    if slots is None:
+        deadline = time.monotonic() + config["executor.waitSeconds"]
+        cpus = int(conf.get("spark.task.cpus", "1"))
+        while True:
+            executors = launcher._count_executors(sc)
+            slots = sc.defaultParallelism // cpus if executors else 0
+            if slots >= U or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    if slots < U:
+        raise ConfigurationError(
+            f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
+            f"offers {slots}; lower num_workers to {max(1, slots)} or give Spark more executor cores "
+            "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
+
+
 class Engine:
     """Runs one :class:`Program` over the partitions of an RDD.
 
@@ -138,10 +182,8 @@ class Engine:
         self.sc = rdd.context
         self.config = Config.from_spark(self.sc, config)
         self.seed = int(seed)
-        slots = _slots(self.sc)
-        parts = rdd.getNumPartitions()
         if num_workers is None:
-            num_workers = min(parts, slots) if slots else parts
+            num_workers = default_num_workers(rdd)
         if not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
             raise ConfigurationError(f"num_workers={num_workers!r} must be a positive integer")
         self.num_workers = int(num_workers)
@@ -166,32 +208,7 @@ class Engine:
     # ------------------------------------------------------------------ checks
     def preflight(self) -> None:
         """Checks that must pass before any Spark job; each says what to change."""
-        sc, U = self.sc, self.num_workers
-        conf = sc.getConf()
-        if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
-            raise ConfigurationError(
-                "spark.dynamicAllocation.enabled=true: pystrads runs barrier stages whose tasks must all "
-                "run at once on fixed executors; set spark.dynamicAllocation.enabled=false")
-        python = getattr(sc, "pythonExec", None) or sys.executable
-        resolved = shutil.which(python) or python
-        if os.path.realpath(resolved) != os.path.realpath(sys.executable):
-            log.warning("executors use Python %r, the driver %r; set PYSPARK_PYTHON=%s if the "
-                        "executors lack pystrads or its dependencies", python, sys.executable, sys.executable)
-        slots = _slots(sc)
-        if slots is None:
-            deadline = time.monotonic() + self.config["executor.waitSeconds"]
-            cpus = int(conf.get("spark.task.cpus", "1"))
-            while True:
-                executors = launcher._count_executors(sc)
-                slots = sc.defaultParallelism // cpus if executors else 0
-                if slots >= U or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-        if slots < U:
-            raise ConfigurationError(
-                f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
-                f"offers {slots}; lower num_workers to {max(1, slots)} or give Spark more executor cores "
-                "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
+        check_cluster(self.sc, self.num_workers, self.config)
         tables = list(self.program.tables())
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
@@ -274,7 +291,8 @@ class Engine:
     def _run_job(self, step: int, rdd) -> None:
         from pyspark import StorageLevel
 
-        self.group.broadcast("begin_step", step=step, num_workers=self.num_workers, namespace=self.namespace)
+        self.group.broadcast("begin_step", step=step, num_workers=self.num_workers, namespace=self.namespace,
+                             round_offset=self._rounds_done)
         try:
             # Local checkpoints cut the lineage at every step: a barrier stage may not
             # depend on two barrier RDDs (data and state), and a lost block must never
@@ -325,10 +343,16 @@ class Engine:
         return total
 
     def _collect_metrics(self) -> StepMetrics:
-        answer = self.group.client(0).action("metrics")
-        rounds = answer.get("rounds", {})
-        n = max((int(k) for k in rounds), default=-1) + 1
-        return StepMetrics([rounds.get(str(i), {}) for i in range(n)])
+        """Per-round metrics: workers' reports (on shard 0) plus every shard's own."""
+        merged: Dict[int, Dict[str, float]] = {}
+        shards = range(len(self.group.shards)) if getattr(self.program, "shard_metrics_every", 0) else [0]
+        for i in shards:
+            for key, values in self.group.client(i).action("metrics").get("rounds", {}).items():
+                bucket = merged.setdefault(int(key), {})
+                for name, value in values.items():
+                    bucket[name] = bucket.get(name, 0.0) + value
+        n = max(merged, default=-1) + 1
+        return StepMetrics([merged.get(i, {}) for i in range(n)])
 
     def _init_step(self) -> None:
         """Load each worker's immutable data (plain cached job), then the init step

@@ -153,6 +153,10 @@ class Program:
     #: Rounds a worker may run ahead of the slowest one (0 = BSP; > 0 = SSP).
     staleness: int = 0
 
+    #: Call :meth:`shard_metrics` on every shard after every this many rounds
+    #: (counted over the fit; 0 = never).
+    shard_metrics_every: int = 0
+
     def tables(self) -> Sequence[Table]:
         return []
 
@@ -174,6 +178,13 @@ class Program:
 
     def apply(self, ctx: "WorkerContext", data: Any, state: Any, work: Any) -> Any:
         return state
+
+    def shard_metrics(self, table: str, rows: np.ndarray, row_start: int) -> Dict[str, float]:
+        """On each shard, every ``shard_metrics_every`` rounds, once the round is
+        committed and before any worker starts the next: numbers computed from
+        the shard's rows ``row_start, ...`` of ``table`` (read only), summed over
+        shards into that round's metrics (e.g. LDA's word log-likelihood)."""
+        return {}
 
     def after_step(self, ctx: "ScheduleContext", metrics: "StepMetrics") -> None:
         return None
@@ -268,6 +279,11 @@ class ScheduleContext:
     def record(self, **values: Any) -> None:
         """Store values (objective, iteration, ...) in this step's summary row."""
         self._records.update(values)
+
+    def record_row(self, **values: Any) -> None:
+        """Append a row to the finer-grained history ``summary.iterations``
+        (e.g. one per iteration when a step runs several)."""
+        self._engine.summary.iterations.append(dict(values))
 
     def stop(self, reason: str = "converged") -> None:
         """End the fit after this step."""

@@ -119,8 +119,9 @@ class ShardTable:
 
 
 class _StepState:
-    def __init__(self, step: int = -1, num_workers: int = 0, namespace: str = ""):
+    def __init__(self, step: int = -1, num_workers: int = 0, namespace: str = "", round_offset: int = 0):
         self.step = step
+        self.round_offset = round_offset  # global index of the step's round 0
         self.epoch = 0
         self.registered: Dict[int, int] = {}  # worker -> task attempt id of the current epoch
         self.retired = -1  # task ids up to this one belong to failed attempts
@@ -242,7 +243,32 @@ class ShardServer(flight.FlightServerBase):
                 except Exception as exc:  # the program's pull failed: fail the round for all
                     st.error = f"pull of table {name!r} in round {rnd} failed: {exc!r}"
                     log.exception("shard %s: %s", self.shard_id, st.error)
+            self._shard_metrics(rnd)
             st.committed = rnd
+
+    def _shard_metrics(self, rnd: int) -> None:
+        """The program's ``shard_metrics`` over this shard's rows, every
+        ``shard_metrics_every`` rounds: a consistent snapshot, since no worker
+        passes the round's clock until this returns."""
+        st = self.step
+        program = self.programs.get(st.namespace)
+        every = int(getattr(program, "shard_metrics_every", 0) or 0) if program is not None else 0
+        if not every or (st.round_offset + rnd + 1) % every:
+            return
+        bucket = st.metrics.setdefault(rnd, {})
+        prefix = st.namespace + "/"
+        for name, table in list(self.tables.items()):
+            if not name.startswith(prefix) or table.row_stop == table.row_start:
+                continue
+            try:
+                with table.lock:
+                    values = program.shard_metrics(name[len(prefix):], table.values, table.row_start) or {}
+            except Exception as exc:
+                st.error = f"shard_metrics of table {name!r} in round {rnd} failed: {exc!r}"
+                log.exception("shard %s: %s", self.shard_id, st.error)
+                return
+            for key, value in values.items():
+                bucket[key] = bucket.get(key, 0.0) + float(value)
 
     def _apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]]) -> None:
         table = self._table(name)
@@ -446,7 +472,8 @@ class ShardServer(flight.FlightServerBase):
                     f"step {self.step.step} is still open; commit or abort it first")
             for table in self.tables.values():
                 table.forget()
-            self.step = _StepState(int(req["step"]), int(req["num_workers"]), req.get("namespace", ""))
+            self.step = _StepState(int(req["step"]), int(req["num_workers"]), req.get("namespace", ""),
+                                   int(req.get("round_offset", 0)))
         return {}
 
     def _action_enter(self, req):

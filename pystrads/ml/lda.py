@@ -1,0 +1,623 @@
+"""``StradsLDA``: LDA topic models by scheduled model-parallel collapsed Gibbs sampling.
+
+A drop-in for :class:`pyspark.ml.clustering.LDA` on the ``features`` column
+that :class:`~pyspark.ml.feature.CountVectorizer` produces.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import warnings
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.linalg import DenseMatrix, DenseVector, SparseVector, VectorUDT
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMaxIter, HasSeed
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+
+from ..engine import Engine
+from ..engine.driver import check_cluster, default_num_workers
+from ..errors import ConfigurationError, InputError
+from ..kernels.lda import SAMPLERS, choose_sampler
+from ..programs.lda import LDAProgram
+from ..ps.partition import range_bounds
+
+log = logging.getLogger(__name__)
+
+#: topicsMatrix() warns above this many cells (it builds the matrix on the driver).
+LARGE_MODEL_CELLS = 50_000_000
+
+
+class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterval):
+    """Params shared by :class:`StradsLDA` and :class:`StradsLDAModel`."""
+
+    k: Param[int] = Param(Params._dummy(), "k", "number of topics (clusters) to infer; must be > 1.",
+                          typeConverter=TypeConverters.toInt)
+    docConcentration: Param[List[float]] = Param(
+        Params._dummy(), "docConcentration",
+        "concentration parameter (commonly named 'alpha') for the symmetric Dirichlet prior on documents' "
+        "distributions over topics ('theta'); one value or k equal values, all > 0. Unset: 50 / k "
+        "(Griffiths & Steyvers; the prior MLlib's EM optimizer effectively uses, its default 50/k + 1 "
+        "being a MAP shift by 1).", typeConverter=TypeConverters.toListFloat)
+    topicConcentration: Param[float] = Param(
+        Params._dummy(), "topicConcentration",
+        "concentration parameter (commonly named 'beta' or 'eta') for the prior placed on topics' "
+        "distributions over terms; > 0. Unset: 0.1 (what MLlib EM's default 1.1 means after its MAP shift).",
+        typeConverter=TypeConverters.toFloat)
+    topicDistributionCol: Param[str] = Param(
+        Params._dummy(), "topicDistributionCol",
+        "output column with estimates of the topic mixture distribution for each document (often called "
+        "'theta' in the literature); documents without terms get a zero vector, as in MLlib.",
+        typeConverter=TypeConverters.toString)
+    numWorkers: Param[int] = Param(
+        Params._dummy(), "numWorkers",
+        "data partitions (workers) updating the model in parallel; they must all run at once. 0 = one per "
+        "Spark task slot.", typeConverter=TypeConverters.toInt)
+    sampler: Param[str] = Param(
+        Params._dummy(), "sampler",
+        "collapsed Gibbs sampler: 'auto' (chosen by k and mean document length), 'dense', 'sparse' "
+        "(SparseLDA), 'fplus' (F+LDA) or 'mh' (Metropolis-Hastings).", typeConverter=TypeConverters.toString)
+    logLikelihoodEvery: Param[int] = Param(
+        Params._dummy(), "logLikelihoodEvery",
+        "compute the training log-likelihood log p(w, z) every this many iterations (0 = never); it reads "
+        "the whole word-topic table on the shards, so large models may want it less often.",
+        typeConverter=TypeConverters.toInt)
+    foldInIterations: Param[int] = Param(
+        Params._dummy(), "foldInIterations",
+        "Gibbs sweeps per document when inferring topic mixtures of new documents (transform, "
+        "logLikelihood, logPerplexity); >= 2.", typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
+                         numWorkers=0, sampler="auto", logLikelihoodEvery=1, foldInIterations=20)
+
+    def getK(self) -> int:
+        return self.getOrDefault(self.k)
+
+    def getDocConcentration(self) -> List[float]:
+        return self.getOrDefault(self.docConcentration)
+
+    def getTopicConcentration(self) -> float:
+        return self.getOrDefault(self.topicConcentration)
+
+    def getTopicDistributionCol(self) -> str:
+        return self.getOrDefault(self.topicDistributionCol)
+
+    def getNumWorkers(self) -> int:
+        return self.getOrDefault(self.numWorkers)
+
+    def getSampler(self) -> str:
+        return self.getOrDefault(self.sampler)
+
+    def getLogLikelihoodEvery(self) -> int:
+        return self.getOrDefault(self.logLikelihoodEvery)
+
+    def getFoldInIterations(self) -> int:
+        return self.getOrDefault(self.foldInIterations)
+
+    # -- resolved hyper-parameters
+    def _alpha(self) -> float:
+        k = self.getK()
+        if not self.isDefined(self.docConcentration):
+            return 50.0 / k
+        values = self.getDocConcentration()
+        if len(values) not in (1, k) or len(set(values)) != 1:
+            raise ConfigurationError(
+                f"docConcentration={values}: StradsLDA uses a symmetric prior; give one value or {k} equal "
+                "values (e.g. docConcentration=[{:.4g}])".format(50.0 / k))
+        return float(values[0])
+
+    def _beta(self) -> float:
+        return float(self.getTopicConcentration()) if self.isDefined(self.topicConcentration) else 0.1
+
+    def _validate_params(self) -> None:
+        k, max_iter = self.getK(), self.getMaxIter()
+        if k < 2:
+            raise ConfigurationError(f"k={k}: LDA needs at least 2 topics; set k >= 2")
+        if max_iter < 1:
+            raise ConfigurationError(f"maxIter={max_iter} must be >= 1")
+        alpha, beta = self._alpha(), self._beta()
+        if not alpha > 0 or not math.isfinite(alpha):
+            raise ConfigurationError(f"docConcentration={alpha} must be a finite value > 0 (e.g. {50.0 / k:.4g})")
+        if not beta > 0 or not math.isfinite(beta):
+            raise ConfigurationError(f"topicConcentration={beta} must be a finite value > 0 (e.g. 0.1)")
+        if self.getNumWorkers() < 0:
+            raise ConfigurationError(f"numWorkers={self.getNumWorkers()} must be >= 0 (0 = one per task slot)")
+        sampler = self.getSampler()
+        if sampler != "auto" and sampler not in SAMPLERS:
+            raise ConfigurationError(f"sampler={sampler!r} is not one of 'auto', " + ", ".join(
+                repr(s) for s in SAMPLERS))
+        if self.getLogLikelihoodEvery() < 0:
+            raise ConfigurationError(f"logLikelihoodEvery={self.getLogLikelihoodEvery()} must be >= 0")
+        if self.getFoldInIterations() < 2:
+            raise ConfigurationError(f"foldInIterations={self.getFoldInIterations()} must be >= 2")
+
+    def _validate_schema(self, dataset) -> None:
+        col = self.getFeaturesCol()
+        if col not in dataset.columns:
+            raise InputError(f"featuresCol {col!r} is not a column of the input (columns: {dataset.columns}); "
+                             "set featuresCol to the column CountVectorizer wrote")
+        dtype = dataset.schema[col].dataType
+        if not isinstance(dtype, VectorUDT):
+            raise InputError(f"featuresCol {col!r} has type {dtype.simpleString()}, expected a vector of term "
+                             "counts (as CountVectorizer produces)")
+
+
+def _doc_records(dataset, features_col: str):
+    """(doc index, term indices, term counts) per row, and a corpus scan.
+
+    The scan (one Spark job) checks every vector (same size, finite,
+    non-negative integral counts) and counts tokens per term, documents and
+    empty documents.
+    """
+    rdd = dataset.select(features_col).rdd
+
+    def to_record(index, rows):
+        for i, row in enumerate(rows):
+            vec = row[0]
+            if vec is None:
+                yield (index, i, None, None, None)
+                continue
+            if isinstance(vec, SparseVector):
+                idx, val = vec.indices, vec.values
+            else:
+                arr = vec.toArray()
+                idx = np.flatnonzero(arr)
+                val = arr[idx]
+            yield (index, i, vec.size, idx.astype(np.int64), val)
+
+    records = rdd.mapPartitionsWithIndex(to_record)
+
+    def scan(it):
+        size = None
+        out = {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "bad": None, "sizes": set(), "freq": None}
+        for part, i, vsize, idx, val in it:
+            if vsize is None:
+                out["null"] += 1
+                continue
+            out["sizes"].add(int(vsize))
+            if size is None:
+                size = int(vsize)
+                out["freq"] = np.zeros(size, dtype=np.int64)
+            if out["bad"] is None:
+                bad = ~np.isfinite(val) | (val < 0) | (val != np.round(val))
+                if bad.any() or vsize != size:
+                    j = int(np.flatnonzero(bad)[0]) if bad.any() else 0
+                    out["bad"] = (part, i, int(idx[j]) if bad.any() else None, float(val[j]) if bad.any() else None,
+                                  int(vsize))
+                    continue
+            counts = np.round(val).astype(np.int64)
+            if counts.sum() == 0:
+                out["empty"] += 1
+                continue
+            out["docs"] += 1
+            out["tokens"] += int(counts.sum())
+            np.add.at(out["freq"], idx, counts)
+        yield out
+
+    def merge(a, b):
+        if a["freq"] is None:
+            a["freq"] = b["freq"]
+        elif b["freq"] is not None and len(a["freq"]) == len(b["freq"]):
+            a["freq"] = a["freq"] + b["freq"]
+        for key in ("docs", "empty", "null", "tokens"):
+            a[key] += b[key]
+        a["sizes"] |= b["sizes"]
+        a["bad"] = a["bad"] or b["bad"]
+        return a
+
+    stats = records.mapPartitions(scan).treeReduce(merge)
+
+    def keep(it):
+        for part, i, vsize, idx, val in it:
+            if vsize is None:
+                continue
+            counts = np.round(val).astype(np.int64)
+            nz = counts > 0
+            if nz.any():
+                yield ((part << 40) | i, idx[nz], counts[nz])
+
+    return records.mapPartitions(keep), stats
+
+
+class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
+    """Latent Dirichlet Allocation by model-parallel collapsed Gibbs sampling (STRADS LDA).
+
+    Objective: samples the posterior of LDA's topic assignments z (collapsed
+    Gibbs: ``p(z = t) ∝ (n_dt + α)(n_wt + β)/(n_t + Vβ)``); the model's topics
+    are the word-topic counts of the last sample.
+
+    Schedule: the vocabulary is cut into ``numWorkers`` blocks of equal token
+    mass; in round r worker p samples the tokens of block (p + r) mod U, so
+    no two workers touch the same word-topic rows at once and every token is
+    sampled once per iteration. The word-topic table lives on parameter-server
+    shards on the executors, never on the driver during training.
+
+    Example
+    -------
+    >>> from pyspark.ml.feature import CountVectorizer
+    >>> from pystrads.ml import StradsLDA
+    >>> docs = spark.createDataFrame([(["apple", "pie"],), (["spark", "cluster"],)], ["words"])
+    >>> counts = CountVectorizer(inputCol="words", outputCol="features").fit(docs).transform(docs)
+    >>> model = StradsLDA(k=2, maxIter=10, seed=1).fit(counts)
+    >>> model.describeTopics(3).show()        # doctest: +SKIP
+    """
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", maxIter: int = 20, seed: Optional[int] = None,
+                 checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
+                 topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
+                 numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
+                 foldInIterations: int = 20):
+        super().__init__()
+        kwargs = self._input_kwargs
+        self.setParams(**kwargs)
+
+    @keyword_only
+    def setParams(self, *, featuresCol: str = "features", maxIter: int = 20, seed: Optional[int] = None,
+                  checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
+                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
+                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
+                  foldInIterations: int = 20) -> "StradsLDA":
+        kwargs = self._input_kwargs
+        return self._set(**kwargs)
+
+    def setK(self, value: int) -> "StradsLDA":
+        return self._set(k=value)
+
+    def setMaxIter(self, value: int) -> "StradsLDA":
+        return self._set(maxIter=value)
+
+    def setSeed(self, value: int) -> "StradsLDA":
+        return self._set(seed=value)
+
+    def setFeaturesCol(self, value: str) -> "StradsLDA":
+        return self._set(featuresCol=value)
+
+    def setCheckpointInterval(self, value: int) -> "StradsLDA":
+        return self._set(checkpointInterval=value)
+
+    def setDocConcentration(self, value: List[float]) -> "StradsLDA":
+        return self._set(docConcentration=value)
+
+    def setTopicConcentration(self, value: float) -> "StradsLDA":
+        return self._set(topicConcentration=value)
+
+    def setTopicDistributionCol(self, value: str) -> "StradsLDA":
+        return self._set(topicDistributionCol=value)
+
+    def setNumWorkers(self, value: int) -> "StradsLDA":
+        return self._set(numWorkers=value)
+
+    def setSampler(self, value: str) -> "StradsLDA":
+        return self._set(sampler=value)
+
+    def setLogLikelihoodEvery(self, value: int) -> "StradsLDA":
+        return self._set(logLikelihoodEvery=value)
+
+    def setFoldInIterations(self, value: int) -> "StradsLDA":
+        return self._set(foldInIterations=value)
+
+    def _fit(self, dataset) -> "StradsLDAModel":
+        t_start = time.perf_counter()
+        self._validate_params()
+        self._validate_schema(dataset)
+        k, alpha, beta = self.getK(), self._alpha(), self._beta()
+        col = self.getFeaturesCol()
+        sc = dataset.sparkSession.sparkContext
+        records = dataset.select(col).rdd
+        U = default_num_workers(records, self.getNumWorkers() or None)
+        check_cluster(sc, U)  # before any job
+        records, stats = _doc_records(dataset, col)
+        if stats["bad"] is not None:
+            part, row, term, value, size = stats["bad"]
+            if term is None:
+                raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
+                                 "every document needs the same vocabulary (one CountVectorizer model)")
+            raise InputError(f"featuresCol {col!r}: row {row} of partition {part} has count {value} for term "
+                             f"{term}; term counts must be finite non-negative integers (CountVectorizer output)")
+        if len(stats["sizes"]) > 1:
+            raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
+                             "every document needs the same vocabulary (one CountVectorizer model)")
+        if stats["docs"] == 0:
+            raise InputError(f"featuresCol {col!r}: no document has any term ({stats['empty']} empty, "
+                             f"{stats['null']} null rows); LDA needs at least one non-empty document")
+        vocab = int(next(iter(stats["sizes"])))
+        freq = stats["freq"]
+        if stats["empty"] or stats["null"]:
+            log.info("StradsLDA: skipped %d empty and %d null documents", stats["empty"], stats["null"])
+        sampler = self.getSampler()
+        if sampler == "auto":
+            sampler = choose_sampler(k, stats["tokens"] / stats["docs"])
+        seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
+        bounds = range_bounds(vocab, U, freq)
+        program = LDAProgram(k, vocab, U, bounds, alpha, beta, self.getMaxIter(), sampler, seed,
+                             word_weights=freq.astype(np.float64), log_likelihood_every=self.getLogLikelihoodEvery())
+        log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, k=%d, alpha=%.4g, beta=%.4g, "
+                 "sampler=%s, %d workers", stats["docs"], stats["empty"], stats["tokens"], vocab, k, alpha, beta,
+                 sampler, U)
+        scan_s = time.perf_counter() - t_start
+        engine = Engine(program, records, num_workers=U, seed=seed)
+        with engine.fit() as result:
+            t0 = time.perf_counter()
+            word_topic = result.read_table("word_topic")
+            read_s = time.perf_counter() - t0
+            summary = StradsLDASummary(result.summary, stats, scan_s, read_s, sampler, U)
+        model = StradsLDAModel(word_topic, alpha, beta)
+        model._summary = summary
+        return self._copyValues(model)
+
+    def write(self) -> MLWriter:
+        return DefaultParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return DefaultParamsReader(cls)
+
+
+class StradsLDASummary:
+    """Training history of a :class:`StradsLDAModel` fit.
+
+    ``iterations`` (pandas DataFrame): one row per iteration with
+    ``log_likelihood`` (log p(w, z)), ``log_perplexity`` (−log p(w, z) / tokens),
+    ``s_error`` (the STRADS supplement's Δt) and ``tokens``; ``steps``: one
+    row per Spark step with rounds, seconds, tokens/s and the time split
+    (``compute_s``, ``sync_s``, ``spark_s``, ``schedule_s``); ``fixed``:
+    one-off costs in seconds (input scan, shard start, data load, init,
+    reading the model back).
+    """
+
+    def __init__(self, engine_summary, stats, scan_s, read_s, sampler, workers):
+        import pandas as pd
+
+        self.iterations = pd.DataFrame(engine_summary.iterations)
+        steps = pd.DataFrame(engine_summary.rows)
+        if len(steps):
+            steps["tokens_per_s"] = steps["tokens"] / steps["job_s"]
+        self.steps = steps
+        self.fixed = dict(engine_summary.fixed, scan_s=scan_s, read_model_s=read_s)
+        self.numDocuments = int(stats["docs"])
+        self.numEmptyDocuments = int(stats["empty"])
+        self.numTokens = int(stats["tokens"])
+        self.sampler = sampler
+        self.numWorkers = workers
+
+    @property
+    def logLikelihoodHistory(self) -> List[float]:
+        col = self.iterations.get("log_likelihood")
+        return [] if col is None else [float(v) for v in col.dropna()]
+
+    @property
+    def totalIterations(self) -> int:
+        return int(self.iterations["iteration"].max()) if len(self.iterations) else 0
+
+    @property
+    def tokensPerSecond(self) -> float:
+        """Tokens sampled per second over all steps (Spark job time included)."""
+        return float(self.steps["tokens"].sum() / self.steps["job_s"].sum()) if len(self.steps) else 0.0
+
+    @property
+    def trainingSeconds(self) -> float:
+        return float(self.steps["seconds"].sum()) if len(self.steps) else 0.0
+
+    def plot(self, ax=None):
+        """Training log-likelihood per iteration (needs matplotlib)."""
+        import matplotlib.pyplot as plt
+
+        ax = ax or plt.gca()
+        ax.plot(self.iterations["iteration"], self.iterations["log_likelihood"], marker=".")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("log p(w, z)")
+        return ax
+
+
+class StradsLDAModel(Model, _StradsLDAParams, MLReadable, MLWritable):
+    """A fitted :class:`StradsLDA` model: word-topic counts and the priors."""
+
+    def __init__(self, word_topic: Optional[np.ndarray] = None, alpha: float = 0.0, beta: float = 0.0):
+        super().__init__()
+        self._word_topic = None if word_topic is None else np.ascontiguousarray(word_topic, dtype=np.int32)
+        self._alpha_value = float(alpha)
+        self._beta_value = float(beta)
+        self._summary: Optional[StradsLDASummary] = None
+
+    # -- MLlib LDAModel API
+    def vocabSize(self) -> int:
+        return int(self._word_topic.shape[0])
+
+    def isDistributed(self) -> bool:
+        return False
+
+    def estimatedDocConcentration(self) -> DenseVector:
+        return DenseVector(np.full(self._word_topic.shape[1], self._alpha_value))
+
+    def topicsMatrix(self) -> DenseMatrix:
+        """vocabSize x k word-topic **counts** (they sum to the training tokens).
+
+        Built on the driver: for large models (more than ~5e7 cells) this
+        needs vocabSize * k * 8 bytes of driver memory; prefer
+        :meth:`describeTopics`, which keeps only the top terms.
+        """
+        v, k = self._word_topic.shape
+        if v * k > LARGE_MODEL_CELLS:
+            warnings.warn(f"topicsMatrix() builds a {v} x {k} dense matrix ({v * k * 8 / 1e9:.1f} GB) on the "
+                          "driver; use describeTopics() for the top terms", stacklevel=2)
+        return DenseMatrix(v, k, self._word_topic.astype(np.float64).ravel(order="F"))
+
+    def topic_word_prob(self) -> np.ndarray:
+        """phi: V x k, column t is p(word | topic t) = (n_wt + β) / (n_t + Vβ)."""
+        wt = self._word_topic.astype(np.float64)
+        return (wt + self._beta_value) / (wt.sum(axis=0) + wt.shape[0] * self._beta_value)
+
+    def describeTopics(self, maxTermsPerTopic: int = 10):
+        """DataFrame(topic, termIndices, termWeights): each topic's top terms by p(term | topic)."""
+        from pyspark.sql import SparkSession
+        from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
+
+        if maxTermsPerTopic < 1:
+            raise ConfigurationError(f"maxTermsPerTopic={maxTermsPerTopic} must be >= 1")
+        phi = self.topic_word_prob()
+        n = min(maxTermsPerTopic, phi.shape[0])
+        rows = []
+        for t in range(phi.shape[1]):
+            top = np.argsort(-phi[:, t], kind="stable")[:n]
+            rows.append((t, [int(i) for i in top], [float(phi[i, t]) for i in top]))
+        schema = StructType([StructField("topic", IntegerType(), False),
+                             StructField("termIndices", ArrayType(IntegerType(), False), False),
+                             StructField("termWeights", ArrayType(DoubleType(), False), False)])
+        return SparkSession.active().createDataFrame(rows, schema)
+
+    @property
+    def hasSummary(self) -> bool:
+        return self._summary is not None
+
+    @property
+    def summary(self) -> StradsLDASummary:
+        if self._summary is None:
+            raise RuntimeError("no training summary: this model was loaded, not fitted in this session")
+        return self._summary
+
+    # -- inference
+    def _fold_in_partition(self, phi_bc, alpha, n_iter, seed, features_index):
+        from ..kernels import lda as K
+        from ..kernels.random import new_state
+
+        def run(index, rows):
+            rows = list(rows)
+            phi = phi_bc.value
+            k = phi.shape[1]
+            words, ptr = [], [0]
+            for row in rows:
+                vec = row[features_index]
+                if vec is None:
+                    idx = np.zeros(0, np.int64)
+                    cnt = idx
+                elif isinstance(vec, SparseVector):
+                    idx, cnt = vec.indices.astype(np.int64), np.round(vec.values).astype(np.int64)
+                else:
+                    arr = vec.toArray()
+                    idx = np.flatnonzero(arr)
+                    cnt = np.round(arr[idx]).astype(np.int64)
+                keep = cnt > 0
+                words.append(np.repeat(idx[keep], cnt[keep]))
+                ptr.append(ptr[-1] + int(cnt[keep].sum()))
+            doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
+            doc_ptr = np.asarray(ptr, dtype=np.int64)
+            rng = new_state(seed, index)
+            counts = K.fold_in(doc_words, doc_ptr, phi, alpha, n_iter, rng) if len(rows) else np.zeros((0, k))
+            lengths = np.diff(doc_ptr)
+            yield rows, counts, lengths, doc_words, doc_ptr
+
+        return run
+
+    def _infer(self, dataset):
+        self._validate_schema(dataset)
+        sc = dataset.sparkSession.sparkContext
+        phi = self.topic_word_prob()
+        if dataset.schema[self.getFeaturesCol()].dataType and phi.shape[0] == 0:
+            raise ConfigurationError("the model has an empty vocabulary")
+        phi_bc = sc.broadcast(phi)
+        seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
+        index = dataset.columns.index(self.getFeaturesCol())
+        return dataset.rdd.mapPartitionsWithIndex(
+            self._fold_in_partition(phi_bc, self._alpha_value, self.getFoldInIterations(), seed, index)), phi_bc
+
+    def _transform(self, dataset):
+        from pyspark.sql.types import StructField, StructType
+
+        out_col = self.getTopicDistributionCol()
+        if out_col in dataset.columns:
+            raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
+        parts, phi_bc = self._infer(dataset)
+        alpha = self._alpha_value
+        k = self._word_topic.shape[1]
+
+        def attach(it):
+            for rows, counts, lengths, _, _ in it:
+                for i, row in enumerate(rows):
+                    if lengths[i] == 0:
+                        theta = DenseVector(np.zeros(k))
+                    else:
+                        theta = DenseVector((counts[i] + alpha) / (lengths[i] + k * alpha))
+                    yield tuple(row) + (theta,)
+
+        schema = StructType(dataset.schema.fields + [StructField(out_col, VectorUDT(), True)])
+        return dataset.sparkSession.createDataFrame(parts.mapPartitions(attach), schema)
+
+    def _score(self, dataset):
+        """(Σ log p(token | θ_d, φ), tokens) over the dataset's documents."""
+        parts, phi_bc = self._infer(dataset)
+        alpha, k = self._alpha_value, self._word_topic.shape[1]
+
+        def score(it):
+            phi = phi_bc.value
+            for _rows, counts, lengths, words, ptr in it:
+                ll = 0.0
+                for i in np.flatnonzero(lengths):
+                    theta = (counts[i] + alpha) / (lengths[i] + k * alpha)
+                    ll += float(np.log(phi[words[ptr[i]:ptr[i + 1]]] @ theta).sum())
+                yield ll, int(lengths.sum())
+
+        return parts.mapPartitions(score).fold((0.0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
+
+    def logLikelihood(self, dataset) -> float:
+        """log p(documents | topics) with each document's topic mixture from Gibbs
+        fold-in (topics fixed): Σ_tokens log Σ_t θ_dt φ_tw."""
+        return float(self._score(dataset)[0])
+
+    def logPerplexity(self, dataset) -> float:
+        """−logLikelihood(dataset) / number of tokens (lower is better)."""
+        ll, tokens = self._score(dataset)
+        return float(-ll / tokens) if tokens else float("nan")
+
+    # -- persistence
+    def write(self) -> MLWriter:
+        return _StradsLDAModelWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _StradsLDAModelReader(cls)
+
+
+class _StradsLDAModelWriter(MLWriter):
+    def __init__(self, instance: StradsLDAModel):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
+
+        model = self.instance
+        DefaultParamsWriter.saveMetadata(model, path, self.sparkSession, extraMetadata={
+            "alpha": model._alpha_value, "beta": model._beta_value, "vocabSize": model.vocabSize(),
+            "k": int(model._word_topic.shape[1])})
+        # one row per term, written by Spark so any Hadoop/DBFS path works
+        wt = model._word_topic
+        schema = StructType([StructField("term", IntegerType(), False),
+                             StructField("counts", ArrayType(IntegerType(), False), False)])
+        rows = [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))]
+        self.sparkSession.createDataFrame(rows, schema).write.parquet(os.path.join(path, "data"))
+
+
+class _StradsLDAModelReader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> StradsLDAModel:
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        v, k = int(metadata["vocabSize"]), int(metadata["k"])
+        word_topic = np.zeros((v, k), dtype=np.int32)
+        for row in self.sparkSession.read.parquet(os.path.join(path, "data")).toLocalIterator():
+            word_topic[row["term"]] = row["counts"]
+        model = self.cls(word_topic, metadata["alpha"], metadata["beta"])
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        return model

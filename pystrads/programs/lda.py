@@ -1,0 +1,271 @@
+"""LDA by model-parallel collapsed Gibbs sampling with word rotation (STRADS LDA).
+
+Tables
+    ``word_topic``  (V x K int32): word-topic counts, rows range-partitioned
+    over the shards by word id, cut so every shard holds about the same
+    token mass; ``topic_totals`` (1 x K int64): the column sums, on one shard.
+
+Worker data (immutable, cached)
+    the worker's tokens sorted by word (word-major), their documents, the
+    vocabulary blocks' token ranges and, per block, the distinct words the
+    worker has (it fetches only those rows).
+
+Worker state (carried between steps)
+    the token topics ``z``, the RNG state and the last local copy of the
+    topic totals; the doc-topic counts are rebuilt from ``z`` at the start of
+    each step (cheaper than carrying them).
+
+Schedule
+    the vocabulary is cut into U blocks of about equal token mass; in round
+    r worker p samples the tokens whose word is in block (p + r) mod U, so
+    every token is sampled exactly once per iteration (U rounds) and no two
+    workers touch the same ``word_topic`` rows in a round.  ``topic_totals``
+    is re-read every round; the drift of each worker's local copy within a
+    round is the STRADS supplement's s-error (eq. 1), reported per iteration.
+
+Metrics per iteration: the joint log-likelihood log p(w, z) -- the document
+part computed by the workers, the word part by the shards over their rows
+(a consistent snapshot at the iteration's last round) -- tokens sampled and
+the s-error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from ..engine.program import Program, Schedule, Table
+
+
+class _WorkerData:
+    """Immutable per-worker token data (see the module docstring)."""
+
+    def __init__(self, doc_ids, doc_lengths, token_row, token_doc, block_tok, block_words, doc_ptr, doc_tokens):
+        self.doc_ids = doc_ids
+        self.doc_lengths = doc_lengths
+        self.token_row = token_row
+        self.token_doc = token_doc
+        self.block_tok = block_tok
+        self.block_words = block_words
+        self.doc_ptr = doc_ptr
+        self.doc_tokens = doc_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_row)
+
+
+class _WorkerState:
+    """Token topics + RNG, carried between steps; doc structures are rebuilt."""
+
+    def __init__(self, token_topic: np.ndarray, rng_state: np.ndarray):
+        self.token_topic = token_topic
+        self.rng_state = rng_state
+        self.last_totals: Optional[np.ndarray] = None
+        self.doc_topic = None
+        self.doc_nz_topics = None
+        self.doc_nz_count = None
+
+    def __getstate__(self):
+        return {"token_topic": self.token_topic, "rng_state": self.rng_state, "last_totals": self.last_totals}
+
+    def __setstate__(self, d):
+        self.__init__(d["token_topic"], d["rng_state"])
+        self.last_totals = d["last_totals"]
+
+
+class LDAProgram(Program):
+    """Collapsed Gibbs LDA on the Program API.
+
+    Parameters
+    ----------
+    num_topics : int
+        K.
+    vocab_size : int
+        V (word ids are ``0 .. V-1``).
+    num_workers : int
+        U; the vocabulary is cut into U blocks.
+    block_bounds : array of int, shape (U + 1,)
+        Word-id bounds of the rotation blocks (about equal token mass).
+    word_weights : array, shape (V,), optional
+        Token count per word; balances the shards' ``word_topic`` ranges.
+    alpha, beta : float
+        Symmetric Dirichlet concentrations (doc-topic, topic-word).
+    max_iterations : int
+        Iterations (full rotations) to run.
+    sampler : str
+        A name in :data:`pystrads.kernels.lda.SAMPLERS`.
+    seed : int
+    log_likelihood_every : int
+        Compute log p(w, z) every this many iterations (0 = never).
+    """
+
+    def __init__(self, num_topics: int, vocab_size: int, num_workers: int, block_bounds, alpha: float,
+                 beta: float, max_iterations: int, sampler: str = "fplus", seed: int = 0,
+                 word_weights: Optional[np.ndarray] = None, log_likelihood_every: int = 1):
+        self.num_topics = int(num_topics)
+        self.vocab_size = int(vocab_size)
+        self.num_workers = int(num_workers)
+        self.block_bounds = np.asarray(block_bounds, dtype=np.int64)
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.max_iterations = int(max_iterations)
+        self.sampler = sampler
+        self.seed = int(seed)
+        self.word_weights = word_weights
+        self.log_likelihood_every = int(log_likelihood_every)
+        self.shard_metrics_every = self.num_workers * self.log_likelihood_every
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["word_weights"] = None  # only the driver needs them (shard layout)
+        return d
+
+    def __repr__(self) -> str:
+        return (f"LDAProgram(K={self.num_topics}, V={self.vocab_size}, U={self.num_workers}, alpha={self.alpha}, "
+                f"beta={self.beta}, iterations={self.max_iterations}, sampler={self.sampler!r})")
+
+    # ------------------------------------------------------------------ tables
+    def tables(self):
+        return [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self.word_weights),
+                Table("topic_totals", 1, self.num_topics, "int64", single_shard=True)]
+
+    # ------------------------------------------------------------------ worker side
+    def load(self, ctx, records) -> _WorkerData:
+        from ..kernels import lda as K
+
+        doc_ids, word_parts, count_parts = [], [], []
+        for doc_id, indices, counts in records:
+            doc_ids.append(doc_id)
+            word_parts.append(np.asarray(indices, dtype=np.int64))
+            count_parts.append(np.asarray(counts, dtype=np.int64))
+        n_docs = len(doc_ids)
+        if n_docs:
+            per_doc = np.array([len(w) for w in word_parts])
+            counts = np.concatenate(count_parts)
+            words = np.repeat(np.concatenate(word_parts), counts)
+            docs = np.repeat(np.repeat(np.arange(n_docs), per_doc), counts)
+            lengths = np.array([c.sum() for c in count_parts], dtype=np.int64)
+        else:
+            words = docs = np.zeros(0, dtype=np.int64)
+            lengths = np.zeros(0, dtype=np.int64)
+        order = np.argsort(words, kind="stable")
+        token_word = words[order]
+        token_doc = docs[order].astype(np.int32)
+        block_tok = np.searchsorted(token_word, self.block_bounds).astype(np.int64)
+        token_row = np.empty(len(token_word), dtype=np.int32)
+        block_words = []
+        for b in range(self.num_workers):
+            lo, hi = block_tok[b], block_tok[b + 1]
+            uniq, inverse = np.unique(token_word[lo:hi], return_inverse=True)
+            token_row[lo:hi] = inverse
+            block_words.append(uniq.astype(np.int64))
+        doc_ptr, doc_tokens = K.build_doc_tokens(token_doc, n_docs)
+        return _WorkerData(np.asarray(doc_ids), lengths, token_row, token_doc, block_tok, block_words,
+                           doc_ptr, doc_tokens)
+
+    def init_state(self, ctx, data: _WorkerData) -> _WorkerState:
+        from ..kernels import lda as K
+        from ..kernels.random import new_state
+
+        rng = new_state(self.seed, ctx.worker)
+        token_topic = K.random_topics(data.num_tokens, self.num_topics, rng)
+        keys, rows = [], []
+        for b in range(self.num_workers):
+            lo, hi = data.block_tok[b], data.block_tok[b + 1]
+            if hi > lo:
+                keys.append(data.block_words[b])
+                rows.append(K.count_word_topic(data.token_row[lo:hi], token_topic[lo:hi], 0,
+                                               len(data.block_words[b]), self.num_topics))
+        if keys:
+            ctx.table("word_topic").inc(np.concatenate(keys), np.vstack(rows))
+        totals = K.count_topic_totals(token_topic, self.num_topics)
+        ctx.table("topic_totals").inc([0], totals.reshape(1, -1))
+        ctx.report(tokens=data.num_tokens, docs=len(data.doc_ids))
+        return _WorkerState(token_topic, rng)
+
+    def _doc_structures(self, data: _WorkerData, state: _WorkerState) -> None:
+        from ..kernels import lda as K
+
+        state.doc_topic = K.count_doc_topic(data.token_doc, state.token_topic, len(data.doc_ids),
+                                            self.num_topics)
+        state.doc_nz_topics, state.doc_nz_count = K.build_doc_nonzero(state.doc_topic, data.doc_ptr)
+
+    def push(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:
+        from ..kernels import lda as K
+
+        if state.doc_topic is None:
+            self._doc_structures(data, state)
+        lo, hi = int(data.block_tok[block]), int(data.block_tok[block + 1])
+        words = data.block_words[block]
+        word_topic = ctx.table("word_topic")
+        totals_table = ctx.table("topic_totals")
+        totals = totals_table.get_range(0, 1)[0]
+        if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
+            ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
+        if hi > lo:
+            rows = word_topic.get(words)
+            before_rows = rows.copy()
+            before_totals = totals.copy()
+            t0 = time.perf_counter()
+            changed = K.get_sampler(self.sampler)(
+                data.token_row, data.token_doc, state.token_topic, lo, hi, 0, rows, totals, state.doc_topic,
+                data.doc_ptr, data.doc_tokens, state.doc_nz_topics, state.doc_nz_count, self.alpha, self.beta,
+                self.vocab_size, state.rng_state)
+            ctx.report(sample_s=time.perf_counter() - t0, changed=changed)
+            delta = rows - before_rows
+            touched = np.flatnonzero(np.any(delta != 0, axis=1))
+            if len(touched):
+                word_topic.inc(words[touched], delta[touched])
+            delta_totals = totals - before_totals
+            if np.any(delta_totals):
+                totals_table.inc([0], delta_totals.reshape(1, -1))
+        state.last_totals = totals
+        ctx.report(tokens=hi - lo)
+        every = self.log_likelihood_every
+        if every and (ctx.round + 1) % (self.num_workers * every) == 0:
+            ctx.report(ll_doc=K.doc_log_likelihood(state.doc_topic, data.doc_lengths, self.alpha))
+        return state
+
+    def shard_metrics(self, table: str, rows: np.ndarray, row_start: int) -> Dict[str, float]:
+        from ..kernels import lda as K
+
+        if table == "word_topic":
+            return {"ll_word": K.word_log_likelihood_rows(rows, self.beta)}
+        if table == "topic_totals":
+            return {"ll_totals": K.topic_totals_log_likelihood(rows[0], self.beta, self.vocab_size)}
+        return {}
+
+    # ------------------------------------------------------------------ driver side
+    def schedule(self, ctx) -> Optional[Schedule]:
+        U = self.num_workers
+        done = ctx.rounds_done // U
+        if done >= self.max_iterations:
+            return None
+        iterations = int(min(self.max_iterations - done, max(1, ctx.rounds_hint // U)))
+        return Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(iterations * U)])
+
+    def after_step(self, ctx, metrics) -> None:
+        U = self.num_workers
+        tokens_total = metrics.total("tokens")
+        ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // U, tokens=tokens_total,
+                   sample_s=metrics.total("sample_s") / U)
+        start = 0
+        for r in range(len(metrics.rounds)):
+            global_round = ctx.rounds_done + r
+            if (global_round + 1) % U:
+                continue
+            rounds = metrics.rounds[start:r + 1]
+            start = r + 1
+            row: Dict[str, Any] = {"iteration": (global_round + 1) // U, "step": ctx.step,
+                                   "tokens": float(sum(x.get("tokens", 0.0) for x in rounds))}
+            errors = [x["s_error_l1"] for x in rounds if "s_error_l1" in x]
+            if errors and row["tokens"]:
+                row["s_error"] = float(np.mean(errors)) / (U * row["tokens"])
+            last = metrics.rounds[r]
+            if "ll_doc" in last and "ll_word" in last:
+                row["log_likelihood"] = last["ll_doc"] + last["ll_word"] + last.get("ll_totals", 0.0)
+                row["log_perplexity"] = -row["log_likelihood"] / row["tokens"] if row["tokens"] else float("nan")
+            ctx.record_row(**row)

@@ -1,0 +1,173 @@
+"""StradsLDA / StradsLDAModel: the MLlib LDA surface, pipelines, persistence, bad input."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml.feature import CountVectorizer, RegexTokenizer, StopWordsRemover
+from pyspark.ml.linalg import SparseVector, Vectors, VectorUDT
+from pyspark.sql.types import StructField, StructType
+
+from pystrads.errors import ConfigurationError, InputError
+from pystrads.ml import StradsLDA, StradsLDAModel
+
+COMPUTING = ("spark cluster executors driver tasks stages partitions shuffle scheduler memory cores jobs "
+             "broadcast network nodes").split()
+BAKING = "apple pie cinnamon sugar oven bread flour water salt butter cake sweet dough yeast honey".split()
+
+
+def _texts(n=120, seed=0):
+    """Documents each drawn from one of two disjoint vocabularies, plus one empty document."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        theme = COMPUTING if i % 2 == 0 else BAKING
+        out.append(" ".join(rng.choice(theme, size=12)))
+    return out + [""]
+
+
+TEXTS = _texts()
+
+
+@pytest.fixture(scope="module")
+def text_df(spark):
+    return spark.createDataFrame([(i, t) for i, t in enumerate(TEXTS)], ["id", "text"]).repartition(2)
+
+
+def pipeline(**lda):
+    return Pipeline(stages=[
+        RegexTokenizer(inputCol="text", outputCol="tokens", pattern="\\W+"),
+        StopWordsRemover(inputCol="tokens", outputCol="words"),
+        CountVectorizer(inputCol="words", outputCol="features"),
+        StradsLDA(**dict(dict(k=2, maxIter=30, seed=7, docConcentration=[0.3], topicConcentration=0.05), **lda))])
+
+
+@pytest.fixture(scope="module")
+def fitted(text_df):
+    return pipeline().fit(text_df)
+
+
+def test_fit_gives_mllib_shaped_model_with_exact_counts(fitted, text_df):
+    model, cv = fitted.stages[-1], fitted.stages[-2]
+    vectors = cv.transform(fitted.stages[1].transform(fitted.stages[0].transform(text_df)))
+    tokens = sum(int(v.values.sum()) for (v,) in vectors.select("features").collect())
+    assert model.vocabSize() == len(cv.vocabulary)
+    matrix = model.topicsMatrix()
+    assert (matrix.numRows, matrix.numCols) == (len(cv.vocabulary), 2)
+    assert matrix.toArray().sum() == tokens
+    assert model.summary.numTokens == tokens and model.summary.numEmptyDocuments == 1
+    assert model.summary.totalIterations == 30
+    assert len(model.summary.logLikelihoodHistory) == 30
+    assert not model.isDistributed()
+    assert model.estimatedDocConcentration().toArray().tolist() == [0.3, 0.3]
+    assert StradsLDA(k=4)._alpha() == 12.5 and StradsLDA()._beta() == 0.1  # defaults: 50 / k, 0.1
+
+
+def test_topics_separate_the_two_themes(fitted):
+    model, vocab = fitted.stages[-1], fitted.stages[-2].vocabulary
+    topics = model.describeTopics(4).collect()
+    assert [r.topic for r in topics] == [0, 1]
+    assert [f.name for f in model.describeTopics(4).schema.fields] == ["topic", "termIndices", "termWeights"]
+    words = [{vocab[i] for i in r.termIndices} for r in topics]
+    computing, baking = set(COMPUTING), set(BAKING)
+    assert any(w <= computing for w in words) and any(w <= baking for w in words), words
+    for r in topics:
+        assert r.termWeights == sorted(r.termWeights, reverse=True)
+
+
+def test_transform_adds_topic_distribution_and_empty_docs_get_zeros(fitted, text_df):
+    out = fitted.transform(text_df)
+    assert isinstance(out.schema["topicDistribution"].dataType, VectorUDT)
+    rows = {r.id: r.topicDistribution.toArray() for r in out.select("id", "topicDistribution").collect()}
+    assert len(rows) == len(TEXTS)
+    empty = len(TEXTS) - 1
+    assert rows[empty].tolist() == [0.0, 0.0]
+    for i, theta in rows.items():
+        if i != empty:
+            assert theta.sum() == pytest.approx(1.0)
+    # documents of the same theme lean the same way (even ids: computing, odd: baking)
+    leaning = {i: int(np.argmax(theta)) for i, theta in rows.items() if i != empty}
+    assert {leaning[i] for i in leaning if i % 2 == 0} != {leaning[i] for i in leaning if i % 2 == 1}
+    assert len({leaning[i] for i in leaning if i % 2 == 0}) == 1
+
+
+def test_log_perplexity_is_better_than_uniform(fitted, text_df):
+    model = fitted.stages[-1]
+    vectors = PipelineModel(fitted.stages[:-1]).transform(text_df)
+    perplexity = model.logPerplexity(vectors)
+    assert 0 < perplexity < np.log(model.vocabSize())
+    assert model.logLikelihood(vectors) < 0
+
+
+def test_pipeline_model_saves_and_loads(fitted, text_df):
+    path = os.path.join(tempfile.mkdtemp(), "lda_pipeline")
+    fitted.write().overwrite().save(path)
+    loaded = PipelineModel.load(path)
+    a, b = fitted.stages[-1], loaded.stages[-1]
+    assert isinstance(b, StradsLDAModel)
+    assert np.array_equal(a.topicsMatrix().toArray(), b.topicsMatrix().toArray())
+    assert b.getK() == 2 and b.getMaxIter() == 30 and b.uid == a.uid
+    assert not b.hasSummary
+    got = loaded.transform(text_df).select("topicDistribution").collect()
+    assert len(got) == len(TEXTS)
+    est_path = os.path.join(tempfile.mkdtemp(), "lda_estimator")
+    StradsLDA(k=3, maxIter=5, sampler="sparse").save(est_path)
+    est = StradsLDA.load(est_path)
+    assert (est.getK(), est.getMaxIter(), est.getSampler()) == (3, 5, "sparse")
+
+
+def test_one_and_two_workers_learn_models_of_similar_quality(text_df):
+    perplexities = []
+    for workers in (1, 2):
+        m = pipeline(numWorkers=workers, maxIter=40).fit(text_df)
+        vectors = PipelineModel(m.stages[:-1]).transform(text_df)
+        perplexities.append(m.stages[-1].logPerplexity(vectors))
+    assert abs(perplexities[0] - perplexities[1]) < 0.05 * perplexities[0], perplexities
+
+
+def vectors_df(spark, rows, size=4):
+    schema = StructType([StructField("features", VectorUDT())])
+    return spark.createDataFrame([(v,) for v in rows], schema)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"k": 1}, r"k=1: LDA needs at least 2 topics"),
+    ({"maxIter": 0}, r"maxIter=0 must be >= 1"),
+    ({"docConcentration": [0.1, 0.2]}, r"symmetric prior"),
+    ({"docConcentration": [-1.0]}, r"docConcentration=-1.0 must be a finite value > 0"),
+    ({"topicConcentration": 0.0}, r"topicConcentration=0.0 must be"),
+    ({"sampler": "magic"}, r"sampler='magic' is not one of"),
+    ({"numWorkers": 5}, r"num_workers=5 needs 5 task slots"),
+])
+def test_bad_params_are_refused_with_the_fix_before_any_job(spark, params, message):
+    df = vectors_df(spark, [Vectors.sparse(4, [0, 1], [1.0, 2.0])] * 4)
+    sc = spark.sparkContext
+    group = f"bad-params-{sorted(params)[0]}"
+    sc.setJobGroup(group, "validation must not start jobs")
+    try:
+        with pytest.raises(ConfigurationError, match=message):
+            StradsLDA(**params).fit(df)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert list(sc.statusTracker().getJobIdsForGroup(group)) == []
+
+
+def test_bad_input_is_refused_naming_the_column_and_value(spark):
+    good = Vectors.sparse(4, [0, 1], [1.0, 2.0])
+    with pytest.raises(InputError, match=r"featuresCol 'nope' is not a column"):
+        StradsLDA(featuresCol="nope").fit(vectors_df(spark, [good]))
+    strings = spark.createDataFrame([("a",)], ["features"])
+    with pytest.raises(InputError, match=r"has type string, expected a vector"):
+        StradsLDA().fit(strings)
+    with pytest.raises(InputError, match=r"count -1.0 for term 1"):
+        StradsLDA().fit(vectors_df(spark, [good, Vectors.sparse(4, [1], [-1.0])]))
+    with pytest.raises(InputError, match=r"count 0.5 for term 2"):
+        StradsLDA().fit(vectors_df(spark, [good, Vectors.sparse(4, [2], [0.5])]))
+    with pytest.raises(InputError, match=r"count nan"):
+        StradsLDA().fit(vectors_df(spark, [good, Vectors.dense([0.0, float("nan"), 0.0, 1.0])]))
+    with pytest.raises(InputError, match=r"different sizes \[4, 5\]"):
+        StradsLDA().fit(vectors_df(spark, [good, Vectors.sparse(5, [0], [1.0])]))
+    with pytest.raises(InputError, match=r"no document has any term"):
+        StradsLDA().fit(vectors_df(spark, [Vectors.sparse(4, [], [])] * 3))
