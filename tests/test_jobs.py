@@ -1,0 +1,30 @@
+"""The spark-submit jobs run end to end (as the README runs them)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_lda_job_on_the_bundled_sample_writes_model_metrics_topics_and_plot(spark):
+    out = tempfile.mkdtemp()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "lda.py"), "-k", "8", "--max-iter", "12",
+                           "--output", out], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "topic   7:" in proc.stdout
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert len(metrics["iterations"]) == 12 and metrics["documents"] == 2500
+    assert metrics["iterations"][-1]["log_likelihood"] > metrics["iterations"][0]["log_likelihood"]
+    assert len(open(os.path.join(out, "topics.txt")).read().splitlines()) == 8
+    assert os.path.getsize(os.path.join(out, "convergence.png")) > 1000
+    from pyspark.ml import PipelineModel
+
+    model = PipelineModel.load(os.path.join(out, "model"))
+    assert model.stages[-1].topicsMatrix().toArray().sum() == metrics["tokens"]
