@@ -48,7 +48,7 @@ _SETTINGS = [
             "keys sent in one get request; larger key sets are split", 1),
     Setting("round.timeoutSeconds", 600.0, float,
             "seconds a worker waits for the others to finish a round before failing the step", 1.0),
-    Setting("step.targetSeconds", 3.0, float,
+    Setting("step.targetSeconds", 5.0, float,
             "wall time a step aims for; more rounds per step amortise the Spark job cost", 0.01),
     Setting("step.maxRounds", 100000, int, "upper bound on the rounds of one step", 1),
     Setting("executor.waitSeconds", 120.0, float,

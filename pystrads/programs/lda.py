@@ -128,8 +128,17 @@ class LDAProgram(Program):
                 f"beta={self.beta}, iterations={self.max_iterations}, sampler={self.sampler!r})")
 
     # ------------------------------------------------------------------ tables
+    def _shard_weights(self) -> Optional[np.ndarray]:
+        """Half token mass (sampling work), half rows (memory): with Zipf word
+        frequencies pure token mass would put most rows on one shard."""
+        if self.word_weights is None:
+            return None
+        mass = np.asarray(self.word_weights, dtype=np.float64)
+        total = mass.sum()
+        return (mass / total if total > 0 else 0.0) + 1.0 / self.vocab_size
+
     def tables(self):
-        return [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self.word_weights),
+        return [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self._shard_weights()),
                 Table("topic_totals", 1, self.num_topics, "int64", single_shard=True)]
 
     # ------------------------------------------------------------------ worker side

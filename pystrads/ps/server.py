@@ -148,6 +148,7 @@ class ShardServer(flight.FlightServerBase):
         self.last_heartbeat = time.monotonic()
         self.started = time.time()
         self.counters = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "rows_in": 0, "rows_out": 0}
+        self.timers: Dict[str, float] = {}  # seconds spent in handlers (stats)
         self._counter_lock = threading.Lock()
         self._stopping = False
         threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
@@ -157,6 +158,10 @@ class ShardServer(flight.FlightServerBase):
         with self._counter_lock:
             for key, value in deltas.items():
                 self.counters[key] += value
+
+    def _count_time(self, key: str, seconds: float) -> None:
+        with self._counter_lock:
+            self.timers[key] = self.timers.get(key, 0.0) + seconds
 
     def _table(self, name: str) -> ShardTable:
         table = self.tables.get(name)
@@ -331,6 +336,7 @@ class ShardServer(flight.FlightServerBase):
 
     # ------------------------------------------------------------------ writes
     def do_put(self, context, descriptor, reader, writer):
+        t_start = time.perf_counter()
         header, _ = self._decode(descriptor.command)
         op = header.get("op")
         if op not in ("put", "inc", "contribute"):
@@ -379,6 +385,7 @@ class ShardServer(flight.FlightServerBase):
                     else:
                         np.add.at(table.values, index, rows)
         self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
+        self._count_time("put_s", time.perf_counter() - t_start)
 
     # ------------------------------------------------------------------ actions
     def list_actions(self, context):
@@ -555,6 +562,7 @@ class ShardServer(flight.FlightServerBase):
         """Rows, bytes and requests served, and resident memory."""
         with self._counter_lock:
             out = dict(self.counters)
+            out["handler_seconds"] = dict(self.timers)
         out.update({
             "pid": os.getpid(), "shard": self.shard_id,
             "tables": {n: {"rows": t.row_stop - t.row_start, "bytes": int(t.values.nbytes)}
