@@ -9,7 +9,7 @@
    shard client (``TableHandle.get_range`` / ``put_range`` against a shard
    process) and through raw ``pyarrow.flight`` (a minimal server process that
    streams a prebuilt table / discards what it receives), interleaved in the
-   same run, interleaved; each sample moves at least 64 MiB (a loop of calls
+   same run, interleaved; each sample moves at least 256 MiB (a loop of calls
    for small blocks); median of ``--repeats`` samples.
 
 Prints a table, writes JSON (and a PNG plot when matplotlib is installed).
@@ -100,7 +100,7 @@ def throughput(sizes_mib, repeats):
             buffer = np.empty_like(block)
             table.put_range(0, block)  # warm up both paths
             raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
-            calls = max(1, 64 // mib)  # each sample moves >= 64 MiB, so small blocks are not all noise
+            calls = max(1, 256 // mib)  # each sample moves >= 256 MiB, so small blocks are not all noise
 
             def timed(fn):
                 t0 = time.perf_counter()
