@@ -49,10 +49,13 @@ def _open(spec: StepSpec):
 
 
 def _tick(spec: StepSpec, fence: Dict[str, int], rnd: int, wait_for: int,
-          metrics: Optional[Dict[str, float]]) -> None:
+          metrics: Optional[Dict[str, float]], late: Optional[Dict[str, float]] = None) -> None:
+    """Advance this worker's clock on every shard; metrics go to shard 0 (``late``:
+    metrics of the previous round, reported by ``apply`` after that round's tick)."""
     for i in range(len(spec.group.shards)):
-        spec.group.client(i).action("tick", **fence, round=rnd, wait_for=wait_for,
-                                    metrics=metrics if i == 0 else None, timeout=spec.timeout)
+        extra = {"metrics": metrics, "late": late, "late_round": rnd - 1} if i == 0 else {}
+        spec.group.client(i).action("tick", **fence, round=rnd, wait_for=wait_for, timeout=spec.timeout,
+                                    **extra)
 
 
 def run_load(spec: StepSpec, index: int, records: Iterator[Any]) -> Iterator[Any]:
@@ -80,6 +83,7 @@ def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
     ctx, fence = _open(spec)
     has_apply = program.has_apply()
     last = len(schedule) - 1
+    late: Dict[str, float] = {}  # what apply() of the previous round reported
     for rnd in range(len(schedule)):
         ctx.local_round = rnd
         work = schedule.work(rnd, ctx.worker)
@@ -90,14 +94,15 @@ def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
         metrics = ctx._take_metrics()
         metrics["_compute_s"] = t1 - t0
         wait_for = rnd if (has_apply or rnd == last) else rnd - spec.staleness
-        _tick(spec, fence, rnd, wait_for, metrics)
+        _tick(spec, fence, rnd, wait_for, metrics, late or None)
         t2 = time.perf_counter()
+        late = {"_sync_s": t2 - t1}
         if has_apply:
             new = program.apply(ctx, data, state, work)
             state = state if new is None else new
-            t3 = time.perf_counter()
-            ctx.report(_compute_s=t3 - t2)
-        ctx.report(_sync_s=t2 - t1)  # travels with the next tick
-    if ctx._metrics:
-        _tick(spec, fence, last, last, ctx._take_metrics())
+            late.update(ctx._take_metrics())
+            late["_compute_s"] = time.perf_counter() - t2
+    if late:  # the last round's late metrics: one more tick of the same round on shard 0
+        spec.group.client(0).action("tick", **fence, round=last, wait_for=last, timeout=spec.timeout,
+                                    late=late, late_round=last)
     yield state

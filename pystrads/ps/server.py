@@ -504,6 +504,10 @@ class ShardServer(flight.FlightServerBase):
             for key, value in (req.get("metrics") or {}).items():
                 bucket = st.metrics.setdefault(rnd, {})
                 bucket[key] = bucket.get(key, 0.0) + float(value)
+            if req.get("late"):  # reported after the previous round's tick (by apply)
+                bucket = st.metrics.setdefault(int(req["late_round"]), {})
+                for key, value in req["late"].items():
+                    bucket[key] = bucket.get(key, 0.0) + float(value)
             low = int(st.clocks.min())
             if low > st.committed:
                 self._commit_rounds(low)

@@ -1,0 +1,215 @@
+"""Matrix factorisation by coordinate descent with W/H alternation (STRADS MF, CCD++ order).
+
+Minimises, like ALS with explicit ratings::
+
+    sum_(i,j) (a_ij - w_i . h_j)^2 + lambda * (sum_i n_i |w_i|^2 + sum_j m_j |h_j|^2)
+
+(``n_i``, ``m_j``: ratings of user i, item j -- ALS's regularisation scaling).
+
+Data: ratings partitioned by user, so each worker owns whole users and its
+rows of W stay local (state); H lives on the shards as a column-major table
+``item_factors`` (row ``k * num_items + j`` holds h_jk), so one feature of
+all items is a contiguous range.
+
+Schedule (shared, ``rank * inner_iterations`` rounds per iteration): round
+(k, t) updates feature k.  ``push``: every worker sums, over its ratings of
+each item, ``rhat_ij * w_ik`` and ``w_ik^2`` and contributes them; the
+shard's ``pull`` sets ``h_jk = num / (lambda m_j + den)`` next to the rows
+(the supplement's aggregation of partial sums -- exact, no parallelisation
+error, since items are independent given W).  ``apply``: with the committed
+h_k each worker updates its users' ``w_ik`` locally (exact for the same
+reason) and, after the last inner iteration, its residuals.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..engine.program import Program, Schedule, Table
+
+
+def hash_uniform(ids: np.ndarray, column: int, seed: int) -> np.ndarray:
+    """Uniform [0, 1) numbers that depend only on (seed, id, column): factor
+    initialisation independent of how rows are partitioned."""
+    mask = (1 << 64) - 1
+    offset = np.uint64((column * 0xBF58476D1CE4E5B9 + seed * 0x94D049BB133111EB) & mask)
+    with np.errstate(over="ignore"):  # splitmix64: arithmetic modulo 2^64 on purpose
+        x = np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + offset
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+class _MFData:
+    def __init__(self, users, items, rating_user, rating_item, ratings, user_ptr, user_ratings, item_ptr,
+                 item_ratings, user_reg):
+        self.users = users
+        self.items = items
+        self.rating_user = rating_user
+        self.rating_item = rating_item
+        self.ratings = ratings
+        self.user_ptr = user_ptr
+        self.user_ratings = user_ratings
+        self.item_ptr = item_ptr
+        self.item_ratings = item_ratings
+        self.user_reg = user_reg
+
+
+class _MFState:
+    def __init__(self, w, residual):
+        self.w = w  # (local users, rank)
+        self.residual = residual  # a - w.h for every local rating
+        self.rhat = residual.copy()  # residual with the current feature added back
+        self.u = np.zeros(w.shape[0])
+        self.v = None  # current feature of H at the local items
+
+
+class MFProgram(Program):
+    """CCD++ matrix factorisation on the Program API (see the module docstring).
+
+    Parameters
+    ----------
+    num_users, num_items : int
+        Ids are ``0 .. num_users-1`` and ``0 .. num_items-1``.
+    rank : int
+    reg_param : float
+        lambda (scaled by each user's / item's number of ratings, as ALS).
+    item_counts : array (num_items,)
+        Ratings per item (m_j).
+    max_iterations : int
+        Outer iterations (each updates every feature ``inner_iterations`` times).
+    inner_iterations : int
+        CCD++ alternations per feature.
+    nonnegative : bool
+        Project every coordinate update onto >= 0.
+    seed : int
+    """
+
+    def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
+                 max_iterations: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0):
+        self.num_users = int(num_users)
+        self.num_items = int(num_items)
+        self.rank = int(rank)
+        self.reg_param = float(reg_param)
+        self.item_counts = np.asarray(item_counts, dtype=np.float64)
+        self.max_iterations = int(max_iterations)
+        self.inner_iterations = int(inner_iterations)
+        self.nonnegative = bool(nonnegative)
+        self.seed = int(seed)
+        self.num_ratings = float(self.item_counts.sum())
+
+    def __repr__(self) -> str:
+        return (f"MFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
+                f"regParam={self.reg_param}, iterations={self.max_iterations}, inner={self.inner_iterations}, "
+                f"nonnegative={self.nonnegative})")
+
+    @property
+    def rounds_per_iteration(self) -> int:
+        return self.rank * self.inner_iterations
+
+    def tables(self):
+        return [Table("item_factors", self.rank * self.num_items, 1, "float64", contrib_width=2)]
+
+    # ------------------------------------------------------------------ worker side
+    def load(self, ctx, records) -> _MFData:
+        from ..kernels.mf import build_index
+
+        triples = list(records)
+        if triples:
+            raw_u = np.fromiter((t[0] for t in triples), dtype=np.int64, count=len(triples))
+            raw_i = np.fromiter((t[1] for t in triples), dtype=np.int64, count=len(triples))
+            ratings = np.fromiter((t[2] for t in triples), dtype=np.float64, count=len(triples))
+        else:
+            raw_u = raw_i = np.zeros(0, np.int64)
+            ratings = np.zeros(0)
+        users, rating_user = np.unique(raw_u, return_inverse=True)
+        items, rating_item = np.unique(raw_i, return_inverse=True)
+        rating_user = rating_user.astype(np.int32)
+        rating_item = rating_item.astype(np.int32)
+        user_ptr, user_ratings = build_index(rating_user, len(users))
+        item_ptr, item_ratings = build_index(rating_item, len(items))
+        user_reg = self.reg_param * np.diff(user_ptr).astype(np.float64)
+        return _MFData(users, items, rating_user, rating_item, ratings, user_ptr, user_ratings, item_ptr,
+                       item_ratings, user_reg)
+
+    def init_state(self, ctx, data: _MFData) -> _MFState:
+        scale = 1.0 / np.sqrt(self.rank)
+        w = np.empty((len(data.users), self.rank))
+        for k in range(self.rank):
+            w[:, k] = hash_uniform(data.users, k, self.seed) * scale
+        if not self.nonnegative:
+            w -= 0.5 * scale
+        return _MFState(w, data.ratings.copy())  # H starts at 0, so the residual is the rating
+
+    def _column(self, ctx, data: _MFData, k: int) -> np.ndarray:
+        start = k * self.num_items
+        return ctx.table("item_factors").get_range(start, start + self.num_items)[:, 0][data.items]
+
+    def push(self, ctx, data: _MFData, state: _MFState, work) -> _MFState:
+        from ..kernels import mf as K
+
+        k, t = work
+        if t == 0:  # add feature k back into the residual
+            state.v = self._column(ctx, data, k)
+            state.u = np.ascontiguousarray(state.w[:, k])
+            K.add_rank_one(state.residual, data.rating_user, data.rating_item, state.u, state.v, 1.0, state.rhat)
+        num = np.empty(len(data.items))
+        den = np.empty(len(data.items))
+        K.item_partials(data.item_ptr, data.item_ratings, data.rating_user, state.rhat, state.u, num, den)
+        if len(data.items):
+            ctx.contribute("item_factors", k * self.num_items + data.items, np.column_stack([num, den]))
+        return state
+
+    def pull(self, table, keys, partials, current):
+        items = keys % self.num_items
+        denom = self.reg_param * self.item_counts[items] + partials[:, 1]
+        new = np.divide(partials[:, 0], denom, out=np.zeros(len(keys)), where=denom > 0)
+        if self.nonnegative:
+            new = np.maximum(new, 0.0)
+        return new.reshape(-1, 1)
+
+    def apply(self, ctx, data: _MFData, state: _MFState, work) -> _MFState:
+        from ..kernels import mf as K
+
+        k, t = work
+        state.v = self._column(ctx, data, k)
+        K.user_update(data.user_ptr, data.user_ratings, data.rating_item, state.rhat, state.v, data.user_reg,
+                      state.u)
+        if self.nonnegative:
+            np.maximum(state.u, 0.0, out=state.u)
+        if t == self.inner_iterations - 1:
+            K.add_rank_one(state.rhat, data.rating_user, data.rating_item, state.u, state.v, -1.0,
+                           state.residual)
+            state.w[:, k] = state.u
+            if k == self.rank - 1:  # an outer iteration ends: report the training error
+                ctx.report(sse=K.squared_error(state.residual),
+                           w_reg=float((data.user_reg[:, None] * state.w ** 2).sum()))
+        return state
+
+    # ------------------------------------------------------------------ driver side
+    def schedule(self, ctx) -> Optional[Schedule]:
+        per = self.rounds_per_iteration
+        total = per * self.max_iterations
+        if ctx.rounds_done >= total:
+            return None
+        n = min(total - ctx.rounds_done, max(per, ctx.rounds_hint // per * per))
+        T = self.inner_iterations
+        return Schedule.shared([divmod(r % per, T) for r in range(ctx.rounds_done, ctx.rounds_done + n)])
+
+    def after_step(self, ctx, metrics) -> None:
+        per = self.rounds_per_iteration
+        for r, values in enumerate(metrics.rounds):
+            if "sse" in values and (ctx.rounds_done + r + 1) % per == 0:
+                ctx.record_row(iteration=(ctx.rounds_done + r + 1) // per, step=ctx.step,
+                               train_rmse=float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0))),
+                               sse=values["sse"], w_reg=values.get("w_reg", 0.0))
+        ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
+
+    def h_regularisation(self, h: np.ndarray) -> float:
+        """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""
+        return float(self.reg_param * (self.item_counts[:, None] * h ** 2).sum())

@@ -1,0 +1,108 @@
+"""The MF program (CCD++ with W/H alternation) on local[2] against plain numpy references."""
+
+import numpy as np
+import pytest
+
+from pystrads.engine import Engine
+from pystrads.programs.mf import MFProgram, hash_uniform
+
+
+def ccdpp_reference(users, items, ratings, n_users, n_items, rank, lam, iters, inner, seed):
+    """Serial CCD++ in numpy with the same initialisation (W hashed, H = 0)."""
+    scale = 1 / np.sqrt(rank)
+    uniq = np.unique(users)
+    w = np.zeros((n_users, rank))
+    for k in range(rank):
+        w[uniq, k] = hash_uniform(uniq, k, seed) * scale - 0.5 * scale
+    h = np.zeros((n_items, rank))
+    n_i = np.bincount(users, minlength=n_users).astype(float)
+    m_j = np.bincount(items, minlength=n_items).astype(float)
+    r = ratings - (w[users] * h[items]).sum(1)
+    for _ in range(iters):
+        for k in range(rank):
+            rhat = r + w[users, k] * h[items, k]
+            for _ in range(inner):
+                num = np.bincount(items, rhat * w[users, k], n_items)
+                den = lam * m_j + np.bincount(items, w[users, k] ** 2, n_items)
+                h[:, k] = np.divide(num, den, out=np.zeros(n_items), where=den > 0)
+                num = np.bincount(users, rhat * h[items, k], n_users)
+                den = lam * n_i + np.bincount(users, h[items, k] ** 2, n_users)
+                w[:, k] = np.divide(num, den, out=np.zeros(n_users), where=den > 0)
+            r = rhat - w[users, k] * h[items, k]
+    return w, h
+
+
+def objective(w, h, users, items, ratings, lam):
+    n_i = np.bincount(users, minlength=len(w))
+    m_j = np.bincount(items, minlength=len(h))
+    err = ratings - (w[users] * h[items]).sum(1)
+    return float(err @ err + lam * ((n_i[:, None] * w ** 2).sum() + (m_j[:, None] * h ** 2).sum()))
+
+
+def fit(sc, users, items, ratings, n_users, n_items, rank, lam, iters, inner=2, workers=2, nonnegative=False):
+    program = MFProgram(n_users, n_items, rank, lam, np.bincount(items, minlength=n_items), iters, inner,
+                        nonnegative=nonnegative, seed=5)
+    triples = list(zip(users.tolist(), items.tolist(), ratings.tolist()))
+    rdd = sc.parallelize(triples, workers).keyBy(lambda t: t[0]).partitionBy(workers).values()
+    with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2}).fit() as res:
+        h = res.read_table("item_factors")[:, 0].reshape(rank, n_items).T
+        parts = res.map_states(lambda wk, data, state: (data.users, state.w))
+        its = res.summary.iterations
+    w = np.zeros((n_users, rank))
+    for uid, rows in parts:
+        w[uid] = rows
+    return w, h, its
+
+
+@pytest.fixture(scope="module")
+def sparse_problem():
+    rng = np.random.default_rng(0)
+    n_users, n_items, rank = 40, 30, 3
+    truth = rng.random((n_users, rank)) @ rng.random((rank, n_items))
+    mask = rng.random((n_users, n_items)) < 0.5
+    users, items = np.nonzero(mask)
+    ratings = truth[users, items] + 0.05 * rng.standard_normal(len(users))
+    return users, items, ratings, n_users, n_items
+
+
+def test_distributed_updates_equal_serial_ccdpp(sc, sparse_problem):
+    users, items, ratings, nu, ni = sparse_problem
+    w, h, its = fit(sc, users, items, ratings, nu, ni, rank=3, lam=0.05, iters=6)
+    w_ref, h_ref = ccdpp_reference(users, items, ratings, nu, ni, 3, 0.05, 6, 2, seed=5)
+    assert np.allclose(w, w_ref, atol=1e-9) and np.allclose(h, h_ref, atol=1e-9)
+    assert [r["iteration"] for r in its] == list(range(1, 7))
+    rmse = [r["train_rmse"] for r in its]
+    assert all(b <= a + 1e-12 for a, b in zip(rmse, rmse[1:])), rmse
+
+
+def test_converges_to_the_alternating_least_squares_optimum(sc, sparse_problem):
+    users, items, ratings, nu, ni = sparse_problem
+    lam = 0.05
+    w, h, _ = fit(sc, users, items, ratings, nu, ni, rank=3, lam=lam, iters=60, inner=3)
+    # dense reference: exact alternating least squares from the CCD++ solution's neighbourhood
+    n_i, m_j = np.bincount(users, minlength=nu), np.bincount(items, minlength=ni)
+    wa, ha = w.copy(), h.copy()
+    for _ in range(500):
+        for i in range(nu):
+            sel = users == i
+            hj = ha[items[sel]]
+            wa[i] = np.linalg.solve(hj.T @ hj + lam * n_i[i] * np.eye(3), hj.T @ ratings[sel])
+        for j in range(ni):
+            sel = items == j
+            wi = wa[users[sel]]
+            ha[j] = np.linalg.solve(wi.T @ wi + lam * m_j[j] * np.eye(3), wi.T @ ratings[sel])
+    ours, optimum = objective(w, h, users, items, ratings, lam), objective(wa, ha, users, items, ratings, lam)
+    assert ours <= optimum * (1 + 1e-4), (ours, optimum)
+    assert np.allclose(w @ h.T, wa @ ha.T, atol=1e-2)
+
+
+def test_rank_one_matrix_is_recovered(sc):
+    rng = np.random.default_rng(1)
+    x, y = rng.uniform(0.5, 2.0, 25), rng.uniform(0.5, 2.0, 20)
+    users, items = np.meshgrid(np.arange(25), np.arange(20), indexing="ij")
+    users, items = users.ravel(), items.ravel()
+    ratings = x[users] * y[items]
+    w, h, its = fit(sc, users, items, ratings, 25, 20, rank=1, lam=1e-9, iters=30, inner=3, nonnegative=True)
+    assert np.allclose(w @ h.T, np.outer(x, y), rtol=1e-5)
+    assert its[-1]["train_rmse"] < 1e-6
+    assert (w >= 0).all() and (h >= 0).all()
