@@ -1,0 +1,473 @@
+"""``StradsMF``: matrix factorisation for explicit ratings, a drop-in for ``pyspark.ml.recommendation.ALS``.
+
+Same params and outputs as ALS (``userFactors`` / ``itemFactors`` with
+``id`` and ``features``, ``prediction``, ``recommendFor*`` with ALS's column
+names); the factors are fitted by STRADS coordinate descent (CCD++ order,
+W/H alternation, H on parameter-server shards) on the same objective as ALS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed)
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..engine import Engine
+from ..engine.driver import check_cluster, default_num_workers
+from ..errors import ConfigurationError, InputError
+from ..programs.mf import MFProgram
+
+log = logging.getLogger(__name__)
+
+INT32_MAX = 2 ** 31 - 1
+
+
+class _StradsMFModelParams(HasPredictionCol):
+    """Params of both StradsMF and StradsMFModel (as pyspark's _ALSModelParams)."""
+
+    userCol: Param[str] = Param(Params._dummy(), "userCol", "column name for user ids. Ids must be within the "
+                                "integer value range.", typeConverter=TypeConverters.toString)
+    itemCol: Param[str] = Param(Params._dummy(), "itemCol", "column name for item ids. Ids must be within the "
+                                "integer value range.", typeConverter=TypeConverters.toString)
+    coldStartStrategy: Param[str] = Param(
+        Params._dummy(), "coldStartStrategy",
+        "strategy for dealing with unknown or new users/items at prediction time: 'nan' (predict NaN) or "
+        "'drop' (drop those rows, e.g. for cross-validation). Supported values: 'nan', 'drop'.",
+        typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(userCol="user", itemCol="item", coldStartStrategy="nan", predictionCol="prediction")
+
+    def getUserCol(self) -> str:
+        return self.getOrDefault(self.userCol)
+
+    def getItemCol(self) -> str:
+        return self.getOrDefault(self.itemCol)
+
+    def getColdStartStrategy(self) -> str:
+        return self.getOrDefault(self.coldStartStrategy)
+
+    def _check_cold_start(self) -> None:
+        if self.getColdStartStrategy() not in ("nan", "drop"):
+            raise ConfigurationError(f"coldStartStrategy={self.getColdStartStrategy()!r} is not one of 'nan', 'drop'")
+
+    def _check_id_columns(self, dataset, need_rating: bool) -> None:
+        cols = [("userCol", self.getUserCol()), ("itemCol", self.getItemCol())]
+        if need_rating:
+            cols.append(("ratingCol", self.getOrDefault("ratingCol")))
+        for param, col in cols:
+            if col not in dataset.columns:
+                raise InputError(f"{param} {col!r} is not a column of the input (columns: {dataset.columns}); "
+                                 f"set {param} to the right column")
+            dtype = dataset.schema[col].dataType
+            if not isinstance(dtype, T.NumericType):
+                raise InputError(f"{param} {col!r} has type {dtype.simpleString()}; expected a numeric column "
+                                 + ("(integer ids within int32, as ALS)" if param != "ratingCol" else ""))
+
+
+class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpointInterval, HasSeed):
+    """Params of StradsMF (as pyspark's _ALSParams)."""
+
+    rank: Param[int] = Param(Params._dummy(), "rank", "rank of the factorization (>= 1)",
+                             typeConverter=TypeConverters.toInt)
+    implicitPrefs: Param[bool] = Param(Params._dummy(), "implicitPrefs",
+                                       "whether to use implicit preference (not supported yet: must be False)",
+                                       typeConverter=TypeConverters.toBoolean)
+    alpha: Param[float] = Param(Params._dummy(), "alpha", "alpha for implicit preference (unused: explicit only)",
+                                typeConverter=TypeConverters.toFloat)
+    ratingCol: Param[str] = Param(Params._dummy(), "ratingCol", "column name for ratings",
+                                  typeConverter=TypeConverters.toString)
+    nonnegative: Param[bool] = Param(Params._dummy(), "nonnegative",
+                                     "whether to use nonnegative constraint for least squares",
+                                     typeConverter=TypeConverters.toBoolean)
+    numWorkers: Param[int] = Param(Params._dummy(), "numWorkers",
+                                   "data partitions (workers) updating the model in parallel; 0 = one per task slot",
+                                   typeConverter=TypeConverters.toInt)
+    innerIterations: Param[int] = Param(
+        Params._dummy(), "innerIterations",
+        "coordinate-descent alternations per feature in each iteration (CCD++ inner iterations; >= 1). "
+        "Higher ranks gain from more.", typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(rank=10, maxIter=10, regParam=0.1, implicitPrefs=False, alpha=1.0, ratingCol="rating",
+                         nonnegative=False, checkpointInterval=10, numWorkers=0, innerIterations=3)
+
+    def getRank(self) -> int:
+        return self.getOrDefault(self.rank)
+
+    def getImplicitPrefs(self) -> bool:
+        return self.getOrDefault(self.implicitPrefs)
+
+    def getAlpha(self) -> float:
+        return self.getOrDefault(self.alpha)
+
+    def getRatingCol(self) -> str:
+        return self.getOrDefault(self.ratingCol)
+
+    def getNonnegative(self) -> bool:
+        return self.getOrDefault(self.nonnegative)
+
+    def getNumWorkers(self) -> int:
+        return self.getOrDefault(self.numWorkers)
+
+    def getInnerIterations(self) -> int:
+        return self.getOrDefault(self.innerIterations)
+
+
+class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
+    """Matrix factorisation for explicit ratings by scheduled model-parallel coordinate descent.
+
+    Objective (exactly ALS's for explicit feedback)::
+
+        sum (r_ui - x_u . y_i)^2 + regParam * (sum_u n_u |x_u|^2 + sum_i n_i |y_i|^2)
+
+    Schedule: STRADS MF -- for each feature, item factors are updated from
+    every worker's partial sums (aggregated on the shards next to the rows),
+    then user factors locally; ``innerIterations`` alternations per feature
+    (CCD++). Ratings are partitioned by user; item factors live on the shards.
+
+    Example
+    -------
+    >>> from pystrads.ml import StradsMF
+    >>> ratings = spark.createDataFrame([(0, 0, 4.0), (0, 1, 2.0), (1, 1, 3.0)], ["user", "item", "rating"])
+    >>> model = StradsMF(rank=2, maxIter=5, seed=1).fit(ratings)
+    >>> model.recommendForAllUsers(1).show()    # doctest: +SKIP
+    """
+
+    @keyword_only
+    def __init__(self, *, rank: int = 10, maxIter: int = 10, regParam: float = 0.1, implicitPrefs: bool = False,
+                 alpha: float = 1.0, userCol: str = "user", itemCol: str = "item", seed: Optional[int] = None,
+                 ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
+                 coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
+                 innerIterations: int = 3):
+        super().__init__()
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, rank: int = 10, maxIter: int = 10, regParam: float = 0.1, implicitPrefs: bool = False,
+                  alpha: float = 1.0, userCol: str = "user", itemCol: str = "item", seed: Optional[int] = None,
+                  ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
+                  coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
+                  innerIterations: int = 3) -> "StradsMF":
+        return self._set(**self._input_kwargs)
+
+    def setRank(self, value: int) -> "StradsMF":
+        return self._set(rank=value)
+
+    def setMaxIter(self, value: int) -> "StradsMF":
+        return self._set(maxIter=value)
+
+    def setRegParam(self, value: float) -> "StradsMF":
+        return self._set(regParam=value)
+
+    def setUserCol(self, value: str) -> "StradsMF":
+        return self._set(userCol=value)
+
+    def setItemCol(self, value: str) -> "StradsMF":
+        return self._set(itemCol=value)
+
+    def setRatingCol(self, value: str) -> "StradsMF":
+        return self._set(ratingCol=value)
+
+    def setPredictionCol(self, value: str) -> "StradsMF":
+        return self._set(predictionCol=value)
+
+    def setColdStartStrategy(self, value: str) -> "StradsMF":
+        return self._set(coldStartStrategy=value)
+
+    def setNonnegative(self, value: bool) -> "StradsMF":
+        return self._set(nonnegative=value)
+
+    def setSeed(self, value: int) -> "StradsMF":
+        return self._set(seed=value)
+
+    def setNumWorkers(self, value: int) -> "StradsMF":
+        return self._set(numWorkers=value)
+
+    def setInnerIterations(self, value: int) -> "StradsMF":
+        return self._set(innerIterations=value)
+
+    def _validate(self, dataset) -> None:
+        if self.getImplicitPrefs():
+            raise ConfigurationError("implicitPrefs=True: StradsMF supports explicit ratings only so far; use "
+                                     "pyspark.ml.recommendation.ALS for implicit feedback")
+        if self.getRank() < 1:
+            raise ConfigurationError(f"rank={self.getRank()} must be >= 1")
+        if self.getMaxIter() < 1:
+            raise ConfigurationError(f"maxIter={self.getMaxIter()} must be >= 1")
+        if not self.getRegParam() >= 0:
+            raise ConfigurationError(f"regParam={self.getRegParam()} must be >= 0")
+        if self.getInnerIterations() < 1:
+            raise ConfigurationError(f"innerIterations={self.getInnerIterations()} must be >= 1")
+        if self.getNumWorkers() < 0:
+            raise ConfigurationError(f"numWorkers={self.getNumWorkers()} must be >= 0 (0 = one per task slot)")
+        self._check_cold_start()
+        self._check_id_columns(dataset, need_rating=True)
+
+    def _fit(self, dataset) -> "StradsMFModel":
+        t_start = time.perf_counter()
+        self._validate(dataset)
+        spark = dataset.sparkSession
+        sc = spark.sparkContext
+        ucol, icol, rcol = self.getUserCol(), self.getItemCol(), self.getRatingCol()
+        triples = dataset.select(F.col(ucol).cast("double").alias("u"), F.col(icol).cast("double").alias("i"),
+                                 F.col(rcol).cast("double").alias("r"))
+        U = default_num_workers(triples.rdd, self.getNumWorkers() or None)
+        check_cluster(sc, U)  # before any job
+        # one scan: bad ids / ratings, distinct ids and per-item counts
+        bad = triples.where(F.col("u").isNull() | F.col("i").isNull() | F.col("r").isNull() | F.isnan("r")
+                            | F.isnan("u") | F.isnan("i") | (F.col("u") != F.floor("u")) | (F.col("i") != F.floor("i"))
+                            | (F.abs("u") > INT32_MAX) | (F.abs("i") > INT32_MAX) | (F.abs("r") == float("inf")))
+        first_bad = bad.limit(1).collect()
+        if first_bad:
+            u, i, r = first_bad[0]
+            raise InputError(f"row with {ucol}={u}, {icol}={i}, {rcol}={r}: ids must be integers within int32 "
+                             f"(as ALS requires) and ratings finite numbers; clean or filter these rows")
+        users = np.array(sorted(int(x[0]) for x in triples.select("u").distinct().collect()), dtype=np.int64)
+        item_rows = triples.groupBy("i").count().collect()
+        if not len(users) or not item_rows:
+            raise InputError("the input has no ratings; StradsMF needs at least one (user, item, rating) row")
+        items = np.array(sorted(int(r[0]) for r in item_rows), dtype=np.int64)
+        counts = dict((int(r[0]), int(r[1])) for r in item_rows)
+        item_counts = np.array([counts[i] for i in items], dtype=np.float64)
+        scan_s = time.perf_counter() - t_start
+        users_bc, items_bc = sc.broadcast(users), sc.broadcast(items)
+
+        def to_dense(rows):
+            u_ids, i_ids = users_bc.value, items_bc.value
+            for u, i, r in rows:
+                yield (int(np.searchsorted(u_ids, int(u))), int(np.searchsorted(i_ids, int(i))), float(r))
+
+        records = triples.rdd.mapPartitions(to_dense).keyBy(lambda t: t[0]).partitionBy(U).values()
+        seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
+        rank = self.getRank()
+        program = MFProgram(len(users), len(items), rank, self.getRegParam(), item_counts, self.getMaxIter(),
+                            self.getInnerIterations(), self.getNonnegative(), seed)
+        log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers", int(item_counts.sum()),
+                 len(users), len(items), rank, U)
+        with Engine(program, records, num_workers=U, seed=seed).fit() as result:
+            h = result.read_table("item_factors")[:, 0].reshape(rank, len(items)).T.copy()
+            w = np.zeros((len(users), rank))
+            for local, rows in result.map_states(lambda wk, data, state: (data.users, state.w)):
+                w[local] = rows
+            summary = StradsMFSummary(result.summary, scan_s, program)
+        model = StradsMFModel(rank, users, w, items, h)
+        model._summary = summary
+        return self._copyValues(model)
+
+    def write(self) -> MLWriter:
+        return DefaultParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return DefaultParamsReader(cls)
+
+
+class StradsMFSummary:
+    """Training history: ``iterations`` (pandas: train_rmse per iteration), ``steps`` (rounds,
+    seconds, time split) and ``fixed`` (one-off costs in seconds)."""
+
+    def __init__(self, engine_summary, scan_s, program):
+        import pandas as pd
+
+        self.iterations = pd.DataFrame(engine_summary.iterations)
+        self.steps = pd.DataFrame(engine_summary.rows)
+        self.fixed = dict(engine_summary.fixed, scan_s=scan_s)
+
+    @property
+    def trainRmseHistory(self) -> List[float]:
+        return [] if "train_rmse" not in self.iterations else [float(x) for x in self.iterations["train_rmse"]]
+
+    @property
+    def totalIterations(self) -> int:
+        return int(self.iterations["iteration"].max()) if len(self.iterations) else 0
+
+
+def _factors_df(spark, ids: np.ndarray, factors: np.ndarray):
+    schema = T.StructType([T.StructField("id", T.IntegerType(), False),
+                           T.StructField("features", T.ArrayType(T.FloatType(), False), True)])
+    rows = [(int(i), [float(x) for x in f]) for i, f in zip(ids, factors.astype(np.float32))]
+    return spark.createDataFrame(rows, schema)
+
+
+class StradsMFModel(Model, _StradsMFModelParams, MLReadable, MLWritable):
+    """A fitted :class:`StradsMF`: user and item factors, predictions, recommendations."""
+
+    def __init__(self, rank: int = 0, user_ids=None, user_factors=None, item_ids=None, item_factors=None):
+        super().__init__()
+        self._rank = int(rank)
+        self._user_ids = None if user_ids is None else np.asarray(user_ids, dtype=np.int64)
+        self._w = None if user_factors is None else np.asarray(user_factors, dtype=np.float64)
+        self._item_ids = None if item_ids is None else np.asarray(item_ids, dtype=np.int64)
+        self._h = None if item_factors is None else np.asarray(item_factors, dtype=np.float64)
+        self._summary: Optional[StradsMFSummary] = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def userFactors(self):
+        """DataFrame (id int, features array<float>), as ALSModel.userFactors."""
+        from pyspark.sql import SparkSession
+
+        return _factors_df(SparkSession.active(), self._user_ids, self._w)
+
+    @property
+    def itemFactors(self):
+        from pyspark.sql import SparkSession
+
+        return _factors_df(SparkSession.active(), self._item_ids, self._h)
+
+    @property
+    def hasSummary(self) -> bool:
+        return self._summary is not None
+
+    @property
+    def summary(self) -> StradsMFSummary:
+        if self._summary is None:
+            raise RuntimeError("no training summary: this model was loaded, not fitted in this session")
+        return self._summary
+
+    def _transform(self, dataset):
+        from pyspark.sql.functions import pandas_udf
+
+        self._check_cold_start()
+        self._check_id_columns(dataset, need_rating=False)
+        sc = dataset.sparkSession.sparkContext
+        bc = sc.broadcast((self._user_ids, self._w.astype(np.float32), self._item_ids, self._h.astype(np.float32)))
+
+        @pandas_udf("float")
+        def predict(users, items):
+            import pandas as pd
+
+            uid, w, iid, h = bc.value
+            u = users.to_numpy(dtype=np.float64, na_value=np.nan)
+            i = items.to_numpy(dtype=np.float64, na_value=np.nan)
+            ui = np.searchsorted(uid, np.nan_to_num(u, nan=-1).astype(np.int64))
+            ii = np.searchsorted(iid, np.nan_to_num(i, nan=-1).astype(np.int64))
+            ui_c, ii_c = np.minimum(ui, len(uid) - 1), np.minimum(ii, len(iid) - 1)
+            known = (uid[ui_c] == u) & (iid[ii_c] == i)
+            out = np.full(len(u), np.nan, dtype=np.float32)
+            out[known] = np.einsum("ij,ij->i", w[ui_c[known]], h[ii_c[known]])
+            return pd.Series(out)
+
+        ucol, icol = self.getUserCol(), self.getItemCol()
+        # as ALSModel.transform: ids come out as int, prediction as non-null float (NaN when unknown)
+        out = dataset.withColumn(ucol, F.col(ucol).cast("int")).withColumn(icol, F.col(icol).cast("int"))
+        out = out.withColumn(self.getPredictionCol(), F.coalesce(predict(F.col(ucol), F.col(icol)),
+                                                                 F.lit(float("nan")).cast("float")))
+        if self.getColdStartStrategy() == "drop":
+            out = out.where(~F.isnan(F.col(self.getPredictionCol())))
+        return out
+
+    # -- recommendations (ALS's schemas)
+    def _recommend(self, src_ids, src, dst_ids, dst, num: int, src_col: str, dst_col: str, subset=None):
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.active()
+        if num < 1:
+            raise ConfigurationError(f"numItems/numUsers={num} must be >= 1")
+        if subset is not None:
+            pos = np.searchsorted(src_ids, subset)
+            pos = np.minimum(pos, len(src_ids) - 1)
+            keep = src_ids[pos] == subset
+            rows_idx = np.unique(pos[keep])
+        else:
+            rows_idx = np.arange(len(src_ids))
+        bc = spark.sparkContext.broadcast((src_ids, src.astype(np.float32), dst_ids, dst.astype(np.float32)))
+        n = min(num, len(dst_ids))
+        blocks = [rows_idx[i:i + 4096] for i in range(0, len(rows_idx), 4096)]
+
+        def top(block):
+            s_ids, s, d_ids, d = bc.value
+            scores = s[block] @ d.T
+            part = np.argpartition(-scores, n - 1, axis=1)[:, :n] if n < scores.shape[1] else \
+                np.tile(np.arange(scores.shape[1]), (len(block), 1))
+            for r, row in enumerate(block):
+                cand = part[r]
+                order = cand[np.argsort(-scores[r, cand], kind="stable")]
+                yield (int(s_ids[row]), [(int(d_ids[j]), float(scores[r, j])) for j in order])
+
+        schema = T.StructType([
+            T.StructField(src_col, T.IntegerType(), False),
+            T.StructField("recommendations", T.ArrayType(T.StructType([
+                T.StructField(dst_col, T.IntegerType(), True), T.StructField("rating", T.FloatType(), True)]),
+                True), True)])
+        rdd = spark.sparkContext.parallelize(blocks, max(1, min(len(blocks), spark.sparkContext.defaultParallelism)))
+        return spark.createDataFrame(rdd.flatMap(top), schema)
+
+    def recommendForAllUsers(self, numItems: int):
+        """DataFrame(userCol, recommendations: array<struct<itemCol, rating>>): each user's top items."""
+        return self._recommend(self._user_ids, self._w, self._item_ids, self._h, numItems, self.getUserCol(),
+                               self.getItemCol())
+
+    def recommendForAllItems(self, numUsers: int):
+        """DataFrame(itemCol, recommendations: array<struct<userCol, rating>>): each item's top users."""
+        return self._recommend(self._item_ids, self._h, self._user_ids, self._w, numUsers, self.getItemCol(),
+                               self.getUserCol())
+
+    def recommendForUserSubset(self, dataset, numItems: int):
+        ids = np.array([int(r[0]) for r in dataset.select(self.getUserCol()).distinct().collect()], dtype=np.int64)
+        return self._recommend(self._user_ids, self._w, self._item_ids, self._h, numItems, self.getUserCol(),
+                               self.getItemCol(), subset=ids)
+
+    def recommendForItemSubset(self, dataset, numUsers: int):
+        ids = np.array([int(r[0]) for r in dataset.select(self.getItemCol()).distinct().collect()], dtype=np.int64)
+        return self._recommend(self._item_ids, self._h, self._user_ids, self._w, numUsers, self.getItemCol(),
+                               self.getUserCol(), subset=ids)
+
+    # -- persistence
+    def write(self) -> MLWriter:
+        return _StradsMFModelWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _StradsMFModelReader(cls)
+
+
+class _StradsMFModelWriter(MLWriter):
+    def __init__(self, instance: StradsMFModel):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        m = self.instance
+        DefaultParamsWriter.saveMetadata(m, path, self.sparkSession, extraMetadata={"rank": m.rank})
+        schema = T.StructType([T.StructField("id", T.LongType(), False),
+                               T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
+        for name, ids, f in (("userFactors", m._user_ids, m._w), ("itemFactors", m._item_ids, m._h)):
+            rows = [(int(i), row.tolist()) for i, row in zip(ids, f)]
+            self.sparkSession.createDataFrame(rows, schema).write.parquet(os.path.join(path, name))
+
+
+class _StradsMFModelReader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> StradsMFModel:
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        parts = {}
+        for name in ("userFactors", "itemFactors"):
+            rows = sorted((r["id"], r["features"]) for r in self.sparkSession.read.parquet(
+                os.path.join(path, name)).collect())
+            parts[name] = (np.array([r[0] for r in rows], dtype=np.int64),
+                           np.array([r[1] for r in rows], dtype=np.float64).reshape(len(rows), -1))
+        model = self.cls(int(metadata["rank"]), parts["userFactors"][0], parts["userFactors"][1],
+                         parts["itemFactors"][0], parts["itemFactors"][1])
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        return model

@@ -1,0 +1,118 @@
+"""StradsMF as a drop-in for pyspark.ml.recommendation.ALS (explicit ratings)."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from pyspark.ml.evaluation import RegressionEvaluator
+from pyspark.ml.recommendation import ALS
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+from pystrads.errors import ConfigurationError, InputError
+from pystrads.ml import StradsMF, StradsMFModel
+
+
+@pytest.fixture(scope="module")
+def ratings(spark):
+    rng = np.random.default_rng(3)
+    users, items, rank = 60, 40, 3
+    truth = rng.random((users, rank)) @ rng.random((rank, items)) + 1.0
+    rows = [(int(u) * 7 + 100, int(i) * 3 + 5, float(truth[u, i] + 0.1 * rng.standard_normal()))
+            for u in range(users) for i in range(items) if rng.random() < 0.7]
+    return spark.createDataFrame(rows, ["userId", "movieId", "rating"]).repartition(2).cache()
+
+
+def mf(**kw):
+    return StradsMF(**dict(dict(userCol="userId", itemCol="movieId", ratingCol="rating", rank=3, maxIter=15,
+                                regParam=0.05, seed=1), **kw))
+
+
+def als(**kw):
+    return ALS(**dict(dict(userCol="userId", itemCol="movieId", ratingCol="rating", rank=3, maxIter=15,
+                           regParam=0.05, seed=1), **kw))
+
+
+@pytest.fixture(scope="module")
+def fitted(ratings):
+    return mf().fit(ratings)
+
+
+def test_outputs_have_als_schemas(fitted, ratings):
+    ref = als().fit(ratings)
+    assert fitted.userFactors.schema == ref.userFactors.schema
+    assert fitted.itemFactors.schema == ref.itemFactors.schema
+    assert fitted.transform(ratings).schema == ref.transform(ratings).schema
+    assert fitted.recommendForAllUsers(3).schema == ref.recommendForAllUsers(3).schema
+    assert fitted.recommendForAllItems(2).schema == ref.recommendForAllItems(2).schema
+    subset = ratings.select("userId").distinct().limit(4)
+    assert fitted.recommendForUserSubset(subset, 2).schema == ref.recommendForUserSubset(subset, 2).schema
+    assert fitted.recommendForUserSubset(subset, 2).count() == 4
+    assert fitted.rank == 3 and fitted.userFactors.count() == ratings.select("userId").distinct().count()
+
+
+def test_fit_quality_matches_als(fitted, ratings):
+    ev = RegressionEvaluator(labelCol="rating")
+    ours = ev.evaluate(fitted.transform(ratings))
+    theirs = ev.evaluate(als().fit(ratings).transform(ratings))
+    assert ours <= theirs + 0.005, (ours, theirs)
+    rmse = fitted.summary.trainRmseHistory
+    assert len(rmse) == 15 and rmse[-1] == pytest.approx(ours, rel=1e-3)
+
+
+def test_recommendations_are_the_top_scores(fitted):
+    recs = {r.userId: r.recommendations for r in fitted.recommendForAllUsers(3).collect()}
+    w = {r.id: np.array(r.features) for r in fitted.userFactors.collect()}
+    h = {r.id: np.array(r.features) for r in fitted.itemFactors.collect()}
+    user = sorted(recs)[0]
+    scores = sorted(((float(w[user] @ h[i]), i) for i in h), reverse=True)[:3]
+    assert [r.movieId for r in recs[user]] == [i for _, i in scores]
+    assert [r.rating for r in recs[user]] == pytest.approx([s for s, _ in scores], rel=1e-5)
+
+
+def test_cold_start_nan_and_drop(fitted, spark):
+    new = spark.createDataFrame([(100, 5), (999999, 5), (100, 888888)], ["userId", "movieId"])
+    preds = [r.prediction for r in fitted.transform(new).collect()]
+    assert not np.isnan(preds[0]) and np.isnan(preds[1]) and np.isnan(preds[2])
+    fitted_drop = fitted.copy({fitted.coldStartStrategy: "drop"})
+    assert fitted_drop.transform(new).count() == 1
+
+
+def test_cross_validator_picks_and_the_best_model_saves_loads_and_recommends(ratings):
+    est = mf(maxIter=8, coldStartStrategy="drop")
+    grid = ParamGridBuilder().addGrid(est.rank, [1, 3]).addGrid(est.regParam, [0.05, 0.5]).build()
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid,
+                        evaluator=RegressionEvaluator(labelCol="rating"), numFolds=2, seed=2)
+    cv_model = cv.fit(ratings)
+    best = cv_model.bestModel
+    chosen = cv_model.getEstimatorParamMaps()[int(np.argmin(cv_model.avgMetrics))]
+    assert len(set(cv_model.avgMetrics)) == 4, cv_model.avgMetrics  # every grid point was really fitted
+    assert isinstance(best, StradsMFModel) and best.rank == 3 == chosen[est.rank]
+    assert chosen[est.regParam] == 0.05
+    path = os.path.join(tempfile.mkdtemp(), "mf")
+    best.save(path)
+    loaded = StradsMFModel.load(path)
+    assert loaded.rank == 3 and loaded.getUserCol() == "userId"
+    a = best.recommendForAllUsers(2).orderBy("userId").collect()
+    b = loaded.recommendForAllUsers(2).orderBy("userId").collect()
+    assert [[x.movieId for x in r.recommendations] for r in a] == [[x.movieId for x in r.recommendations] for r in b]
+
+
+def test_bad_input_and_params_are_refused(spark, ratings):
+    with pytest.raises(ConfigurationError, match="implicitPrefs=True"):
+        mf(implicitPrefs=True).fit(ratings)
+    with pytest.raises(ConfigurationError, match="rank=0 must be >= 1"):
+        mf(rank=0).fit(ratings)
+    with pytest.raises(ConfigurationError, match="coldStartStrategy='keep'"):
+        mf(coldStartStrategy="keep").fit(ratings)
+    with pytest.raises(InputError, match="userCol 'user' is not a column"):
+        StradsMF().fit(ratings)
+    bad_ids = spark.createDataFrame([(1.5, 2, 3.0), (1.0, 2, 4.0)], ["userId", "movieId", "rating"])
+    with pytest.raises(InputError, match=r"userId=1.5.*integers within int32"):
+        mf().fit(bad_ids)
+    huge = spark.createDataFrame([(2 ** 40, 2, 3.0)], ["userId", "movieId", "rating"])
+    with pytest.raises(InputError, match="integers within int32"):
+        mf().fit(huge)
+    nan = spark.createDataFrame([(1, 2, float("nan"))], ["userId", "movieId", "rating"])
+    with pytest.raises(InputError, match="rating=nan"):
+        mf().fit(nan)
