@@ -1,0 +1,140 @@
+"""MF benchmark: StradsMF vs MLlib ALS on MovieLens latest-small, fixed 90/10 split, same run.
+
+    python jobs/bench_mf.py [--ranks 10,50] [--reg 0.1] [--iters 15] [--repeats 3] [--high-rank 500]
+
+Both get ALS's own params (rank, regParam, maxIter, seed); test RMSE with
+cold starts dropped (RegressionEvaluator); fit time from ``fit`` to factors
+materialised. Medians of ``--repeats`` fits each, interleaved. A high-rank
+StradsMF run (``--high-rank``) reports the shards' memory. Prints a table,
+writes JSON and a plot. MovieLens is non-commercial data: it is read from
+``../shared/data``, never shipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="StradsMF vs MLlib ALS on MovieLens")
+    p.add_argument("--ranks", default="10,50")
+    p.add_argument("--reg", type=float, default=0.1)
+    p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--inner", type=int, default=None, help="StradsMF innerIterations (default: the estimator's)")
+    p.add_argument("--high-rank", type=int, default=500, help="0 to skip")
+    p.add_argument("--out", default="out/bench_mf.json")
+    args = p.parse_args(argv)
+    import pandas as pd
+    from pyspark.ml.evaluation import RegressionEvaluator
+    from pyspark.ml.recommendation import ALS
+
+    from pystrads.ml import StradsMF
+    from pystrads.session import spark_session
+
+    spark = spark_session("local[2]", "pystrads-bench-mf", {"spark.ui.enabled": "false", "spark.driver.memory": "8g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    ratings = pd.read_csv(os.path.join(SHARED, "movielens-latest-small", "ratings.csv.gz"))
+    test_mask = np.random.default_rng(42).random(len(ratings)) < 0.1
+    cols = ["userId", "movieId", "rating"]
+    train = spark.createDataFrame(ratings[~test_mask][cols]).repartition(2).cache()
+    test = spark.createDataFrame(ratings[test_mask][cols]).cache()
+    print(f"MovieLens latest-small: {train.count()} training / {test.count()} test ratings")
+    ev = RegressionEvaluator(labelCol="rating", predictionCol="prediction")
+    common = dict(userCol="userId", itemCol="movieId", ratingCol="rating", regParam=args.reg, maxIter=args.iters,
+                  seed=1, coldStartStrategy="drop")
+    results = []
+
+    def run(system, rank, est):
+        t0 = time.perf_counter()
+        model = est.fit(train)
+        model.userFactors.count()
+        wall = time.perf_counter() - t0
+        rmse = ev.evaluate(model.transform(test))
+        row = {"system": system, "rank": rank, "fit_s": round(wall, 2), "test_rmse": round(rmse, 4)}
+        if system == "pystrads":
+            row["fixed_s"] = {k: round(v, 3) for k, v in model.summary.fixed.items()}
+            row["steps"] = len(model.summary.steps)
+            row["train_rmse"] = model.summary.trainRmseHistory[-1]
+        results.append(row)
+        print(f"  {system:<9} rank {rank:>4}: test RMSE {rmse:.4f}  fit {wall:6.2f} s", flush=True)
+        return model
+
+    # warm-up: JVM JIT for ALS; shard start and kernel compilation for pystrads
+    ALS(**dict(common, rank=5, maxIter=2)).fit(train).userFactors.count()
+    StradsMF(**dict(common, rank=2, maxIter=1)).fit(train)
+    for rank in [int(r) for r in args.ranks.split(",")]:
+        for _ in range(args.repeats):
+            mf = StradsMF(**dict(common, rank=rank))
+            if args.inner:
+                mf.setInnerIterations(args.inner)
+            run("pystrads", rank, mf)
+            run("ALS", rank, ALS(**dict(common, rank=rank)))
+    high = None
+    if args.high_rank:
+        from pystrads.ps import launcher
+
+        mf = StradsMF(**dict(common, rank=args.high_rank, maxIter=min(args.iters, 5)))
+        model = run("pystrads", args.high_rank, mf)
+        manager = next(iter(launcher._MANAGERS.values()))
+        stats = manager.group.broadcast("stats")
+        high = {"rank": args.high_rank, "iterations": min(args.iters, 5),
+                "shard_rss_bytes": [s["rss_bytes"] for s in stats],
+                "item_factor_cells": args.high_rank * model.itemFactors.count()}
+        print(f"  rank {args.high_rank}: shard RSS {[round(s['rss_bytes'] / 2**20) for s in stats]} MiB")
+
+    summary = {}
+    print("\n| system | rank | fit s (median) | test RMSE (median) |")
+    print("|---|---:|---:|---:|")
+    for rank in sorted({r["rank"] for r in results}):
+        for system in ("pystrads", "ALS"):
+            rows = [r for r in results if r["system"] == system and r["rank"] == rank]
+            if rows:
+                fit = float(np.median([r["fit_s"] for r in rows]))
+                rmse = float(np.median([r["test_rmse"] for r in rows]))
+                summary[f"{system}_rank{rank}"] = {"fit_s": fit, "test_rmse": rmse}
+                print(f"| {system} | {rank} | {fit:.2f} | {rmse:.4f} |")
+    for rank in [int(r) for r in args.ranks.split(",")]:
+        a, b = summary.get(f"pystrads_rank{rank}"), summary.get(f"ALS_rank{rank}")
+        if a and b:
+            print(f"rank {rank}: RMSE difference {a['test_rmse'] - b['test_rmse']:+.4f} (target <= +0.005), "
+                  f"time ratio {a['fit_s'] / b['fit_s']:.2f} (target <= 1)")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"results": results, "summary": summary, "high_rank": high, "reg": args.reg, "iters": args.iters,
+                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}, fh, indent=2)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for system, marker in (("pystrads", "o"), ("ALS", "s")):
+            pts = [(r["fit_s"], r["test_rmse"]) for r in results if r["system"] == system]
+            ax.scatter(*zip(*pts), marker=marker, label=system)
+        ax.set_xlabel("fit time (s)")
+        ax.set_ylabel("test RMSE")
+        ax.set_title("MovieLens latest-small, 90/10")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.splitext(args.out)[0] + ".png", dpi=100)
+    except ImportError:
+        pass
+    print(f"wrote {args.out}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
