@@ -28,3 +28,30 @@ def test_lda_job_on_the_bundled_sample_writes_model_metrics_topics_and_plot(spar
 
     model = PipelineModel.load(os.path.join(out, "model"))
     assert model.stages[-1].topicsMatrix().toArray().sum() == metrics["tokens"]
+
+
+@pytest.mark.slow
+def test_mf_job_on_a_ratings_csv_writes_model_metrics_and_recommendations(spark):
+    import numpy as np
+
+    work = tempfile.mkdtemp()
+    rng = np.random.default_rng(0)
+    with open(os.path.join(work, "ratings.csv"), "w") as fh:
+        fh.write("userId,movieId,rating\n")
+        for u in range(30):
+            for i in range(20):
+                if rng.random() < 0.6:
+                    fh.write(f"{u},{i + 100},{rng.integers(1, 6)}\n")
+    out = os.path.join(work, "out")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "mf.py"), "--input",
+                           os.path.join(work, "ratings.csv"), "--rank", "4", "--max-iter", "5",
+                           "--test-fraction", "0.2", "--output", out], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert len(metrics["iterations"]) == 5 and 0 < metrics["test_rmse"] < 3
+    recs = json.load(open(os.path.join(out, "recommendations.json")))
+    assert len(recs) == 5 and all(len(v) == 10 for v in recs.values())
+    from pystrads.ml import StradsMFModel
+
+    assert StradsMFModel.load(os.path.join(out, "model")).rank == 4
