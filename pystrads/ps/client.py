@@ -219,6 +219,14 @@ class TableHandle:
             if hi > lo:
                 yield part, lo, hi
 
+    def _range_parts(self, start: int, stop: int):
+        """(shard index, lo, hi) of the non-empty pieces of rows ``[start, stop)``."""
+        bounds = self.layout.bounds
+        for part in range(len(bounds) - 1):
+            lo, hi = max(start, bounds[part]), min(stop, bounds[part + 1])
+            if hi > lo:
+                yield self.layout.shards[part], lo, hi
+
     def _values(self, values, n: int, width: Optional[int] = None, dtype: Optional[str] = None) -> np.ndarray:
         width = self.layout.width if width is None else width
         dtype = self.layout.dtype if dtype is None else dtype
@@ -273,13 +281,9 @@ class TableHandle:
         elif out.shape != shape or out.dtype != protocol.DTYPES[self.layout.dtype][0]:
             raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; need {shape} "
                              f"{self.layout.dtype}")
-        bounds = self.layout.bounds
-        for part in range(len(bounds) - 1):
-            lo, hi = max(start, bounds[part]), min(stop, bounds[part + 1])
-            if hi > lo:
-                self.group.client(self.layout.shards[part]).get_rows(
-                    self.layout.name, self.layout.width, self.layout.dtype, start=lo, stop=hi,
-                    out=out[lo - start:hi - start])
+        for shard, lo, hi in self._range_parts(start, stop):
+            self.group.client(shard).get_rows(self.layout.name, self.layout.width, self.layout.dtype,
+                                              start=lo, stop=hi, out=out[lo - start:hi - start])
         return out
 
     def read_all(self) -> np.ndarray:
@@ -321,13 +325,9 @@ class TableHandle:
         if not 0 <= start <= stop <= self.layout.num_rows:
             raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
                              f"[0, {self.layout.num_rows})")
-        bounds = self.layout.bounds
-        for part in range(len(bounds) - 1):
-            lo, hi = max(start, bounds[part]), min(stop, bounds[part + 1])
-            if hi > lo:
-                self.group.client(self.layout.shards[part]).write_rows(
-                    op, self.layout.name, None, values[lo - start:hi - start], self.layout.dtype,
-                    dict(self._fence or {}), start=lo)
+        for shard, lo, hi in self._range_parts(start, stop):
+            self.group.client(shard).write_rows(op, self.layout.name, None, values[lo - start:hi - start],
+                                                self.layout.dtype, dict(self._fence or {}), start=lo)
 
     def put_range(self, start: int, values) -> None:
         """Overwrite rows ``start, start + 1, ...`` with ``values``."""
