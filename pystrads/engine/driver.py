@@ -48,6 +48,7 @@ class TrainingSummary:
     def __init__(self):
         self.rows: List[Dict[str, Any]] = []
         self.iterations: List[Dict[str, Any]] = []  # rows a program adds with ctx.record_row
+        self.shards: List[Dict[str, Any]] = []  # each shard's stats at the end of the fit
         self.fixed: Dict[str, float] = {}
 
     def to_pandas(self, per: str = "step"):
@@ -123,6 +124,22 @@ def check_java() -> None:
                                  "Install OpenJDK 17 and point JAVA_HOME at it")
 
 
+def expected_executors(sc) -> int:
+    """Executors this application should have: 1 in local mode, n for
+    ``local-cluster[n,c,m]``, ``spark.executor.instances`` when set, else as
+    many as have registered."""
+    master = sc.master
+    if master.startswith("local["):
+        return 1
+    m = re.match(r"local-cluster\[(\d+),", master)
+    if m:
+        return int(m.group(1))
+    instances = sc.getConf().get("spark.executor.instances", None)
+    if instances:
+        return int(instances)
+    return max(1, launcher._count_executors(sc))
+
+
 def check_cluster(sc, num_workers: int, config: Optional[Mapping[str, Any]] = None) -> None:
     """Pre-flight checks of the cluster for ``num_workers`` barrier tasks (no Spark job):
     dynamic allocation off, enough task slots, executors' Python; each error says what to change."""
@@ -139,8 +156,16 @@ def check_cluster(sc, num_workers: int, config: Optional[Mapping[str, Any]] = No
         log.warning("executors use Python %r, the driver %r; set PYSPARK_PYTHON=%s if the "
                     "executors lack pystrads or its dependencies", python, sys.executable, sys.executable)
     slots = _slots(sc)
+    wanted = expected_executors(sc)
+    deadline = time.monotonic() + config["executor.waitSeconds"]
+    while launcher._count_executors(sc) < wanted and time.monotonic() < deadline:
+        time.sleep(0.2)  # executors still registering (shards go one per executor)
+    if launcher._count_executors(sc) < wanted:
+        raise ConfigurationError(
+            f"only {launcher._count_executors(sc)} of {wanted} executors registered within "
+            f"spark.pystrads.executor.waitSeconds={config['executor.waitSeconds']}; raise it or check the "
+            "cluster manager")
     if slots is None:
-        deadline = time.monotonic() + config["executor.waitSeconds"]
         cpus = int(conf.get("spark.task.cpus", "1"))
         while True:
             executors = launcher._count_executors(sc)
@@ -220,9 +245,7 @@ class Engine:
 
     # ------------------------------------------------------------------ setup
     def _expected_executors(self) -> int:
-        if self.sc.master.startswith("local"):
-            return 1
-        return max(1, launcher._count_executors(self.sc))
+        return expected_executors(self.sc)
 
     def _start(self) -> None:
         from pyspark import cloudpickle
@@ -419,6 +442,7 @@ class Engine:
                 ctx.rounds_hint = int(max(1, min(self.config["step.maxRounds"],
                                                  target / max(per_round, 1e-6))))
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
+            self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
             return FitResult(self, ctx.stopped)
         except BaseException:
             self.release()

@@ -383,6 +383,7 @@ class StradsLDASummary:
             steps["tokens_per_s"] = steps["tokens"] / steps["job_s"]
         self.steps = steps
         self.fixed = dict(engine_summary.fixed, scan_s=scan_s, read_model_s=read_s)
+        self.shards = engine_summary.shards  # per shard: table bytes, resident memory, traffic
         self.numDocuments = int(stats["docs"])
         self.numEmptyDocuments = int(stats["empty"])
         self.numTokens = int(stats["tokens"])

@@ -157,7 +157,7 @@ def _count_executors(sc) -> int:
     """Executors registered now (the driver counts as one in local mode)."""
     status = sc._jsc.sc().getExecutorMemoryStatus()
     n = status.size()
-    return 1 if sc.master.startswith("local") else max(0, n - 1)
+    return 1 if sc.master.startswith("local[") or sc.master == "local" else max(0, n - 1)
 
 
 class ShardManager:
