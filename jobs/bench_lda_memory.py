@@ -25,8 +25,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 
 def child(master: str, corpus: str, k: int, iters: int) -> dict:
-    import numpy as np
-
     import bench_lda as B
     from pystrads.ml.lda import StradsLDA
     from pystrads.ps import launcher

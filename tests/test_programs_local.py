@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from pyspark import cloudpickle
 
-from pystrads.engine import Engine, Program, Schedule, Table
+from pystrads.engine import Engine, Schedule
 from pystrads.errors import ConfigurationError, ScheduleError, StepFailedError
 from pystrads.programs import examples as ex
 

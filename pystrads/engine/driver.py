@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import math
 import os
 import re
 import secrets

@@ -11,7 +11,7 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 from pyspark import keyword_only
@@ -522,7 +522,7 @@ class StradsLDAModel(Model, _StradsLDAParams, MLReadable, MLWritable):
         self._validate_schema(dataset)
         sc = dataset.sparkSession.sparkContext
         phi = self.topic_word_prob()
-        if dataset.schema[self.getFeaturesCol()].dataType and phi.shape[0] == 0:
+        if phi.shape[0] == 0:
             raise ConfigurationError("the model has an empty vocabulary")
         phi_bc = sc.broadcast(phi)
         seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0

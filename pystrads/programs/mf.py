@@ -23,7 +23,7 @@ reason) and, after the last inner iteration, its residuals.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 
