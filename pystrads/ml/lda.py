@@ -25,6 +25,7 @@ from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, choose_sampler
+from ._persistence import PersistentModel
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 
@@ -419,7 +420,7 @@ class StradsLDASummary:
         return ax
 
 
-class StradsLDAModel(Model, _StradsLDAParams, MLReadable, MLWritable):
+class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
     """A fitted :class:`StradsLDA` model: word-topic counts and the priors."""
 
     def __init__(self, word_topic: Optional[np.ndarray] = None, alpha: float = 0.0, beta: float = 0.0):
@@ -579,24 +580,11 @@ class StradsLDAModel(Model, _StradsLDAParams, MLReadable, MLWritable):
         return float(-ll / tokens) if tokens else float("nan")
 
     # -- persistence
-    def write(self) -> MLWriter:
-        return _StradsLDAModelWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return _StradsLDAModelReader(cls)
-
-
-class _StradsLDAModelWriter(MLWriter):
-    def __init__(self, instance: StradsLDAModel):
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:
+    def _save(self, path: str, spark) -> None:
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
 
-        model = self.instance
-        DefaultParamsWriter.saveMetadata(model, path, self.sparkSession, extraMetadata={
+        model = self
+        DefaultParamsWriter.saveMetadata(model, path, spark, extraMetadata={
             "alpha": model._alpha_value, "beta": model._beta_value, "vocabSize": model.vocabSize(),
             "k": int(model._word_topic.shape[1])})
         # one row per term, written by Spark so any Hadoop/DBFS path works
@@ -604,21 +592,16 @@ class _StradsLDAModelWriter(MLWriter):
         schema = StructType([StructField("term", IntegerType(), False),
                              StructField("counts", ArrayType(IntegerType(), False), False)])
         rows = [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))]
-        self.sparkSession.createDataFrame(rows, schema).write.parquet(os.path.join(path, "data"))
+        spark.createDataFrame(rows, schema).write.parquet(os.path.join(path, "data"))
 
-
-class _StradsLDAModelReader(MLReader):
-    def __init__(self, cls):
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> StradsLDAModel:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+    @classmethod
+    def _load(cls, path: str, spark) -> "StradsLDAModel":
+        metadata = DefaultParamsReader.loadMetadata(path, spark)
         v, k = int(metadata["vocabSize"]), int(metadata["k"])
         word_topic = np.zeros((v, k), dtype=np.int32)
-        for row in self.sparkSession.read.parquet(os.path.join(path, "data")).toLocalIterator():
+        for row in spark.read.parquet(os.path.join(path, "data")).toLocalIterator():
             word_topic[row["term"]] = row["counts"]
-        model = self.cls(word_topic, metadata["alpha"], metadata["beta"])
+        model = cls(word_topic, metadata["alpha"], metadata["beta"])
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)
         return model

@@ -26,6 +26,7 @@ from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..programs.mf import MFProgram
+from ._persistence import PersistentModel
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +303,7 @@ def _factors_df(spark, ids: np.ndarray, factors: np.ndarray):
     return spark.createDataFrame(rows, schema)
 
 
-class StradsMFModel(Model, _StradsMFModelParams, MLReadable, MLWritable):
+class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
     """A fitted :class:`StradsMF`: user and item factors, predictions, recommendations."""
 
     def __init__(self, rank: int = 0, user_ids=None, user_factors=None, item_ids=None, item_factors=None):
@@ -430,43 +431,25 @@ class StradsMFModel(Model, _StradsMFModelParams, MLReadable, MLWritable):
                                self.getUserCol(), subset=ids)
 
     # -- persistence
-    def write(self) -> MLWriter:
-        return _StradsMFModelWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return _StradsMFModelReader(cls)
-
-
-class _StradsMFModelWriter(MLWriter):
-    def __init__(self, instance: StradsMFModel):
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:
-        m = self.instance
-        DefaultParamsWriter.saveMetadata(m, path, self.sparkSession, extraMetadata={"rank": m.rank})
+    def _save(self, path: str, spark) -> None:
+        m = self
+        DefaultParamsWriter.saveMetadata(m, path, spark, extraMetadata={"rank": m.rank})
         schema = T.StructType([T.StructField("id", T.LongType(), False),
                                T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
         for name, ids, f in (("userFactors", m._user_ids, m._w), ("itemFactors", m._item_ids, m._h)):
             rows = [(int(i), row.tolist()) for i, row in zip(ids, f)]
-            self.sparkSession.createDataFrame(rows, schema).write.parquet(os.path.join(path, name))
+            spark.createDataFrame(rows, schema).write.parquet(os.path.join(path, name))
 
-
-class _StradsMFModelReader(MLReader):
-    def __init__(self, cls):
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> StradsMFModel:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+    @classmethod
+    def _load(cls, path: str, spark) -> "StradsMFModel":
+        metadata = DefaultParamsReader.loadMetadata(path, spark)
         parts = {}
         for name in ("userFactors", "itemFactors"):
-            rows = sorted((r["id"], r["features"]) for r in self.sparkSession.read.parquet(
+            rows = sorted((r["id"], r["features"]) for r in spark.read.parquet(
                 os.path.join(path, name)).collect())
             parts[name] = (np.array([r[0] for r in rows], dtype=np.int64),
                            np.array([r[1] for r in rows], dtype=np.float64).reshape(len(rows), -1))
-        model = self.cls(int(metadata["rank"]), parts["userFactors"][0], parts["userFactors"][1],
+        model = cls(int(metadata["rank"]), parts["userFactors"][0], parts["userFactors"][1],
                          parts["itemFactors"][0], parts["itemFactors"][1])
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)
