@@ -226,6 +226,11 @@ class WorkerContext:
         """Partial sums for this round's ``pull`` of table ``name``."""
         self.table(name).contribute(keys, partials, self.local_round)
 
+    def contribute_range(self, name: str, start: int, partials) -> None:
+        """:meth:`contribute` for rows ``start, start + 1, ...`` of table ``name``
+        (e.g. a partial gradient over every row of the table)."""
+        self.table(name).contribute_range(start, partials, self.local_round)
+
     def report(self, **values: float) -> None:
         """Add numbers to this round's metrics (summed over workers)."""
         for key, value in values.items():

@@ -319,15 +319,16 @@ class TableHandle:
         """Overwrite the rows at ``keys``."""
         self._write("put", keys, values)
 
-    def _write_range(self, op: str, start: int, values) -> None:
-        values = self._values(values, len(np.asarray(values)))
+    def _write_range(self, op: str, start: int, values, width=None, dtype=None, extra=None) -> None:
+        values = self._values(values, len(np.asarray(values)), width, dtype)
         stop = start + len(values)
         if not 0 <= start <= stop <= self.layout.num_rows:
             raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
                              f"[0, {self.layout.num_rows})")
         for shard, lo, hi in self._range_parts(start, stop):
             self.group.client(shard).write_rows(op, self.layout.name, None, values[lo - start:hi - start],
-                                                self.layout.dtype, dict(self._fence or {}), start=lo)
+                                                dtype or self.layout.dtype,
+                                                dict(self._fence or {}, **(extra or {})), start=lo)
 
     def put_range(self, start: int, values) -> None:
         """Overwrite rows ``start, start + 1, ...`` with ``values``."""
@@ -343,6 +344,12 @@ class TableHandle:
         the program's ``pull`` turns them into the new rows."""
         self._write("contribute", keys, partials, width=self.layout.contrib_width, dtype="float64",
                     extra={"round": int(round_index)})
+
+    def contribute_range(self, start: int, partials, round_index: int) -> None:
+        """:meth:`contribute` for the contiguous rows ``start, start + 1, ...``
+        (no key column on the wire: for partial sums over a whole table)."""
+        self._write_range("contribute", start, partials, width=self.layout.contrib_width, dtype="float64",
+                          extra={"round": int(round_index)})
 
     def __repr__(self) -> str:
         return f"TableHandle({self.layout.short_name!r}, shape={self.shape}, dtype={self.layout.dtype})"

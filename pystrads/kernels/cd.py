@@ -1,0 +1,335 @@
+"""Coordinate-descent kernels for sparse linear models (Lasso, L1 logistic regression).
+
+A worker's rows of X are stored column-wise (CSC) so one coefficient's
+partial sums touch only its column's non-zeros:
+
+``col_ptr`` int64[J + 1], ``row_idx`` int32[nnz], ``vals`` float64[nnz]
+    the non-zeros of column j are ``row_idx/vals[col_ptr[j]:col_ptr[j+1]]``.
+
+A coordinate index equal to ``J`` (one past the last column) stands for
+the intercept: an implicit column of ones over every row.
+
+The scheduler's dependency check (STRADS Lasso: no two coefficients whose
+columns correlate by ``|x_j^T x_k| >= rho`` in the same round) runs on a
+row sample stored the same way, with columns scaled to unit norm.
+
+Kernels never validate input.
+"""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def rows_to_csc(row_ptr, col_idx, vals, num_cols):
+    """CSR rows (``row_ptr``, ``col_idx``, ``vals``) -> CSC (``col_ptr``, ``row_idx``, ``vals``).
+
+    Duplicate (row, column) entries are kept (their products add up, as a sum
+    of vectors would)."""
+    nnz = col_idx.shape[0]
+    col_ptr = np.zeros(num_cols + 1, dtype=np.int64)
+    for k in range(nnz):
+        col_ptr[col_idx[k] + 1] += 1
+    for j in range(num_cols):
+        col_ptr[j + 1] += col_ptr[j]
+    pos = col_ptr[:-1].copy()
+    out_rows = np.empty(nnz, dtype=np.int32)
+    out_vals = np.empty(nnz, dtype=np.float64)
+    for i in range(row_ptr.shape[0] - 1):
+        for k in range(row_ptr[i], row_ptr[i + 1]):
+            j = col_idx[k]
+            p = pos[j]
+            out_rows[p] = i
+            out_vals[p] = vals[k]
+            pos[j] = p + 1
+    return col_ptr, out_rows, out_vals
+
+
+@njit(cache=True)
+def column_sums(col_ptr, row_idx, vals, w, sum_x, sum_xx):
+    """``sum_x[j] += sum_i w_i x_ij``, ``sum_xx[j] += sum_i w_i x_ij^2`` for every column."""
+    for j in range(col_ptr.shape[0] - 1):
+        a = 0.0
+        b = 0.0
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            wx = w[row_idx[p]] * vals[p]
+            a += wx
+            b += wx * vals[p]
+        sum_x[j] += a
+        sum_xx[j] += b
+
+
+@njit(cache=True)
+def column_dots(col_ptr, row_idx, vals, coords, v, out):
+    """``out[k] = sum_i x_i,coords[k] * v_i`` (coordinate ``J`` = the intercept: ``sum v``)."""
+    J = col_ptr.shape[0] - 1
+    for k in range(coords.shape[0]):
+        j = coords[k]
+        acc = 0.0
+        if j == J:
+            for i in range(v.shape[0]):
+                acc += v[i]
+        else:
+            for p in range(col_ptr[j], col_ptr[j + 1]):
+                acc += vals[p] * v[row_idx[p]]
+        out[k] = acc
+
+
+@njit(cache=True)
+def column_dots2(col_ptr, row_idx, vals, coords, u, h, out_u, out_h):
+    """``out_u[k] = sum x u``, ``out_h[k] = sum x^2 h`` over column ``coords[k]`` (``J``: intercept)."""
+    J = col_ptr.shape[0] - 1
+    for k in range(coords.shape[0]):
+        j = coords[k]
+        a = 0.0
+        b = 0.0
+        if j == J:
+            for i in range(u.shape[0]):
+                a += u[i]
+                b += h[i]
+        else:
+            for p in range(col_ptr[j], col_ptr[j + 1]):
+                i = row_idx[p]
+                x = vals[p]
+                a += x * u[i]
+                b += x * x * h[i]
+        out_u[k] = a
+        out_h[k] = b
+
+
+@njit(cache=True)
+def all_column_dots(col_ptr, row_idx, vals, v, out):
+    """``out[j] = sum_i x_ij v_i`` for every column j (``out`` has J entries)."""
+    for j in range(col_ptr.shape[0] - 1):
+        acc = 0.0
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            acc += vals[p] * v[row_idx[p]]
+        out[j] = acc
+
+
+@njit(cache=True)
+def add_columns(col_ptr, row_idx, vals, coords, delta, target, sign):
+    """``target += sign * X[:, coords] @ delta`` (coordinate ``J``: every row); zero deltas skipped."""
+    J = col_ptr.shape[0] - 1
+    for k in range(coords.shape[0]):
+        d = delta[k]
+        if d == 0.0:
+            continue
+        j = coords[k]
+        s = sign * d
+        if j == J:
+            for i in range(target.shape[0]):
+                target[i] += s
+        else:
+            for p in range(col_ptr[j], col_ptr[j + 1]):
+                target[row_idx[p]] += s * vals[p]
+
+
+@njit(cache=True)
+def logistic_terms(margin, y, w, u, h):
+    """For labels y in {0, 1}: ``u = w (sigmoid(m) - y)`` and ``h = w s (1 - s)``;
+    returns the weighted log-loss ``sum w (log(1 + e^m) - y m)``."""
+    loss = 0.0
+    for i in range(margin.shape[0]):
+        m = margin[i]
+        if m >= 0:
+            e = np.exp(-m)
+            s = 1.0 / (1.0 + e)
+            softplus = m + np.log1p(e)
+        else:
+            e = np.exp(m)
+            s = e / (1.0 + e)
+            softplus = np.log1p(e)
+        u[i] = w[i] * (s - y[i])
+        h[i] = w[i] * s * (1.0 - s)
+        loss += w[i] * (softplus - y[i] * m)
+    return loss
+
+
+@njit(cache=True)
+def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr, s_rows, s_vals, rho,
+                max_row):
+    """Cut a stream of candidate coordinates into rounds (STRADS Lasso's correlation checker).
+
+    Each round examines up to ``max_examined`` candidates (L') -- first those
+    deferred by earlier rounds, then new ones from ``stream`` -- and keeps up
+    to ``max_per_round`` (L) whose sampled columns have ``|x_j^T x_k| < rho``
+    with every coordinate already kept in the round (columns of the sample
+    ``s_ptr/s_rows/s_vals`` are unit-norm, so the dot is a correlation).
+    Rejected candidates wait for a later round; a repeat of a coordinate
+    already in the round waits too. ``rho <= 0`` turns the check off.
+    Coordinates ``>= num_cols`` (the intercept) are never checked.
+
+    Returns ``(round_ptr, coords, consumed)``: round r updates
+    ``coords[round_ptr[r]:round_ptr[r+1]]``; ``consumed`` stream entries were used.
+    """
+    n = stream.shape[0]
+    out = np.empty(max_rounds * max_per_round, dtype=np.int64)
+    round_ptr = np.zeros(max_rounds + 1, dtype=np.int64)
+    deferred = np.empty(n + 1, dtype=np.int64)
+    next_deferred = np.empty(n + 1, dtype=np.int64)
+    n_def = 0
+    in_round = np.zeros(num_cols + 1, dtype=np.bool_)
+    # accepted columns per sample row, as linked lists
+    row_head = np.full(max_row + 1, -1, dtype=np.int64)
+    longest = 1
+    for c in range(s_ptr.shape[0] - 1):
+        longest = max(longest, s_ptr[c + 1] - s_ptr[c])
+    cap = max_per_round * longest + 16
+    node_col = np.empty(cap, dtype=np.int64)
+    node_val = np.empty(cap, dtype=np.float64)
+    node_next = np.empty(cap, dtype=np.int64)
+    touched_rows = np.empty(cap, dtype=np.int64)
+    dots = np.zeros(max_per_round, dtype=np.float64)
+    pos = 0
+    r = 0
+    total = 0
+    check = rho > 0
+    while r < max_rounds and (pos < n or n_def > 0):
+        kept = 0
+        examined = 0
+        n_nodes = 0
+        n_touched = 0
+        n_next = 0
+        start = total
+        d = 0
+        while kept < max_per_round and examined < max_examined and (d < n_def or pos < n):
+            if d < n_def:
+                j = deferred[d]
+                d += 1
+            else:
+                j = stream[pos]
+                pos += 1
+            examined += 1
+            if in_round[j]:
+                next_deferred[n_next] = j
+                n_next += 1
+                continue
+            ok = True
+            if check and j < num_cols and kept > 0:
+                for p in range(s_ptr[j], s_ptr[j + 1]):
+                    node = row_head[s_rows[p]]
+                    while node >= 0:
+                        dots[node_col[node]] += s_vals[p] * node_val[node]
+                        node = node_next[node]
+                for q in range(kept):
+                    if abs(dots[q]) >= rho:
+                        ok = False
+                    dots[q] = 0.0
+            if not ok:
+                next_deferred[n_next] = j
+                n_next += 1
+                continue
+            in_round[j] = True
+            out[total] = j
+            total += 1
+            if check and j < num_cols:
+                for p in range(s_ptr[j], s_ptr[j + 1]):
+                    row = s_rows[p]
+                    if row_head[row] < 0:
+                        touched_rows[n_touched] = row
+                        n_touched += 1
+                    node_col[n_nodes] = kept
+                    node_val[n_nodes] = s_vals[p]
+                    node_next[n_nodes] = row_head[row]
+                    row_head[row] = n_nodes
+                    n_nodes += 1
+            kept += 1
+        # leftovers of the deferred queue come first next round
+        for q in range(d, n_def):
+            next_deferred[n_next] = deferred[q]
+            n_next += 1
+        for q in range(n_next):
+            deferred[q] = next_deferred[q]
+        n_def = n_next
+        for q in range(start, total):
+            in_round[out[q]] = False
+        for q in range(n_touched):
+            row_head[touched_rows[q]] = -1
+        if total == start:
+            break
+        r += 1
+        round_ptr[r] = total
+    return round_ptr[:r + 1], out[:total], pos
+
+
+@njit(cache=True)
+def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
+    """The weighted Gram matrix of columns ``coords`` over this worker's rows as
+    unmerged entries ``(a * m + b, sum-part)`` with ``m = len(coords)``:
+    one entry per pair of non-zeros sharing a row (sparse columns: few)."""
+    m = coords.shape[0]
+    count = np.zeros(num_rows + 1, dtype=np.int64)
+    for a in range(m):
+        j = coords[a]
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            count[row_idx[p] + 1] += 1
+    for i in range(num_rows):
+        count[i + 1] += count[i]
+    fill = count[:-1].copy()
+    which = np.empty(count[num_rows], dtype=np.int64)
+    value = np.empty(count[num_rows], dtype=np.float64)
+    for a in range(m):
+        j = coords[a]
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            i = row_idx[p]
+            which[fill[i]] = a
+            value[fill[i]] = vals[p]
+            fill[i] += 1
+    total = 0
+    for i in range(num_rows):
+        c = count[i + 1] - count[i]
+        total += c * c
+    keys = np.empty(total, dtype=np.int64)
+    out = np.empty(total, dtype=np.float64)
+    e = 0
+    for i in range(num_rows):
+        wi = w[i]
+        for p in range(count[i], count[i + 1]):
+            vp = wi * value[p]
+            base = which[p] * m
+            for q in range(count[i], count[i + 1]):
+                keys[e] = base + which[q]
+                out[e] = vp * value[q]
+                e += 1
+    return keys, out
+
+
+@njit(cache=True)
+def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, max_passes, tol):
+    """Cyclic coordinate descent on the Lasso restricted to a working set, exact for
+    squared loss (glmnet's covariance updates), with the sparse Gram matrix
+    ``G`` (CSR) of the raw columns: the centred Gram is ``G - mean mean'``,
+    applied implicitly so G stays sparse.  ``grad`` is the gradient at the
+    starting ``beta``; ``curv`` the centred diagonal.  Updates ``beta`` in place;
+    stops when a pass moves no coefficient by more than ``tol`` (scaled by
+    sqrt(curv)).  Returns the coordinate updates done."""
+    m = beta.shape[0]
+    base = grad.copy()
+    t = 0.0
+    updates = 0
+    for _ in range(max_passes):
+        biggest = 0.0
+        for k in range(m):
+            c = curv[k]
+            if c <= 0 or pen[k] < 0:
+                continue
+            g = base[k] - mean[k] * t
+            z = c * beta[k] - g
+            a = abs(z) - pen[k]
+            new = 0.0
+            if a > 0:
+                new = a / c if z > 0 else -a / c
+            d = new - beta[k]
+            updates += 1
+            if d != 0.0:
+                beta[k] = new
+                for p in range(indptr[k], indptr[k + 1]):
+                    base[indices[p]] += data[p] * d
+                t += mean[k] * d
+                s = abs(d) * np.sqrt(c)
+                if s > biggest:
+                    biggest = s
+        if biggest <= tol:
+            break
+    return updates

@@ -1,0 +1,628 @@
+"""Sparse L1-regularised linear models by scheduled parallel coordinate descent (STRADS Lasso).
+
+Objective (MLlib's ``LinearRegression`` / ``LogisticRegression`` with
+``elasticNetParam=1``, in the original units of the features)::
+
+    F(b, beta) = 1/W sum_i w_i loss(y_i, b + x_i . beta) + sum_j pen_j |beta_j|
+
+with ``W = sum_i w_i``, ``loss = (y - m)^2 / 2`` (:class:`LassoProgram`) or the
+log-loss (:class:`L1LogisticProgram`), and ``pen_j = regParam * std_j`` with
+``standardization`` (MLlib penalises the standardised coefficients) or
+``regParam`` without.  Features of zero variance keep ``beta_j = 0``, as in
+MLlib.
+
+Layout on the runtime:
+
+* workers hold their rows of X column-wise (CSC), labels, weights and their
+  slice of the residual (Lasso) or margins (logistic) as state;
+* table ``coef`` (on the shards) holds per coefficient: value, last change,
+  curvature, penalty, mean; ``pull`` sums the workers' partial sums and
+  applies the soft-thresholded coordinate step next to the rows;
+* table ``grad`` receives every step's closing *sweep*: each worker's partial
+  gradient over all coefficients.  From it the driver computes the step each
+  coefficient would take now, the objective and the stopping test, and the
+  next step's priorities -- "priority refreshed once per pass of work with
+  the KKT violations of the zero coefficients", which avoids the starvation
+  of the plain ``(delta beta)^2 + eta`` rule;
+* the driver's ``schedule`` orders candidates by priority, runs the STRADS
+  correlation check on a row sample (no two coefficients whose columns
+  correlate by ``>= rho`` in one round) and ships the step's rounds at once:
+  a pipeline of rounds planned from values up to one step stale.
+
+``schedule`` chooses the candidate stream: ``"dynamic"`` (priorities from
+the refreshed gradient; ``priority="delta"`` selects the plain STRADS rule
+``(delta beta)^2 + eta``), ``"shotgun"`` (uniform random, no check) or
+``"roundrobin"`` (cyclic, no check).  All three run through the same push,
+pull and apply.
+
+With an intercept, Lasso keeps X sparse and centres it implicitly: workers
+keep ``r = y - X beta`` and send ``sum_i w_i r_i`` with every partial sum;
+the shard subtracts ``mean_j * sum w r``.  Logistic regression updates the
+intercept as coefficient ``J`` (an implicit column of ones) in rounds of
+its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+import numpy as np
+
+from ..engine.program import Program, Schedule, Table
+from ..kernels import cd as K
+
+BETA, DELTA, CURV, PEN, MEAN = range(5)
+SCHEDULES = ("dynamic", "shotgun", "roundrobin")
+PRIORITIES = ("gradient", "delta")
+
+
+def rows_to_arrays(records: Iterable[Tuple[float, float, Any, Any]], num_features: int):
+    """``(label, weight, indices, values)`` records -> CSR arrays plus labels and weights
+    (rows of weight 0 dropped: they do not enter the objective)."""
+    labels, weights, lengths, idx_parts, val_parts = [], [], [], [], []
+    for label, weight, indices, values in records:
+        if weight == 0:
+            continue
+        labels.append(label)
+        weights.append(weight)
+        idx = np.asarray(indices, dtype=np.int64)
+        lengths.append(len(idx))
+        idx_parts.append(idx)
+        val_parts.append(np.asarray(values, dtype=np.float64))
+    row_ptr = np.zeros(len(labels) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=row_ptr[1:])
+    col_idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
+    vals = np.concatenate(val_parts) if val_parts else np.zeros(0, dtype=np.float64)
+    if len(col_idx) and (col_idx.min() < 0 or col_idx.max() >= num_features):
+        raise ValueError(f"feature index {int(col_idx.max())} outside [0, {num_features})")
+    return row_ptr, col_idx, vals, np.asarray(labels, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+
+
+class ColumnSample:
+    """Columns of a row sample, scaled to unit norm, for the correlation check."""
+
+    def __init__(self, records: Iterable[Tuple[Any, Any]], num_features: int):
+        row_ptr, col_idx, vals, _, _ = rows_to_arrays(((0.0, 1.0, i, v) for i, v in records), num_features)
+        self.num_rows = len(row_ptr) - 1
+        ptr, rows, vals = K.rows_to_csc(row_ptr, col_idx, vals, num_features)
+        norms = np.sqrt(np.add.reduceat(vals * vals, ptr[:-1]) if len(vals) else np.zeros(num_features))
+        norms[np.diff(ptr) == 0] = 1.0
+        self.ptr, self.rows = ptr, rows
+        self.vals = vals / np.repeat(np.where(norms > 0, norms, 1.0), np.diff(ptr))
+
+    @classmethod
+    def empty(cls, num_features: int) -> "ColumnSample":
+        return cls([], num_features)
+
+
+def soft_step(beta, grad, curv, pen):
+    """The coordinate minimiser's change: ``S(curv beta - grad, pen) / curv - beta``
+    (``grad``: derivative of the smooth part; ``pen < 0`` or ``curv <= 0``: frozen)."""
+    live = (curv > 0) & (pen >= 0)
+    c = np.where(live, curv, 1.0)
+    z = c * beta - grad
+    new = np.sign(z) * np.maximum(np.abs(z) - np.maximum(pen, 0.0), 0.0) / c
+    return np.where(live, new - beta, 0.0)
+
+
+class LassoProgram(Program):
+    """Lasso (squared loss) by STRADS's dynamic, prioritised, dependency-checked parallel CD.
+
+    Parameters
+    ----------
+    num_features : int
+    reg_param : float
+        ``lambda`` (MLlib's ``regParam``).
+    fit_intercept, standardization : bool
+        As MLlib (see the module docstring for the objective).
+    schedule : {"dynamic", "shotgun", "roundrobin"}
+    priority : {"gradient", "delta"}
+        Dynamic priorities: the step each coefficient would take on the
+        refreshed gradient (default), or STRADS's ``(delta beta)^2 + eta``.
+    coords_per_round, candidates_per_round : int
+        L and L' (coefficients updated per round; candidates examined).
+    rho : float
+        Correlation threshold of the dependency check (``<= 0``: off).
+    eta : float
+        Priority floor, relative to the largest priority.
+    passes : float
+        Passes over the working set per step (dynamic).
+    max_iter : int
+        Steps (each a batch of rounds ending with a gradient sweep).
+    tol : float
+        Stop when the relative duality gap (Lasso, ``reg_param > 0``) and the
+        predicted decrease of one more pass are below ``tol`` relative to the
+        objective.
+    sample : ColumnSample, optional
+        Row sample for the dependency check (driver only).
+    """
+
+    loss_name = "squared"
+    staleness = 0
+
+    def __init__(self, num_features: int, reg_param: float, fit_intercept: bool = True,
+                 standardization: bool = True, schedule: str = "dynamic", priority: str = "gradient",
+                 coords_per_round: int = 256, candidates_per_round: int = 512, rho: float = 0.3,
+                 eta: float = 1e-6, passes: float = 3.0, max_iter: int = 100, tol: float = 1e-6,
+                 min_rounds_per_step: int = 32, gram_limit: int = 4096,
+                 sample: Optional[ColumnSample] = None):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}")
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority={priority!r} is not one of {PRIORITIES}")
+        self.num_features = int(num_features)
+        self.reg_param = float(reg_param)
+        self.fit_intercept = bool(fit_intercept)
+        self.standardization = bool(standardization)
+        self.schedule_name = schedule
+        self.priority = priority
+        self.coords_per_round = int(coords_per_round)
+        self.candidates_per_round = max(int(candidates_per_round), self.coords_per_round)
+        self.rho = float(rho)
+        self.eta = float(eta)
+        self.passes = float(passes)
+        self.max_iter = int(max_iter)
+        self.tol = float(tol)
+        self.min_rounds_per_step = int(min_rounds_per_step)
+        self.gram_limit = int(gram_limit) if self.loss_name == "squared" else 0
+        self._d = {"sample": sample or ColumnSample.empty(self.num_features)}  # driver-only state
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_d"] = {}  # driver-only arrays never travel into closures
+        return state
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def num_coords(self) -> int:
+        """Coefficients on the shards (logistic regression adds the intercept)."""
+        return self.num_features
+
+    def tables(self):
+        tables = [Table("coef", self.num_coords, 5, "float64", contrib_width=2),
+                  Table("grad", self.num_coords, self.grad_width, "float64", contrib_width=self.grad_width),
+                  Table("totals", 1, 6, "float64", single_shard=True)]
+        if self.gram_limit:
+            tables.append(Table("gram", self.gram_limit ** 2, 1, "float64"))  # sparse use: zero pages
+        return tables
+
+    grad_width = 1
+
+    def load(self, ctx, records):
+        row_ptr, col_idx, vals, y, w = rows_to_arrays(records, self.num_features)
+        col_ptr, row_idx, cvals = K.rows_to_csc(row_ptr, col_idx, vals, self.num_features)
+        return {"col_ptr": col_ptr, "row_idx": row_idx, "vals": cvals, "y": y, "w": w}
+
+    # ------------------------------------------------------------------ worker side
+    def init_state(self, ctx, data):
+        w, y = data["w"], data["y"]
+        sum_x, sum_xx = np.zeros(self.num_features), np.zeros(self.num_features)
+        K.column_sums(data["col_ptr"], data["row_idx"], data["vals"], w, sum_x, sum_xx)
+        coef = np.zeros((self.num_coords, 5))
+        coef[:self.num_features, CURV] = sum_xx
+        coef[:self.num_features, MEAN] = sum_x
+        ctx.table("coef").inc_range(0, coef)
+        ctx.table("totals").inc([0], [[w.sum(), (w * w).sum(), (w * y).sum(), (w * y * y).sum(), len(y),
+                                       len(data["vals"])]])
+        state = self._initial_state(data)
+        ctx.table("grad").inc_range(0, self._sweep_partials(data, state))
+        return state
+
+    def _initial_state(self, data) -> Dict[str, np.ndarray]:
+        return {"r": data["y"].copy()}
+
+    def _sweep_partials(self, data, state) -> np.ndarray:
+        out = np.zeros(self.num_features)
+        K.all_column_dots(data["col_ptr"], data["row_idx"], data["vals"], data["w"] * state["r"], out)
+        return out
+
+    @staticmethod
+    def _inv_weight(ctx, state) -> float:
+        """``1 / W`` (the total weight, summed by the init step): partial sums travel
+        pre-divided so ``pull`` needs no global figure."""
+        if "inv_w" not in state:
+            total = float(ctx.table("totals").get([0])[0, 0])
+            state["inv_w"] = 1.0 / total if total > 0 else 0.0
+        return state["inv_w"]
+
+    def push(self, ctx, data, state, work):
+        w, r = data["w"], state["r"]
+        wr = w * r
+        inv_w = self._inv_weight(ctx, state)
+        if isinstance(work, str):  # the closing sweep: full partial gradient and the loss parts
+            ctx.report(wr=wr.sum(), wrr=float(wr @ r))
+            ctx.contribute_range("grad", 0, self._sweep_partials(data, state) * inv_w)
+            return state
+        if isinstance(work, tuple):  # ("gram", coords): weighted Gram matrix of a working set
+            kind, coords = work
+            if kind == "gram":
+                keys, vals = K.gram_entries(data["col_ptr"], data["row_idx"], data["vals"], coords, w, len(w))
+                ctx.table("gram").inc(keys, vals * inv_w)  # duplicate keys add up
+            return state
+        z = np.empty(len(work))
+        K.column_dots(data["col_ptr"], data["row_idx"], data["vals"], work, wr, z)
+        ctx.contribute("coef", work, np.column_stack([z * inv_w, np.full(len(work), wr.sum() * inv_w)]))
+        return state
+
+    def apply(self, ctx, data, state, work):
+        if isinstance(work, str):
+            return state
+        if isinstance(work, tuple):  # ("delta", coords): changes the driver made between steps
+            kind, work = work
+            if kind != "delta":
+                return state
+        delta = ctx.table("coef").get(work)[:, DELTA]
+        K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["r"], -1.0)
+        return state
+
+    # ------------------------------------------------------------------ shard side
+    def pull(self, table, keys, partials, current):
+        if table == "grad":
+            return partials
+        new = current.copy()
+        grad = self._coord_gradient(partials, current)
+        step = soft_step(current[:, BETA], grad, current[:, CURV], current[:, PEN])
+        new[:, BETA] += step
+        new[:, DELTA] = step
+        return new
+
+    def _coord_gradient(self, partials, current):
+        """Derivative of the smooth part along each coefficient, from the summed partials
+        (``x_j' W r / W`` and ``sum w r / W``; centred by the column mean)."""
+        return -(partials[:, 0] - current[:, MEAN] * partials[:, 1])
+
+    # ------------------------------------------------------------------ driver side
+    def _prepare(self, ctx) -> None:
+        """First schedule: column statistics -> curvature, penalty, mean on the shards."""
+        d = self._d
+        tot = ctx.table("totals").read_all()[0]
+        W, W2, Sy, Syy, n, nnz = (float(v) for v in tot)
+        d.update(W=W, W2=W2, Sy=Sy, Syy=Syy, n=int(n), nnz=int(nnz))
+        if W <= 0:
+            return
+        coef = ctx.table("coef").read_all()
+        J = self.num_features
+        sum_x, sum_xx = coef[:J, MEAN].copy(), coef[:J, CURV].copy()
+        mean = sum_x / W if W > 0 else np.zeros(J)
+        denom = W - W2 / W if W > 0 else 0.0
+        var = np.maximum(sum_xx - W * mean * mean, 0.0) / denom if denom > 0 else np.zeros(J)
+        std = np.sqrt(var)
+        frozen = ~(std > 0)  # zero variance: MLlib keeps these coefficients at 0
+        pen = self.reg_param * (std if self.standardization else np.ones(J))
+        curv = self._curvature(sum_xx, mean, W)
+        coef[:J, PEN] = np.where(frozen, -1.0, pen)
+        coef[:J, CURV] = np.where(frozen, 0.0, curv)
+        coef[:J, MEAN] = mean if self.fit_intercept else 0.0
+        coef[:, BETA] = 0.0
+        coef[:, DELTA] = 0.0
+        self._extra_prepare(coef)
+        ctx.table("coef").put_range(0, coef)
+        d.update(mean=mean, std=std, frozen=frozen, coef=coef, cursor=0, updates=0, history=[], gap=np.inf)
+        d["grad_rows"] = ctx.table("grad").read_all() / W  # the init step sent raw sums
+        d["grad"] = self._driver_gradient(d["grad_rows"], coef, {"wr": Sy})
+        d["objective"] = self._objective0()
+        d["history"].append((d["objective"], 0))
+        ctx.record_row(iteration=0, objective=d["objective"], updates=0)
+
+    def _extra_prepare(self, coef) -> None:
+        pass
+
+    def _curvature(self, sum_xx, mean, W):
+        centred = sum_xx - (W * mean * mean if self.fit_intercept else 0.0)
+        return np.maximum(centred, 0.0) / W
+
+    def _objective0(self) -> float:
+        d = self._d
+        sq = d["Syy"] - (d["Sy"] ** 2 / d["W"] if self.fit_intercept else 0.0)
+        return 0.5 * sq / d["W"]
+
+    def _driver_gradient(self, grad_rows, coef, sums) -> np.ndarray:
+        """Full gradient of the smooth part from the sweep's summed partials (divided by W)."""
+        return -(grad_rows[:, 0] - coef[:, MEAN] * sums["wr"] / self._d["W"])
+
+    def _driver_curvature(self, grad_rows, coef) -> np.ndarray:
+        return coef[:, CURV]
+
+    def _coefficient_stats(self, ctx, metrics) -> float:
+        """After a step's sweep: objective, proposed steps, stopping figures."""
+        d = self._d
+        coef = ctx.table("coef").read_all()
+        sums = {"wr": metrics.last("wr", 0.0), "wrr": metrics.last("wrr", 0.0), "loss": metrics.last("loss", 0.0)}
+        rows = ctx.table("grad").read_all()
+        grad = self._driver_gradient(rows, coef, sums)
+        d["coef"], d["grad"], d["sums"], d["grad_rows"] = coef, grad, sums, rows
+        return self._objective(coef, sums)
+
+    def _objective(self, coef, sums) -> float:
+        W = self._d["W"]
+        sq = sums["wrr"] - (sums["wr"] ** 2 / W if self.fit_intercept else 0.0)
+        return 0.5 * sq / W + self._penalty(coef)
+
+    def _penalty(self, coef) -> float:
+        J = self.num_features
+        return float(np.maximum(coef[:J, PEN], 0.0) @ np.abs(coef[:J, BETA]))
+
+    def duality_gap(self, coef, grad, sums) -> float:
+        """Lasso duality gap at the current coefficients (``inf`` when undefined)."""
+        J = self.num_features
+        pen = coef[:J, PEN]
+        live = pen > 0
+        if not np.any(live) or np.any((pen == 0)):
+            return np.inf
+        W = self._d["W"]
+        # in the "times W" scale: P = 1/2 r'Wr + sum W pen |beta|; |x~_j' W r| = W |grad_j|
+        rr = sums["wrr"] - (sums["wr"] ** 2 / W if self.fit_intercept else 0.0)
+        dual_norm = float(np.max(np.abs(grad[:J][live]) / pen[live]))
+        scale = min(1.0, 1.0 / dual_norm) if dual_norm > 0 else 1.0
+        beta = coef[:J, BETA]
+        ry = rr - W * float(beta @ grad[:J])  # r'W y~ = r'W r + beta' X~'W r
+        gap = 0.5 * rr * (1 + scale * scale) + W * float(np.maximum(pen, 0) @ np.abs(beta)) - scale * ry
+        return max(gap, 0.0) / W
+
+    def after_step(self, ctx, metrics):
+        d = self._d
+        objective = self._coefficient_stats(ctx, metrics)
+        coef, grad = d["coef"], d["grad"]
+        curv = self._driver_curvature(d["grad_rows"], coef)
+        step = soft_step(coef[:, BETA], grad, curv, coef[:, PEN])
+        d["step"], d["curv"] = step, curv
+        d["updates"] += d.pop("planned", 0)
+        gap = self.duality_gap(coef, grad, d["sums"]) if self.loss_name == "squared" else np.inf
+        decrease = 0.5 * float(curv @ (step * step))
+        d["gap"] = gap
+        d["objective"] = objective
+        d["history"].append((objective, d["updates"]))
+        it = len(d["history"]) - 1
+        ctx.record(iteration=it, objective=objective, updates=d["updates"], gap=gap, decrease=decrease,
+                   nonzeros=int(np.count_nonzero(coef[:self.num_features, BETA])))
+        ctx.record_row(iteration=it, objective=objective, updates=d["updates"], gap=gap)
+        scale = max(abs(objective), 1e-300)
+        gap_ok = gap <= self.tol * scale if np.isfinite(gap) else True
+        if gap_ok and decrease <= self.tol * scale:
+            ctx.stop("converged")
+        elif it >= self.max_iter:
+            ctx.stop("maxIter")
+        elif self.gram_limit and self.schedule_name == "dynamic" and self.priority == "gradient":
+            self._working_set(ctx, step, objective)
+
+    # ------------------------------------------------------------------ the Gram tail
+    def _working_set(self, ctx, step, objective) -> None:
+        """Once the working set (non-zeros and KKT violators) fits ``gram_limit``, solve
+        the Lasso restricted to it exactly on the driver from its Gram matrix (the
+        workers send ``X_A' W X_A`` once per working set), as working-set solvers
+        do; the next sweep checks the rest.  The parallel rounds stay for the
+        phase when the working set is large."""
+        d = self._d
+        coef = d["coef"]
+        J = self.num_features
+        live = coef[:J, PEN] >= 0
+        active = np.flatnonzero(live & ((step[:J] != 0) | (coef[:J, BETA] != 0)))
+        if len(active) > self.gram_limit:
+            d.pop("gram_set", None)
+            return
+        if "gram_rows" in d:  # a step just summed the Gram matrix of d["gram_set"] into the table
+            m = len(d["gram_set"])
+            flat = ctx.table("gram").get_range(0, m * m)[:, 0]
+            keys = np.flatnonzero(flat)
+            ctx.table("gram").put(keys, np.zeros(len(keys)))  # clean for the next working set
+            rows, cols = np.divmod(keys, m)
+            indptr = np.zeros(m + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+            d["gram"] = (indptr, cols.astype(np.int64), flat[keys])
+            del d["gram_rows"]
+        gs = d.get("gram_set")
+        if gs is None or "gram" not in d or not np.all(np.isin(active, gs)):
+            near = np.flatnonzero(live & (coef[:J, BETA] == 0) & (step[:J] == 0))
+            pen = np.maximum(coef[near, PEN], 1e-300)
+            room = min(self.gram_limit, len(active) + len(active) // 4 + 64) - len(active)
+            extra = near[np.argsort(-np.abs(d["grad"][near]) / pen, kind="stable")[:max(room, 0)]]
+            d["gram_set"] = np.union1d(active, extra).astype(np.int64)
+            d["need_gram"] = d["gram_set"]
+            d.pop("gram", None)
+            return
+        beta = coef[gs, BETA].copy()
+        grad = d["grad"][gs].copy()
+        tol = 1e-6 * np.sqrt(self.tol * max(abs(objective), 1e-300))  # well inside the outer test
+        indptr, cols, vals = d["gram"]
+        d["updates"] += int(K.gram_lasso(indptr, cols, vals, coef[gs, CURV].copy(), coef[gs, MEAN].copy(), grad,
+                                         beta, coef[gs, PEN].copy(), 100000, tol))
+        rows = coef[gs].copy()
+        rows[:, DELTA] = beta - rows[:, BETA]
+        rows[:, BETA] = beta
+        ctx.table("coef").put(gs, rows)
+        d["pending"] = gs
+
+    # ------------------------------------------------------------------ the schedule
+    def schedule(self, ctx):
+        d = self._d
+        if "W" not in d:
+            self._prepare(ctx)
+            if d["W"] <= 0:
+                return None
+        tail = []
+        if "pending" in d:  # the driver's working-set solution: workers update residuals
+            tail.append(("delta", d.pop("pending")))
+        if "need_gram" in d:
+            tail.append(("gram", d.pop("need_gram")))
+            d["gram_rows"] = True
+        if tail:
+            d["planned"] = 0
+            return Schedule.shared(tail + ["sweep"])
+        J = self.num_coords
+        rng = np.random.default_rng([ctx.seed, ctx.step])
+        L, Lp = self.coords_per_round, self.candidates_per_round
+        live = np.ones(J, dtype=bool)
+        live[:self.num_features] = ~d["frozen"]
+        max_rounds = max(1, min(ctx.rounds_hint, 1 << 16))
+        rho = self.rho
+        if self.schedule_name == "dynamic":
+            stream = self._dynamic_stream(rng, live, L, max_rounds)
+        else:
+            rho = 0.0
+            ids = np.flatnonzero(live)
+            budget = max(len(ids), self.min_rounds_per_step * L)
+            if self.schedule_name == "shotgun":
+                stream = rng.choice(ids, size=budget, replace=True) if len(ids) else ids
+            else:
+                pos = (d["cursor"] + np.arange(budget)) % max(len(ids), 1)
+                stream = ids[pos] if len(ids) else ids
+                d["cursor"] = int((d["cursor"] + budget) % max(len(ids), 1))
+        sample = d["sample"]
+        round_ptr, coords, _ = K.plan_rounds(stream.astype(np.int64), L, Lp if rho > 0 else L, max_rounds,
+                                             self.num_features, sample.ptr, sample.rows, sample.vals, rho,
+                                             max(sample.num_rows, 1))
+        rounds = [coords[round_ptr[r]:round_ptr[r + 1]] for r in range(len(round_ptr) - 1)]
+        rounds = self._with_intercept_rounds(rounds)
+        d["planned"] = int(sum(len(r) for r in rounds))
+        return Schedule.shared(rounds + ["sweep"])
+
+    def _with_intercept_rounds(self, rounds):
+        return rounds
+
+    def _dynamic_stream(self, rng, live, L, max_rounds) -> np.ndarray:
+        d = self._d
+        J = self.num_coords
+        if self.priority == "delta":  # plain STRADS: (delta beta)^2 + eta, sampled with replacement
+            coef = d["coef"]
+            prio = np.where(live, coef[:, DELTA] ** 2, 0.0)
+            top = prio.max() if prio.size else 0.0
+            prio = np.where(live, prio + self.eta * (top if top > 0 else 1.0), 0.0)
+            budget = max(int(np.count_nonzero(live)), self.min_rounds_per_step * L)
+            return rng.choice(J, size=budget, replace=True, p=prio / prio.sum())
+        step = d.get("step")
+        if step is None:  # first step: proposals from the initial gradient
+            curv = np.where(live, self._driver_curvature(d["grad_rows"], d["coef"]), 0.0)
+            step = soft_step(d["coef"][:, BETA], d["grad"], curv, d["coef"][:, PEN])
+            d["curv"] = curv
+        curv = d["curv"]
+        prio = curv * step * step
+        active = live & ((prio > 0) | (d["coef"][:, BETA] != 0))
+        ids = np.flatnonzero(active)
+        if len(ids) == 0:
+            ids = np.flatnonzero(live)
+        p = prio[ids]
+        top = p.max() if len(p) else 0.0
+        p = p + self.eta * (top if top > 0 else 1.0)
+        # at least `passes` passes; more while the step stays within its time budget
+        want = max(self.passes * len(ids), self.min_rounds_per_step * L, max_rounds * L * 0.9)
+        passes = int(np.ceil(want / max(len(ids), 1)))
+        parts = []
+        for _ in range(passes):  # a priority-weighted random order of the working set per pass
+            keys = rng.exponential(size=len(ids)) / p
+            parts.append(ids[np.argsort(keys, kind="stable")])
+        return np.concatenate(parts) if parts else ids
+
+    # ------------------------------------------------------------------ results
+    def result(self, coef: np.ndarray) -> Tuple[np.ndarray, float]:
+        """``(coefficients, intercept)`` in the original units from the final ``coef`` table."""
+        d = self._d
+        beta = coef[:self.num_features, BETA].copy()
+        intercept = 0.0
+        if self.fit_intercept and d.get("W", 0) > 0:
+            intercept = d["Sy"] / d["W"] - float(d["mean"] @ beta)
+        return beta, intercept
+
+    @property
+    def driver_state(self) -> Dict[str, Any]:
+        return self._d
+
+
+class L1LogisticProgram(LassoProgram):
+    """Binary logistic regression with an L1 penalty (the thesis's SchMP-SLR) on the same schedule.
+
+    Labels in {0, 1}. Workers keep margins ``b + X beta``; push sends the
+    partial gradient ``sum w (p - y) x`` and curvature ``sum w p (1-p) x^2``;
+    ``pull`` takes the soft-thresholded Newton step.  The intercept is
+    coefficient ``J`` (updated alone in its own rounds).
+    """
+
+    loss_name = "logistic"
+    grad_width = 2
+
+    @property
+    def num_coords(self) -> int:
+        return self.num_features + (1 if self.fit_intercept else 0)
+
+    def _initial_state(self, data):
+        return {"m": np.zeros(len(data["y"]))}
+
+    def _terms(self, data, state):
+        u, h = np.empty_like(state["m"]), np.empty_like(state["m"])
+        loss = K.logistic_terms(state["m"], data["y"], data["w"], u, h)
+        return u, h, loss
+
+    def _sweep_partials(self, data, state):
+        u, h, _ = self._terms(data, state)
+        coords = np.arange(self.num_coords, dtype=np.int64)
+        gu, gh = np.empty(self.num_coords), np.empty(self.num_coords)
+        K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], coords, u, h, gu, gh)
+        return np.column_stack([gu, gh])
+
+    def push(self, ctx, data, state, work):
+        inv_w = self._inv_weight(ctx, state)
+        if isinstance(work, str):
+            u, h, loss = self._terms(data, state)
+            ctx.report(loss=loss)
+            ctx.contribute_range("grad", 0, self._sweep_partials(data, state) * inv_w)
+            return state
+        u, h, _ = self._terms(data, state)
+        gu, gh = np.empty(len(work)), np.empty(len(work))
+        K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], work, u, h, gu, gh)
+        ctx.contribute("coef", work, np.column_stack([gu * inv_w, gh * inv_w]))
+        return state
+
+    def apply(self, ctx, data, state, work):
+        if isinstance(work, str):
+            return state
+        delta = ctx.table("coef").get(work)[:, DELTA]
+        K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["m"], 1.0)
+        return state
+
+    def pull(self, table, keys, partials, current):
+        if table == "grad":
+            return partials
+        new = current.copy()
+        curv = np.where(current[:, PEN] >= 0, np.maximum(partials[:, 1], 1e-12), 0.0)
+        step = soft_step(current[:, BETA], partials[:, 0], curv, current[:, PEN])
+        new[:, BETA] += step
+        new[:, DELTA] = step
+        return new
+
+    def _extra_prepare(self, coef):
+        if self.fit_intercept:
+            coef[self.num_features, PEN] = 0.0  # the intercept: unpenalised
+            coef[self.num_features, CURV] = 0.25
+        coef[:, MEAN] = 0.0
+
+    def _curvature(self, sum_xx, mean, W):
+        return 0.25 * sum_xx / W  # a bound; the real curvature comes with every partial sum
+
+    def _objective0(self) -> float:
+        return float(np.log(2.0))
+
+    def _driver_gradient(self, grad_rows, coef, sums):
+        return grad_rows[:, 0]
+
+    def _driver_curvature(self, grad_rows, coef):
+        live = (coef[:, PEN] >= 0) & (coef[:, CURV] > 0)
+        return np.where(live, np.maximum(grad_rows[:, 1], 1e-12), 0.0)
+
+    def _objective(self, coef, sums):
+        return sums["loss"] / self._d["W"] + self._penalty(coef)
+
+    def _with_intercept_rounds(self, rounds):
+        if not self.fit_intercept:
+            return rounds
+        J = self.num_features
+        out = [np.array([J], dtype=np.int64)]
+        for i, r in enumerate(rounds):
+            r = r[r != J]
+            if len(r):
+                out.append(r)
+            if i % 8 == 7:
+                out.append(np.array([J], dtype=np.int64))
+        return out
+
+    def result(self, coef):
+        beta = coef[:self.num_features, BETA].copy()
+        return beta, float(coef[self.num_features, BETA]) if self.fit_intercept else 0.0
