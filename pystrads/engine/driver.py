@@ -205,7 +205,7 @@ class Engine:
         self.rdd = rdd
         self.sc = rdd.context
         self.config = Config.from_spark(self.sc, config)
-        self.seed = int(seed)
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF  # numpy seeds must be >= 0 (pyspark's default seeds are not)
         if num_workers is None:
             num_workers = default_num_workers(rdd)
         if not isinstance(num_workers, (int, np.integer)) or num_workers < 1:

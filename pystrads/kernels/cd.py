@@ -333,3 +333,21 @@ def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, max_passes, t
         if biggest <= tol:
             break
     return updates
+
+
+@njit(cache=True)
+def row_overlap(col_ptr, row_idx, coords, num_rows):
+    """``omega[i]`` = how many of the columns ``coords`` have a non-zero in row i
+    (coordinate ``J``, the intercept, counts in every row): the ESO weights of a
+    parallel round (Richtarik & Takac 2016)."""
+    J = col_ptr.shape[0] - 1
+    omega = np.zeros(num_rows, dtype=np.float64)
+    for k in range(coords.shape[0]):
+        j = coords[k]
+        if j == J:
+            for i in range(num_rows):
+                omega[i] += 1.0
+        else:
+            for p in range(col_ptr[j], col_ptr[j + 1]):
+                omega[row_idx[p]] += 1.0
+    return omega

@@ -44,6 +44,7 @@ its own.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
@@ -144,7 +145,7 @@ class LassoProgram(Program):
                  standardization: bool = True, schedule: str = "dynamic", priority: str = "gradient",
                  coords_per_round: int = 256, candidates_per_round: int = 512, rho: float = 0.3,
                  eta: float = 1e-6, passes: float = 3.0, max_iter: int = 100, tol: float = 1e-6,
-                 min_rounds_per_step: int = 32, gram_limit: int = 4096,
+                 min_rounds_per_step: int = 32, gram_limit: int = 4096, damping: str = "eso",
                  sample: Optional[ColumnSample] = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}")
@@ -165,6 +166,10 @@ class LassoProgram(Program):
         self.tol = float(tol)
         self.min_rounds_per_step = int(min_rounds_per_step)
         self.gram_limit = int(gram_limit) if self.loss_name == "squared" else 0
+        if damping not in ("eso", "none"):
+            raise ValueError(f"damping={damping!r} is not one of ('eso', 'none')")
+        self.damping = damping
+        self.t_origin = time.perf_counter()  # history times count from here (the estimator sets its start)
         self._d = {"sample": sample or ColumnSample.empty(self.num_features)}  # driver-only state
 
     def __getstate__(self):
@@ -179,7 +184,7 @@ class LassoProgram(Program):
         return self.num_features
 
     def tables(self):
-        tables = [Table("coef", self.num_coords, 5, "float64", contrib_width=2),
+        tables = [Table("coef", self.num_coords, 5, "float64", contrib_width=self.contrib_width),
                   Table("grad", self.num_coords, self.grad_width, "float64", contrib_width=self.grad_width),
                   Table("totals", 1, 6, "float64", single_shard=True)]
         if self.gram_limit:
@@ -187,6 +192,7 @@ class LassoProgram(Program):
         return tables
 
     grad_width = 1
+    contrib_width = 4  # x'Wr, sum w r, and the two curvature sums of the ESO damping
 
     def load(self, ctx, records):
         row_ptr, col_idx, vals, y, w = rows_to_arrays(records, self.num_features)
@@ -239,9 +245,16 @@ class LassoProgram(Program):
                 keys, vals = K.gram_entries(data["col_ptr"], data["row_idx"], data["vals"], coords, w, len(w))
                 ctx.table("gram").inc(keys, vals * inv_w)  # duplicate keys add up
             return state
-        z = np.empty(len(work))
-        K.column_dots(data["col_ptr"], data["row_idx"], data["vals"], work, wr, z)
-        ctx.contribute("coef", work, np.column_stack([z * inv_w, np.full(len(work), wr.sum() * inv_w)]))
+        z, c_omega = np.empty(len(work)), np.empty(len(work))
+        c_plain = np.zeros(len(work))
+        if self.damping == "eso":
+            omega = K.row_overlap(data["col_ptr"], data["row_idx"], work, len(w))
+            K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], work, wr, w * omega, z, c_omega)
+            K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], work, wr, w, z, c_plain)
+        else:
+            K.column_dots(data["col_ptr"], data["row_idx"], data["vals"], work, wr, z)
+            c_omega[:] = 0.0
+        ctx.contribute("coef", work, np.column_stack([z, np.full(len(work), wr.sum()), c_omega, c_plain]) * inv_w)
         return state
 
     def apply(self, ctx, data, state, work):
@@ -261,7 +274,12 @@ class LassoProgram(Program):
             return partials
         new = current.copy()
         grad = self._coord_gradient(partials, current)
-        step = soft_step(current[:, BETA], grad, current[:, CURV], current[:, PEN])
+        # ESO damping: a coefficient whose rows other coefficients of the round also touch
+        # takes a proportionally shorter step, so the parallel round cannot overshoot
+        # (sum_j x_ij d_j)^2 <= omega_i sum_j x_ij^2 d_j^2
+        plain = partials[:, 3]
+        factor = np.where(plain > 0, np.maximum(partials[:, 2] / np.where(plain > 0, plain, 1.0), 1.0), 1.0)
+        step = soft_step(current[:, BETA], grad, current[:, CURV] * factor, current[:, PEN])
         new[:, BETA] += step
         new[:, DELTA] = step
         return new
@@ -297,12 +315,15 @@ class LassoProgram(Program):
         coef[:, DELTA] = 0.0
         self._extra_prepare(coef)
         ctx.table("coef").put_range(0, coef)
-        d.update(mean=mean, std=std, frozen=frozen, coef=coef, cursor=0, updates=0, history=[], gap=np.inf)
+        d.update(mean=mean, std=std, frozen=frozen, coef=coef, cursor=0, updates=0, round_updates=0, history=[],
+                 gap=np.inf)
         d["grad_rows"] = ctx.table("grad").read_all() / W  # the init step sent raw sums
-        d["grad"] = self._driver_gradient(d["grad_rows"], coef, {"wr": Sy})
+        d["sums"] = self._init_sums()
+        d["grad"] = self._driver_gradient(d["grad_rows"], coef, d["sums"])
         d["objective"] = self._objective0()
         d["history"].append((d["objective"], 0))
-        ctx.record_row(iteration=0, objective=d["objective"], updates=0)
+        ctx.record_row(iteration=0, objective=d["objective"], updates=0, round_updates=0, gap=np.inf,
+                       elapsed_s=time.perf_counter() - self.t_origin)
 
     def _extra_prepare(self, coef) -> None:
         pass
@@ -310,6 +331,10 @@ class LassoProgram(Program):
     def _curvature(self, sum_xx, mean, W):
         centred = sum_xx - (W * mean * mean if self.fit_intercept else 0.0)
         return np.maximum(centred, 0.0) / W
+
+    def _init_sums(self) -> Dict[str, float]:
+        """The sweep's reported sums at beta = 0 (before any sweep ran)."""
+        return {"wr": self._d["Sy"]}
 
     def _objective0(self) -> float:
         d = self._d
@@ -320,14 +345,14 @@ class LassoProgram(Program):
         """Full gradient of the smooth part from the sweep's summed partials (divided by W)."""
         return -(grad_rows[:, 0] - coef[:, MEAN] * sums["wr"] / self._d["W"])
 
-    def _driver_curvature(self, grad_rows, coef) -> np.ndarray:
+    def _driver_curvature(self, grad_rows, coef, sums) -> np.ndarray:
         return coef[:, CURV]
 
     def _coefficient_stats(self, ctx, metrics) -> float:
         """After a step's sweep: objective, proposed steps, stopping figures."""
         d = self._d
         coef = ctx.table("coef").read_all()
-        sums = {"wr": metrics.last("wr", 0.0), "wrr": metrics.last("wrr", 0.0), "loss": metrics.last("loss", 0.0)}
+        sums = {key: metrics.last(key, 0.0) for key in ("wr", "wrr", "loss", "su", "sh")}
         rows = ctx.table("grad").read_all()
         grad = self._driver_gradient(rows, coef, sums)
         d["coef"], d["grad"], d["sums"], d["grad_rows"] = coef, grad, sums, rows
@@ -363,20 +388,23 @@ class LassoProgram(Program):
         d = self._d
         objective = self._coefficient_stats(ctx, metrics)
         coef, grad = d["coef"], d["grad"]
-        curv = self._driver_curvature(d["grad_rows"], coef)
+        curv = self._driver_curvature(d["grad_rows"], coef, d["sums"])
         step = soft_step(coef[:, BETA], grad, curv, coef[:, PEN])
         d["step"], d["curv"] = step, curv
-        d["updates"] += d.pop("planned", 0)
+        planned = d.pop("planned", 0)
+        d["updates"] += planned
+        d["round_updates"] += planned
         gap = self.duality_gap(coef, grad, d["sums"]) if self.loss_name == "squared" else np.inf
         decrease = 0.5 * float(curv @ (step * step))
         d["gap"] = gap
         d["objective"] = objective
         d["history"].append((objective, d["updates"]))
         it = len(d["history"]) - 1
-        ctx.record(iteration=it, objective=objective, updates=d["updates"], gap=gap, decrease=decrease,
-                   nonzeros=int(np.count_nonzero(coef[:self.num_features, BETA])))
-        ctx.record_row(iteration=it, objective=objective, updates=d["updates"], gap=gap)
-        scale = max(abs(objective), 1e-300)
+        ctx.record(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
+                   gap=gap, decrease=decrease, nonzeros=int(np.count_nonzero(coef[:self.num_features, BETA])))
+        ctx.record_row(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
+                       gap=gap, elapsed_s=time.perf_counter() - self.t_origin)
+        scale = max(abs(objective), 1e-12 * abs(d["history"][0][0]), 1e-300)  # an exact fit has F -> 0
         gap_ok = gap <= self.tol * scale if np.isfinite(gap) else True
         if gap_ok and decrease <= self.tol * scale:
             ctx.stop("converged")
@@ -491,7 +519,7 @@ class LassoProgram(Program):
             return rng.choice(J, size=budget, replace=True, p=prio / prio.sum())
         step = d.get("step")
         if step is None:  # first step: proposals from the initial gradient
-            curv = np.where(live, self._driver_curvature(d["grad_rows"], d["coef"]), 0.0)
+            curv = np.where(live, self._driver_curvature(d["grad_rows"], d["coef"], d["sums"]), 0.0)
             step = soft_step(d["coef"][:, BETA], d["grad"], curv, d["coef"][:, PEN])
             d["curv"] = curv
         curv = d["curv"]
@@ -530,14 +558,17 @@ class LassoProgram(Program):
 class L1LogisticProgram(LassoProgram):
     """Binary logistic regression with an L1 penalty (the thesis's SchMP-SLR) on the same schedule.
 
-    Labels in {0, 1}. Workers keep margins ``b + X beta``; push sends the
-    partial gradient ``sum w (p - y) x`` and curvature ``sum w p (1-p) x^2``;
-    ``pull`` takes the soft-thresholded Newton step.  The intercept is
-    coefficient ``J`` (updated alone in its own rounds).
+    Labels in {0, 1}. Workers keep margins; push sends the partial gradient
+    ``sum w (p - y) x`` and curvature ``sum w p (1-p) x^2`` (and the sums that
+    centre them); ``pull`` takes the soft-thresholded Newton step.  With an
+    intercept, features are centred implicitly as MLlib does (the intercept
+    coefficient ``J`` is then nearly decoupled from the others and is updated
+    in rounds of its own); the reported intercept is converted back.
     """
 
     loss_name = "logistic"
-    grad_width = 2
+    grad_width = 3  # sum x u, sum h x^2, sum h x
+    contrib_width = 6  # sum x u, sum u, sum h x^2, sum h x, sum h, sum h omega x^2
 
     @property
     def num_coords(self) -> int:
@@ -554,36 +585,52 @@ class L1LogisticProgram(LassoProgram):
     def _sweep_partials(self, data, state):
         u, h, _ = self._terms(data, state)
         coords = np.arange(self.num_coords, dtype=np.int64)
-        gu, gh = np.empty(self.num_coords), np.empty(self.num_coords)
-        K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], coords, u, h, gu, gh)
-        return np.column_stack([gu, gh])
+        gu, ghx2, ghx = (np.empty(self.num_coords) for _ in range(3))
+        K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], coords, u, h, gu, ghx2)
+        K.column_dots(data["col_ptr"], data["row_idx"], data["vals"], coords, h, ghx)
+        return np.column_stack([gu, ghx2, ghx])
 
     def push(self, ctx, data, state, work):
         inv_w = self._inv_weight(ctx, state)
+        u, h, loss = self._terms(data, state)
         if isinstance(work, str):
-            u, h, loss = self._terms(data, state)
-            ctx.report(loss=loss)
+            ctx.report(loss=loss, su=u.sum(), sh=h.sum())
             ctx.contribute_range("grad", 0, self._sweep_partials(data, state) * inv_w)
             return state
-        u, h, _ = self._terms(data, state)
-        gu, gh = np.empty(len(work)), np.empty(len(work))
-        K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], work, u, h, gu, gh)
-        ctx.contribute("coef", work, np.column_stack([gu * inv_w, gh * inv_w]))
+        gu, ghx2, ghx, gho = (np.empty(len(work)) for _ in range(4))
+        cols = data["col_ptr"], data["row_idx"], data["vals"]
+        K.column_dots2(*cols, work, u, h, gu, ghx2)
+        K.column_dots(*cols, work, h, ghx)
+        if self.damping == "eso":  # curvature sum x^2 h omega: the parallel round's separable bound
+            K.column_dots2(*cols, work, u, h * K.row_overlap(data["col_ptr"], data["row_idx"], work, len(h)), gu,
+                           gho)
+        else:
+            gho[:] = ghx2
+        n = len(work)
+        ctx.contribute("coef", work, np.column_stack([gu, np.full(n, u.sum()), ghx2, ghx, np.full(n, h.sum()),
+                                                      gho]) * inv_w)
         return state
 
     def apply(self, ctx, data, state, work):
         if isinstance(work, str):
             return state
-        delta = ctx.table("coef").get(work)[:, DELTA]
+        rows = ctx.table("coef").get(work)
+        delta = rows[:, DELTA]
         K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["m"], 1.0)
+        state["m"] -= float(rows[:, MEAN] @ delta)  # implicit centring: (x - mean) delta
         return state
 
     def pull(self, table, keys, partials, current):
         if table == "grad":
             return partials
         new = current.copy()
-        curv = np.where(current[:, PEN] >= 0, np.maximum(partials[:, 1], 1e-12), 0.0)
-        step = soft_step(current[:, BETA], partials[:, 0], curv, current[:, PEN])
+        mu = current[:, MEAN]
+        grad = partials[:, 0] - mu * partials[:, 1]
+        curv = partials[:, 2] - 2 * mu * partials[:, 3] + mu * mu * partials[:, 4]
+        plain = partials[:, 2]
+        factor = np.where(plain > 0, np.maximum(partials[:, 5] / np.where(plain > 0, plain, 1.0), 1.0), 1.0)
+        curv = np.where(current[:, PEN] >= 0, np.maximum(curv, 1e-12) * factor, 0.0)
+        step = soft_step(current[:, BETA], grad, curv, current[:, PEN])
         new[:, BETA] += step
         new[:, DELTA] = step
         return new
@@ -592,20 +639,26 @@ class L1LogisticProgram(LassoProgram):
         if self.fit_intercept:
             coef[self.num_features, PEN] = 0.0  # the intercept: unpenalised
             coef[self.num_features, CURV] = 0.25
-        coef[:, MEAN] = 0.0
+            coef[self.num_features, MEAN] = 0.0
 
     def _curvature(self, sum_xx, mean, W):
-        return 0.25 * sum_xx / W  # a bound; the real curvature comes with every partial sum
+        return 0.25 * super()._curvature(sum_xx, mean, W)  # a bound; partial sums bring the real one
 
     def _objective0(self) -> float:
         return float(np.log(2.0))
 
-    def _driver_gradient(self, grad_rows, coef, sums):
-        return grad_rows[:, 0]
+    def _init_sums(self):
+        d = self._d
+        return {"su": 0.5 * d["W"] - d["Sy"], "sh": 0.25 * d["W"]}
 
-    def _driver_curvature(self, grad_rows, coef):
+    def _driver_gradient(self, grad_rows, coef, sums):
+        return grad_rows[:, 0] - coef[:, MEAN] * sums["su"] / self._d["W"]
+
+    def _driver_curvature(self, grad_rows, coef, sums):
         live = (coef[:, PEN] >= 0) & (coef[:, CURV] > 0)
-        return np.where(live, np.maximum(grad_rows[:, 1], 1e-12), 0.0)
+        mu = coef[:, MEAN]
+        curv = grad_rows[:, 1] - 2 * mu * grad_rows[:, 2] + mu * mu * sums["sh"] / self._d["W"]
+        return np.where(live, np.maximum(curv, 1e-12), 0.0)
 
     def _objective(self, coef, sums):
         return sums["loss"] / self._d["W"] + self._penalty(coef)
@@ -625,4 +678,6 @@ class L1LogisticProgram(LassoProgram):
 
     def result(self, coef):
         beta = coef[:self.num_features, BETA].copy()
-        return beta, float(coef[self.num_features, BETA]) if self.fit_intercept else 0.0
+        if not self.fit_intercept:
+            return beta, 0.0
+        return beta, float(coef[self.num_features, BETA] - coef[:self.num_features, MEAN] @ beta)

@@ -1,0 +1,405 @@
+"""What StradsLasso and StradsLogisticRegression share: params, the input scan, the fit, the model.
+
+The estimators only orchestrate: check params and schema (no Spark job),
+scan the input once (bad values, sizes, counts and the row sample for the
+correlation check), build the program (:mod:`pystrads.programs.lasso`) and
+run it on the engine, then wrap the coefficients in a model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from pyspark.ml.linalg import DenseVector, SparseVector, Vectors, VectorUDT
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (HasFeaturesCol, HasFitIntercept, HasLabelCol, HasMaxIter, HasPredictionCol,
+                                     HasRegParam, HasSeed, HasStandardization, HasTol, HasWeightCol)
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..engine import Engine
+from ..engine.driver import check_cluster, default_num_workers
+from ..errors import ConfigurationError, InputError
+from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample
+
+log = logging.getLogger(__name__)
+
+
+class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol, HasRegParam, HasMaxIter,
+                          HasTol, HasFitIntercept, HasStandardization, HasSeed):
+    """Params shared by the L1 estimators (MLlib's names, defaults and meaning, plus the schedule)."""
+
+    elasticNetParam: Param[float] = Param(
+        Params._dummy(), "elasticNetParam",
+        "the ElasticNet mixing parameter; pystrads fits the L1 (lasso) penalty only, so it must be 1.0",
+        typeConverter=TypeConverters.toFloat)
+    schedule: Param[str] = Param(
+        Params._dummy(), "schedule",
+        "which coefficients each round updates: 'dynamic' (STRADS: by priority, with the dependency check), "
+        "'shotgun' (uniform random, no check) or 'roundrobin' (cyclic, no check)",
+        typeConverter=TypeConverters.toString)
+    priority: Param[str] = Param(
+        Params._dummy(), "priority",
+        "dynamic priorities: 'gradient' (the step each coefficient would take, refreshed with the KKT "
+        "violations every iteration) or 'delta' (STRADS's (delta beta)^2 + eta)",
+        typeConverter=TypeConverters.toString)
+    coordinatesPerRound: Param[int] = Param(
+        Params._dummy(), "coordinatesPerRound", "coefficients updated in parallel per round (STRADS's L; >= 1)",
+        typeConverter=TypeConverters.toInt)
+    candidatesPerRound: Param[int] = Param(
+        Params._dummy(), "candidatesPerRound",
+        "candidates the dependency check examines per round (STRADS's L'; >= coordinatesPerRound)",
+        typeConverter=TypeConverters.toInt)
+    correlationThreshold: Param[float] = Param(
+        Params._dummy(), "correlationThreshold",
+        "no two coefficients whose columns correlate by at least this much are updated in one round "
+        "(STRADS's rho, in (0, 1]; 1 keeps only exact duplicates apart)", typeConverter=TypeConverters.toFloat)
+    correlationSampleSize: Param[int] = Param(
+        Params._dummy(), "correlationSampleSize",
+        "rows sampled to estimate column correlations for the dependency check (>= 1)",
+        typeConverter=TypeConverters.toInt)
+    workingSetLimit: Param[int] = Param(
+        Params._dummy(), "workingSetLimit",
+        "once the non-zero and KKT-violating coefficients number at most this many, solve the problem "
+        "restricted to them on the driver from their Gram matrix (squared loss only; 0 = never)",
+        typeConverter=TypeConverters.toInt)
+    numWorkers: Param[int] = Param(
+        Params._dummy(), "numWorkers", "data partitions (workers) updating the model in parallel; 0 = one per "
+        "task slot", typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(regParam=0.0, elasticNetParam=1.0, maxIter=100, tol=1e-6, fitIntercept=True,
+                         standardization=True, schedule="dynamic", priority="gradient", coordinatesPerRound=256,
+                         candidatesPerRound=512, correlationThreshold=0.3, correlationSampleSize=10000,
+                         workingSetLimit=4096, numWorkers=0, featuresCol="features", labelCol="label",
+                         predictionCol="prediction")
+
+    def getElasticNetParam(self) -> float:
+        return self.getOrDefault(self.elasticNetParam)
+
+    def getSchedule(self) -> str:
+        return self.getOrDefault(self.schedule)
+
+    def getPriority(self) -> str:
+        return self.getOrDefault(self.priority)
+
+    def getCoordinatesPerRound(self) -> int:
+        return self.getOrDefault(self.coordinatesPerRound)
+
+    def getCandidatesPerRound(self) -> int:
+        return self.getOrDefault(self.candidatesPerRound)
+
+    def getCorrelationThreshold(self) -> float:
+        return self.getOrDefault(self.correlationThreshold)
+
+    def getCorrelationSampleSize(self) -> int:
+        return self.getOrDefault(self.correlationSampleSize)
+
+    def getWorkingSetLimit(self) -> int:
+        return self.getOrDefault(self.workingSetLimit)
+
+    def getNumWorkers(self) -> int:
+        return self.getOrDefault(self.numWorkers)
+
+    # -- checks that need no Spark job
+    def _check_params(self) -> None:
+        def bad(name, why):
+            raise ConfigurationError(f"{name}={self.getOrDefault(name)!r} {why}")
+
+        if not (self.getRegParam() >= 0 and math.isfinite(self.getRegParam())):
+            bad("regParam", "must be a finite number >= 0")
+        if self.getElasticNetParam() != 1.0:
+            bad("elasticNetParam", "is not supported: pystrads fits the L1 penalty only; set elasticNetParam=1.0 "
+                                   "(or use pyspark.ml's own estimator for elastic net)")
+        if self.getMaxIter() < 1:
+            bad("maxIter", "must be >= 1")
+        if not (self.getTol() > 0):
+            bad("tol", "must be > 0")
+        if self.getSchedule() not in SCHEDULES:
+            bad("schedule", f"is not one of {SCHEDULES}")
+        if self.getPriority() not in PRIORITIES:
+            bad("priority", f"is not one of {PRIORITIES}")
+        if self.getCoordinatesPerRound() < 1:
+            bad("coordinatesPerRound", "must be >= 1")
+        if self.getCandidatesPerRound() < self.getCoordinatesPerRound():
+            bad("candidatesPerRound", f"must be >= coordinatesPerRound ({self.getCoordinatesPerRound()})")
+        if not 0 < self.getCorrelationThreshold() <= 1:
+            bad("correlationThreshold", "must be in (0, 1]")
+        if self.getCorrelationSampleSize() < 1:
+            bad("correlationSampleSize", "must be >= 1")
+        if not 0 <= self.getWorkingSetLimit() <= 16384:
+            bad("workingSetLimit", "must be in [0, 16384] (its Gram matrix lives on the shards)")
+        if self.getNumWorkers() < 0:
+            bad("numWorkers", "must be >= 0 (0 = one per task slot)")
+
+    def _check_schema(self, dataset) -> None:
+        fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
+        cols = dataset.columns
+        for param, col in (("featuresCol", fcol), ("labelCol", lcol)) + (
+                (("weightCol", self.getWeightCol()),) if self.isDefined(self.weightCol) and self.getWeightCol()
+                else ()):
+            if col not in cols:
+                raise InputError(f"{param} {col!r} is not a column of the input (columns: {cols}); set {param} "
+                                 f"to the right column")
+        ftype = dataset.schema[fcol].dataType
+        if not isinstance(ftype, VectorUDT):
+            raise InputError(f"featuresCol {fcol!r} has type {ftype.simpleString()}; expected a vector column "
+                             f"(pyspark.ml.linalg, e.g. from VectorAssembler)")
+        for param in ("labelCol", "weightCol"):
+            if param == "weightCol" and not (self.isDefined(self.weightCol) and self.getWeightCol()):
+                continue
+            col = self.getOrDefault(param)
+            dtype = dataset.schema[col].dataType
+            if not isinstance(dtype, T.NumericType):
+                raise InputError(f"{param} {col!r} has type {dtype.simpleString()}; expected a numeric column")
+
+
+def _vector_parts(v):
+    if isinstance(v, SparseVector):
+        return v.size, np.asarray(v.indices, dtype=np.int64), np.asarray(v.values, dtype=np.float64)
+    arr = np.asarray(v.toArray(), dtype=np.float64)
+    nz = np.flatnonzero(arr)
+    return len(arr), nz.astype(np.int64), arr[nz]
+
+
+def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: int, binary_labels: bool):
+    """One pass over the input: records for the engine, counts, the first bad row, a row sample.
+
+    Returns ``(records_rdd, stats)``; ``stats`` has ``rows``, ``nnz``, ``sizes``
+    (distinct vector sizes), ``error`` (first problem found, or None) and
+    ``sample`` (list of ``(indices, values)``).
+    """
+    weight = F.col(wcol).cast("double") if wcol else F.lit(1.0)
+    rows = dataset.select(F.col(lcol).cast("double").alias("y"), weight.alias("w"), F.col(fcol).alias("x")).rdd
+    parts = max(1, rows.getNumPartitions())
+    per_part = max(1, int(math.ceil(sample_rows / parts)))
+
+    def to_record(row):
+        size, idx, val = _vector_parts(row.x) if row.x is not None else (-1, None, None)
+        return (row.y, row.w, idx, val, size)
+
+    records = rows.map(to_record)
+
+    def check(index, it):
+        rng = np.random.default_rng(index)
+        n = nnz = 0
+        sizes = set()
+        error = None
+        reservoir: List[Any] = []
+        for y, w, idx, val, size in it:
+            n += 1
+            if error is None:
+                if size < 0:
+                    error = (f"featuresCol {fcol!r} is null in a row", "drop or fill the rows with null features")
+                elif y is None or not math.isfinite(y):
+                    error = (f"labelCol {lcol!r} has value {y!r}", "drop the rows or fill the missing labels")
+                elif binary_labels and y not in (0.0, 1.0):
+                    error = (f"labelCol {lcol!r} has value {y!r}; binary logistic regression needs labels 0 and 1",
+                             "recode the labels (e.g. with StringIndexer) to 0.0 / 1.0")
+                elif w is None or not math.isfinite(w) or w < 0:
+                    error = (f"weightCol {wcol!r} has value {w!r}", "weights must be finite and >= 0")
+                elif len(val) and not np.all(np.isfinite(val)):
+                    bad = val[~np.isfinite(val)][0]
+                    error = (f"featuresCol {fcol!r} has a value {float(bad)!r}",
+                             "drop the rows or impute the values (e.g. pyspark.ml.feature.Imputer)")
+            sizes.add(size)
+            nnz += len(idx) if idx is not None else 0
+            if idx is not None:
+                if len(reservoir) < per_part:
+                    reservoir.append((idx, val))
+                else:
+                    k = int(rng.integers(0, n))
+                    if k < per_part:
+                        reservoir[k] = (idx, val)
+        yield {"rows": n, "nnz": nnz, "sizes": sizes, "error": error, "sample": reservoir}
+
+    stats: Dict[str, Any] = {"rows": 0, "nnz": 0, "sizes": set(), "error": None, "sample": []}
+    for part in records.mapPartitionsWithIndex(check).collect():
+        stats["rows"] += part["rows"]
+        stats["nnz"] += part["nnz"]
+        stats["sizes"] |= part["sizes"]
+        stats["error"] = stats["error"] or part["error"]
+        stats["sample"].extend(part["sample"])
+    return records.map(lambda r: r[:4]), stats
+
+
+def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
+    """The shared ``_fit``: checks, scan, program, engine; returns ``(coefficients, intercept, summary)``."""
+    t_start = time.perf_counter()
+    estimator._check_params()
+    estimator._check_schema(dataset)
+    sc = dataset.sparkSession.sparkContext
+    fcol, lcol = estimator.getFeaturesCol(), estimator.getLabelCol()
+    wcol = estimator.getWeightCol() if estimator.isDefined(estimator.weightCol) and estimator.getWeightCol() else None
+    U = default_num_workers(dataset.rdd, estimator.getNumWorkers() or None)
+    check_cluster(sc, U)  # before any job
+    records, stats = scan_input(dataset, fcol, lcol, wcol, estimator.getCorrelationSampleSize(), binary_labels)
+    if stats["rows"] == 0:
+        raise InputError("the input has no rows; fit needs at least one (label, features) row")
+    if stats["error"]:
+        what, fix = stats["error"]
+        raise InputError(f"{what}: {fix}")
+    sizes = stats["sizes"] - {-1}
+    if len(sizes) != 1:
+        raise InputError(f"featuresCol {fcol!r}: vectors have different sizes {sorted(sizes)[:10]}; all rows need "
+                         f"the same number of features")
+    num_features = int(next(iter(sizes)))
+    if num_features < 1:
+        raise InputError(f"featuresCol {fcol!r}: vectors have size 0; there is nothing to fit")
+    scan_s = time.perf_counter() - t_start
+    sample = ColumnSample(stats["sample"], num_features)
+    seed = int(estimator.getOrDefault(estimator.seed)) if estimator.isDefined(estimator.seed) else 0
+    program = program_cls(
+        num_features, estimator.getRegParam(), fit_intercept=estimator.getFitIntercept(),
+        standardization=estimator.getStandardization(), schedule=estimator.getSchedule(),
+        priority=estimator.getPriority(), coords_per_round=estimator.getCoordinatesPerRound(),
+        candidates_per_round=estimator.getCandidatesPerRound(), rho=estimator.getCorrelationThreshold(),
+        max_iter=estimator.getMaxIter(), tol=estimator.getTol(), gram_limit=estimator.getWorkingSetLimit(),
+        sample=sample)
+    program.t_origin = t_start
+    log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(estimator).__name__,
+             stats["rows"], num_features, stats["nnz"], U, estimator.getSchedule())
+    with Engine(program, records, num_workers=U, seed=seed).fit() as result:
+        t0 = time.perf_counter()
+        coef = result.read_table("coef")
+        coefficients, intercept = program.result(coef)
+        summary = LinearTrainingSummary(result.summary, result.stop_reason, program, scan_s,
+                                        time.perf_counter() - t0, stats)
+    return coefficients, intercept, summary
+
+
+class LinearTrainingSummary:
+    """Training history of an L1 fit.
+
+    ``objectiveHistory``: the objective (MLlib's scaling) at the start and after
+    every iteration; ``updatesHistory``: cumulative coordinate updates at each of
+    those points (``roundUpdatesHistory``: those done by the parallel rounds on the
+    data; the rest by the driver's working-set solver); ``gapHistory``: duality gap
+    (Lasso); ``totalIterations``; ``stopReason``; ``steps`` (pandas: per Spark
+    step, rounds, seconds and the time split); ``timings`` (one-off costs in s).
+    """
+
+    def __init__(self, engine_summary, stop_reason, program, scan_s, read_s, stats):
+        import pandas as pd
+
+        self.iterations = pd.DataFrame(engine_summary.iterations)
+        self.steps = pd.DataFrame(engine_summary.rows)
+        self.timings = dict(engine_summary.fixed, scan_s=scan_s, read_model_s=read_s)
+        self.stopReason = stop_reason or "maxIter"
+        self.numInstances = int(stats["rows"])
+        self.numNonZeros = int(stats["nnz"])
+
+    def _col(self, name) -> List[float]:
+        return [float(v) for v in self.iterations[name]] if name in self.iterations else []
+
+    @property
+    def objectiveHistory(self) -> List[float]:
+        return self._col("objective")
+
+    @property
+    def updatesHistory(self) -> List[int]:
+        return [int(v) for v in self._col("updates")]
+
+    @property
+    def roundUpdatesHistory(self) -> List[int]:
+        return [int(v) for v in self._col("round_updates")]
+
+    @property
+    def gapHistory(self) -> List[float]:
+        return self._col("gap")
+
+    @property
+    def totalIterations(self) -> int:
+        return max(0, len(self.iterations) - 1)
+
+    def to_pandas(self):
+        """The per-iteration history (iteration, objective, updates, gap) as a pandas DataFrame."""
+        return self.iterations.copy()
+
+    def plot(self, ax=None, x: str = "updates"):
+        """Convergence plot (objective minus its last value, log scale) with matplotlib."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 4))
+        obj = np.asarray(self.objectiveHistory)
+        best = obj.min() if len(obj) else 0.0
+        ax.semilogy(self.iterations[x], np.maximum(obj - best, 1e-16 * max(abs(best), 1e-300)), marker="o")
+        ax.set_xlabel(x)
+        ax.set_ylabel("objective - final")
+        return ax
+
+
+class SparseLinearModelMixin:
+    """Coefficients, intercept, persistence; subclasses define ``transform``."""
+
+    def _init_coefficients(self, coefficients=None, intercept: float = 0.0):
+        self._coef = None if coefficients is None else np.asarray(coefficients, dtype=np.float64)
+        self._intercept = float(intercept)
+        self._summary = None
+
+    @property
+    def coefficients(self) -> DenseVector:
+        return Vectors.dense(self._coef)
+
+    @property
+    def intercept(self) -> float:
+        return self._intercept
+
+    @property
+    def numFeatures(self) -> int:
+        return int(len(self._coef))
+
+    @property
+    def hasSummary(self) -> bool:
+        return self._summary is not None
+
+    @property
+    def summary(self):
+        if self._summary is None:
+            raise RuntimeError(f"No training summary available for this {type(self).__name__} "
+                               f"(a loaded model has none)")
+        return self._summary
+
+    def _margin_udf(self):
+        coef, intercept = self._coef, self._intercept
+
+        def margin(v):
+            if v is None:
+                return None
+            if isinstance(v, SparseVector):
+                return float(np.dot(v.values, coef[v.indices]) + intercept)
+            return float(np.dot(v.toArray(), coef) + intercept)
+
+        return margin
+
+    def _check_features(self, dataset) -> None:
+        col = self.getFeaturesCol()
+        if col not in dataset.columns:
+            raise InputError(f"featuresCol {col!r} is not a column of the input (columns: {dataset.columns})")
+        if not isinstance(dataset.schema[col].dataType, VectorUDT):
+            raise InputError(f"featuresCol {col!r} has type {dataset.schema[col].dataType.simpleString()}; "
+                             f"expected a vector column")
+
+    def _save(self, path: str, spark) -> None:
+        DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"numFeatures": self.numFeatures})
+        schema = T.StructType([T.StructField("intercept", T.DoubleType(), False),
+                               T.StructField("coefficients", T.ArrayType(T.DoubleType(), False), False)])
+        spark.createDataFrame([(self._intercept, self._coef.tolist())], schema).write.parquet(
+            os.path.join(path, "data"))
+
+    @classmethod
+    def _load(cls, path: str, spark):
+        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        row = spark.read.parquet(os.path.join(path, "data")).first()
+        model = cls(np.asarray(row["coefficients"], dtype=np.float64), float(row["intercept"]))
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        return model

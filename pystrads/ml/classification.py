@@ -1,0 +1,151 @@
+"""``StradsLogisticRegression``: binary L1 logistic regression (the thesis's SchMP-SLR), shaped like
+``pyspark.ml.classification.LogisticRegression`` with ``elasticNetParam=1``.
+
+Objective (MLlib's)::
+
+    1/W sum_i w_i (log(1 + exp(m_i)) - y_i m_i) + regParam * sum_j s_j |beta_j|,   m_i = b + x_i . beta
+
+Same program as :class:`~pystrads.ml.StradsLasso` with the log-loss: only
+the loss terms and the Newton step differ (:class:`~pystrads.programs.lasso.L1LogisticProgram`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.linalg import Vectors, VectorUDT
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..errors import ConfigurationError
+from ..programs.lasso import L1LogisticProgram
+from ._linear import SparseLinearModelMixin, _SparseLinearParams, fit_linear
+from ._persistence import PersistentModel
+
+
+class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCol, HasThreshold):
+    family: Param[str] = Param(Params._dummy(), "family", "label distribution: 'auto' or 'binomial' (binary only)",
+                               typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._setDefault(threshold=0.5, family="auto", probabilityCol="probability",
+                         rawPredictionCol="rawPrediction", maxIter=100, tol=1e-6)
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        if self.getOrDefault(self.family) not in ("auto", "binomial"):
+            raise ConfigurationError(f"family={self.getOrDefault(self.family)!r}: StradsLogisticRegression is "
+                                     f"binary; use 'auto' or 'binomial'")
+        if not 0 <= self.getThreshold() <= 1:
+            raise ConfigurationError(f"threshold={self.getThreshold()!r} must be in [0, 1]")
+
+
+class StradsLogisticRegression(Estimator, _LogisticParams, MLReadable, MLWritable):
+    """Binary logistic regression with an L1 penalty by STRADS scheduled coordinate descent (labels 0 / 1)."""
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
+                 probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
+                 regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
+                 standardization: bool = True, threshold: float = 0.5, weightCol: Optional[str] = None,
+                 family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
+                 priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
+                 correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
+                 numWorkers: int = 0):
+        super().__init__()
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
+                  probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
+                  regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
+                  standardization: bool = True, threshold: float = 0.5, weightCol: Optional[str] = None,
+                  family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
+                  priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
+                  correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
+                  numWorkers: int = 0) -> "StradsLogisticRegression":
+        return self._set(**self._input_kwargs)
+
+    def setRegParam(self, value: float) -> "StradsLogisticRegression":
+        return self._set(regParam=value)
+
+    def setMaxIter(self, value: int) -> "StradsLogisticRegression":
+        return self._set(maxIter=value)
+
+    def _fit(self, dataset) -> "StradsLogisticRegressionModel":
+        coefficients, intercept, summary = fit_linear(self, dataset, L1LogisticProgram, binary_labels=True)
+        model = StradsLogisticRegressionModel(coefficients, intercept)
+        model._summary = summary
+        return self._copyValues(model)
+
+    def write(self) -> MLWriter:
+        return DefaultParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return DefaultParamsReader(cls)
+
+
+class StradsLogisticRegressionModel(Model, _LogisticParams, SparseLinearModelMixin, PersistentModel):
+    """A fitted binary model: ``rawPrediction`` ([-m, m]), ``probability`` ([1-p, p]) and ``prediction``
+    columns with MLlib's names and types."""
+
+    def __init__(self, coefficients=None, intercept: float = 0.0):
+        super().__init__()
+        self._init_coefficients(coefficients, intercept)
+
+    @property
+    def numClasses(self) -> int:
+        return 2
+
+    def predictProbability(self, value):
+        m = self._margin_udf()(value)
+        p = 1.0 / (1.0 + math.exp(-m)) if m >= 0 else math.exp(m) / (1.0 + math.exp(m))
+        return Vectors.dense([1.0 - p, p])
+
+    def predict(self, value) -> float:
+        return 1.0 if self.predictProbability(value)[1] > self.getThreshold() else 0.0
+
+    def _transform(self, dataset):
+        self._check_features(dataset)
+        margin = F.udf(self._margin_udf(), T.DoubleType())
+        threshold = self.getThreshold()
+        m = "__pystrads_margin"
+        out = dataset.withColumn(m, margin(F.col(self.getFeaturesCol())))
+
+        def raw(v):
+            return None if v is None else Vectors.dense([-v, v])
+
+        def prob(v):
+            if v is None:
+                return None
+            p = 1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v))
+            return Vectors.dense([1.0 - p, p])
+
+        if self.getRawPredictionCol():
+            out = out.withColumn(self.getRawPredictionCol(), F.udf(raw, VectorUDT())(F.col(m)))
+        if self.getProbabilityCol():
+            out = out.withColumn(self.getProbabilityCol(), F.udf(prob, VectorUDT())(F.col(m)))
+        if self.getPredictionCol():
+            # p > threshold  <=>  m > logit(threshold)
+            cut = math.inf if threshold >= 1 else (-math.inf if threshold <= 0 else math.log(threshold / (1 - threshold)))
+            out = out.withColumn(self.getPredictionCol(), F.when(F.col(m) > F.lit(cut), 1.0).otherwise(0.0))
+        return out.drop(m)
+
+    def evaluate(self, dataset):
+        """``areaUnderROC`` and ``accuracy`` of the model on ``dataset`` (a small dict-like summary)."""
+        from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator
+
+        pred = self.transform(dataset)
+        auc = BinaryClassificationEvaluator(rawPredictionCol=self.getRawPredictionCol(),
+                                            labelCol=self.getLabelCol()).evaluate(pred)
+        acc = MulticlassClassificationEvaluator(predictionCol=self.getPredictionCol(), labelCol=self.getLabelCol(),
+                                                metricName="accuracy").evaluate(pred)
+        return {"areaUnderROC": float(auc), "accuracy": float(acc), "predictions": pred}

@@ -1,0 +1,159 @@
+"""``StradsLasso``: L1-regularised linear regression, shaped like ``pyspark.ml.regression.LinearRegression``
+with ``elasticNetParam=1`` and fitted by STRADS's scheduled parallel coordinate descent.
+
+Objective (exactly LinearRegression's for every ``fitIntercept`` / ``standardization``)::
+
+    1/(2 W) sum_i w_i (y_i - b - x_i . beta)^2 + regParam * sum_j s_j |beta_j|
+
+with ``W = sum w_i``, ``s_j`` the (weighted, unbiased) standard deviation of
+feature j with ``standardization=True`` and 1 without; features of zero
+variance keep coefficient 0, as in MLlib.  Sparse features stay sparse.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..programs.lasso import LassoProgram
+from ._linear import LinearTrainingSummary, SparseLinearModelMixin, _SparseLinearParams, fit_linear
+from ._persistence import PersistentModel
+
+
+class StradsLasso(Estimator, _SparseLinearParams, MLReadable, MLWritable):
+    """Lasso regression by STRADS dynamic-schedule parallel coordinate descent.
+
+    Example
+    -------
+    >>> from pystrads.ml import StradsLasso
+    >>> model = StradsLasso(regParam=0.01).fit(df)        # df: (label double, features vector)
+    >>> model.coefficients, model.intercept, model.summary.objectiveHistory[-1]   # doctest: +SKIP
+    """
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
+                 maxIter: int = 100, regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6,
+                 fitIntercept: bool = True, standardization: bool = True, weightCol: Optional[str] = None,
+                 seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
+                 coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
+                 correlationSampleSize: int = 10000, workingSetLimit: int = 4096, numWorkers: int = 0):
+        super().__init__()
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
+                  maxIter: int = 100, regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6,
+                  fitIntercept: bool = True, standardization: bool = True, weightCol: Optional[str] = None,
+                  seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
+                  coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
+                  correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
+                  numWorkers: int = 0) -> "StradsLasso":
+        return self._set(**self._input_kwargs)
+
+    def setRegParam(self, value: float) -> "StradsLasso":
+        return self._set(regParam=value)
+
+    def setMaxIter(self, value: int) -> "StradsLasso":
+        return self._set(maxIter=value)
+
+    def setTol(self, value: float) -> "StradsLasso":
+        return self._set(tol=value)
+
+    def setFitIntercept(self, value: bool) -> "StradsLasso":
+        return self._set(fitIntercept=value)
+
+    def setStandardization(self, value: bool) -> "StradsLasso":
+        return self._set(standardization=value)
+
+    def setWeightCol(self, value: str) -> "StradsLasso":
+        return self._set(weightCol=value)
+
+    def setSchedule(self, value: str) -> "StradsLasso":
+        return self._set(schedule=value)
+
+    def setSeed(self, value: int) -> "StradsLasso":
+        return self._set(seed=value)
+
+    def _fit(self, dataset) -> "StradsLassoModel":
+        coefficients, intercept, summary = fit_linear(self, dataset, LassoProgram, binary_labels=False)
+        model = StradsLassoModel(coefficients, intercept)
+        model._summary = summary
+        return self._copyValues(model)
+
+    def write(self) -> MLWriter:
+        return DefaultParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return DefaultParamsReader(cls)
+
+
+class StradsLassoModel(Model, _SparseLinearParams, SparseLinearModelMixin, PersistentModel):
+    """A fitted :class:`StradsLasso`: ``coefficients``, ``intercept``, ``predict``, ``transform``, ``evaluate``."""
+
+    def __init__(self, coefficients=None, intercept: float = 0.0):
+        super().__init__()
+        self._init_coefficients(coefficients, intercept)
+
+    def predict(self, value) -> float:
+        """Prediction for one feature vector."""
+        return self._margin_udf()(value)
+
+    def _transform(self, dataset):
+        self._check_features(dataset)
+        out = self.getPredictionCol()
+        if not out:
+            return dataset
+        fn = F.udf(self._margin_udf(), T.DoubleType())
+        return dataset.withColumn(out, fn(F.col(self.getFeaturesCol())))
+
+    def evaluate(self, dataset) -> "LassoEvaluation":
+        """Regression metrics of the model on ``dataset`` (as LinearRegressionModel.evaluate)."""
+        return LassoEvaluation(self.transform(dataset), self.getPredictionCol(), self.getLabelCol())
+
+
+class LassoEvaluation:
+    """Metrics on a dataset: ``rootMeanSquaredError``, ``meanSquaredError``, ``meanAbsoluteError``, ``r2``,
+    ``explainedVariance`` (as pyspark's LinearRegressionSummary; ``predictions`` holds the rows)."""
+
+    def __init__(self, predictions, prediction_col: str, label_col: str):
+        self.predictions = predictions
+        self.predictionCol = prediction_col
+        self.labelCol = label_col
+        self._cache = {}
+
+    def _metric(self, name: str) -> float:
+        if name not in self._cache:
+            from pyspark.ml.evaluation import RegressionEvaluator
+
+            ev = RegressionEvaluator(predictionCol=self.predictionCol, labelCol=self.labelCol, metricName=name)
+            self._cache[name] = float(ev.evaluate(self.predictions))
+        return self._cache[name]
+
+    @property
+    def rootMeanSquaredError(self) -> float:
+        return self._metric("rmse")
+
+    @property
+    def meanSquaredError(self) -> float:
+        return self._metric("mse")
+
+    @property
+    def meanAbsoluteError(self) -> float:
+        return self._metric("mae")
+
+    @property
+    def r2(self) -> float:
+        return self._metric("r2")
+
+    @property
+    def explainedVariance(self) -> float:
+        return self._metric("var")
+
+
+__all__ = ["StradsLasso", "StradsLassoModel", "LinearTrainingSummary", "LassoEvaluation"]

@@ -1,0 +1,192 @@
+"""StradsLasso / StradsLogisticRegression against pyspark.ml's LinearRegression / LogisticRegression."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml.classification import LogisticRegression
+from pyspark.ml.feature import VectorAssembler
+from pyspark.ml.linalg import Vectors
+from pyspark.ml.regression import LinearRegression
+
+from pystrads.datasets.synthetic import strads_lasso_problem
+from pystrads.errors import ConfigurationError, InputError
+from pystrads.ml import StradsLasso, StradsLassoModel, StradsLogisticRegression, StradsLogisticRegressionModel
+
+
+@pytest.fixture(scope="module")
+def problem(spark):
+    p = strads_lasso_problem(400, 60, nnz_per_col=40, seed=5)
+    x = p.dense()
+    y = p.y + 3.0
+    w = np.random.default_rng(1).uniform(0.5, 2.0, len(y))
+    m = x @ p.beta_true
+    yb = (m + 0.3 * np.random.default_rng(2).standard_normal(len(m)) > np.median(m)).astype(float)
+    rows = [(float(y[i]), float(yb[i]), float(w[i]),
+             Vectors.sparse(60, np.flatnonzero(x[i]).tolist(), x[i][x[i] != 0].tolist())) for i in range(len(y))]
+    df = spark.createDataFrame(rows, ["label", "clicked", "w", "features"]).repartition(2).cache()
+    return x, y, yb, w, df
+
+
+def squared_objective(x, y, w, beta, b, lam, std):
+    W = w.sum()
+    mu = w @ x / W
+    sd = np.sqrt(w @ (x - mu) ** 2 / (W - w @ w / W))
+    r = y - x @ beta - b
+    return 0.5 * (w * r) @ r / W + lam * ((sd if std else 1.0) * np.abs(beta)).sum()
+
+
+def logistic_objective(x, y, w, beta, b, lam, std):
+    W = w.sum()
+    mu = w @ x / W
+    sd = np.sqrt(w @ (x - mu) ** 2 / (W - w @ w / W))
+    m = x @ beta + b
+    return (w * (np.logaddexp(0, m) - y * m)).sum() / W + lam * ((sd if std else 1.0) * np.abs(beta)).sum()
+
+
+@pytest.mark.parametrize("fit_intercept,standardization", [(True, True), (True, False), (False, True), (False, False)])
+def test_lasso_objective_equals_mllib(problem, fit_intercept, standardization):
+    x, y, _, w, df = problem
+    lam = 0.02
+    model = StradsLasso(regParam=lam, fitIntercept=fit_intercept, standardization=standardization, weightCol="w",
+                        tol=1e-10, seed=1).fit(df)
+    ref = LinearRegression(regParam=lam, elasticNetParam=1.0, fitIntercept=fit_intercept,
+                           standardization=standardization, weightCol="w", tol=1e-12, maxIter=5000).fit(df)
+    ours = squared_objective(x, y, w, model.coefficients.toArray(), model.intercept, lam, standardization)
+    theirs = squared_objective(x, y, w, ref.coefficients.toArray(), ref.intercept, lam, standardization)
+    assert ours <= theirs * (1 + 1e-9), (ours, theirs)
+    assert abs(ours - theirs) <= 1e-6 * theirs, (ours, theirs)
+    assert abs(model.summary.objectiveHistory[-1] - ours) <= 1e-9 * ours  # the summary reports the real objective
+    assert (model.intercept != 0.0) == fit_intercept
+    np.testing.assert_allclose(model.coefficients.toArray(), ref.coefficients.toArray(), atol=2e-3)
+
+
+def test_lasso_model_outputs_summary_and_persistence(problem, spark):
+    x, y, _, w, df = problem
+    model = StradsLasso(regParam=0.01, seed=3).fit(df)
+    s = model.summary
+    assert s.stopReason == "converged"
+    assert len(s.objectiveHistory) == len(s.updatesHistory) == s.totalIterations + 1
+    assert s.objectiveHistory[-1] < s.objectiveHistory[0]
+    assert all(b >= a for a, b in zip(s.updatesHistory, s.updatesHistory[1:]))
+    assert model.numFeatures == 60
+    pred = model.transform(df).select("prediction").toPandas()["prediction"].to_numpy()
+    rows = df.select("features").collect()
+    expect = np.array([r[0].toArray() @ model.coefficients.toArray() + model.intercept for r in rows])
+    np.testing.assert_allclose(np.sort(pred), np.sort(expect), rtol=1e-12, atol=1e-12)
+    assert model.predict(rows[0][0]) == pytest.approx(expect[0])
+    ev = model.evaluate(df)
+    assert 0 < ev.r2 <= 1 and ev.rootMeanSquaredError == pytest.approx(np.sqrt(ev.meanSquaredError))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "lasso")
+        model.write().overwrite().save(path)
+        back = StradsLassoModel.load(path)
+        np.testing.assert_array_equal(back.coefficients.toArray(), model.coefficients.toArray())
+        assert back.intercept == model.intercept and back.getRegParam() == 0.01 and not back.hasSummary
+        est_path = os.path.join(d, "est")
+        StradsLasso(regParam=0.5, schedule="shotgun").write().save(est_path)
+        est = StradsLasso.load(est_path)
+        assert est.getRegParam() == 0.5 and est.getSchedule() == "shotgun"
+
+
+def test_lasso_in_a_pipeline_with_a_vector_assembler(spark):
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(200), rng.standard_normal(200)
+    df = spark.createDataFrame([(float(u), float(v), float(3 * u - 2 * v + 1)) for u, v in zip(a, b)], ["a", "b", "y"])
+    pipe = Pipeline(stages=[VectorAssembler(inputCols=["a", "b"], outputCol="features"),
+                            StradsLasso(labelCol="y", regParam=0.0, tol=1e-10)])
+    model = pipe.fit(df)
+    lasso = model.stages[-1]
+    np.testing.assert_allclose(lasso.coefficients.toArray(), [3.0, -2.0], atol=1e-6)
+    assert lasso.intercept == pytest.approx(1.0, abs=1e-6)
+    with tempfile.TemporaryDirectory() as d:
+        model.write().overwrite().save(os.path.join(d, "pm"))
+        back = PipelineModel.load(os.path.join(d, "pm"))
+        out = back.transform(df).select("y", "prediction").toPandas()
+        np.testing.assert_allclose(out["prediction"], out["y"], atol=1e-5)
+
+
+@pytest.mark.parametrize("fit_intercept,standardization", [(True, True), (False, False)])
+def test_logistic_objective_equals_mllib(problem, fit_intercept, standardization):
+    x, _, yb, w, df = problem
+    lam = 0.01
+    model = StradsLogisticRegression(labelCol="clicked", regParam=lam, fitIntercept=fit_intercept,
+                                     standardization=standardization, weightCol="w", tol=1e-8, maxIter=6).fit(df)
+    ref = LogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=1.0, fitIntercept=fit_intercept,
+                             standardization=standardization, weightCol="w", tol=1e-12, maxIter=5000).fit(df)
+    ours = logistic_objective(x, yb, w, model.coefficients.toArray(), model.intercept, lam, standardization)
+    theirs = logistic_objective(x, yb, w, ref.coefficients.toArray(), ref.intercept, lam, standardization)
+    assert abs(ours - theirs) <= 1e-5 * theirs, (ours, theirs)  # the acceptance's level (vs scikit-learn)
+
+
+def test_logistic_output_columns_match_mllib(problem):
+    _, _, _, _, df = problem
+    ours = StradsLogisticRegression(labelCol="clicked", regParam=0.01).fit(df)
+    ref = LogisticRegression(labelCol="clicked", regParam=0.01, elasticNetParam=1.0).fit(df)
+    a, b = ours.transform(df), ref.transform(df)
+    for col in ("rawPrediction", "probability", "prediction"):
+        assert a.schema[col].dataType == b.schema[col].dataType
+    agree = np.mean(a.select("prediction").toPandas()["prediction"].to_numpy()
+                    == b.select("prediction").toPandas()["prediction"].to_numpy())
+    assert agree > 0.97
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+
+    theirs = BinaryClassificationEvaluator(labelCol="clicked").evaluate(b)
+    assert ours.evaluate(df)["areaUnderROC"] == pytest.approx(theirs, abs=0.01)
+    with tempfile.TemporaryDirectory() as d:
+        ours.write().save(os.path.join(d, "m"))
+        back = StradsLogisticRegressionModel.load(os.path.join(d, "m"))
+        assert back.transform(df).select("prediction").collect() == a.select("prediction").collect()
+
+
+def test_logistic_matches_sklearn(problem):
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    x, _, yb, _, df = problem
+    lam = 0.01
+    model = StradsLogisticRegression(labelCol="clicked", regParam=lam, standardization=False, tol=1e-8,
+                                     maxIter=6).fit(df)
+    sk = sklearn.LogisticRegression(C=1.0 / (lam * len(yb)), l1_ratio=1.0, solver="saga", tol=1e-12,
+                                    max_iter=100000).fit(x, yb)
+    w = np.ones(len(yb))
+    ours = logistic_objective(x, yb, w, model.coefficients.toArray(), model.intercept, lam, False)
+    theirs = logistic_objective(x, yb, w, sk.coef_[0], sk.intercept_[0], lam, False)
+    assert abs(ours - theirs) <= 1e-5 * theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"regParam": -1.0}, "regParam=-1.0"),
+    ({"elasticNetParam": 0.5}, "elasticNetParam=0.5"),
+    ({"schedule": "random"}, "schedule='random'"),
+    ({"maxIter": 0}, "maxIter=0"),
+    ({"tol": 0.0}, "tol=0.0"),
+    ({"coordinatesPerRound": 8, "candidatesPerRound": 4}, "candidatesPerRound=4"),
+    ({"correlationThreshold": 0.0}, "correlationThreshold=0.0"),
+    ({"featuresCol": "nope"}, "featuresCol 'nope'"),
+    ({"labelCol": "name"}, "labelCol 'name' has type string"),
+    ({"featuresCol": "label"}, "featuresCol 'label' has type double"),
+])
+def test_bad_params_and_columns_are_refused_before_training(spark, params, message):
+    df = spark.createDataFrame([(1.0, "a", Vectors.dense([1.0, 2.0]))], ["label", "name", "features"])
+    with pytest.raises((ConfigurationError, InputError), match=message.replace("(", r"\(")):
+        StradsLasso(**params).fit(df)
+
+
+@pytest.mark.parametrize("rows,message", [
+    ([(1.0, Vectors.dense([1.0, float("nan")]))], "featuresCol 'features' has a value nan"),
+    ([(float("inf"), Vectors.dense([1.0, 2.0]))], "labelCol 'label' has value inf"),
+    ([(1.0, Vectors.dense([1.0, 2.0])), (2.0, Vectors.dense([1.0, 2.0, 3.0]))], "different sizes"),
+])
+def test_bad_values_are_refused_naming_the_column(spark, rows, message):
+    df = spark.createDataFrame(rows, ["label", "features"])
+    with pytest.raises(InputError, match=message):
+        StradsLasso().fit(df)
+
+
+def test_empty_input_and_non_binary_labels_are_refused(spark, problem):
+    _, _, _, _, df = problem
+    with pytest.raises(InputError, match="no rows"):
+        StradsLasso().fit(df.limit(0))
+    with pytest.raises(InputError, match="labelCol 'label' has value .*needs labels 0 and 1"):
+        StradsLogisticRegression().fit(df)
