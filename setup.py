@@ -33,6 +33,8 @@ setup(
     extras_require={
         "test": ["pytest>=7"],
         "plot": ["matplotlib>=3.6"],
+        # peers the benchmarks compare against (not needed by pystrads itself)
+        "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -48,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=256, help="coefficients per round (L) for every schedule")
     p.add_argument("--rounds-max-iter", type=int, default=12, help="maxIter of the rounds-only variants")
     p.add_argument("--repeats", type=int, default=1, help="runs of the default pystrads fit and MLlib (median)")
-    p.add_argument("--quick", action="store_true", help="only pystrads dynamic, shotgun and MLlib")
+    p.add_argument("--quick", action="store_true", help="skip the STRADS-priority and round-robin variants")
     p.add_argument("--skip-sklearn", action="store_true")
     p.add_argument("--skip-mllib", action="store_true")
     p.add_argument("--seed", type=int, default=1)
@@ -151,10 +151,10 @@ def main(argv=None) -> int:
             runs["scikit-learn Lasso (tol 1e-10)"] = run_sklearn(prob, lam, 1e-10)
         variants = [("pystrads dynamic (default)", {})]
         variants += [("pystrads shotgun, rounds only", {"schedule": "shotgun", "workingSetLimit": 0,
-                                                         "maxIter": args.rounds_max_iter})]
+                                                         "maxIter": args.rounds_max_iter}),
+                     ("pystrads dynamic, rounds only", {"workingSetLimit": 0, "maxIter": args.rounds_max_iter})]
         if not args.quick:
             variants += [
-                ("pystrads dynamic, rounds only", {"workingSetLimit": 0, "maxIter": args.rounds_max_iter}),
                 ("pystrads STRADS priority (delta^2+eta), rounds only",
                  {"priority": "delta", "workingSetLimit": 0, "maxIter": args.rounds_max_iter}),
                 ("pystrads round-robin, rounds only", {"schedule": "roundrobin", "workingSetLimit": 0,

@@ -55,3 +55,32 @@ def test_mf_job_on_a_ratings_csv_writes_model_metrics_and_recommendations(spark)
     from pystrads.ml import StradsMFModel
 
     assert StradsMFModel.load(os.path.join(out, "model")).rank == 4
+
+
+@pytest.mark.slow
+def test_lasso_job_on_a_libsvm_file_writes_model_metrics_and_plot(spark):
+    import numpy as np
+
+    from pystrads.datasets.synthetic import strads_lasso_problem
+
+    work = tempfile.mkdtemp()
+    prob = strads_lasso_problem(300, 500, nnz_per_col=10, seed=3)
+    with open(os.path.join(work, "data.libsvm"), "w") as fh:  # one-based indices, as Spark's reader
+        for y, idx, val in prob.rows():
+            order = np.argsort(idx)
+            fh.write(f"{y:.17g} " + " ".join(f"{i + 1}:{v:.17g}" for i, v in zip(idx[order], val[order])) + "\n")
+    out = os.path.join(work, "out")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "lasso.py"), "--input",
+                           os.path.join(work, "data.libsvm"), "--reg-ratio", "0.05", "--output", out],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["stop_reason"] == "converged" and 0 < metrics["nonzeros"] < 500
+    objectives = [it["objective"] for it in metrics["iterations"]]
+    assert objectives[-1] < objectives[0]
+    assert os.path.getsize(os.path.join(out, "convergence.png")) > 1000
+    from pystrads.ml import StradsLassoModel
+
+    model = StradsLassoModel.load(os.path.join(out, "model"))
+    assert model.numFeatures == 500 and np.count_nonzero(model.coefficients.toArray()) == metrics["nonzeros"]

@@ -58,7 +58,10 @@ class SparseProblem:
         n, J = self.shape
         schema = T.StructType([T.StructField(label, T.DoubleType(), False),
                                T.StructField(features, VectorUDT(), False)])
-        rows = [(y, SparseVector(J, idx.tolist(), val.tolist())) for y, idx, val in self.rows()]
+        rows = []
+        for y, idx, val in self.rows():  # vectors need sorted unique indices: repeated positions add up
+            uniq, inverse = np.unique(idx, return_inverse=True)
+            rows.append((y, SparseVector(J, uniq.tolist(), np.bincount(inverse, weights=val).tolist())))
         return spark.createDataFrame(rows, schema).repartition(num_partitions)
 
 

@@ -19,7 +19,7 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.linalg import Vectors, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -47,7 +47,7 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
             raise ConfigurationError(f"threshold={self.getThreshold()!r} must be in [0, 1]")
 
 
-class StradsLogisticRegression(Estimator, _LogisticParams, MLReadable, MLWritable):
+class StradsLogisticRegression(Estimator, _LogisticParams, DefaultParamsReadable, DefaultParamsWritable):
     """Binary logistic regression with an L1 penalty by STRADS scheduled coordinate descent (labels 0 / 1)."""
 
     @keyword_only
@@ -84,13 +84,6 @@ class StradsLogisticRegression(Estimator, _LogisticParams, MLReadable, MLWritabl
         model = StradsLogisticRegressionModel(coefficients, intercept)
         model._summary = summary
         return self._copyValues(model)
-
-    def write(self) -> MLWriter:
-        return DefaultParamsWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return DefaultParamsReader(cls)
 
 
 class StradsLogisticRegressionModel(Model, _LogisticParams, SparseLinearModelMixin, PersistentModel):

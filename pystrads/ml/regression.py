@@ -16,7 +16,7 @@ from typing import Optional
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -25,7 +25,7 @@ from ._linear import LinearTrainingSummary, SparseLinearModelMixin, _SparseLinea
 from ._persistence import PersistentModel
 
 
-class StradsLasso(Estimator, _SparseLinearParams, MLReadable, MLWritable):
+class StradsLasso(Estimator, _SparseLinearParams, DefaultParamsReadable, DefaultParamsWritable):
     """Lasso regression by STRADS dynamic-schedule parallel coordinate descent.
 
     Example
@@ -84,13 +84,6 @@ class StradsLasso(Estimator, _SparseLinearParams, MLReadable, MLWritable):
         model = StradsLassoModel(coefficients, intercept)
         model._summary = summary
         return self._copyValues(model)
-
-    def write(self) -> MLWriter:
-        return DefaultParamsWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return DefaultParamsReader(cls)
 
 
 class StradsLassoModel(Model, _SparseLinearParams, SparseLinearModelMixin, PersistentModel):

@@ -406,7 +406,12 @@ class LassoProgram(Program):
                        gap=gap, elapsed_s=time.perf_counter() - self.t_origin)
         scale = max(abs(objective), 1e-12 * abs(d["history"][0][0]), 1e-300)  # an exact fit has F -> 0
         gap_ok = gap <= self.tol * scale if np.isfinite(gap) else True
-        if gap_ok and decrease <= self.tol * scale:
+        # while the working set is too large for the driver's solver, the duality gap lags far
+        # behind the objective (one barely violating zero among a million moves it linearly):
+        # then an objective change below tol / 10 over a whole step also counts as converged
+        prev = d["history"][-2][0] if len(d["history"]) > 1 else np.inf
+        settled = planned > 0 and abs(prev - objective) <= 0.1 * self.tol * scale  # a step of rounds
+        if (gap_ok or settled) and decrease <= self.tol * scale:
             ctx.stop("converged")
         elif it >= self.max_iter:
             ctx.stop("maxIter")
