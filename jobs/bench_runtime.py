@@ -8,9 +8,11 @@
 2. Get / put throughput of a row block of 1-64 MiB through the pystrads
    shard client (``TableHandle.get_range`` / ``put_range`` against a shard
    process) and through raw ``pyarrow.flight`` (a minimal server process that
-   streams a prebuilt table / discards what it receives), interleaved in the
-   same run, interleaved; each sample moves at least 256 MiB (a loop of calls
-   for small blocks); median of ``--repeats`` samples.
+   streams a prebuilt table / discards or stores what it receives),
+   interleaved in the same run; each sample moves at least 256 MiB (a loop of
+   calls for small blocks); median of ``--repeats`` samples.  Gets are timed
+   three ways: ``copy=False`` (read-only, like the raw client's Arrow table),
+   into a reused ``out=`` buffer, and into a new writable array.
 
 Prints a table, writes JSON (and a PNG plot when matplotlib is installed).
 """
@@ -86,6 +88,7 @@ def throughput(sizes_mib, repeats):
     import pyarrow as pa
     import pyarrow.flight as flight
 
+    from pystrads.config import DEFAULTS
     from pystrads.ps.client import ShardGroup, ShardInfo
     from pystrads.ps.partition import TableLayout
 
@@ -93,7 +96,8 @@ def throughput(sizes_mib, repeats):
     info_file = f"/tmp/pystrads-bench-{os.getpid()}.json"
     env = dict(os.environ, PYSTRADS_SHARD_TOKEN=token)
     shard, shard_port = _start([sys.executable, "-m", "pystrads.ps.server", "--lease", "600",
-                                "--info-file", info_file], env, info_file)
+                                "--info-file", info_file, "--malloc-retain", str(DEFAULTS["shard.mallocRetainBytes"])],
+                               env, info_file)
     raw, raw_port = _start([sys.executable, os.path.abspath(__file__), "--raw-server"])
     os.remove(info_file)
     rows_out = []
@@ -108,8 +112,8 @@ def throughput(sizes_mib, repeats):
             block = np.random.default_rng(1).random((rows, WIDTH))
             flat = pa.array(block.reshape(-1))
             raw_table = pa.table({"value": pa.FixedSizeListArray.from_arrays(flat, WIDTH)})
-            times = {k: [] for k in ("client_get", "client_get_out", "raw_get", "client_put", "raw_put",
-                                     "raw_put_store")}
+            times = {k: [] for k in ("client_get", "client_get_view", "client_get_out", "raw_get",
+                                     "client_put", "raw_put", "raw_put_store")}
             buffer = np.empty_like(block)
             table.put_range(0, block)  # warm up both paths
             raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
@@ -132,16 +136,19 @@ def throughput(sizes_mib, repeats):
             for _ in range(repeats):  # interleaved, so drifting load hits every path alike
                 seconds, got = timed(lambda: table.get_range(0, rows))
                 times["client_get"].append(seconds)
+                seconds, view = timed(lambda: table.get_range(0, rows, copy=False))
+                times["client_get_view"].append(seconds)
                 times["client_get_out"].append(timed(lambda: table.get_range(0, rows, out=buffer))[0])
                 times["raw_get"].append(timed(raw_get)[0])
                 times["client_put"].append(timed(lambda: table.put_range(0, block))[0])
                 times["raw_put"].append(timed(raw_put)[0])
                 times["raw_put_store"].append(timed(lambda: raw_put(b"store"))[0])
-            assert np.array_equal(got, block) and np.array_equal(buffer, block)
+            assert np.array_equal(got, block) and np.array_equal(buffer, block) and np.array_equal(view, block)
             med = {k: float(np.median(v)) for k, v in times.items()}
             gbps = {k: block.nbytes / v / 1e9 for k, v in med.items()}
             rows_out.append({"mib": mib, **{f"{k}_gbps": round(v, 3) for k, v in gbps.items()},
                              "get_ratio": round(gbps["client_get"] / gbps["raw_get"], 3),
+                             "get_view_ratio": round(gbps["client_get_view"] / gbps["raw_get"], 3),
                              "get_out_ratio": round(gbps["client_get_out"] / gbps["raw_get"], 3),
                              "put_ratio": round(gbps["client_put"] / gbps["raw_put"], 3),
                              "put_store_ratio": round(gbps["client_put"] / gbps["raw_put_store"], 3)})
@@ -185,7 +192,8 @@ def plot(result, path):
         return None
     sizes = [r["mib"] for r in result["throughput"]]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, style in [("client_get", "o-"), ("client_get_out", "o:"), ("raw_get", "o--"),
+    for key, style in [("client_get_view", "o-"), ("client_get_out", "o:"), ("client_get", "o-."),
+                       ("raw_get", "o--"),
                        ("client_put", "s-"), ("raw_put", "s--")]:
         ax.plot(sizes, [r[f"{key}_gbps"] for r in result["throughput"]], style, label=key.replace("_", " "))
     ax.set_xscale("log", base=2)
@@ -215,12 +223,15 @@ def main(argv=None):
     print(f"Empty program, U=2, local[2]: {result['rounds']['rounds_per_s']:.0f} rounds/s "
           f"(median of {args.repeats}; inside steps {result['rounds']['rounds_per_s_inside_steps']:.0f}/s)")
     print()
-    print("| block MiB | get: raw GB/s | client, new array | ratio | client, out= buffer | ratio "
+    print("| block MiB | get: raw GB/s | client, copy=False | ratio | client, out= buffer | ratio "
+          "| client, new array | ratio "
           "| put: raw (dropped) GB/s | raw (stored) GB/s | client | ratio dropped | ratio stored |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["throughput"]:
-        print(f"| {r['mib']} | {r['raw_get_gbps']:.2f} | {r['client_get_gbps']:.2f} | {r['get_ratio']:.2f} "
+        print(f"| {r['mib']} | {r['raw_get_gbps']:.2f} | {r['client_get_view_gbps']:.2f} "
+              f"| {r['get_view_ratio']:.2f} "
               f"| {r['client_get_out_gbps']:.2f} | {r['get_out_ratio']:.2f} "
+              f"| {r['client_get_gbps']:.2f} | {r['get_ratio']:.2f} "
               f"| {r['raw_put_gbps']:.2f} | {r['raw_put_store_gbps']:.2f} | {r['client_put_gbps']:.2f} "
               f"| {r['put_ratio']:.2f} | {r['put_store_ratio']:.2f} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

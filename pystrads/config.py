@@ -41,6 +41,10 @@ _SETTINGS = [
     Setting("shard.workDir", "", str,
             "local directory on each executor for shard logs and port files; "
             "empty = <tmp>/pystrads-<uid>"),
+    Setting("shard.mallocRetainBytes", 256 * 1024 * 1024, int,
+            "glibc only: freed heap memory a shard keeps mapped instead of returning it to the OS, "
+            "with blocks under 32 MiB served from the heap; received batches then land on warm "
+            "pages (16 MiB puts measured 1.0 -> 1.7 GB/s); 0 = glibc's defaults", 0),
     Setting("rpc.chunkBytes", 4 * 1024 * 1024 - 64 * 1024, int,
             "bytes per Arrow record batch in a get or put stream (kept under gRPC's "
             "4 MiB message limit)", 4096),

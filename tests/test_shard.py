@@ -104,6 +104,22 @@ def test_chunked_transfers_are_exact(shards):
     assert np.array_equal(table.get(keys), values[keys])
 
 
+def test_uncopied_reads_are_read_only_views_of_one_message(shards):
+    _, group = shards  # chunk_bytes=4096: a copied read of shard 0's rows takes many batches
+    table = make_table(group, rows=20000, width=5)
+    values = np.random.default_rng(0).random((20000, 5))
+    table.put_range(0, values)
+    requests = group.client(0).action("stats")["requests"]
+    view = table.get_range(100, 9000, copy=False)  # on shard 0 (rows [0, 10000))
+    assert np.array_equal(view, values[100:9000]) and not view.flags.writeable
+    assert not view.flags.owndata  # backed by the received Arrow buffer
+    assert group.client(0).action("stats")["requests"] == requests + 2  # the get and this stats call
+    both = table.read_all(copy=False)  # spans both shards: assembled into a new array
+    assert np.array_equal(both, values) and both.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        view[0, 0] = 1.0
+
+
 def test_integer_tables_and_stats(shards):
     _, group = shards
     table = make_table(group, rows=10, width=2, dtype="int32")

@@ -87,7 +87,7 @@ def _alive(pid: int) -> bool:
 
 
 def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
-                       work_dir: str, start_timeout: float) -> List[Dict[str, Any]]:
+                       work_dir: str, start_timeout: float, malloc_retain: int = 0) -> List[Dict[str, Any]]:
     """Start ``count`` shards for ``run_id`` on this executor unless already running."""
     executor = executor_identity()
     base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
@@ -117,7 +117,8 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
             with open(log_file, "ab") as out:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "pystrads.ps.server", "--host", bind_host, "--port", "0",
-                     "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id],
+                     "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id,
+                     "--malloc-retain", str(int(malloc_retain))],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True, close_fds=True)
             procs.append((proc, info_file, log_file, shard_id))
@@ -182,10 +183,12 @@ class ShardManager:
         lease = cfg["shard.leaseSeconds"]
         work_dir = cfg["shard.workDir"]
         start_timeout = cfg["shard.startTimeoutSeconds"]
+        malloc_retain = cfg["shard.mallocRetainBytes"]
 
         def launch(_):
             host = default_bind_host(local_mode, bind)
-            infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout)
+            infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
+                                       malloc_retain)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ctypes
+import ctypes.util
 import hmac
 import json
 import logging
@@ -608,8 +610,31 @@ def _rss_bytes() -> int:
         return 0
 
 
+def tune_malloc(retain_bytes: int) -> bool:
+    """Keep freed heap memory mapped (glibc): gRPC's receive buffers and Arrow's decoded
+    batches are freed after every write, and with glibc's defaults the next request
+    faults fresh zeroed pages in again (measured: page faults were a third of a shard's
+    time on 16 MiB puts).  Blocks under 32 MiB (glibc's largest mmap threshold) come from
+    the heap, and up to ``retain_bytes`` of free heap stays mapped.  Returns whether the
+    allocator took the settings (False off glibc)."""
+    if retain_bytes <= 0:
+        return False
+    try:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+        except OSError:
+            libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    ok = mallopt(m_mmap_threshold, 32 * 1024 * 1024) == 1
+    return mallopt(m_trim_threshold, int(min(retain_bytes, 2 ** 31 - 1))) == 1 and ok
+
+
 def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
-          shard_id: str = "") -> None:
+          shard_id: str = "", malloc_retain: int = 0) -> None:
+    tuned = tune_malloc(malloc_retain)
     server = ShardServer(f"grpc://{host}:{port}", token, lease_seconds, shard_id)
     info = {"host": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
             "python": sys.executable, "version": sys.version.split()[0]}
@@ -618,7 +643,7 @@ def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Opt
         with open(tmp, "w") as fh:
             json.dump(info, fh)
         os.replace(tmp, info_file)
-    log.info("shard %s listening on %s:%d", shard_id, host, server.port)
+    log.info("shard %s listening on %s:%d (malloc tuned: %s)", shard_id, host, server.port, tuned)
     server.serve()
 
 
@@ -629,12 +654,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--info-file")
     parser.add_argument("--shard-id", default="")
+    parser.add_argument("--malloc-retain", type=int, default=0,
+                        help="bytes of freed heap to keep mapped (glibc; 0 = defaults)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         sys.exit(f"{TOKEN_ENV} is not set: a shard never runs without a run token")
-    serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id)
+    serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain)
 
 
 if __name__ == "__main__":
