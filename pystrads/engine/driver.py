@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -32,6 +33,13 @@ from .program import Program, Schedule, ScheduleContext, StepMetrics
 from .worker import StepSpec, run_init, run_load, run_rounds
 
 log = logging.getLogger(__name__)
+
+#: Fits of one application step one at a time: the shards hold one open step
+#: (its fence, round clocks and undo log), and every fit's barrier stages
+#: already take all the task slots they use.  Concurrent fits (CrossValidator
+#: with ``parallelism`` > 1, threads in a notebook) queue here instead of
+#: colliding; their tables live side by side under their own namespaces.
+_STEPPING = threading.Lock()
 
 
 class TrainingSummary:
@@ -408,6 +416,16 @@ class Engine:
     def fit(self, max_steps: Optional[int] = None) -> "FitResult":
         """Run the program until ``schedule`` returns ``None``, ``ctx.stop`` is called or
         ``max_steps`` steps ran."""
+        if not _STEPPING.acquire(blocking=False):
+            log.info("fit %s waits for another fit of this application to finish its steps (the shards run "
+                     "one fit's steps at a time; each fit already uses every task slot)", self.namespace)
+            _STEPPING.acquire()
+        try:
+            return self._fit(max_steps)
+        finally:
+            _STEPPING.release()
+
+    def _fit(self, max_steps: Optional[int]) -> "FitResult":
         t_fit = time.perf_counter()
         self.preflight()
         log.info("fit %s: program %r, %d workers, seed %d, settings %s", self.namespace, self.program,

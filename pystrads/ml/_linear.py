@@ -275,6 +275,67 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     return coefficients, intercept, summary
 
 
+class _SparseLinearSetters:
+    """``set<Param>`` for every estimator param (MLlib's convention), shared by both estimators."""
+
+    def setFeaturesCol(self, value):
+        return self._set(featuresCol=value)
+
+    def setLabelCol(self, value):
+        return self._set(labelCol=value)
+
+    def setPredictionCol(self, value):
+        return self._set(predictionCol=value)
+
+    def setWeightCol(self, value):
+        return self._set(weightCol=value)
+
+    def setRegParam(self, value):
+        return self._set(regParam=value)
+
+    def setElasticNetParam(self, value):
+        return self._set(elasticNetParam=value)
+
+    def setMaxIter(self, value):
+        return self._set(maxIter=value)
+
+    def setTol(self, value):
+        return self._set(tol=value)
+
+    def setFitIntercept(self, value):
+        return self._set(fitIntercept=value)
+
+    def setStandardization(self, value):
+        return self._set(standardization=value)
+
+    def setSeed(self, value):
+        return self._set(seed=value)
+
+    def setSchedule(self, value):
+        return self._set(schedule=value)
+
+    def setPriority(self, value):
+        return self._set(priority=value)
+
+    def setCoordinatesPerRound(self, value):
+        return self._set(coordinatesPerRound=value)
+
+    def setCandidatesPerRound(self, value):
+        return self._set(candidatesPerRound=value)
+
+    def setCorrelationThreshold(self, value):
+        return self._set(correlationThreshold=value)
+
+    def setCorrelationSampleSize(self, value):
+        return self._set(correlationSampleSize=value)
+
+    def setWorkingSetLimit(self, value):
+        return self._set(workingSetLimit=value)
+
+    def setNumWorkers(self, value):
+        return self._set(numWorkers=value)
+
+
 class LinearTrainingSummary:
     """Training history of an L1 fit.
 

@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 
 from ..errors import ConfigurationError
 from ..programs.lasso import L1LogisticProgram
-from ._linear import SparseLinearModelMixin, _SparseLinearParams, fit_linear
+from ._linear import SparseLinearModelMixin, _SparseLinearParams, _SparseLinearSetters, fit_linear
 from ._persistence import PersistentModel
 
 
@@ -38,6 +38,9 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
         self._setDefault(threshold=0.5, family="auto", probabilityCol="probability",
                          rawPredictionCol="rawPrediction", maxIter=100, tol=1e-6)
 
+    def getFamily(self) -> str:
+        return self.getOrDefault(self.family)
+
     def _check_params(self) -> None:
         super()._check_params()
         if self.getOrDefault(self.family) not in ("auto", "binomial"):
@@ -47,7 +50,8 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
             raise ConfigurationError(f"threshold={self.getThreshold()!r} must be in [0, 1]")
 
 
-class StradsLogisticRegression(Estimator, _LogisticParams, DefaultParamsReadable, DefaultParamsWritable):
+class StradsLogisticRegression(Estimator, _LogisticParams, _SparseLinearSetters, DefaultParamsReadable,
+                               DefaultParamsWritable):
     """Binary logistic regression with an L1 penalty by STRADS scheduled coordinate descent (labels 0 / 1)."""
 
     @keyword_only
@@ -73,11 +77,17 @@ class StradsLogisticRegression(Estimator, _LogisticParams, DefaultParamsReadable
                   numWorkers: int = 0) -> "StradsLogisticRegression":
         return self._set(**self._input_kwargs)
 
-    def setRegParam(self, value: float) -> "StradsLogisticRegression":
-        return self._set(regParam=value)
+    def setThreshold(self, value: float) -> "StradsLogisticRegression":
+        return self._set(threshold=value)
 
-    def setMaxIter(self, value: int) -> "StradsLogisticRegression":
-        return self._set(maxIter=value)
+    def setFamily(self, value: str) -> "StradsLogisticRegression":
+        return self._set(family=value)
+
+    def setProbabilityCol(self, value: str) -> "StradsLogisticRegression":
+        return self._set(probabilityCol=value)
+
+    def setRawPredictionCol(self, value: str) -> "StradsLogisticRegression":
+        return self._set(rawPredictionCol=value)
 
     def _fit(self, dataset) -> "StradsLogisticRegressionModel":
         coefficients, intercept, summary = fit_linear(self, dataset, L1LogisticProgram, binary_labels=True)

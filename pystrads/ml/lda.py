@@ -139,6 +139,10 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
             raise ConfigurationError(f"logLikelihoodEvery={self.getLogLikelihoodEvery()} must be >= 0")
         if self.getFoldInIterations() < 2:
             raise ConfigurationError(f"foldInIterations={self.getFoldInIterations()} must be >= 2")
+        interval = self.getCheckpointInterval()
+        if interval != -1 and interval < 1:
+            raise ConfigurationError(f"checkpointInterval={interval} must be >= 1, or -1 to disable "
+                                     "checkpoints (MLlib's rule)")
 
     def _validate_schema(self, dataset) -> None:
         col = self.getFeaturesCol()

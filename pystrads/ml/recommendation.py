@@ -200,6 +200,15 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     def setInnerIterations(self, value: int) -> "StradsMF":
         return self._set(innerIterations=value)
 
+    def setImplicitPrefs(self, value: bool) -> "StradsMF":
+        return self._set(implicitPrefs=value)
+
+    def setAlpha(self, value: float) -> "StradsMF":
+        return self._set(alpha=value)
+
+    def setCheckpointInterval(self, value: int) -> "StradsMF":
+        return self._set(checkpointInterval=value)
+
     def _validate(self, dataset) -> None:
         if self.getImplicitPrefs():
             raise ConfigurationError("implicitPrefs=True: StradsMF supports explicit ratings only so far; use "
@@ -214,6 +223,10 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
             raise ConfigurationError(f"innerIterations={self.getInnerIterations()} must be >= 1")
         if self.getNumWorkers() < 0:
             raise ConfigurationError(f"numWorkers={self.getNumWorkers()} must be >= 0 (0 = one per task slot)")
+        interval = self.getCheckpointInterval()
+        if interval != -1 and interval < 1:
+            raise ConfigurationError(f"checkpointInterval={interval} must be >= 1, or -1 to disable "
+                                     "checkpoints (ALS's rule)")
         self._check_cold_start()
         self._check_id_columns(dataset, need_rating=True)
 

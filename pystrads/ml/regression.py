@@ -21,11 +21,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..programs.lasso import LassoProgram
-from ._linear import LinearTrainingSummary, SparseLinearModelMixin, _SparseLinearParams, fit_linear
+from ._linear import (LinearTrainingSummary, SparseLinearModelMixin, _SparseLinearParams, _SparseLinearSetters,
+                      fit_linear)
 from ._persistence import PersistentModel
 
 
-class StradsLasso(Estimator, _SparseLinearParams, DefaultParamsReadable, DefaultParamsWritable):
+class StradsLasso(Estimator, _SparseLinearParams, _SparseLinearSetters, DefaultParamsReadable,
+                  DefaultParamsWritable):
     """Lasso regression by STRADS dynamic-schedule parallel coordinate descent.
 
     Example
@@ -54,30 +56,6 @@ class StradsLasso(Estimator, _SparseLinearParams, DefaultParamsReadable, Default
                   correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
                   numWorkers: int = 0) -> "StradsLasso":
         return self._set(**self._input_kwargs)
-
-    def setRegParam(self, value: float) -> "StradsLasso":
-        return self._set(regParam=value)
-
-    def setMaxIter(self, value: int) -> "StradsLasso":
-        return self._set(maxIter=value)
-
-    def setTol(self, value: float) -> "StradsLasso":
-        return self._set(tol=value)
-
-    def setFitIntercept(self, value: bool) -> "StradsLasso":
-        return self._set(fitIntercept=value)
-
-    def setStandardization(self, value: bool) -> "StradsLasso":
-        return self._set(standardization=value)
-
-    def setWeightCol(self, value: str) -> "StradsLasso":
-        return self._set(weightCol=value)
-
-    def setSchedule(self, value: str) -> "StradsLasso":
-        return self._set(schedule=value)
-
-    def setSeed(self, value: int) -> "StradsLasso":
-        return self._set(seed=value)
 
     def _fit(self, dataset) -> "StradsLassoModel":
         coefficients, intercept, summary = fit_linear(self, dataset, LassoProgram, binary_labels=False)
