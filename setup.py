@@ -31,7 +31,7 @@ setup(
         "pyarrow>=14",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "matplotlib>=3.6"],  # the tests check the summaries' plots too
         "plot": ["matplotlib>=3.6"],
         # peers the benchmarks compare against (not needed by pystrads itself)
         "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12"],

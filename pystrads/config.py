@@ -24,6 +24,7 @@ class Setting:
     kind: type
     doc: str
     minimum: Optional[float] = None
+    choices: Optional[tuple] = None
 
 
 _SETTINGS = [
@@ -55,6 +56,9 @@ _SETTINGS = [
     Setting("step.targetSeconds", 5.0, float,
             "wall time a step aims for; more rounds per step amortise the Spark job cost", 0.01),
     Setting("step.maxRounds", 100000, int, "upper bound on the rounds of one step", 1),
+    Setting("progress", "auto", str,
+            "fit progress (step i/N, objective, throughput, ETA): auto = log lines, plus a live bar in "
+            "Jupyter/Databricks notebooks; log; bar; both; off", None, ("auto", "log", "bar", "both", "off")),
     Setting("executor.waitSeconds", 120.0, float,
             "seconds to wait for enough executors to register before the first step", 0.0),
 ]
@@ -77,6 +81,9 @@ def _coerce(setting: Setting, value: Any) -> Any:
         raise ConfigurationError(
             f"{PREFIX}{setting.key}={value!r} is below its minimum {setting.minimum} "
             f"({setting.doc}); use e.g. {setting.default!r}")
+    if setting.choices is not None and out not in setting.choices:
+        raise ConfigurationError(
+            f"{PREFIX}{setting.key}={value!r} is not one of {', '.join(setting.choices)}")
     return out
 
 

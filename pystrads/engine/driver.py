@@ -30,6 +30,7 @@ from ..ps import launcher
 from ..ps.partition import TableLayout, range_bounds
 from ..ps.protocol import check_dtype
 from .program import Program, Schedule, ScheduleContext, StepMetrics
+from .progress import ProgressReporter
 from .worker import StepSpec, run_init, run_load, run_rounds
 
 log = logging.getLogger(__name__)
@@ -433,6 +434,8 @@ class Engine:
         self._start()
         try:
             self._init_step()
+            self.progress = ProgressReporter(f"{type(self.program).__name__} {self.namespace}",
+                                             self.config["progress"])
             ctx = ScheduleContext(self)
             ctx.rounds_hint = self.num_workers
             steps = 0
@@ -458,6 +461,7 @@ class Engine:
                 target = self.config["step.targetSeconds"]
                 ctx.rounds_hint = int(max(1, min(self.config["step.maxRounds"],
                                                  target / max(per_round, 1e-6))))
+            self.progress.finish(ctx.stopped or "done")
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
             self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
             return FitResult(self, ctx.stopped)
@@ -496,6 +500,10 @@ class Engine:
         self.program.after_step(ctx, metrics)
         row.update(ctx._records)
         self.summary.rows.append(row)
+        if ctx._progress is not None:
+            done, total, unit, shown = ctx._progress
+            self.progress.update(done, total, unit, **shown)
+            ctx._progress = None
         extra = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in ctx._records.items())
         log.info("step %d: %d rounds in %.3f s (%.0f rounds/s; compute %.3f s, sync %.3f s, spark %.3f s) %s",
                  step, len(schedule), t_job, row["rounds_per_s"], compute, sync, row["spark_s"], extra)

@@ -276,6 +276,7 @@ class ScheduleContext:
         self.seed = engine.seed
         self._stop_reason: Optional[str] = None
         self._records: Dict[str, Any] = {}
+        self._progress: Optional[tuple] = None
 
     def table(self, name: str):
         """Handle of table ``name`` for reads on the driver (dynamic schedules)."""
@@ -289,6 +290,12 @@ class ScheduleContext:
         """Append a row to the finer-grained history ``summary.iterations``
         (e.g. one per iteration when a step runs several)."""
         self._engine.summary.iterations.append(dict(values))
+
+    def progress(self, done: float, total: Optional[float] = None, unit: str = "iterations", **shown: Any) -> None:
+        """Report where the fit stands (e.g. iteration ``done`` of ``total``, plus values to
+        show such as the objective); shown after the step in the log and the notebook bar,
+        with the elapsed time and an ETA."""
+        self._progress = (done, total, unit, shown)
 
     def stop(self, reason: str = "converged") -> None:
         """End the fit after this step."""

@@ -413,14 +413,21 @@ class StradsLDASummary:
     def trainingSeconds(self) -> float:
         return float(self.steps["seconds"].sum()) if len(self.steps) else 0.0
 
+    def to_pandas(self):
+        """The per-iteration history (log-likelihood, log-perplexity, s-error, tokens) as pandas."""
+        return self.iterations.copy()
+
     def plot(self, ax=None):
-        """Training log-likelihood per iteration (needs matplotlib)."""
+        """Training log-likelihood per iteration (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
         import matplotlib.pyplot as plt
 
-        ax = ax or plt.gca()
-        ax.plot(self.iterations["iteration"], self.iterations["log_likelihood"], marker=".")
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 4))
+        it = self.iterations.dropna(subset=["log_likelihood"]) if "log_likelihood" in self.iterations else self.iterations
+        ax.plot(it["iteration"], it.get("log_likelihood", []), marker=".")
         ax.set_xlabel("iteration")
         ax.set_ylabel("log p(w, z)")
+        ax.set_title(f"StradsLDA: {self.numTokens} tokens, {self.tokensPerSecond:,.0f} tokens/s")
         return ax
 
 

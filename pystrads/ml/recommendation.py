@@ -308,6 +308,21 @@ class StradsMFSummary:
     def totalIterations(self) -> int:
         return int(self.iterations["iteration"].max()) if len(self.iterations) else 0
 
+    def to_pandas(self):
+        """The per-iteration history (train_rmse, sse, regularisation) as a pandas DataFrame."""
+        return self.iterations.copy()
+
+    def plot(self, ax=None):
+        """Training RMSE per iteration (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(self.iterations["iteration"], self.iterations["train_rmse"], marker="o")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("training RMSE")
+        return ax
+
 
 def _factors_df(spark, ids: np.ndarray, factors: np.ndarray):
     schema = T.StructType([T.StructField("id", T.IntegerType(), False),

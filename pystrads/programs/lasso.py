@@ -404,6 +404,10 @@ class LassoProgram(Program):
                    gap=gap, decrease=decrease, nonzeros=int(np.count_nonzero(coef[:self.num_features, BETA])))
         ctx.record_row(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
                        gap=gap, elapsed_s=time.perf_counter() - self.t_origin)
+        shown = {"objective": objective, "nonzeros": int(np.count_nonzero(coef[:self.num_features, BETA]))}
+        if np.isfinite(gap):
+            shown["gap"] = gap
+        ctx.progress(it, self.max_iter, "iteration", **shown)
         scale = max(abs(objective), 1e-12 * abs(d["history"][0][0]), 1e-300)  # an exact fit has F -> 0
         gap_ok = gap <= self.tol * scale if np.isfinite(gap) else True
         # while the working set is too large for the driver's solver, the duality gap lags far

@@ -262,6 +262,7 @@ class LDAProgram(Program):
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // U, tokens=tokens_total,
                    sample_s=metrics.total("sample_s") / U)
         start = 0
+        last_row: Dict[str, Any] = {}
         for r in range(len(metrics.rounds)):
             global_round = ctx.rounds_done + r
             if (global_round + 1) % U:
@@ -278,3 +279,9 @@ class LDAProgram(Program):
                 row["log_likelihood"] = last["ll_doc"] + last["ll_word"] + last.get("ll_totals", 0.0)
                 row["log_perplexity"] = -row["log_likelihood"] / row["tokens"] if row["tokens"] else float("nan")
             ctx.record_row(**row)
+            last_row = row
+        shown = {"tokens_per_s": tokens_total / max(metrics.total("_compute_s") / U + metrics.total("_sync_s") / U,
+                                                     1e-9)}
+        if start and "log_likelihood" in last_row:
+            shown = {"log_likelihood": last_row["log_likelihood"], **shown}
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iterations, "iteration", **shown)

@@ -209,6 +209,12 @@ class MFProgram(Program):
                                train_rmse=float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0))),
                                sse=values["sse"], w_reg=values.get("w_reg", 0.0))
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
+        shown = {}
+        for values in reversed(metrics.rounds):
+            if "sse" in values:
+                shown["train_rmse"] = float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0)))
+                break
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iterations, "iteration", **shown)
 
     def h_regularisation(self, h: np.ndarray) -> float:
         """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""

@@ -1,0 +1,55 @@
+"""Progress reports (log lines, the text bar) and the summaries' pandas history and plots."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from pystrads.engine.progress import ProgressReporter
+
+
+def test_progress_lines_have_position_values_elapsed_and_eta(caplog):
+    caplog.set_level(logging.INFO, logger="pystrads.progress")
+    rep = ProgressReporter("LDAProgram fit-1", "log")
+    rep._t0 -= 30.0  # 30 s into the fit
+    line = rep.update(3, 10, "iteration", objective=1.5, tokens_per_s=12345.678)
+    assert line.startswith("LDAProgram fit-1: iteration 3/10 (30%) objective=1.5 tokens_per_s=12345.7")
+    assert "30 s elapsed" in line and "ETA 1 min 10 s" in line  # 30 s for 30 % -> 70 s to go
+    rep.finish("converged")
+    assert [r.getMessage() for r in caplog.records] == [line, rep.lines[-1]]
+    assert rep.lines[-1].startswith("LDAProgram fit-1: converged after")
+
+
+def test_progress_modes(capsys, caplog):
+    caplog.set_level(logging.INFO, logger="pystrads.progress")
+    off = ProgressReporter("p", "off")
+    off.update(1, 2)
+    bar = ProgressReporter("p", "bar")  # not a notebook here: a text bar on stderr
+    bar.update(1, 4, "iteration")
+    bar.finish("done")
+    err = capsys.readouterr().err
+    assert "\r[########......................] p: iteration 1/4 (25%)" in err and err.endswith("\n")
+    assert not caplog.records  # neither off nor bar logs
+    with pytest.raises(ValueError, match="progress mode 'loud'"):
+        ProgressReporter("p", "loud")
+    unknown_total = ProgressReporter("p", "log").update(7, None, "step")
+    assert unknown_total.startswith("p: step 7 |") and "ETA" not in unknown_total
+
+
+def test_a_fit_reports_progress_and_its_history(spark, caplog):
+    from pystrads.ml import StradsMF
+
+    caplog.set_level(logging.INFO, logger="pystrads.progress")
+    rng = np.random.default_rng(0)
+    rows = [(u, i, float(rng.random() * 4 + 1)) for u in range(30) for i in range(20) if rng.random() < 0.5]
+    df = spark.createDataFrame(rows, ["user", "item", "rating"])
+    model = StradsMF(rank=2, maxIter=3, regParam=0.1, seed=1).fit(df)
+    lines = [r.getMessage() for r in caplog.records if r.name == "pystrads.progress"]
+    assert any("iteration 3/3 (100%)" in l and "train_rmse=" in l for l in lines), lines
+    assert lines[-1].split(": ", 1)[1].startswith("done after")
+    hist = model.summary.to_pandas()
+    assert list(hist["iteration"]) == [1, 2, 3] and (np.diff(hist["train_rmse"]) <= 1e-9).all()
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    ax = model.summary.plot()
+    assert list(ax.lines[0].get_ydata()) == list(hist["train_rmse"])
