@@ -122,3 +122,27 @@ def lambda_max(problem: SparseProblem, fit_intercept: bool = False) -> float:
         colsum = np.bincount(problem.col_idx, weights=problem.vals, minlength=J)
         g -= colsum * y.sum() / n
     return float(np.abs(g).max() / n)
+
+
+def low_rank_ratings(num_users: int = 300, num_items: int = 200, rank: int = 4, density: float = 0.15,
+                     noise: float = 0.25, seed: int = 0):
+    """Explicit ratings from a known low-rank model: ``pandas.DataFrame(userId, movieId, rating)``.
+
+    ``rating = 1 + 4 * sigmoid(u . v) + noise`` clipped to [0.5, 5], observed with
+    probability ``density``; popular items are seen more often (item propensity
+    ~ Zipf-like), like real ratings.  Ids are int32 and not contiguous
+    (``userId = 10 * u + 1``) so code cannot rely on dense ids.
+    """
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    u = rng.normal(0, 1.0, (num_users, rank))
+    v = rng.normal(0, 1.0, (num_items, rank))
+    scores = 1.0 + 4.0 / (1.0 + np.exp(-(u @ v.T) / np.sqrt(rank)))
+    propensity = 1.0 / np.arange(1, num_items + 1) ** 0.5
+    propensity *= density * num_items / propensity.sum()
+    seen = rng.random((num_users, num_items)) < np.minimum(propensity, 1.0)[None, :]
+    uu, ii = np.nonzero(seen)
+    ratings = np.clip(scores[uu, ii] + noise * rng.standard_normal(len(uu)), 0.5, 5.0)
+    return pd.DataFrame({"userId": (10 * uu + 1).astype(np.int32), "movieId": (7 * ii + 3).astype(np.int32),
+                         "rating": np.round(ratings * 2) / 2})
