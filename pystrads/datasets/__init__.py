@@ -5,7 +5,9 @@
 * :func:`read_text_corpus` -- documents from text (one per line), JSON lines,
   CSV or Parquet with a text column;
 * :func:`read_reuters21578` -- the Reuters-21578 SGML files (not shipped:
-  research use only), as ``(newid, lewis_split, text)`` tuples.
+  research use only), as ``(newid, lewis_split, text)`` tuples;
+* :func:`read_uci_bow`, :func:`read_count_vectors`, :func:`read_movielens`,
+  :func:`read_libsvm` -- see :mod:`pystrads.datasets.readers`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 from typing import List, Optional, Tuple
 
 from ..errors import InputError
+from .readers import read_count_vectors, read_libsvm, read_movielens, read_uci_bow  # noqa: F401
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 DEBIAN_SAMPLE = os.path.join(DATA_DIR, "debian_sample.jsonl.gz")
