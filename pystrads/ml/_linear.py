@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
+from ..session import spark_context_of
 from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     t_start = time.perf_counter()
     estimator._check_params()
     estimator._check_schema(dataset)
-    sc = dataset.sparkSession.sparkContext
+    sc = spark_context_of(dataset)
     fcol, lcol = estimator.getFeaturesCol(), estimator.getLabelCol()
     wcol = estimator.getWeightCol() if estimator.isDefined(estimator.weightCol) and estimator.getWeightCol() else None
     U = default_num_workers(dataset.rdd, estimator.getNumWorkers() or None)

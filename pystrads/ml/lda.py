@@ -24,6 +24,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
+from ..session import spark_context_of
 from ..kernels.lda import SAMPLERS, choose_sampler
 from ._persistence import PersistentModel
 from ..programs.lda import LDAProgram
@@ -316,7 +317,7 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
         self._validate_schema(dataset)
         k, alpha, beta = self.getK(), self._alpha(), self._beta()
         col = self.getFeaturesCol()
-        sc = dataset.sparkSession.sparkContext
+        sc = spark_context_of(dataset)
         records = dataset.select(col).rdd
         U = default_num_workers(records, self.getNumWorkers() or None)
         check_cluster(sc, U)  # before any job
@@ -532,7 +533,7 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
 
     def _infer(self, dataset):
         self._validate_schema(dataset)
-        sc = dataset.sparkSession.sparkContext
+        sc = spark_context_of(dataset)
         phi = self.topic_word_prob()
         if phi.shape[0] == 0:
             raise ConfigurationError("the model has an empty vocabulary")

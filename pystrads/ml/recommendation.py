@@ -25,6 +25,7 @@ from pyspark.sql import types as T
 from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
+from ..session import spark_context_of
 from ..programs.mf import MFProgram
 from ._persistence import PersistentModel
 
@@ -233,8 +234,8 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     def _fit(self, dataset) -> "StradsMFModel":
         t_start = time.perf_counter()
         self._validate(dataset)
+        sc = spark_context_of(dataset)
         spark = dataset.sparkSession
-        sc = spark.sparkContext
         ucol, icol, rcol = self.getUserCol(), self.getItemCol(), self.getRatingCol()
         triples = dataset.select(F.col(ucol).cast("double").alias("u"), F.col(icol).cast("double").alias("i"),
                                  F.col(rcol).cast("double").alias("r"))
@@ -375,7 +376,7 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
 
         self._check_cold_start()
         self._check_id_columns(dataset, need_rating=False)
-        sc = dataset.sparkSession.sparkContext
+        sc = spark_context_of(dataset)
         bc = sc.broadcast((self._user_ids, self._w.astype(np.float32), self._item_ids, self._h.astype(np.float32)))
 
         @pandas_udf("float")
