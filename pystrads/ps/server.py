@@ -34,6 +34,7 @@ import ctypes.util
 import hmac
 import json
 import logging
+import math
 import os
 import pickle
 import sys
@@ -55,6 +56,69 @@ TOKEN_ENV = "PYSTRADS_SHARD_TOKEN"
 def _refuse() -> None:
     raise flight.FlightUnauthenticatedError(
         "pystrads shard: missing or wrong run token; only the fit that started this shard may call it")
+
+
+_MISSING = object()
+_INT64 = 2 ** 63
+
+
+class _Request(dict):
+    """A decoded request header or action body whose fields are read with clear errors
+    (a missing or mistyped field is the caller's mistake, never a crash of the shard)."""
+
+    def __missing__(self, key):
+        raise flight.FlightServerError(f"malformed request: field {key!r} is missing")
+
+    def _get(self, key, default):
+        if key in self:
+            return self[key]
+        if default is _MISSING:
+            raise flight.FlightServerError(f"malformed request: field {key!r} is missing")
+        return default
+
+    def int(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 <= value < _INT64:
+            raise flight.FlightServerError(
+                f"malformed request: field {key!r} must be a 64-bit integer, got {str(value)[:40]!r}")
+        return value
+
+    def num(self, key: str, default: Any = _MISSING) -> float:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise flight.FlightServerError(
+                f"malformed request: field {key!r} must be a finite number, got {str(value)[:40]!r}")
+        return float(value)
+
+    def str(self, key: str, default: Any = _MISSING) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str):
+            raise flight.FlightServerError(
+                f"malformed request: field {key!r} must be a string, got {str(value)[:40]!r}")
+        return value
+
+    def dict(self, key: str, default: Any = _MISSING) -> Dict[str, Any]:
+        value = self._get(key, default)
+        if value is None and default is not _MISSING:  # an explicit null: the default
+            return default
+        if not isinstance(value, dict):
+            raise flight.FlightServerError(
+                f"malformed request: field {key!r} must be an object, got {str(value)[:40]!r}")
+        return value
+
+
+def _mem_available() -> int:
+    """Bytes the kernel says can be allocated without swapping (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 class ShardTable:
@@ -202,7 +266,7 @@ class ShardServer(flight.FlightServerBase):
             raise flight.FlightServerError(
                 f"shard {self.shard_id}: request for step {step} but the open step is "
                 f"{st.step if st.open else 'none'} (a task from a finished step?)")
-        worker, task = int(header.get("worker", -1)), int(header.get("task", -1))
+        worker, task = header.int("worker", -1), header.int("task", -1)
         if not 0 <= worker < st.num_workers:
             raise flight.FlightServerError(f"worker {worker} out of range [0, {st.num_workers})")
         current = st.registered.get(worker)
@@ -320,24 +384,28 @@ class ShardServer(flight.FlightServerBase):
         except ValueError:
             _refuse()  # no readable header: no token
         self._authorize(header)
-        return header, payload
+        return _Request(header), payload
 
     # ------------------------------------------------------------------ reads
     def do_get(self, context, ticket):
         header, payload = self._decode(ticket.ticket)
-        table = self._table(header.get("table", ""))
+        table = self._table(header.str("table", ""))
+        chunk_bytes = header.int("chunk", (4 << 20) - (64 << 10))
         with table.lock:
             if "start" in header:
-                start, stop = int(header["start"]), int(header["stop"])
+                start, stop = header.int("start"), header.int("stop")
                 if not (table.row_start <= start <= stop <= table.row_stop):
                     raise flight.FlightServerError(
                         f"table {table.name!r}: range [{start}, {stop}) is outside this shard's rows "
                         f"[{table.row_start}, {table.row_stop})")
                 rows = table.values[start - table.row_start:stop - table.row_start]  # zero-copy view
             else:
+                if len(payload) % 8:
+                    raise flight.FlightServerError(
+                        f"malformed request: a key list of {len(payload)} bytes is not int64 keys")
                 keys = np.frombuffer(payload, dtype="<i8")
                 rows = table.values[table.local(keys)].copy()
-        chunk = protocol.rows_per_chunk(table.width, table.dtype, int(header.get("chunk", (4 << 20) - (64 << 10))))
+        chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
         schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
         self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
         # One zero-copy table of chunk-sized batches, streamed by C++ (no Python per batch).
@@ -352,11 +420,17 @@ class ShardServer(flight.FlightServerBase):
         op = header.get("op")
         if op not in ("put", "inc", "contribute"):
             raise flight.FlightServerError(f"unknown write op {op!r}; expected put, inc or contribute")
-        table = self._table(header.get("table", ""))
+        table = self._table(header.str("table", ""))
         width = table.contrib_width if op == "contribute" else table.width
         dtype = "float64" if op == "contribute" else table.dtype
         nbytes = nrows = 0
-        start = header.get("start")  # a contiguous row run: no key column
+        start = header.int("start", None)  # a contiguous row run: no key column
+        round_index = header.int("round") if op == "contribute" else None
+        expected = protocol.value_schema(dtype, width, with_keys=start is None)
+        if not reader.schema.equals(expected):
+            raise flight.FlightServerError(
+                f"table {table.name!r}: a {op} stream must have the schema {expected.to_string(show_schema_metadata=False)!r}"
+                f", got {reader.schema.to_string(show_schema_metadata=False)!r}")
         for chunk in reader:  # apply batch by batch: received buffers are freed as we go
             batch = chunk.data
             if start is not None:
@@ -382,7 +456,7 @@ class ShardServer(flight.FlightServerBase):
                     if isinstance(keys, slice):
                         keys = np.arange(keys.start, keys.stop, dtype=np.int64)
                     table.local(keys)  # range check
-                    self.step.contrib.setdefault((table.name, int(header["round"])), []).append(
+                    self.step.contrib.setdefault((table.name, round_index), []).append(
                         (keys.copy(), rows.copy()))
                     continue
                 with table.lock:
@@ -422,6 +496,7 @@ class ShardServer(flight.FlightServerBase):
             _refuse()
         if not isinstance(request, dict):
             _refuse()
+        request = _Request(request)
         self._authorize(request)
         handler = getattr(self, "_action_" + action.type, None)
         if handler is None:
@@ -444,28 +519,38 @@ class ShardServer(flight.FlightServerBase):
 
     def _action_create_table(self, req):
         """Create (or replace) this shard's slice of a table."""
-        name = req["name"]
-        start, stop, width = int(req["row_start"]), int(req["row_stop"]), int(req["width"])
-        dtype = protocol.check_dtype(req.get("dtype", "float64"))
-        if stop < start or width < 1:
+        name = req.str("name")
+        start, stop, width = req.int("row_start"), req.int("row_stop"), req.int("width")
+        try:
+            dtype = protocol.check_dtype(req.str("dtype", "float64"))
+        except ValueError as exc:
+            raise flight.FlightServerError(str(exc)) from None
+        if not 0 <= start <= stop or width < 1:
             raise flight.FlightServerError(f"table {name!r}: bad shape rows [{start}, {stop}) x {width}")
+        nbytes = (stop - start) * width * np.dtype(protocol.DTYPES[dtype][0]).itemsize
+        available = _mem_available()
+        if available and nbytes > available:
+            raise flight.FlightServerError(
+                f"table {name!r}: its {nbytes / 2 ** 30:.1f} GiB slice does not fit in shard {self.shard_id}'s "
+                f"available memory ({available / 2 ** 30:.1f} GiB); spread the model over more executors or "
+                "shards (spark.pystrads.shard.perExecutor) or give the executors more memoryOverhead")
         if req.get("initializer"):
-            init = pickle.loads(base64.b64decode(req["initializer"]))
+            init = pickle.loads(base64.b64decode(req.str("initializer")))
             values = np.ascontiguousarray(init(start, stop), dtype=protocol.DTYPES[dtype][0])
             if values.shape != (stop - start, width):
                 raise flight.FlightServerError(
                     f"table {name!r}: initializer returned shape {values.shape}, "
                     f"expected {(stop - start, width)}")
         else:
-            values = np.full((stop - start, width), req.get("fill", 0), dtype=protocol.DTYPES[dtype][0])
+            values = np.full((stop - start, width), req.num("fill", 0), dtype=protocol.DTYPES[dtype][0])
         with self.cond:
             self.tables[name] = ShardTable(name, start, stop, width, dtype, values,
-                                           int(req.get("contrib_width", width)))
+                                           req.int("contrib_width", width))
         return {"rows": stop - start, "bytes": int(values.nbytes)}
 
     def _action_drop_tables(self, req):
         """Drop every table whose name starts with ``prefix`` (and its program)."""
-        prefix = req["prefix"]
+        prefix = req.str("prefix")
         with self.cond:
             names = [n for n in self.tables if n.startswith(prefix)]
             for n in names:
@@ -477,9 +562,9 @@ class ShardServer(flight.FlightServerBase):
 
     def _action_register_program(self, req):
         """Install a fit's program object; its ``pull`` runs here."""
-        program = pickle.loads(base64.b64decode(req["payload"]))
+        program = pickle.loads(base64.b64decode(req.str("payload")))
         with self.cond:
-            self.programs[req["namespace"]] = program
+            self.programs[req.str("namespace")] = program
         return {}
 
     def _action_begin_step(self, req):
@@ -490,8 +575,11 @@ class ShardServer(flight.FlightServerBase):
                     f"step {self.step.step} is still open; commit or abort it first")
             for table in self.tables.values():
                 table.forget()
-            self.step = _StepState(int(req["step"]), int(req["num_workers"]), req.get("namespace", ""),
-                                   int(req.get("round_offset", 0)))
+            num_workers = req.int("num_workers")
+            if not 1 <= num_workers <= 1 << 20:
+                raise flight.FlightServerError(f"malformed request: num_workers={num_workers} out of range")
+            self.step = _StepState(req.int("step"), num_workers, req.str("namespace", ""),
+                                   req.int("round_offset", 0))
         return {}
 
     def _action_enter(self, req):
@@ -502,9 +590,9 @@ class ShardServer(flight.FlightServerBase):
 
     def _action_tick(self, req):
         """Advance a worker's round clock, then wait until every worker reached ``wait_for``."""
-        worker, rnd = int(req["worker"]), int(req["round"])
-        wait_for = int(req.get("wait_for", rnd))
-        timeout = float(req.get("timeout", 600.0))
+        worker, rnd = req.int("worker"), req.int("round")
+        wait_for = req.int("wait_for", rnd)
+        timeout = req.num("timeout", 600.0)
         deadline = time.monotonic() + timeout
         with self.cond:
             self._check_fence(req)
@@ -512,12 +600,12 @@ class ShardServer(flight.FlightServerBase):
             epoch = st.epoch
             if rnd > st.clocks[worker]:
                 st.clocks[worker] = rnd
-            for key, value in (req.get("metrics") or {}).items():
+            for key, value in req.dict("metrics", {}).items():
                 bucket = st.metrics.setdefault(rnd, {})
                 bucket[key] = bucket.get(key, 0.0) + float(value)
             if req.get("late"):  # reported after the previous round's tick (by apply)
-                bucket = st.metrics.setdefault(int(req["late_round"]), {})
-                for key, value in req["late"].items():
+                bucket = st.metrics.setdefault(req.int("late_round"), {})
+                for key, value in req.dict("late").items():
                     bucket[key] = bucket.get(key, 0.0) + float(value)
             low = int(st.clocks.min())
             if low > st.committed:
@@ -544,7 +632,7 @@ class ShardServer(flight.FlightServerBase):
         """Close the step and keep its writes."""
         with self.cond:
             st = self.step
-            if st.open and st.step == int(req["step"]):
+            if st.open and st.step == req.int("step"):
                 for table in self.tables.values():
                     with table.lock:
                         table.forget()
@@ -557,7 +645,7 @@ class ShardServer(flight.FlightServerBase):
         restored = 0
         with self.cond:
             st = self.step
-            if st.open and st.step == int(req["step"]):
+            if st.open and st.step == req.int("step"):
                 for table in self.tables.values():
                     with table.lock:
                         restored += table.rollback()
