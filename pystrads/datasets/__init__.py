@@ -28,9 +28,11 @@ DEBIAN_SAMPLE = os.path.join(DATA_DIR, "debian_sample.jsonl.gz")
 def load_debian_sample(spark):
     """The bundled sample as a DataFrame ``(package string, text string)``."""
     import json
+    import pkgutil
 
-    with gzip.open(DEBIAN_SAMPLE, "rt", encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh]
+    # through the package loader: works from a zip on --py-files too, where the path does not exist
+    raw = pkgutil.get_data(__name__, "data/debian_sample.jsonl.gz")
+    rows = [json.loads(line) for line in gzip.decompress(raw).decode("utf-8").splitlines() if line.strip()]
     return spark.createDataFrame([(r["package"], r["text"]) for r in rows], "package string, text string")
 
 

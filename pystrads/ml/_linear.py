@@ -451,7 +451,8 @@ class SparseLinearModelMixin:
                              f"expected a vector column")
 
     def _save(self, path: str, spark) -> None:
-        DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"numFeatures": self.numFeatures})
+        DefaultParamsWriter.saveMetadata(self, path, spark.sparkContext,
+                                         extraMetadata={"numFeatures": self.numFeatures})
         schema = T.StructType([T.StructField("intercept", T.DoubleType(), False),
                                T.StructField("coefficients", T.ArrayType(T.DoubleType(), False), False)])
         spark.createDataFrame([(self._intercept, self._coef.tolist())], schema).write.parquet(
@@ -459,7 +460,7 @@ class SparseLinearModelMixin:
 
     @classmethod
     def _load(cls, path: str, spark):
-        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        metadata = DefaultParamsReader.loadMetadata(path, spark.sparkContext)
         row = spark.read.parquet(os.path.join(path, "data")).first()
         model = cls(np.asarray(row["coefficients"], dtype=np.float64), float(row["intercept"]))
         model._resetUid(metadata["uid"])

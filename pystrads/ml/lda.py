@@ -596,7 +596,7 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
 
         model = self
-        DefaultParamsWriter.saveMetadata(model, path, spark, extraMetadata={
+        DefaultParamsWriter.saveMetadata(model, path, spark.sparkContext, extraMetadata={
             "alpha": model._alpha_value, "beta": model._beta_value, "vocabSize": model.vocabSize(),
             "k": int(model._word_topic.shape[1])})
         # one row per term, written by Spark so any Hadoop/DBFS path works
@@ -608,7 +608,7 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
 
     @classmethod
     def _load(cls, path: str, spark) -> "StradsLDAModel":
-        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        metadata = DefaultParamsReader.loadMetadata(path, spark.sparkContext)
         v, k = int(metadata["vocabSize"]), int(metadata["k"])
         word_topic = np.zeros((v, k), dtype=np.int32)
         for row in spark.read.parquet(os.path.join(path, "data")).toLocalIterator():

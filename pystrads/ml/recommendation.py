@@ -14,6 +14,7 @@ import time
 from typing import Any, List, Optional
 
 import numpy as np
+import pyspark
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
@@ -30,6 +31,8 @@ from ..programs.mf import MFProgram
 from ._persistence import PersistentModel
 
 log = logging.getLogger(__name__)
+
+_ALS_CASTS_IDS = int(pyspark.__version__.split(".")[0]) >= 4
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -395,8 +398,11 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
             return pd.Series(out)
 
         ucol, icol = self.getUserCol(), self.getItemCol()
-        # as ALSModel.transform: ids come out as int, prediction as non-null float (NaN when unknown)
-        out = dataset.withColumn(ucol, F.col(ucol).cast("int")).withColumn(icol, F.col(icol).cast("int"))
+        # as ALSModel.transform: prediction as non-null float (NaN when unknown); Spark >= 4 also
+        # casts the ids to int, 3.5 keeps their input type
+        out = dataset
+        if _ALS_CASTS_IDS:
+            out = out.withColumn(ucol, F.col(ucol).cast("int")).withColumn(icol, F.col(icol).cast("int"))
         out = out.withColumn(self.getPredictionCol(), F.coalesce(predict(F.col(ucol), F.col(icol)),
                                                                  F.lit(float("nan")).cast("float")))
         if self.getColdStartStrategy() == "drop":
@@ -462,7 +468,7 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
     # -- persistence
     def _save(self, path: str, spark) -> None:
         m = self
-        DefaultParamsWriter.saveMetadata(m, path, spark, extraMetadata={"rank": m.rank})
+        DefaultParamsWriter.saveMetadata(m, path, spark.sparkContext, extraMetadata={"rank": m.rank})
         schema = T.StructType([T.StructField("id", T.LongType(), False),
                                T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
         for name, ids, f in (("userFactors", m._user_ids, m._w), ("itemFactors", m._item_ids, m._h)):
@@ -471,7 +477,7 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
 
     @classmethod
     def _load(cls, path: str, spark) -> "StradsMFModel":
-        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        metadata = DefaultParamsReader.loadMetadata(path, spark.sparkContext)
         parts = {}
         for name in ("userFactors", "itemFactors"):
             rows = sorted((r["id"], r["features"]) for r in spark.read.parquet(

@@ -106,6 +106,10 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
         infos, procs = [], []
         env = dict(os.environ)
         env[TOKEN_ENV] = token
+        # Spark's Python worker adds --py-files / addPyFile entries to sys.path, not to
+        # PYTHONPATH: hand the worker's import path on so the shard finds the same pystrads.
+        inherited = [str(p) for p in sys.path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(inherited)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
             env.setdefault(var, "1")
         for i in range(count):
