@@ -53,3 +53,40 @@ def test_a_fit_reports_progress_and_its_history(spark, caplog):
     matplotlib.use("Agg")
     ax = model.summary.plot()
     assert list(ax.lines[0].get_ydata()) == list(hist["train_rmse"])
+
+
+def test_notebook_bar_is_one_display_updated_in_place(monkeypatch):
+    """In a notebook the bar is one HTML display (display_id) updated after every step."""
+    import sys
+    import types
+
+    from pystrads.engine import progress
+
+    shown = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(("update", obj.data))
+
+    def display(obj, display_id=False):
+        assert display_id is True
+        shown.append(("display", obj.data))
+        return Handle()
+
+    fake = types.ModuleType("IPython.display")
+    fake.HTML = type("HTML", (), {"__init__": lambda self, data: setattr(self, "data", data)})
+    fake.display = display
+    monkeypatch.setitem(sys.modules, "IPython.display", fake)
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    rep = progress.ProgressReporter("LDAProgram fit-9", "auto")
+    assert rep.to_bar and rep.to_log
+    rep.update(1, 4, "iteration", log_likelihood=-1.5e6)
+    rep.update(2, 4, "iteration", log_likelihood=-1.2e6)
+    rep.finish("done")
+    assert [kind for kind, _ in shown] == ["display", "update", "update"]
+    assert 'value="0.2500"' in shown[0][1] and "iteration 1/4 (25%) log_likelihood=-1.5e+06" in shown[0][1]
+    assert 'value="1.0000"' in shown[-1][1] and "done after" in shown[-1][1]
+    monkeypatch.undo()
+    assert not progress.in_notebook()  # pytest is no notebook
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    assert progress.in_notebook()
