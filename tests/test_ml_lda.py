@@ -171,3 +171,7 @@ def test_bad_input_is_refused_naming_the_column_and_value(spark):
         StradsLDA().fit(vectors_df(spark, [good, Vectors.sparse(5, [0], [1.0])]))
     with pytest.raises(InputError, match=r"no document has any term"):
         StradsLDA().fit(vectors_df(spark, [Vectors.sparse(4, [], [])] * 3))
+    with pytest.raises(InputError, match=r"the input has no rows"):
+        StradsLDA().fit(vectors_df(spark, [good]).limit(0))
+    with pytest.raises(InputError, match=r"count inf for term 1"):
+        StradsLDA().fit(vectors_df(spark, [good, Vectors.dense([0.0, float("inf"), 0.0, 1.0])]))

@@ -219,6 +219,9 @@ def _doc_records(dataset, features_col: str):
         a["bad"] = a["bad"] or b["bad"]
         return a
 
+    if records.getNumPartitions() == 0:  # e.g. df.limit(0): nothing to reduce
+        raise InputError(f"featuresCol {features_col!r}: the input has no rows; LDA needs at least one "
+                         "non-empty document")
     stats = records.mapPartitions(scan).treeReduce(merge)
 
     def keep(it):
