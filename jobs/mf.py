@@ -35,7 +35,8 @@ def parse_args(argv=None):
     p.add_argument("--rank", type=int, default=10)
     p.add_argument("--max-iter", type=int, default=15)
     p.add_argument("--reg-param", type=float, default=0.1)
-    p.add_argument("--inner-iterations", type=int, default=3)
+    p.add_argument("--inner-iterations", type=int, default=0, help="0 = automatic (1 with feature blocks)")
+    p.add_argument("--feature-block-size", type=int, default=0, help="features per round; 0 = automatic, 1 = CCD++")
     p.add_argument("--nonnegative", action="store_true")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--test-fraction", type=float, default=0.0)
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
                    if args.test_fraction > 0 else (df, None))
     mf = StradsMF(userCol=args.user_col, itemCol=args.item_col, ratingCol=args.rating_col, rank=args.rank,
                   maxIter=args.max_iter, regParam=args.reg_param, innerIterations=args.inner_iterations,
+                  featureBlockSize=args.feature_block_size,
                   nonnegative=args.nonnegative, numWorkers=args.workers, seed=args.seed, coldStartStrategy="drop")
     t0 = time.perf_counter()
     model = mf.fit(train)

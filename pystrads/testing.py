@@ -445,7 +445,7 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
                                        **mf_cols),
             lambda: RegressionEvaluator(metricName="rmse", labelCol="rating"),
             grid={"regParam": [0.05, 0.2]},
-            invalid=[("rank", 0), ("maxIter", 0), ("regParam", -1.0), ("coldStartStrategy", "ignore"),
+            invalid=[("rank", 0), ("maxIter", 0), ("regParam", -1.0), ("coldStartStrategy", "ignore"), ("featureBlockSize", -2),
                      ("implicitPrefs", True), ("numWorkers", -1), ("userCol", "nope"), ("ratingCol", "nope")],
             output_param="predictionCol", key_col="id"),
         EstimatorSpec(

@@ -32,6 +32,29 @@ def ccdpp_reference(users, items, ratings, n_users, n_items, rank, lam, iters, i
     return w, h
 
 
+def block_reference(users, items, ratings, n_users, n_items, rank, lam, iters, inner, seed, b):
+    """Serial block coordinate descent: per feature block, exact ridge solves per item then user."""
+    w, h = ccdpp_reference(users, items, ratings, n_users, n_items, rank, lam, 0, inner, seed)
+    n_i = np.bincount(users, minlength=n_users)
+    m_j = np.bincount(items, minlength=n_items)
+    r = ratings - (w[users] * h[items]).sum(1)
+    for _ in range(iters):
+        for lo in range(0, rank, b):
+            B = slice(lo, min(rank, lo + b))
+            rhat = r + (w[users, B] * h[items, B]).sum(1)
+            for _ in range(inner):
+                for j in range(n_items):
+                    sel = items == j
+                    wi = w[users[sel], B]
+                    h[j, B] = np.linalg.solve(wi.T @ wi + lam * m_j[j] * np.eye(wi.shape[1]), wi.T @ rhat[sel])
+                for i in range(n_users):
+                    sel = users == i
+                    hj = h[items[sel], B]
+                    w[i, B] = np.linalg.solve(hj.T @ hj + lam * n_i[i] * np.eye(hj.shape[1]), hj.T @ rhat[sel])
+            r = rhat - (w[users, B] * h[items, B]).sum(1)
+    return w, h
+
+
 def objective(w, h, users, items, ratings, lam):
     n_i = np.bincount(users, minlength=len(w))
     m_j = np.bincount(items, minlength=len(h))
@@ -39,13 +62,14 @@ def objective(w, h, users, items, ratings, lam):
     return float(err @ err + lam * ((n_i[:, None] * w ** 2).sum() + (m_j[:, None] * h ** 2).sum()))
 
 
-def fit(sc, users, items, ratings, n_users, n_items, rank, lam, iters, inner=2, workers=2, nonnegative=False):
+def fit(sc, users, items, ratings, n_users, n_items, rank, lam, iters, inner=2, workers=2, nonnegative=False,
+        block=1):
     program = MFProgram(n_users, n_items, rank, lam, np.bincount(items, minlength=n_items), iters, inner,
-                        nonnegative=nonnegative, seed=5)
+                        nonnegative=nonnegative, seed=5, block_size=block)
     triples = list(zip(users.tolist(), items.tolist(), ratings.tolist()))
     rdd = sc.parallelize(triples, workers).keyBy(lambda t: t[0]).partitionBy(workers).values()
     with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2}).fit() as res:
-        h = res.read_table("item_factors")[:, 0].reshape(rank, n_items).T
+        h = program.item_matrix(res.read_table("item_factors"))
         parts = res.map_states(lambda wk, data, state: (data.users, state.w))
         its = res.summary.iterations
     w = np.zeros((n_users, rank))
@@ -73,6 +97,17 @@ def test_distributed_updates_equal_serial_ccdpp(sc, sparse_problem):
     assert [r["iteration"] for r in its] == list(range(1, 7))
     rmse = [r["train_rmse"] for r in its]
     assert all(b <= a + 1e-12 for a, b in zip(rmse, rmse[1:])), rmse
+
+
+@pytest.mark.parametrize("block", [2, 4])
+def test_block_updates_equal_serial_block_coordinate_descent(sc, sparse_problem, block):
+    """Blocks of 2 features (rank 5: blocks 2, 2, 1 -- a padded last block) and of 4 (4, 1)."""
+    users, items, ratings, nu, ni = sparse_problem
+    w, h, its = fit(sc, users, items, ratings, nu, ni, rank=5, lam=0.05, iters=4, block=block)
+    w_ref, h_ref = block_reference(users, items, ratings, nu, ni, 5, 0.05, 4, 2, seed=5, b=block)
+    assert np.allclose(w, w_ref, atol=1e-8) and np.allclose(h, h_ref, atol=1e-8)
+    rmse = [r["train_rmse"] for r in its]
+    assert len(rmse) == 4 and all(b <= a + 1e-12 for a, b in zip(rmse, rmse[1:])), rmse
 
 
 def test_converges_to_the_alternating_least_squares_optimum(sc, sparse_problem):

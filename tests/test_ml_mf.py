@@ -60,6 +60,15 @@ def test_fit_quality_matches_als(fitted, ratings):
     assert len(rmse) == 15 and rmse[-1] == pytest.approx(ours, rel=1e-3)
 
 
+def test_block_sizes_reach_the_same_quality(ratings):
+    """CCD++ (featureBlockSize 1), blocks of 2 with a padded last block, and whole-row blocks (5 = rank)."""
+    ev = RegressionEvaluator(labelCol="rating")
+    rmse = {b: ev.evaluate(mf(rank=5, featureBlockSize=b).fit(ratings).transform(ratings)) for b in (1, 2, 5)}
+    theirs = ev.evaluate(als(rank=5).fit(ratings).transform(ratings))
+    assert max(rmse.values()) - min(rmse.values()) < 0.005, rmse
+    assert max(rmse.values()) <= theirs + 0.005, (rmse, theirs)
+
+
 def test_recommendations_are_the_top_scores(fitted):
     recs = {r.userId: r.recommendations for r in fitted.recommendForAllUsers(3).collect()}
     w = {r.id: np.array(r.features) for r in fitted.userFactors.collect()}
@@ -103,6 +112,10 @@ def test_bad_input_and_params_are_refused(spark, ratings):
         mf(implicitPrefs=True).fit(ratings)
     with pytest.raises(ConfigurationError, match="rank=0 must be >= 1"):
         mf(rank=0).fit(ratings)
+    with pytest.raises(ConfigurationError, match="featureBlockSize=-1 must be >= 0"):
+        mf(featureBlockSize=-1).fit(ratings)
+    with pytest.raises(ConfigurationError, match="featureBlockSize=2 with nonnegative=True"):
+        mf(featureBlockSize=2, nonnegative=True).fit(ratings)
     with pytest.raises(ConfigurationError, match="coldStartStrategy='keep'"):
         mf(coldStartStrategy="keep").fit(ratings)
     with pytest.raises(InputError, match="userCol 'user' is not a column"):

@@ -33,6 +33,9 @@ from ._persistence import PersistentModel
 log = logging.getLogger(__name__)
 
 _ALS_CASTS_IDS = int(pyspark.__version__.split(".")[0]) >= 4
+#: featureBlockSize=0 resolves to blocks of at most AUTO_BLOCK_SIZE features, as balanced as possible
+#: (see jobs/bench_mf.py and the README for the measurements)
+AUTO_BLOCK_SIZE = 8
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -101,13 +104,18 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
                                    typeConverter=TypeConverters.toInt)
     innerIterations: Param[int] = Param(
         Params._dummy(), "innerIterations",
-        "coordinate-descent alternations per feature in each iteration (CCD++ inner iterations; >= 1). "
-        "Higher ranks gain from more.", typeConverter=TypeConverters.toInt)
+        "alternations per feature block in each iteration (>= 1; 0 = automatic: 1 with blocks of several "
+        "features, whose solves are exact, 3 for CCD++ with featureBlockSize 1)", typeConverter=TypeConverters.toInt)
+    featureBlockSize: Param[int] = Param(
+        Params._dummy(), "featureBlockSize",
+        "features updated together per round by exact block solves (1 = CCD++, one feature per round; "
+        "rank = ALS-like whole-row solves); fewer rounds per iteration, b(b+1)/2 + b partial sums per item. "
+        "0 = automatic: 1 with nonnegative=True, else min(rank, 8)", typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(rank=10, maxIter=10, regParam=0.1, implicitPrefs=False, alpha=1.0, ratingCol="rating",
-                         nonnegative=False, checkpointInterval=10, numWorkers=0, innerIterations=3)
+                         nonnegative=False, checkpointInterval=10, numWorkers=0, innerIterations=0, featureBlockSize=0)
 
     def getRank(self) -> int:
         return self.getOrDefault(self.rank)
@@ -130,6 +138,24 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
     def getInnerIterations(self) -> int:
         return self.getOrDefault(self.innerIterations)
 
+    def _inner_iterations(self) -> int:
+        """The resolved innerIterations (0 = automatic)."""
+        if self.getInnerIterations() > 0:
+            return self.getInnerIterations()
+        return 1 if self._block_size() > 1 else 3
+
+    def getFeatureBlockSize(self) -> int:
+        return self.getOrDefault(self.featureBlockSize)
+
+    def _block_size(self) -> int:
+        """The resolved featureBlockSize (0 = automatic)."""
+        if self.getFeatureBlockSize() > 0:
+            return min(self.getFeatureBlockSize(), self.getRank())
+        if self.getNonnegative():
+            return 1
+        blocks = -(-self.getRank() // AUTO_BLOCK_SIZE)  # as few blocks as allowed, of balanced sizes
+        return -(-self.getRank() // blocks)
+
 
 class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     """Matrix factorisation for explicit ratings by scheduled model-parallel coordinate descent.
@@ -138,10 +164,11 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
 
         sum (r_ui - x_u . y_i)^2 + regParam * (sum_u n_u |x_u|^2 + sum_i n_i |y_i|^2)
 
-    Schedule: STRADS MF -- for each feature, item factors are updated from
-    every worker's partial sums (aggregated on the shards next to the rows),
-    then user factors locally; ``innerIterations`` alternations per feature
-    (CCD++). Ratings are partitioned by user; item factors live on the shards.
+    Schedule: STRADS MF -- for each block of ``featureBlockSize`` features, item
+    factors are updated from every worker's partial sums (aggregated and
+    solved on the shards next to the rows), then user factors locally;
+    ``innerIterations`` alternations per block (featureBlockSize 1 is CCD++).
+    Ratings are partitioned by user; item factors live on the shards.
 
     Example
     -------
@@ -156,7 +183,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                  alpha: float = 1.0, userCol: str = "user", itemCol: str = "item", seed: Optional[int] = None,
                  ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                  coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
-                 innerIterations: int = 3):
+                 innerIterations: int = 0, featureBlockSize: int = 0):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
@@ -165,7 +192,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                   alpha: float = 1.0, userCol: str = "user", itemCol: str = "item", seed: Optional[int] = None,
                   ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                   coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
-                  innerIterations: int = 3) -> "StradsMF":
+                  innerIterations: int = 0, featureBlockSize: int = 0) -> "StradsMF":
         return self._set(**self._input_kwargs)
 
     def setRank(self, value: int) -> "StradsMF":
@@ -204,6 +231,9 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     def setInnerIterations(self, value: int) -> "StradsMF":
         return self._set(innerIterations=value)
 
+    def setFeatureBlockSize(self, value: int) -> "StradsMF":
+        return self._set(featureBlockSize=value)
+
     def setImplicitPrefs(self, value: bool) -> "StradsMF":
         return self._set(implicitPrefs=value)
 
@@ -223,14 +253,19 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
             raise ConfigurationError(f"maxIter={self.getMaxIter()} must be >= 1")
         if not self.getRegParam() >= 0:
             raise ConfigurationError(f"regParam={self.getRegParam()} must be >= 0")
-        if self.getInnerIterations() < 1:
-            raise ConfigurationError(f"innerIterations={self.getInnerIterations()} must be >= 1")
+        if self.getInnerIterations() < 0:
+            raise ConfigurationError(f"innerIterations={self.getInnerIterations()} must be >= 1 (or 0 = automatic)")
         if self.getNumWorkers() < 0:
             raise ConfigurationError(f"numWorkers={self.getNumWorkers()} must be >= 0 (0 = one per task slot)")
         interval = self.getCheckpointInterval()
         if interval != -1 and interval < 1:
             raise ConfigurationError(f"checkpointInterval={interval} must be >= 1, or -1 to disable "
                                      "checkpoints (ALS's rule)")
+        if self.getFeatureBlockSize() < 0:
+            raise ConfigurationError(f"featureBlockSize={self.getFeatureBlockSize()} must be >= 0 (0 = automatic)")
+        if self.getNonnegative() and self.getFeatureBlockSize() > 1:
+            raise ConfigurationError(f"featureBlockSize={self.getFeatureBlockSize()} with nonnegative=True: nonnegative factors "
+                                     "are updated one feature at a time; set featureBlockSize=1 (or 0)")
         self._check_cold_start()
         self._check_id_columns(dataset, need_rating=True)
 
@@ -272,11 +307,11 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
         rank = self.getRank()
         program = MFProgram(len(users), len(items), rank, self.getRegParam(), item_counts, self.getMaxIter(),
-                            self.getInnerIterations(), self.getNonnegative(), seed)
+                            self._inner_iterations(), self.getNonnegative(), seed, block_size=self._block_size())
         log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers", int(item_counts.sum()),
                  len(users), len(items), rank, U)
         with Engine(program, records, num_workers=U, seed=seed).fit() as result:
-            h = result.read_table("item_factors")[:, 0].reshape(rank, len(items)).T.copy()
+            h = program.item_matrix(result.read_table("item_factors"))
             w = np.zeros((len(users), rank))
             for local, rows in result.map_states(lambda wk, data, state: (data.users, state.w)):
                 w[local] = rows

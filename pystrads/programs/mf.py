@@ -65,8 +65,8 @@ class _MFState:
         self.w = w  # (local users, rank)
         self.residual = residual  # a - w.h for every local rating
         self.rhat = residual.copy()  # residual with the current feature added back
-        self.u = np.zeros(w.shape[0])
-        self.v = None  # current feature of H at the local items
+        self.u = np.zeros((w.shape[0], 1))  # W of the current feature block (local users x b)
+        self.v = None  # H of the current feature block at the local items
 
 
 class MFProgram(Program):
@@ -91,7 +91,8 @@ class MFProgram(Program):
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
-                 max_iterations: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0):
+                 max_iterations: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0,
+                 block_size: int = 1):
         self.num_users = int(num_users)
         self.num_items = int(num_items)
         self.rank = int(rank)
@@ -102,18 +103,34 @@ class MFProgram(Program):
         self.nonnegative = bool(nonnegative)
         self.seed = int(seed)
         self.num_ratings = float(self.item_counts.sum())
+        self.block_size = max(1, min(int(block_size), self.rank))
+        if self.nonnegative and self.block_size > 1:
+            raise ValueError("nonnegative factors need block_size=1 (exact projected coordinate updates)")
+        self.num_blocks = -(-self.rank // self.block_size)
 
     def __repr__(self) -> str:
         return (f"MFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
                 f"regParam={self.reg_param}, iterations={self.max_iterations}, inner={self.inner_iterations}, "
+                f"block={self.block_size}, "
                 f"nonnegative={self.nonnegative})")
 
     @property
     def rounds_per_iteration(self) -> int:
-        return self.rank * self.inner_iterations
+        return self.num_blocks * self.inner_iterations
 
     def tables(self):
-        return [Table("item_factors", self.rank * self.num_items, 1, "float64", contrib_width=2)]
+        b = self.block_size
+        return [Table("item_factors", self.num_blocks * self.num_items, b, "float64", contrib_width=b * b + b)]
+
+    def item_matrix(self, table: np.ndarray) -> np.ndarray:
+        """The ``item_factors`` table (block-major rows, ``block_size`` wide) as (num_items, rank)."""
+        b, n = self.block_size, self.num_items
+        h = np.asarray(table).reshape(self.num_blocks, n, b).transpose(1, 0, 2).reshape(n, self.num_blocks * b)
+        return np.ascontiguousarray(h[:, :self.rank])
+
+    def _features(self, block: int):
+        lo = block * self.block_size
+        return lo, min(self.rank, lo + self.block_size)
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _MFData:
@@ -146,47 +163,73 @@ class MFProgram(Program):
             w -= 0.5 * scale
         return _MFState(w, data.ratings.copy())  # H starts at 0, so the residual is the rating
 
-    def _column(self, ctx, data: _MFData, k: int) -> np.ndarray:
-        start = k * self.num_items
-        return ctx.table("item_factors").get_range(start, start + self.num_items)[:, 0][data.items]
+    def _block(self, ctx, data: _MFData, block: int) -> np.ndarray:
+        """H of feature block ``block`` at the local items, (local items, features in the block)."""
+        start = block * self.num_items
+        lo, hi = self._features(block)
+        rows = ctx.table("item_factors").get_range(start, start + self.num_items, copy=False)
+        return np.ascontiguousarray(rows[data.items, :hi - lo])
 
     def push(self, ctx, data: _MFData, state: _MFState, work) -> _MFState:
         from ..kernels import mf as K
 
-        k, t = work
-        if t == 0:  # add feature k back into the residual
-            state.v = self._column(ctx, data, k)
-            state.u = np.ascontiguousarray(state.w[:, k])
-            K.add_rank_one(state.residual, data.rating_user, data.rating_item, state.u, state.v, 1.0, state.rhat)
-        num = np.empty(len(data.items))
-        den = np.empty(len(data.items))
-        K.item_partials(data.item_ptr, data.item_ratings, data.rating_user, state.rhat, state.u, num, den)
+        c, t = work
+        lo, hi = self._features(c)
+        if t == 0:  # add feature block c back into the residual
+            state.v = self._block(ctx, data, c)
+            state.u = np.ascontiguousarray(state.w[:, lo:hi])
+            K.add_block(state.residual, data.rating_user, data.rating_item, state.u, state.v, 1.0, state.rhat)
+        b, be = self.block_size, hi - lo
+        partials = np.empty((len(data.items), be * be + be))
+        K.item_block_partials(data.item_ptr, data.item_ratings, data.rating_user, state.rhat, state.u, partials)
+        if be < b:  # the last block of a rank that b does not divide: pad to the table's width
+            padded = np.zeros((len(data.items), b * b + b))
+            gram = padded[:, :b * b].reshape(-1, b, b)
+            gram[:, :be, :be] = partials[:, :be * be].reshape(-1, be, be)
+            padded[:, b * b:b * b + be] = partials[:, be * be:]
+            partials = padded
         if len(data.items):
-            ctx.contribute("item_factors", k * self.num_items + data.items, np.column_stack([num, den]))
+            ctx.contribute("item_factors", c * self.num_items + data.items, partials)
         return state
 
     def pull(self, table, keys, partials, current):
-        items = keys % self.num_items
-        denom = self.reg_param * self.item_counts[items] + partials[:, 1]
-        new = np.divide(partials[:, 0], denom, out=np.zeros(len(keys)), where=denom > 0)
+        b, n = self.block_size, self.num_items
+        items = keys % n
+        blocks = keys // n
+        gram = partials[:, :b * b].reshape(-1, b, b).copy()
+        rhs = partials[:, b * b:].copy()
+        diag = np.arange(b)
+        gram[:, diag, diag] += (self.reg_param * self.item_counts[items])[:, None]
+        lo = blocks * b
+        padding = (lo[:, None] + diag[None, :]) >= self.rank  # features past the rank: keep them 0
+        gram[:, diag, diag] += padding
+        rhs[padding] = 0.0
+        if b == 1:
+            den = gram[:, 0, 0]
+            new = np.divide(rhs[:, 0], den, out=np.zeros(len(keys)), where=den > 0)[:, None]
+        else:
+            try:
+                new = np.linalg.solve(gram, rhs[..., None])[..., 0]
+            except np.linalg.LinAlgError:  # regParam 0 and a rank-deficient item: least norm
+                new = np.einsum("nij,nj->ni", np.linalg.pinv(gram), rhs)
         if self.nonnegative:
             new = np.maximum(new, 0.0)
-        return new.reshape(-1, 1)
+        return new
 
     def apply(self, ctx, data: _MFData, state: _MFState, work) -> _MFState:
         from ..kernels import mf as K
 
-        k, t = work
-        state.v = self._column(ctx, data, k)
-        K.user_update(data.user_ptr, data.user_ratings, data.rating_item, state.rhat, state.v, data.user_reg,
-                      state.u)
+        c, t = work
+        lo, hi = self._features(c)
+        state.v = self._block(ctx, data, c)
+        K.user_block_update(data.user_ptr, data.user_ratings, data.rating_item, state.rhat, state.v,
+                            data.user_reg, state.u)
         if self.nonnegative:
             np.maximum(state.u, 0.0, out=state.u)
         if t == self.inner_iterations - 1:
-            K.add_rank_one(state.rhat, data.rating_user, data.rating_item, state.u, state.v, -1.0,
-                           state.residual)
-            state.w[:, k] = state.u
-            if k == self.rank - 1:  # an outer iteration ends: report the training error
+            K.add_block(state.rhat, data.rating_user, data.rating_item, state.u, state.v, -1.0, state.residual)
+            state.w[:, lo:hi] = state.u
+            if c == self.num_blocks - 1:  # an outer iteration ends: report the training error
                 ctx.report(sse=K.squared_error(state.residual),
                            w_reg=float((data.user_reg[:, None] * state.w ** 2).sum()))
         return state
