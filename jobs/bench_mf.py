@@ -1,8 +1,10 @@
 """MF benchmark: StradsMF vs MLlib ALS on MovieLens latest-small, fixed 90/10 split, same run.
 
     python jobs/bench_mf.py [--ranks 10,50] [--reg 0.1] [--iters 15] [--repeats 3] [--high-rank 500]
+                            [--sgd-step 0.05]
 
-Both get ALS's own params (rank, regParam, maxIter, seed); test RMSE with
+StradsMF with both algorithms (coordinate descent, the default, and SGD with
+block rotation) and ALS all get ALS's own params (rank, regParam, maxIter, seed); test RMSE with
 cold starts dropped (RegressionEvaluator); fit time from ``fit`` to factors
 materialised. Medians of ``--repeats`` fits each, interleaved. A high-rank
 StradsMF run (``--high-rank``) reports the shards' memory. Prints a table,
@@ -35,6 +37,7 @@ def main(argv=None):
     p.add_argument("--inner", type=int, default=None, help="StradsMF innerIterations (default: the estimator's)")
     p.add_argument("--blocks", default="0",
                    help="StradsMF featureBlockSize values to compare (0 = the automatic default, 1 = CCD++)")
+    p.add_argument("--sgd-step", type=float, default=0.05, help="StradsMF(algorithm='sgd') stepSize; 0 to skip SGD")
     p.add_argument("--high-rank", type=int, default=500, help="0 to skip")
     p.add_argument("--out", default="out/bench_mf.json")
     args = p.parse_args(argv)
@@ -76,6 +79,7 @@ def main(argv=None):
     # warm-up: JVM JIT for ALS; shard start and kernel compilation for pystrads
     ALS(**dict(common, rank=5, maxIter=2)).fit(train).userFactors.count()
     StradsMF(**dict(common, rank=2, maxIter=1)).fit(train)
+    StradsMF(**dict(common, rank=2, maxIter=1, algorithm="sgd")).fit(train)
     blocks = [int(b) for b in args.blocks.split(",")]
 
     def label(b):
@@ -88,24 +92,30 @@ def main(argv=None):
                 if args.inner:
                     mf.setInnerIterations(args.inner)
                 run(label(b), rank, mf)
+            if args.sgd_step > 0:
+                run("pystrads sgd", rank, StradsMF(**dict(common, rank=rank, algorithm="sgd", stepSize=args.sgd_step)))
             run("ALS", rank, ALS(**dict(common, rank=rank)))
     high = None
     if args.high_rank:
         from pystrads.ps import launcher
 
-        mf = StradsMF(**dict(common, rank=args.high_rank, maxIter=min(args.iters, 5)))
-        model = run("pystrads", args.high_rank, mf)
-        manager = next(iter(launcher._MANAGERS.values()))
-        stats = manager.group.broadcast("stats")
-        high = {"rank": args.high_rank, "iterations": min(args.iters, 5),
-                "shard_rss_bytes": [s["rss_bytes"] for s in stats],
-                "item_factor_cells": args.high_rank * model.itemFactors.count()}
-        print(f"  rank {args.high_rank}: shard RSS {[round(s['rss_bytes'] / 2**20) for s in stats]} MiB")
+        high = {"rank": args.high_rank, "iterations": min(args.iters, 5)}
+        algorithms = [("pystrads", "cd")] + ([("pystrads sgd", "sgd")] if args.sgd_step > 0 else [])
+        for system, algorithm in algorithms:
+            mf = StradsMF(**dict(common, rank=args.high_rank, maxIter=min(args.iters, 5), algorithm=algorithm,
+                                 stepSize=args.sgd_step or 0.05))
+            model = run(system, args.high_rank, mf)
+            manager = next(iter(launcher._MANAGERS.values()))
+            stats = manager.group.broadcast("stats")
+            high[algorithm] = {"shard_rss_bytes": [s["rss_bytes"] for s in stats],
+                               "item_factor_cells": args.high_rank * model.itemFactors.count()}
+            print(f"  {system} rank {args.high_rank}: shard RSS "
+                  f"{[round(s['rss_bytes'] / 2**20) for s in stats]} MiB")
 
     summary = {}
     print("\n| system | rank | fit s (median) | test RMSE (median) |")
     print("|---|---:|---:|---:|")
-    systems = [label(b) for b in blocks] + ["ALS"]
+    systems = [label(b) for b in blocks] + (["pystrads sgd"] if args.sgd_step > 0 else []) + ["ALS"]
     for rank in sorted({r["rank"] for r in results}):
         for system in systems:
             rows = [r for r in results if r["system"] == system and r["rank"] == rank]
@@ -123,6 +133,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"results": results, "summary": summary, "high_rank": high, "reg": args.reg, "iters": args.iters,
+                   "sgd_step": args.sgd_step,
                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}, fh, indent=2)
     try:
         import matplotlib

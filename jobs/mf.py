@@ -2,6 +2,7 @@
 
     spark-submit jobs/mf.py --input ratings.csv --user-col userId --item-col movieId --rank 10 --max-iter 15
     spark-submit jobs/mf.py --input ratings.parquet --test-fraction 0.1 --output out/mf
+    spark-submit jobs/mf.py --input ratings.csv --algorithm sgd --step-size 0.05
 
 Input: CSV (with a header; .csv or .csv.gz) or Parquet with user, item and
 rating columns (integer ids within int32, as ALS). With ``--test-fraction``
@@ -37,6 +38,9 @@ def parse_args(argv=None):
     p.add_argument("--reg-param", type=float, default=0.1)
     p.add_argument("--inner-iterations", type=int, default=0, help="0 = automatic (1 with feature blocks)")
     p.add_argument("--feature-block-size", type=int, default=0, help="features per round; 0 = automatic, 1 = CCD++")
+    p.add_argument("--algorithm", choices=["cd", "sgd"], default="cd",
+                   help="cd: coordinate descent with W/H alternation (default); sgd: SGD with block rotation")
+    p.add_argument("--step-size", type=float, default=0.05, help="SGD's initial step size (algorithm sgd)")
     p.add_argument("--nonnegative", action="store_true")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--test-fraction", type=float, default=0.0)
@@ -66,7 +70,7 @@ def main(argv=None) -> int:
                    if args.test_fraction > 0 else (df, None))
     mf = StradsMF(userCol=args.user_col, itemCol=args.item_col, ratingCol=args.rating_col, rank=args.rank,
                   maxIter=args.max_iter, regParam=args.reg_param, innerIterations=args.inner_iterations,
-                  featureBlockSize=args.feature_block_size,
+                  featureBlockSize=args.feature_block_size, algorithm=args.algorithm, stepSize=args.step_size,
                   nonnegative=args.nonnegative, numWorkers=args.workers, seed=args.seed, coldStartStrategy="drop")
     t0 = time.perf_counter()
     model = mf.fit(train)
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
     print("\niteration  train RMSE")
     for _, row in history.iterrows():
         print(f"{int(row['iteration']):>9}  {row['train_rmse']:.4f}")
-    metrics = {"input": args.input, "rank": args.rank, "fit_s": fit_s, "iterations": history.to_dict("records"),
+    metrics = {"input": args.input, "rank": args.rank, "algorithm": args.algorithm, "fit_s": fit_s, "iterations": history.to_dict("records"),
                "steps": model.summary.steps.to_dict("records"), "fixed_s": model.summary.fixed}
     if test is not None:
         metrics["test_rmse"] = RegressionEvaluator(labelCol=args.rating_col).evaluate(model.transform(test))

@@ -1,10 +1,11 @@
-"""The MF program (CCD++ with W/H alternation) on local[2] against plain numpy references."""
+"""The MF programs (CCD++ / feature blocks with W/H alternation, SGD with block rotation) on local[2]
+against plain numpy references."""
 
 import numpy as np
 import pytest
 
 from pystrads.engine import Engine
-from pystrads.programs.mf import MFProgram, hash_uniform
+from pystrads.programs.mf import MFProgram, MFSGDProgram, _sgd_initial_factors, hash_uniform
 
 
 def ccdpp_reference(users, items, ratings, n_users, n_items, rank, lam, iters, inner, seed):
@@ -141,3 +142,95 @@ def test_rank_one_matrix_is_recovered(sc):
     assert np.allclose(w @ h.T, np.outer(x, y), rtol=1e-5)
     assert its[-1]["train_rmse"] < 1e-6
     assert (w >= 0).all() and (h >= 0).all()
+
+
+# ---------------------------------------------------------------------------------------------- SGD
+
+
+def fit_sgd(sc, users, items, ratings, n_users, n_items, rank, lam, iters, workers=2, step=0.05,
+            nonnegative=False):
+    program = MFSGDProgram(n_users, n_items, rank, lam, np.bincount(items, minlength=n_items), iters, workers,
+                           step_size=step, nonnegative=nonnegative, seed=5)
+    triples = list(zip(users.tolist(), items.tolist(), ratings.tolist()))
+    rdd = sc.parallelize(triples, workers).keyBy(lambda t: t[0]).partitionBy(workers).values()
+    with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2}).fit() as res:
+        h = program.item_matrix(res.read_table("item_factors"))
+        parts = res.map_states(lambda wk, data, state: (data.users, state.w))
+        its = res.summary.iterations
+    w = np.zeros((n_users, rank))
+    owner = np.full(n_users, -1)
+    for p, (uid, rows) in enumerate(parts):
+        w[uid] = rows
+        owner[uid] = p
+    return w, h, its, program, owner
+
+
+def sgd_reference(users, items, ratings, program, owner, iters):
+    """Serial SGD visiting the ratings exactly as the rotation schedule does: in round r of an
+    iteration, worker p sweeps its ratings of item block (p + r) mod U in the hashed order."""
+    U, rank, lam = program.num_workers, program.rank, program.reg_param
+    w = _sgd_initial_factors(rank, program.seed, 0, np.arange(program.num_users))
+    h = _sgd_initial_factors(rank, program.seed, 1, np.arange(program.num_items))
+    block = np.searchsorted(program.bounds, items, side="right") - 1
+    key = hash_uniform(users.astype(np.int64) * program.num_items + items, 0, program.seed)
+    sse = []
+    for t in range(iters):
+        eta = program.step_size / np.sqrt(1 + t)
+        total = 0.0
+        for r in range(U):
+            for p in range(U):
+                sel = np.flatnonzero((owner[users] == p) & (block == (p + r) % U))
+                for n in sel[np.argsort(key[sel], kind="stable")]:
+                    i, j = users[n], items[n]
+                    e = ratings[n] - w[i] @ h[j]
+                    total += e * e
+                    w[i], h[j] = w[i] + eta * (e * h[j] - lam * w[i]), h[j] + eta * (e * w[i] - lam * h[j])
+        sse.append(total)
+    return w, h, sse
+
+
+def test_sgd_rotation_equals_serial_sgd_in_the_schedules_order(sc, sparse_problem):
+    """Every rating visited once per iteration, each item block by one worker at a time: the
+    distributed run is the serial SGD that visits ratings in the rotation's order, to rounding."""
+    users, items, ratings, nu, ni = sparse_problem
+    w, h, its, program, owner = fit_sgd(sc, users, items, ratings, nu, ni, rank=3, lam=0.05, iters=5)
+    assert set(owner[np.unique(users)]) == {0, 1} and len(program.bounds) == 3
+    w_ref, h_ref, sse = sgd_reference(users, items, ratings, program, owner, 5)
+    assert np.allclose(w[np.unique(users)], w_ref[np.unique(users)], atol=1e-10)
+    assert np.allclose(h, h_ref, atol=1e-10)
+    assert [r["iteration"] for r in its] == list(range(1, 6))
+    assert np.allclose([r["sse"] for r in its], sse, rtol=1e-10)
+    assert its[-1]["train_rmse"] < its[0]["train_rmse"]
+
+
+def test_sgd_item_blocks_balance_rating_mass():
+    from pystrads.programs.mf import item_blocks
+
+    counts = np.array([50, 1, 1, 1, 1, 1, 45, 0, 0, 0])
+    bounds = item_blocks(counts, 2)
+    assert bounds[0] == 0 and bounds[-1] == 10 and bounds[1] == 1  # [50] | [1, 1, 1, 1, 1, 45, 0, 0, 0]
+    four = item_blocks(np.ones(8), 4)
+    assert list(four) == [0, 2, 4, 6, 8]
+    few = item_blocks(np.ones(2), 4)  # more blocks than items: some blocks are empty
+    assert len(few) == 5 and few[0] == 0 and few[-1] == 2 and np.all(np.diff(few) >= 0)
+    assert sorted(np.diff(few)) == [0, 0, 1, 1]
+
+
+def test_sgd_recovers_a_rank_one_matrix_with_one_and_two_workers(sc):
+    rng = np.random.default_rng(1)
+    x, y = rng.uniform(0.5, 2.0, 25), rng.uniform(0.5, 2.0, 20)
+    users, items = np.meshgrid(np.arange(25), np.arange(20), indexing="ij")
+    users, items = users.ravel(), items.ravel()
+    ratings = x[users] * y[items]
+    for workers in (1, 2):
+        w, h, its, _, _ = fit_sgd(sc, users, items, ratings, 25, 20, rank=1, lam=0.0, iters=60, workers=workers,
+                                  step=0.1, nonnegative=True)
+        assert np.allclose(w @ h.T, np.outer(x, y), rtol=1e-3), workers
+        assert its[-1]["train_rmse"] < 1e-3 * its[0]["train_rmse"]
+        assert (w >= 0).all() and (h >= 0).all()
+
+
+def test_sgd_divergence_is_reported_with_the_step_size(sc, sparse_problem):
+    users, items, ratings, nu, ni = sparse_problem
+    with pytest.raises(FloatingPointError, match=r"SGD diverged in iteration \d+.*stepSize=50"):
+        fit_sgd(sc, users, items, ratings, nu, ni, rank=3, lam=0.05, iters=10, step=50.0)

@@ -69,6 +69,23 @@ def test_block_sizes_reach_the_same_quality(ratings):
     assert max(rmse.values()) <= theirs + 0.005, (rmse, theirs)
 
 
+def test_sgd_block_rotation_fits_close_to_als_and_saves_its_params(ratings):
+    ev = RegressionEvaluator(labelCol="rating")
+    est = mf(algorithm="sgd", maxIter=30)
+    model = est.fit(ratings)
+    ours = ev.evaluate(model.transform(ratings))
+    theirs = ev.evaluate(als().fit(ratings).transform(ratings))
+    assert ours <= theirs + 0.03, (ours, theirs)
+    history = model.summary.trainRmseHistory
+    assert len(history) == 30 and history[-1] < 0.5 * history[0]
+    assert list(model.summary.to_pandas()["step_size"][:2]) == pytest.approx([0.05, 0.05 / np.sqrt(2)])
+    path = os.path.join(tempfile.mkdtemp(), "est")
+    est.save(path)
+    again = StradsMF.load(path)
+    assert again.getAlgorithm() == "sgd" and again.getStepSize() == 0.05
+    assert StradsMF().getAlgorithm() == "cd"
+
+
 def test_recommendations_are_the_top_scores(fitted):
     recs = {r.userId: r.recommendations for r in fitted.recommendForAllUsers(3).collect()}
     w = {r.id: np.array(r.features) for r in fitted.userFactors.collect()}
@@ -116,6 +133,10 @@ def test_bad_input_and_params_are_refused(spark, ratings):
         mf(featureBlockSize=-1).fit(ratings)
     with pytest.raises(ConfigurationError, match="featureBlockSize=2 with nonnegative=True"):
         mf(featureBlockSize=2, nonnegative=True).fit(ratings)
+    with pytest.raises(ConfigurationError, match="algorithm='als' is not one of 'cd'"):
+        mf(algorithm="als").fit(ratings)
+    with pytest.raises(ConfigurationError, match="stepSize=0.0 must be a finite number > 0"):
+        mf(algorithm="sgd", stepSize=0.0).fit(ratings)
     with pytest.raises(ConfigurationError, match="coldStartStrategy='keep'"):
         mf(coldStartStrategy="keep").fit(ratings)
     with pytest.raises(InputError, match="userCol 'user' is not a column"):

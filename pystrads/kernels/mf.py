@@ -181,3 +181,40 @@ def user_block_update(user_ptr, user_ratings, rating_item, rhat, h, reg, w):
         _cholesky_solve(a, x, b)
         for c in range(b):
             w[i, c] = x[c]
+
+
+# ---------------------------------------------------------------------------------------------
+# SGD with block rotation (STRADS thesis, static schedule; Gemulla et al.'s DSGD strata).
+# Per rating (i, j), with e = a_ij - w_i . h_j and the ALS-scaled objective
+# sum e^2 + lambda (sum_i n_i |w_i|^2 + sum_j m_j |h_j|^2) spread over the ratings
+# (each rating carries lambda |w_i|^2 + lambda |h_j|^2):
+#
+#     w_i <- w_i + eta (e h_j - lambda w_i),   h_j <- h_j + eta (e w_i - lambda h_j)
+
+
+@njit(cache=True)
+def sgd_block(order, rating_user, rating_row, ratings, w, h, eta, reg, nonnegative):
+    """One SGD pass over the ratings ``order`` (in that order); ``w``: local users x rank,
+    ``h``: the rows of the block's items (``rating_row`` indexes them).  Returns the sum of
+    squared errors seen before each update (the sweep's training error)."""
+    k = w.shape[1]
+    sse = 0.0
+    for t in range(order.shape[0]):
+        n = order[t]
+        i = rating_user[n]
+        j = rating_row[n]
+        e = ratings[n]
+        for c in range(k):
+            e -= w[i, c] * h[j, c]
+        sse += e * e
+        for c in range(k):
+            wc = w[i, c]
+            hc = h[j, c]
+            nw = wc + eta * (e * hc - reg * wc)
+            nh = hc + eta * (e * wc - reg * hc)
+            if nonnegative:
+                nw = max(nw, 0.0)
+                nh = max(nh, 0.0)
+            w[i, c] = nw
+            h[j, c] = nh
+    return sse

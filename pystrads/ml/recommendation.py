@@ -18,7 +18,8 @@ import pyspark
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed)
+from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed,
+                                     HasStepSize)
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -27,7 +28,7 @@ from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..session import spark_context_of
-from ..programs.mf import MFProgram
+from ..programs.mf import MFProgram, MFSGDProgram
 from ._persistence import PersistentModel
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class _StradsMFModelParams(HasPredictionCol):
                                  + ("(integer ids within int32, as ALS)" if param != "ratingCol" else ""))
 
 
-class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpointInterval, HasSeed):
+class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpointInterval, HasSeed, HasStepSize):
     """Params of StradsMF (as pyspark's _ALSParams)."""
 
     rank: Param[int] = Param(Params._dummy(), "rank", "rank of the factorization (>= 1)",
@@ -111,11 +112,20 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "features updated together per round by exact block solves (1 = CCD++, one feature per round; "
         "rank = ALS-like whole-row solves); fewer rounds per iteration, b(b+1)/2 + b partial sums per item. "
         "0 = automatic: 1 with nonnegative=True, else min(rank, 8)", typeConverter=TypeConverters.toInt)
+    algorithm: Param[str] = Param(
+        Params._dummy(), "algorithm",
+        "'cd': coordinate descent with W/H alternation (exact block solves, no step size; the default); "
+        "'sgd': stochastic gradient descent with block rotation (each worker sweeps its ratings of one item "
+        "block per round, stepSize / sqrt(1 + iteration))", typeConverter=TypeConverters.toString)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(rank=10, maxIter=10, regParam=0.1, implicitPrefs=False, alpha=1.0, ratingCol="rating",
-                         nonnegative=False, checkpointInterval=10, numWorkers=0, innerIterations=0, featureBlockSize=0)
+                         nonnegative=False, checkpointInterval=10, numWorkers=0, innerIterations=0, featureBlockSize=0,
+                         algorithm="cd", stepSize=0.05)
+
+    def getAlgorithm(self) -> str:
+        return self.getOrDefault(self.algorithm)
 
     def getRank(self) -> int:
         return self.getOrDefault(self.rank)
@@ -170,6 +180,12 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     ``innerIterations`` alternations per block (featureBlockSize 1 is CCD++).
     Ratings are partitioned by user; item factors live on the shards.
 
+    ``algorithm='sgd'`` instead runs SGD with block rotation (STRADS thesis,
+    static schedule): items are cut into one block per worker, and in each
+    round every worker sweeps its ratings of a different block, so no two
+    workers ever update the same item factors; step size
+    ``stepSize / sqrt(1 + iteration)``.  Same objective, same params.
+
     Example
     -------
     >>> from pystrads.ml import StradsMF
@@ -183,7 +199,8 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                  alpha: float = 1.0, userCol: str = "user", itemCol: str = "item", seed: Optional[int] = None,
                  ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                  coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
-                 innerIterations: int = 0, featureBlockSize: int = 0):
+                 innerIterations: int = 0, featureBlockSize: int = 0, algorithm: str = "cd",
+                 stepSize: float = 0.05):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
@@ -192,7 +209,8 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                   alpha: float = 1.0, userCol: str = "user", itemCol: str = "item", seed: Optional[int] = None,
                   ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                   coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
-                  innerIterations: int = 0, featureBlockSize: int = 0) -> "StradsMF":
+                  innerIterations: int = 0, featureBlockSize: int = 0, algorithm: str = "cd",
+                  stepSize: float = 0.05) -> "StradsMF":
         return self._set(**self._input_kwargs)
 
     def setRank(self, value: int) -> "StradsMF":
@@ -234,6 +252,12 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     def setFeatureBlockSize(self, value: int) -> "StradsMF":
         return self._set(featureBlockSize=value)
 
+    def setAlgorithm(self, value: str) -> "StradsMF":
+        return self._set(algorithm=value)
+
+    def setStepSize(self, value: float) -> "StradsMF":
+        return self._set(stepSize=value)
+
     def setImplicitPrefs(self, value: bool) -> "StradsMF":
         return self._set(implicitPrefs=value)
 
@@ -266,8 +290,18 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         if self.getNonnegative() and self.getFeatureBlockSize() > 1:
             raise ConfigurationError(f"featureBlockSize={self.getFeatureBlockSize()} with nonnegative=True: nonnegative factors "
                                      "are updated one feature at a time; set featureBlockSize=1 (or 0)")
+        self._check_algorithm()
         self._check_cold_start()
         self._check_id_columns(dataset, need_rating=True)
+
+    def _check_algorithm(self) -> None:
+        if self.getAlgorithm() not in ("cd", "sgd"):
+            raise ConfigurationError(f"algorithm={self.getAlgorithm()!r} is not one of 'cd' (coordinate descent, "
+                                     "the default) or 'sgd' (SGD with block rotation)")
+        step = self.getStepSize()
+        if not (np.isfinite(step) and step > 0):
+            raise ConfigurationError(f"stepSize={step} must be a finite number > 0 (SGD's initial step size; "
+                                     "the default 0.05 suits ratings on a 1-5 scale)")
 
     def _fit(self, dataset) -> "StradsMFModel":
         t_start = time.perf_counter()
@@ -306,10 +340,17 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         records = triples.rdd.mapPartitions(to_dense).keyBy(lambda t: t[0]).partitionBy(U).values()
         seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
         rank = self.getRank()
-        program = MFProgram(len(users), len(items), rank, self.getRegParam(), item_counts, self.getMaxIter(),
-                            self._inner_iterations(), self.getNonnegative(), seed, block_size=self._block_size())
-        log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers", int(item_counts.sum()),
-                 len(users), len(items), rank, U)
+        if self.getAlgorithm() == "sgd":
+            for name in ("featureBlockSize", "innerIterations"):
+                if self.isSet(name) and self.getOrDefault(name):
+                    log.warning("StradsMF: %s=%s is ignored with algorithm='sgd'", name, self.getOrDefault(name))
+            program = MFSGDProgram(len(users), len(items), rank, self.getRegParam(), item_counts, self.getMaxIter(),
+                                   U, self.getStepSize(), self.getNonnegative(), seed)
+        else:
+            program = MFProgram(len(users), len(items), rank, self.getRegParam(), item_counts, self.getMaxIter(),
+                                self._inner_iterations(), self.getNonnegative(), seed, block_size=self._block_size())
+        log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers, %r", int(item_counts.sum()),
+                 len(users), len(items), rank, U, program)
         with Engine(program, records, num_workers=U, seed=seed).fit() as result:
             h = program.item_matrix(result.read_table("item_factors"))
             w = np.zeros((len(users), rank))

@@ -1,4 +1,5 @@
-"""Matrix factorisation by coordinate descent with W/H alternation (STRADS MF, CCD++ order).
+"""Matrix factorisation: coordinate descent with W/H alternation (STRADS MF, CCD++ / feature
+blocks; :class:`MFProgram`) and SGD with block rotation (:class:`MFSGDProgram`).
 
 Minimises, like ALS with explicit ratings::
 
@@ -23,6 +24,7 @@ reason) and, after the last inner iteration, its residuals.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import numpy as np
@@ -43,6 +45,17 @@ def hash_uniform(ids: np.ndarray, column: int, seed: int) -> np.ndarray:
         x *= np.uint64(0x94D049BB133111EB)
         x ^= x >> np.uint64(31)
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _triples(records):
+    """(user, item, rating) records as three arrays."""
+    triples = list(records)
+    if not triples:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    raw_u = np.fromiter((t[0] for t in triples), dtype=np.int64, count=len(triples))
+    raw_i = np.fromiter((t[1] for t in triples), dtype=np.int64, count=len(triples))
+    ratings = np.fromiter((t[2] for t in triples), dtype=np.float64, count=len(triples))
+    return raw_u, raw_i, ratings
 
 
 class _MFData:
@@ -136,14 +149,7 @@ class MFProgram(Program):
     def load(self, ctx, records) -> _MFData:
         from ..kernels.mf import build_index
 
-        triples = list(records)
-        if triples:
-            raw_u = np.fromiter((t[0] for t in triples), dtype=np.int64, count=len(triples))
-            raw_i = np.fromiter((t[1] for t in triples), dtype=np.int64, count=len(triples))
-            ratings = np.fromiter((t[2] for t in triples), dtype=np.float64, count=len(triples))
-        else:
-            raw_u = raw_i = np.zeros(0, np.int64)
-            ratings = np.zeros(0)
+        raw_u, raw_i, ratings = _triples(records)
         users, rating_user = np.unique(raw_u, return_inverse=True)
         items, rating_item = np.unique(raw_i, return_inverse=True)
         rating_user = rating_user.astype(np.int32)
@@ -258,6 +264,175 @@ class MFProgram(Program):
                 shown["train_rmse"] = float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0)))
                 break
         ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iterations, "iteration", **shown)
+
+    def h_regularisation(self, h: np.ndarray) -> float:
+        """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""
+        return float(self.reg_param * (self.item_counts[:, None] * h ** 2).sum())
+
+
+def _sgd_initial_factors(rank: int, seed: int, salt: int, ids: np.ndarray) -> np.ndarray:
+    """SGD's starting factors: uniform on [0, 2/sqrt(rank)) per (id, feature), so a first
+    prediction is about 1 whatever the rank; hashed, hence independent of partitioning."""
+    out = np.empty((len(ids), rank))
+    for k in range(rank):
+        out[:, k] = hash_uniform(ids, k + salt * rank, seed)
+    out *= 2.0 / np.sqrt(rank)
+    return out
+
+
+def _sgd_item_rows(rank: int, seed: int, row_start: int, row_stop: int) -> np.ndarray:
+    """Table initializer of ``item_factors`` (runs on the shards, depends only on the rows)."""
+    return _sgd_initial_factors(rank, seed, 1, np.arange(row_start, row_stop, dtype=np.int64))
+
+
+def item_blocks(item_counts, num_blocks: int) -> np.ndarray:
+    """Cut item ids ``0..n-1`` into ``num_blocks`` contiguous ranges of about equal rating
+    mass; returns ``num_blocks + 1`` bounds."""
+    counts = np.asarray(item_counts, dtype=np.float64)
+    cum = np.concatenate([[0.0], np.cumsum(counts)])
+    targets = cum[-1] * np.arange(1, num_blocks) / num_blocks
+    inner = np.searchsorted(cum, targets, side="left")
+    bounds = np.concatenate([[0], inner, [len(counts)]]).astype(np.int64)
+    return np.maximum.accumulate(bounds)
+
+
+class _SGDData:
+    def __init__(self, users, rating_user, ratings, block_ptr, order, rating_row, block_items):
+        self.users = users  # global user indices of the local users
+        self.rating_user = rating_user  # local user index per rating
+        self.ratings = ratings
+        self.block_ptr = block_ptr  # order[block_ptr[b]:block_ptr[b+1]]: ratings of item block b
+        self.order = order  # visiting order: by block, shuffled within the block (seeded hash)
+        self.rating_row = rating_row  # row of the rating's item in its block's item list
+        self.block_items = block_items  # list: global item indices of each block seen locally
+
+
+class _SGDState:
+    def __init__(self, w):
+        self.w = w  # (local users, rank)
+
+
+class MFSGDProgram(Program):
+    """Matrix factorisation by SGD with block rotation (STRADS thesis, static schedule).
+
+    Same objective as :class:`MFProgram` (ALS's, regularisation scaled by each user's and
+    item's number of ratings: every rating carries ``lambda (|w_i|^2 + |h_j|^2)``).
+
+    Ratings are partitioned by user, so each worker owns its users' rows of W (state) and
+    the thesis's two-level W/H rotation (Algorithm 4, k = 2) reduces to rotating H: items
+    are cut into U blocks of about equal rating mass; in round r of an iteration worker p
+    runs SGD over its ratings of item block (p + r) mod U, reading those rows of H, and
+    writes them back with ``put`` -- no other worker touches them in that round, so there
+    is no parallelisation error and every rating is visited exactly once per iteration
+    (U rounds).  Step size ``eta_t = step_size / sqrt(1 + t)`` in iteration t.
+
+    ``train_rmse`` of an iteration is the error seen during its sweep (each rating's error
+    before its update), the usual SGD training error.
+    """
+
+    def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
+                 max_iterations: int = 10, num_workers: int = 1, step_size: float = 0.05,
+                 nonnegative: bool = False, seed: int = 0):
+        self.num_users = int(num_users)
+        self.num_items = int(num_items)
+        self.rank = int(rank)
+        self.reg_param = float(reg_param)
+        self.item_counts = np.asarray(item_counts, dtype=np.float64)
+        self.max_iterations = int(max_iterations)
+        self.num_workers = int(num_workers)
+        self.step_size = float(step_size)
+        self.nonnegative = bool(nonnegative)
+        self.seed = int(seed)
+        self.num_ratings = float(self.item_counts.sum())
+        if not self.step_size > 0:
+            raise ValueError(f"step_size={step_size} must be > 0")
+        self.bounds = item_blocks(self.item_counts, self.num_workers)
+
+    def __repr__(self) -> str:
+        return (f"MFSGDProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
+                f"regParam={self.reg_param}, iterations={self.max_iterations}, workers={self.num_workers}, "
+                f"stepSize={self.step_size}, nonnegative={self.nonnegative})")
+
+    @property
+    def rounds_per_iteration(self) -> int:
+        return self.num_workers
+
+    def tables(self):
+        init = functools.partial(_sgd_item_rows, self.rank, self.seed)
+        return [Table("item_factors", self.num_items, self.rank, "float64", initializer=init,
+                      weights=np.maximum(self.item_counts, 1.0))]
+
+    def item_matrix(self, table: np.ndarray) -> np.ndarray:
+        """The ``item_factors`` table as (num_items, rank)."""
+        return np.ascontiguousarray(np.asarray(table).reshape(self.num_items, self.rank))
+
+    def step_size_at(self, iteration: int) -> float:
+        return self.step_size / np.sqrt(1.0 + iteration)
+
+    # ------------------------------------------------------------------ worker side
+    def load(self, ctx, records) -> _SGDData:
+        raw_u, raw_i, ratings = _triples(records)
+        users, rating_user = np.unique(raw_u, return_inverse=True)
+        rating_block = np.searchsorted(self.bounds, raw_i, side="right") - 1
+        # a visiting order independent of the partitioning: by block, then a hash of (user, item)
+        key = hash_uniform(raw_u * np.int64(max(self.num_items, 1)) + raw_i, 0, self.seed)
+        order = np.lexsort((key, rating_block)).astype(np.int64)
+        block_ptr = np.zeros(self.num_workers + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rating_block, minlength=self.num_workers), out=block_ptr[1:])
+        rating_row = np.zeros(len(ratings), dtype=np.int64)
+        block_items = []
+        for b in range(self.num_workers):
+            sel = order[block_ptr[b]:block_ptr[b + 1]]
+            items, rows = np.unique(raw_i[sel], return_inverse=True)
+            rating_row[sel] = rows
+            block_items.append(items.astype(np.int64))
+        return _SGDData(users, rating_user.astype(np.int64), ratings, block_ptr, order, rating_row, block_items)
+
+    def init_state(self, ctx, data: _SGDData) -> _SGDState:
+        return _SGDState(_sgd_initial_factors(self.rank, self.seed, 0, data.users))
+
+    def push(self, ctx, data: _SGDData, state: _SGDState, work) -> _SGDState:
+        from ..kernels import mf as K
+
+        block, iteration = work
+        lo, hi = int(data.block_ptr[block]), int(data.block_ptr[block + 1])
+        sse = 0.0
+        if hi > lo:
+            table = ctx.table("item_factors")
+            keys = data.block_items[block]
+            h = table.get(keys)
+            sse = K.sgd_block(data.order[lo:hi], data.rating_user, data.rating_row, data.ratings, state.w, h,
+                              self.step_size_at(iteration), self.reg_param, self.nonnegative)
+            table.put(keys, h)
+        ctx.report(sse=sse, ratings=hi - lo)
+        return state
+
+    # ------------------------------------------------------------------ driver side
+    def schedule(self, ctx) -> Optional[Schedule]:
+        U = self.num_workers
+        done = ctx.rounds_done // U
+        if done >= self.max_iterations:
+            return None
+        iterations = int(min(self.max_iterations - done, max(1, ctx.rounds_hint // U)))
+        return Schedule.per_worker([[((p + r) % U, done + r // U) for p in range(U)]
+                                    for r in range(iterations * U)])
+
+    def after_step(self, ctx, metrics) -> None:
+        U = self.num_workers
+        rmse = None
+        for r in range(U - 1, len(metrics.rounds), U):
+            sse = float(sum(x.get("sse", 0.0) for x in metrics.rounds[r - U + 1:r + 1]))
+            iteration = (ctx.rounds_done + r + 1) // U
+            if not np.isfinite(sse):
+                raise FloatingPointError(
+                    f"SGD diverged in iteration {iteration} (training error {sse}); lower the step size "
+                    f"(stepSize={self.step_size}) or raise regParam")
+            rmse = float(np.sqrt(sse / max(self.num_ratings, 1.0)))
+            ctx.record_row(iteration=iteration, step=ctx.step, train_rmse=rmse, sse=sse,
+                           step_size=self.step_size_at(iteration - 1))
+        ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // U)
+        shown = {} if rmse is None else {"train_rmse": rmse}
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iterations, "iteration", **shown)
 
     def h_regularisation(self, h: np.ndarray) -> float:
         """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""
