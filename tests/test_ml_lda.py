@@ -139,7 +139,7 @@ def vectors_df(spark, rows, size=4):
     ({"docConcentration": [-1.0]}, r"docConcentration=-1.0 must be a finite value > 0"),
     ({"topicConcentration": 0.0}, r"topicConcentration=0.0 must be"),
     ({"sampler": "magic"}, r"sampler='magic' is not one of"),
-    ({"numWorkers": 5}, r"num_workers=5 needs 5 task slots"),
+    ({"numWorkers": 5}, r"numWorkers=5 needs 5 task slots"),
 ])
 def test_bad_params_are_refused_with_the_fix_before_any_job(spark, params, message):
     df = vectors_df(spark, [Vectors.sparse(4, [0, 1], [1.0, 2.0])] * 4)

@@ -28,6 +28,7 @@ from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..session import spark_context_of
 from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample
+from ._validation import check_num_workers
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +122,8 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
                                    "(or use pyspark.ml's own estimator for elastic net)")
         if self.getMaxIter() < 1:
             bad("maxIter", "must be >= 1")
-        if not (self.getTol() > 0):
-            bad("tol", "must be > 0")
+        if not (self.getTol() > 0 and math.isfinite(self.getTol())):
+            bad("tol", "must be a finite number > 0")
         if self.getSchedule() not in SCHEDULES:
             bad("schedule", f"is not one of {SCHEDULES}")
         if self.getPriority() not in PRIORITIES:
@@ -159,7 +160,9 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
             col = self.getOrDefault(param)
             dtype = dataset.schema[col].dataType
             if not isinstance(dtype, T.NumericType):
-                raise InputError(f"{param} {col!r} has type {dtype.simpleString()}; expected a numeric column")
+                raise InputError(f"{param} {col!r} has type {dtype.simpleString()}; expected a numeric column "
+                                 f"(cast it, e.g. F.col({col!r}).cast('double'), or index strings with "
+                                 "StringIndexer)")
 
 
 def _vector_parts(v):
@@ -191,6 +194,7 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: 
     def check(index, it):
         rng = np.random.default_rng(index)
         n = nnz = 0
+        wsum = 0.0
         sizes = set()
         error = None
         reservoir: List[Any] = []
@@ -211,6 +215,8 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: 
                     error = (f"featuresCol {fcol!r} has a value {float(bad)!r}",
                              "drop the rows or impute the values (e.g. pyspark.ml.feature.Imputer)")
             sizes.add(size)
+            if w is not None and math.isfinite(w):
+                wsum += w
             nnz += len(idx) if idx is not None else 0
             if idx is not None:
                 if len(reservoir) < per_part:
@@ -219,12 +225,13 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: 
                     k = int(rng.integers(0, n))
                     if k < per_part:
                         reservoir[k] = (idx, val)
-        yield {"rows": n, "nnz": nnz, "sizes": sizes, "error": error, "sample": reservoir}
+        yield {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error, "sample": reservoir}
 
-    stats: Dict[str, Any] = {"rows": 0, "nnz": 0, "sizes": set(), "error": None, "sample": []}
+    stats: Dict[str, Any] = {"rows": 0, "nnz": 0, "wsum": 0.0, "sizes": set(), "error": None, "sample": []}
     for part in records.mapPartitionsWithIndex(check).collect():
         stats["rows"] += part["rows"]
         stats["nnz"] += part["nnz"]
+        stats["wsum"] += part["wsum"]
         stats["sizes"] |= part["sizes"]
         stats["error"] = stats["error"] or part["error"]
         stats["sample"].extend(part["sample"])
@@ -240,6 +247,7 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     fcol, lcol = estimator.getFeaturesCol(), estimator.getLabelCol()
     wcol = estimator.getWeightCol() if estimator.isDefined(estimator.weightCol) and estimator.getWeightCol() else None
     U = default_num_workers(dataset.rdd, estimator.getNumWorkers() or None)
+    check_num_workers(sc, estimator.getNumWorkers())
     check_cluster(sc, U)  # before any job
     records, stats = scan_input(dataset, fcol, lcol, wcol, estimator.getCorrelationSampleSize(), binary_labels)
     if stats["rows"] == 0:
@@ -247,6 +255,9 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     if stats["error"]:
         what, fix = stats["error"]
         raise InputError(f"{what}: {fix}")
+    if wcol and not stats["wsum"] > 0:
+        raise InputError(f"weightCol {wcol!r}: the weights sum to {stats['wsum']!r}; at least one row needs a "
+                         "positive weight (as MLlib requires)")
     sizes = stats["sizes"] - {-1}
     if len(sizes) != 1:
         raise InputError(f"featuresCol {fcol!r}: vectors have different sizes {sorted(sizes)[:10]}; all rows need "
