@@ -59,6 +59,17 @@ _SETTINGS = [
     Setting("progress", "auto", str,
             "fit progress (step i/N, objective, throughput, ETA): auto = log lines, plus a live bar in "
             "Jupyter/Databricks notebooks; log; bar; both; off", None, ("auto", "log", "bar", "both", "off")),
+    Setting("checkpoint.dir", "", str,
+            "directory for fit checkpoints (tables, worker states, driver state): a local or shared path or "
+            "any pyarrow filesystem URI (hdfs://, s3://, a /dbfs mount); empty = the SparkContext's checkpoint "
+            "directory (sc.setCheckpointDir) if set, else no checkpoints. On a cluster it must be reachable "
+            "from the driver and every executor"),
+    Setting("checkpoint.interval", 0, int,
+            "steps between checkpoints; 0 = none (the estimators pass their checkpointInterval param); a fit "
+            "started again with the same program, data, workers and seed resumes from the latest one", 0),
+    Setting("recovery.maxAttempts", 3, int,
+            "times a fit restarts lost shards or lost worker states (from the latest checkpoint, or from the "
+            "start without one) before it fails", 0),
     Setting("executor.waitSeconds", 120.0, float,
             "seconds to wait for enough executors to register before the first step", 0.0),
 ]

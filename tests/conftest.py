@@ -26,10 +26,12 @@ def _shard_processes(run_ids=None):
 
 @pytest.fixture(scope="session", autouse=True)
 def no_processes_left_behind():
-    """Fails the run if a shard started by this test session outlives it
-    (subprocess drivers check their own shards)."""
+    """Fails the run if a shard outlives it: those this session's driver started must be gone
+    at once (after shutdown), and any other shard that appeared during the session -- started
+    by a subprocess driver, killed or not -- within the default 30 s lease."""
     import time
 
+    before = set(_shard_processes())
     yield
     from pystrads.ps import launcher
 
@@ -40,6 +42,12 @@ def no_processes_left_behind():
         time.sleep(0.2)
         left = _shard_processes(launcher.STARTED_RUN_IDS)
     assert not left, f"shard processes left behind: {sorted(left)}"
+    deadline = time.time() + 40
+    others = set(_shard_processes()) - before
+    while others and time.time() < deadline:
+        time.sleep(0.5)
+        others = set(_shard_processes()) - before
+    assert not others, f"shard processes of subprocess drivers left behind: {sorted(others)}"
 
 
 def pytest_sessionstart(session):

@@ -12,7 +12,10 @@ cached once, mutable state re-cached each step), never re-read from input.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import logging
+import pickle
 import os
 import re
 import secrets
@@ -25,8 +28,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import numpy as np
 
 from ..config import Config
-from ..errors import ConfigurationError, PystradsError, ScheduleError, StepFailedError
-from ..ps import launcher
+from ..errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
+from ..ps import launcher, storage
 from ..ps.partition import TableLayout, range_bounds
 from ..ps.protocol import check_dtype
 from .program import Program, Schedule, ScheduleContext, StepMetrics
@@ -188,6 +191,44 @@ def check_cluster(sc, num_workers: int, config: Optional[Mapping[str, Any]] = No
             "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
 
 
+#: Failure causes meaning cached worker states are gone (an executor died), so the
+#: step cannot simply be run again from the pre-step states.
+_LOST_STATE_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed", "could not be found",
+                       "was lost", "not found")
+
+
+def _program_state(program: Program) -> Dict[str, Any]:
+    """The program's attributes that identify the fit and carry its driver-side state."""
+    ignore = set(getattr(program, "checkpoint_ignore", ()))
+    return {k: v for k, v in vars(program).items() if k not in ignore}
+
+
+def _program_attributes(program: Program) -> bytes:
+    from pyspark import cloudpickle
+
+    return cloudpickle.dumps(_program_state(program))
+
+
+def _hash_value(h, value: Any, depth: int = 0) -> None:
+    """Feed a program attribute into a fingerprint, deterministically across processes."""
+    if isinstance(value, np.ndarray):
+        h.update(f"{value.dtype}{value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (list, tuple)):
+        h.update(f"{type(value).__name__}{len(value)}".encode())
+        for item in value:
+            _hash_value(h, item, depth + 1)
+    elif isinstance(value, dict):
+        for key in sorted(value, key=repr):
+            h.update(repr(key).encode())
+            _hash_value(h, value[key], depth + 1)
+    elif hasattr(value, "__dict__") and not callable(value) and depth < 4:  # e.g. a data summary object
+        h.update(type(value).__qualname__.encode())
+        _hash_value(h, vars(value), depth + 1)
+    else:
+        h.update(re.sub(r"0x[0-9a-f]+", "0x", repr(value)).encode())
+
+
 class Engine:
     """Runs one :class:`Program` over the partitions of an RDD.
 
@@ -237,6 +278,9 @@ class Engine:
         self._old_rdds: List[Any] = []
         self._step = 0
         self._rounds_done = 0
+        self._checkpoint_dir: Optional[str] = None  # this fit's directory under checkpoint.dir
+        self._program_initial: Optional[bytes] = None  # the program's attributes before the first step
+        self._recoveries = 0
 
     # ------------------------------------------------------------------ checks
     def preflight(self) -> None:
@@ -276,6 +320,12 @@ class Engine:
             raise
         self.group = self.manager.group
         self.summary.fixed["shard_start_s"] = time.perf_counter() - t0
+        self._create_tables()
+
+    def _create_tables(self) -> None:
+        """Create (or re-create, with initial values) the program's tables on the shards."""
+        from pyspark import cloudpickle
+
         t0 = time.perf_counter()
         num_shards = len(self.group.shards)
         for t in self.program.tables():
@@ -332,7 +382,10 @@ class Engine:
             rdd.localCheckpoint()
             self._materialize(rdd)
         except BaseException as exc:
-            self.group.broadcast("abort_step", step=step)
+            try:
+                self.group.broadcast("abort_step", step=step)
+            except PystradsError as abort_exc:  # a shard is gone: recovery (or the caller) deals with it
+                log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
             rdd.unpersist()
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -385,9 +438,9 @@ class Engine:
         n = max(merged, default=-1) + 1
         return StepMetrics([merged.get(i, {}) for i in range(n)])
 
-    def _init_step(self) -> None:
-        """Load each worker's immutable data (plain cached job), then the init step
-        (barrier, atomic) builds the mutable state and may write initial table values.
+    def _load_data(self) -> None:
+        """Load each worker's immutable data (plain cached job; the init step or a resume
+        then builds the mutable state).
 
         Keeping ``data`` out of every barrier lineage matters beyond speed: Spark
         refuses a barrier stage that depends on two barrier RDDs, and a step reads
@@ -404,10 +457,18 @@ class Engine:
         self._data_rdd.persist(StorageLevel.MEMORY_AND_DISK)
         self._data_rdd._jrdd.count()
         self.summary.fixed["load_s"] = time.perf_counter() - t0
+
+    def _init_state(self) -> None:
+        """The init step (barrier, atomic): each worker's mutable state; may write initial
+        table values."""
         t0 = time.perf_counter()
+        self._step, self._rounds_done = 0, 0
+        spec = self._spec(0, None)
         state = self._data_rdd.barrier().mapPartitions(lambda it: run_init(spec, it))
         self._run_job(0, state)
         metrics = self._collect_metrics()
+        for old in self._old_rdds:
+            old.unpersist()
         self._state_rdd = state
         self._old_rdds = [state]
         self.summary.fixed["init_s"] = time.perf_counter() - t0
@@ -431,9 +492,13 @@ class Engine:
         self.preflight()
         log.info("fit %s: program %r, %d workers, seed %d, settings %s", self.namespace, self.program,
                  self.num_workers, self.seed, dict(self.config))
+        self._checkpoint_dir = self._resolve_checkpoint_dir()
+        self._program_initial = _program_attributes(self.program)
         self._start()
         try:
-            self._init_step()
+            self._load_data()
+            if not (self._checkpoint_dir and self._resume()):
+                self._init_state()
             self.progress = ProgressReporter(f"{type(self.program).__name__} {self.namespace}",
                                              self.config["progress"])
             ctx = ScheduleContext(self)
@@ -452,8 +517,17 @@ class Engine:
                 if len(schedule) == 0:
                     raise ScheduleError("schedule returned no rounds; return None to end the fit")
                 schedule.validate(self.num_workers, self.config["step.maxRounds"])
-                self._run_step(ctx, schedule, t_sched)
-                steps += 1
+                try:
+                    self._run_step(ctx, schedule, t_sched)
+                    steps += 1
+                    if self._checkpoint_dir and not ctx.stopped and \
+                            (self._step - 1) % self.config["checkpoint.interval"] == 0:
+                        self._try_checkpoint()
+                except (StepFailedError, ShardUnavailableError) as exc:
+                    self._recover(exc)
+                    ctx._stop_reason = None
+                    ctx.rounds_hint = self.num_workers
+                    continue
                 if ctx.stopped:
                     break
                 in_rounds = self.summary.rows[-1]["round_s"]
@@ -507,6 +581,151 @@ class Engine:
         extra = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in ctx._records.items())
         log.info("step %d: %d rounds in %.3f s (%.0f rounds/s; compute %.3f s, sync %.3f s, spark %.3f s) %s",
                  step, len(schedule), t_job, row["rounds_per_s"], compute, sync, row["spark_s"], extra)
+
+    # ------------------------------------------------------------------ checkpoints, recovery
+    def _resolve_checkpoint_dir(self) -> Optional[str]:
+        """``<checkpoint.dir>/pystrads-<fingerprint>`` or None (no checkpoints).  The
+        fingerprint covers the program's parameters and data summaries, the number of
+        workers and the seed, so only the same fit resumes from it."""
+        if self.config["checkpoint.interval"] <= 0:
+            return None
+        root = self.config["checkpoint.dir"]
+        if not root:
+            try:
+                opt = self.sc._jsc.sc().getCheckpointDir()
+                root = opt.get() if opt.isDefined() else ""
+            except Exception:  # no JVM view (tests with stand-in contexts)
+                root = ""
+        if not root:
+            log.info("no checkpoints: neither spark.pystrads.checkpoint.dir nor SparkContext.setCheckpointDir "
+                     "is set")
+            return None
+        return storage.join(root, "pystrads-" + self._fingerprint())
+
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256(type(self.program).__module__.encode() + type(self.program).__qualname__.encode())
+        for key, value in sorted(_program_state(self.program).items()):
+            h.update(key.encode())
+            _hash_value(h, value)
+        h.update(f"workers={self.num_workers};seed={self.seed}".encode())
+        return h.hexdigest()[:20]
+
+    def _try_checkpoint(self) -> None:
+        """A checkpoint that fails (a lost shard, a failed job) leaves the previous one
+        in place; training goes on, and a lost shard shows in the next step."""
+        try:
+            self._checkpoint()
+        except Exception as exc:  # noqa: BLE001 -- the fit must not die for a checkpoint
+            self.summary.fixed["checkpoint_failures"] = self.summary.fixed.get("checkpoint_failures", 0) + 1
+            log.warning("checkpoint after step %d failed (the previous one stays the latest): %s", self._step - 1,
+                        _python_cause(exc) if not isinstance(exc, PystradsError) else exc)
+
+    def _checkpoint(self) -> None:
+        """Tables (written by the shards, where the rows are), worker states (by the
+        workers) and the driver's state, then ``LATEST`` -- atomically, last."""
+        from pyspark import cloudpickle
+
+        t0 = time.perf_counter()
+        root = self._checkpoint_dir
+        name = f"step-{self._step - 1:08d}"
+        target = storage.join(root, name)
+        written = sum(r["bytes"] for r in self.group.broadcast(
+            "snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables")))
+
+        def save(index, states):
+            for state in states:
+                blob = cloudpickle.dumps(state)
+                storage.write_bytes(storage.join(target, f"state-{index:05d}.pkl"), blob)
+                yield index, len(blob)
+
+        saved = self._state_rdd.mapPartitionsWithIndex(save).collect()
+        if sorted(i for i, _ in saved) != list(range(self.num_workers)):
+            raise StepFailedError(f"checkpoint {target}: states of workers {sorted(i for i, _ in saved)} were "
+                                  f"saved, expected 0..{self.num_workers - 1}")
+        written += sum(n for _, n in saved)
+        driver = {"step": self._step, "rounds_done": self._rounds_done, "rows": self.summary.rows,
+                  "iterations": self.summary.iterations, "program": _program_state(self.program),
+                  "num_workers": self.num_workers}
+        storage.write_bytes(storage.join(target, "driver.pkl"), cloudpickle.dumps(driver))
+        storage.write_atomic(storage.join(root, "LATEST"), json.dumps(
+            {"dir": name, "step": self._step - 1, "rounds_done": self._rounds_done, "time": time.time()}).encode())
+        for old in storage.list_names(root):
+            if old.startswith("step-") and old != name:
+                storage.delete_dir(storage.join(root, old))
+        elapsed = time.perf_counter() - t0
+        self.summary.fixed["checkpoint_s"] = self.summary.fixed.get("checkpoint_s", 0.0) + elapsed
+        self.summary.fixed["checkpoints"] = self.summary.fixed.get("checkpoints", 0) + 1
+        log.info("checkpoint after step %d: %s (%.1f MiB in %.2f s)", self._step - 1, target, written / 2 ** 20,
+                 elapsed)
+
+    def _resume(self) -> bool:
+        """Restore tables, worker states and driver state from the latest checkpoint of this
+        fit, if there is one."""
+        from pyspark import StorageLevel
+
+        root = self._checkpoint_dir
+        latest = storage.join(root, "LATEST")
+        if not storage.exists(latest):
+            return False
+        t0 = time.perf_counter()
+        meta = json.loads(storage.read_bytes(latest).decode())
+        source = storage.join(root, meta["dir"])
+        driver = pickle.loads(storage.read_bytes(storage.join(source, "driver.pkl")))
+        if driver["num_workers"] != self.num_workers:
+            raise ConfigurationError(f"checkpoint {source} has {driver['num_workers']} workers, this fit "
+                                     f"{self.num_workers}")
+        self.group.broadcast("restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"))
+
+        def load(index, _data):
+            yield pickle.loads(storage.read_bytes(storage.join(source, f"state-{index:05d}.pkl")))
+
+        state = self._data_rdd.mapPartitionsWithIndex(load)
+        state.persist(StorageLevel.MEMORY_AND_DISK)
+        state.localCheckpoint()
+        self._materialize(state)
+        for old in self._old_rdds:
+            old.unpersist()
+        self._state_rdd = state
+        self._old_rdds = [state]
+        vars(self.program).update(driver["program"])
+        self._step, self._rounds_done = driver["step"], driver["rounds_done"]
+        self.summary.rows[:] = driver["rows"]
+        self.summary.iterations[:] = driver["iterations"]
+        self.summary.fixed["resumed_from_step"] = meta["step"]
+        self.summary.fixed["resume_s"] = time.perf_counter() - t0
+        log.info("fit %s resumed from checkpoint %s (step %d, %d rounds done) in %.1f s", self.namespace, source,
+                 meta["step"], self._rounds_done, time.perf_counter() - t0)
+        return True
+
+    def _recover(self, exc: BaseException) -> None:
+        """After a failed step: when shards died or worker states were lost with an
+        executor, restart what is gone and continue from the latest checkpoint (or from
+        the start when there is none).  Anything else is re-raised."""
+        shards_alive = self.manager is not None and self.manager.alive()
+        cause = str(exc)
+        states_lost = any(marker in cause for marker in _LOST_STATE_MARKERS)
+        if shards_alive and not states_lost:
+            raise exc
+        self._recoveries += 1
+        limit = self.config["recovery.maxAttempts"]
+        if self._recoveries > limit:
+            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
+                                  f"failure: {cause}") from exc
+        t0 = time.perf_counter()
+        what = "shards were lost" if not shards_alive else "worker states were lost with an executor"
+        log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self._step, what,
+                    self._recoveries, limit, "the latest checkpoint" if self._checkpoint_dir else "the start")
+        if not shards_alive:
+            self._start()  # new shards with freshly created tables
+        if not (self._checkpoint_dir and self._resume()):
+            if shards_alive:
+                self._create_tables()
+            vars(self.program).update(pickle.loads(self._program_initial))
+            self.summary.rows.clear()
+            self.summary.iterations.clear()
+            self._init_state()
+        self.summary.fixed["recoveries"] = self._recoveries
+        self.summary.fixed["recovery_s"] = self.summary.fixed.get("recovery_s", 0.0) + time.perf_counter() - t0
 
     # ------------------------------------------------------------------ results
     def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:

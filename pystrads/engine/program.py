@@ -157,6 +157,12 @@ class Program:
     #: (counted over the fit; 0 = never).
     shard_metrics_every: int = 0
 
+    #: Attributes that neither identify the fit nor belong to its state (e.g. a wall-clock
+    #: origin): left out of the checkpoint fingerprint and not restored on resume.  Every
+    #: other attribute is both: it must depend only on the params and the data, and the
+    #: driver-side hooks may keep state in it (saved with each checkpoint).
+    checkpoint_ignore: Sequence[str] = ()
+
     def tables(self) -> Sequence[Table]:
         return []
 

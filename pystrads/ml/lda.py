@@ -27,6 +27,7 @@ from ..errors import ConfigurationError, InputError
 from ..session import spark_context_of
 from ..kernels.lda import SAMPLERS, choose_sampler
 from ._persistence import PersistentModel
+from ._validation import check_num_workers
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 
@@ -323,6 +324,7 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
         sc = spark_context_of(dataset)
         records = dataset.select(col).rdd
         U = default_num_workers(records, self.getNumWorkers() or None)
+        check_num_workers(sc, self.getNumWorkers())
         check_cluster(sc, U)  # before any job
         records, stats = _doc_records(dataset, col)
         if stats["bad"] is not None:
@@ -335,6 +337,8 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
         if len(stats["sizes"]) > 1:
             raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
                              "every document needs the same vocabulary (one CountVectorizer model)")
+        if stats["docs"] + stats["empty"] + stats["null"] == 0 and stats["bad"] is None:
+            raise InputError(f"featuresCol {col!r}: the input has no rows; LDA needs at least one non-empty document")
         if stats["docs"] == 0:
             raise InputError(f"featuresCol {col!r}: no document has any term ({stats['empty']} empty, "
                              f"{stats['null']} null rows); LDA needs at least one non-empty document")
@@ -353,7 +357,9 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
                  "sampler=%s, %d workers", stats["docs"], stats["empty"], stats["tokens"], vocab, k, alpha, beta,
                  sampler, U)
         scan_s = time.perf_counter() - t_start
-        engine = Engine(program, records, num_workers=U, seed=seed)
+        # checkpoints every checkpointInterval steps when a checkpoint directory is set (MLlib's rule)
+        engine = Engine(program, records, num_workers=U, seed=seed,
+                        config={"checkpoint.interval": max(0, self.getCheckpointInterval())})
         with engine.fit() as result:
             t0 = time.perf_counter()
             word_topic = result.read_table("word_topic")
@@ -394,7 +400,8 @@ class StradsLDASummary:
         self.fixed = dict(engine_summary.fixed, scan_s=scan_s, read_model_s=read_s)
         self.shards = engine_summary.shards  # per shard: table bytes, resident memory, traffic
         self.numDocuments = int(stats["docs"])
-        self.numEmptyDocuments = int(stats["empty"])
+        self.numEmptyDocuments = int(stats["empty"])  # all-zero vectors: skipped
+        self.numNullDocuments = int(stats["null"])  # null vectors: skipped
         self.numTokens = int(stats["tokens"])
         self.sampler = sampler
         self.numWorkers = workers

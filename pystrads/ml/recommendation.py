@@ -30,6 +30,7 @@ from ..errors import ConfigurationError, InputError
 from ..session import spark_context_of
 from ..programs.mf import MFProgram, MFSGDProgram
 from ._persistence import PersistentModel
+from ._validation import check_num_workers, check_ratings
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class _StradsMFModelParams(HasPredictionCol):
             dtype = dataset.schema[col].dataType
             if not isinstance(dtype, T.NumericType):
                 raise InputError(f"{param} {col!r} has type {dtype.simpleString()}; expected a numeric column "
-                                 + ("(integer ids within int32, as ALS)" if param != "ratingCol" else ""))
+                                 + ("(integer ids within int32, as ALS; index strings with StringIndexer)"
+                                    if param != "ratingCol" else "(cast it, e.g. F.col(...).cast('double'))"))
 
 
 class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpointInterval, HasSeed, HasStepSize):
@@ -275,8 +277,11 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
             raise ConfigurationError(f"rank={self.getRank()} must be >= 1")
         if self.getMaxIter() < 1:
             raise ConfigurationError(f"maxIter={self.getMaxIter()} must be >= 1")
-        if not self.getRegParam() >= 0:
-            raise ConfigurationError(f"regParam={self.getRegParam()} must be >= 0")
+        if not (self.getRegParam() >= 0 and np.isfinite(self.getRegParam())):
+            raise ConfigurationError(f"regParam={self.getRegParam()} must be a finite number >= 0")
+        if not (self.getAlpha() >= 0 and np.isfinite(self.getAlpha())):
+            raise ConfigurationError(f"alpha={self.getAlpha()} must be a finite number >= 0 (ALS's range; unused "
+                                     "with explicit ratings)")
         if self.getInnerIterations() < 0:
             raise ConfigurationError(f"innerIterations={self.getInnerIterations()} must be >= 1 (or 0 = automatic)")
         if self.getNumWorkers() < 0:
@@ -293,6 +298,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         self._check_algorithm()
         self._check_cold_start()
         self._check_id_columns(dataset, need_rating=True)
+        check_num_workers(spark_context_of(dataset), self.getNumWorkers())
 
     def _check_algorithm(self) -> None:
         if self.getAlgorithm() not in ("cd", "sgd"):
@@ -313,15 +319,8 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                                  F.col(rcol).cast("double").alias("r"))
         U = default_num_workers(triples.rdd, self.getNumWorkers() or None)
         check_cluster(sc, U)  # before any job
-        # one scan: bad ids / ratings, distinct ids and per-item counts
-        bad = triples.where(F.col("u").isNull() | F.col("i").isNull() | F.col("r").isNull() | F.isnan("r")
-                            | F.isnan("u") | F.isnan("i") | (F.col("u") != F.floor("u")) | (F.col("i") != F.floor("i"))
-                            | (F.abs("u") > INT32_MAX) | (F.abs("i") > INT32_MAX) | (F.abs("r") == float("inf")))
-        first_bad = bad.limit(1).collect()
-        if first_bad:
-            u, i, r = first_bad[0]
-            raise InputError(f"row with {ucol}={u}, {icol}={i}, {rcol}={r}: ids must be integers within int32 "
-                             f"(as ALS requires) and ratings finite numbers; clean or filter these rows")
+        check_ratings(triples, ucol, icol, rcol)  # one job: empty input, bad ids / ratings (column, value, fix)
+        # then the distinct ids and per-item counts
         users = np.array(sorted(int(x[0]) for x in triples.select("u").distinct().collect()), dtype=np.int64)
         item_rows = triples.groupBy("i").count().collect()
         if not len(users) or not item_rows:
@@ -351,7 +350,9 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                                 self._inner_iterations(), self.getNonnegative(), seed, block_size=self._block_size())
         log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers, %r", int(item_counts.sum()),
                  len(users), len(items), rank, U, program)
-        with Engine(program, records, num_workers=U, seed=seed).fit() as result:
+        # checkpoints every checkpointInterval steps when a checkpoint directory is set (ALS's rule)
+        with Engine(program, records, num_workers=U, seed=seed,
+                    config={"checkpoint.interval": max(0, self.getCheckpointInterval())}).fit() as result:
             h = program.item_matrix(result.read_table("item_factors"))
             w = np.zeros((len(users), rank))
             for local, rows in result.map_states(lambda wk, data, state: (data.users, state.w)):

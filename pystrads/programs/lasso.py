@@ -140,6 +140,7 @@ class LassoProgram(Program):
 
     loss_name = "squared"
     staleness = 0
+    checkpoint_ignore = ("t_origin",)  # a perf_counter origin of this process
 
     def __init__(self, num_features: int, reg_param: float, fit_intercept: bool = True,
                  standardization: bool = True, schedule: str = "dynamic", priority: str = "gradient",

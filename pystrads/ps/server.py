@@ -560,6 +560,65 @@ class ShardServer(flight.FlightServerBase):
                 self.step = _StepState()
         return {"dropped": names}
 
+    def _action_snapshot(self, req):
+        """Write this shard's rows of every table under ``prefix`` to ``dir`` (between steps):
+        one ``<table>.<row_start>-<row_stop>.npy`` per table, named by the part after the prefix."""
+        from . import storage
+
+        prefix, target = req.str("prefix"), req.str("dir")
+        written = {}
+        with self.cond:
+            if self.step.open:
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: snapshot while step {self.step.step} is open; snapshots are taken "
+                    "between steps")
+            tables = [t for n, t in self.tables.items() if n.startswith(prefix)]
+            for t in tables:
+                short = t.name[len(prefix):]
+                with t.lock:
+                    written[short] = storage.save_array(
+                        storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
+        return {"bytes": int(sum(written.values())), "tables": sorted(written)}
+
+    def _action_restore(self, req):
+        """Fill this shard's rows of every table under ``prefix`` from a snapshot in ``dir``
+        (written by any number of shards: the files overlapping this shard's rows are read)."""
+        from . import storage
+
+        prefix, source = req.str("prefix"), req.str("dir")
+        names = storage.list_names(source)
+        restored = {}
+        with self.cond:
+            if self.step.open:
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: restore while step {self.step.step} is open")
+            for t in [t for n, t in self.tables.items() if n.startswith(prefix)]:
+                short = t.name[len(prefix):]
+                covered = np.zeros(t.row_stop - t.row_start, dtype=bool)
+                for fname in names:
+                    stem, _, ext = fname.rpartition(".")
+                    table_name, _, rows = stem.rpartition(".")
+                    if ext != "npy" or table_name != short or "-" not in rows:
+                        continue
+                    lo, hi = (int(x) for x in rows.split("-"))
+                    a, b = max(lo, t.row_start), min(hi, t.row_stop)
+                    if a >= b:
+                        continue
+                    values = storage.load_array(storage.join(source, fname))
+                    if values.shape != (hi - lo, t.width):
+                        raise flight.FlightServerError(
+                            f"snapshot {fname} in {source} has shape {values.shape}, expected {(hi - lo, t.width)}")
+                    with t.lock:
+                        t.values[a - t.row_start:b - t.row_start] = values[a - lo:b - lo]
+                    covered[a - t.row_start:b - t.row_start] = True
+                if not covered.all():
+                    missing = int(np.flatnonzero(~covered)[0]) + t.row_start
+                    raise flight.FlightServerError(
+                        f"snapshot in {source} lacks rows of table {short!r} from row {missing}; the checkpoint "
+                        "is incomplete or belongs to another model")
+                restored[short] = t.row_stop - t.row_start
+        return {"rows": restored}
+
     def _action_register_program(self, req):
         """Install a fit's program object; its ``pull`` runs here."""
         program = pickle.loads(base64.b64decode(req.str("payload")))
@@ -657,7 +716,7 @@ class ShardServer(flight.FlightServerBase):
         """Per-round metric sums reported by the workers of the current step."""
         with self.cond:
             st = self.step
-            return {"step": st.step, "epoch": st.epoch,
+            return {"step": st.step, "open": st.open, "epoch": st.epoch,
                     "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
                     "clocks": st.clocks.tolist()}
 

@@ -1,0 +1,97 @@
+"""Files for checkpoints, on any filesystem pyarrow reaches: local paths, ``file://``,
+``hdfs://`` (with libhdfs), ``s3://``, ``gs://``, and mounts such as ``/dbfs/...``.
+
+Used by the shards (table snapshots, written where the rows live) and by the
+driver and workers (manifests, worker states).  Writers that publish a file
+others may read concurrently go through :func:`write_atomic`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import List, Tuple
+
+import numpy as np
+
+
+def filesystem(uri: str) -> Tuple[object, str]:
+    """``(pyarrow FileSystem, path)`` for a URI or a local path."""
+    from pyarrow import fs
+
+    if "://" in uri:
+        return fs.FileSystem.from_uri(uri)
+    return fs.LocalFileSystem(), os.path.abspath(uri)
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/")] + [p.strip("/") for p in parts])
+
+
+def makedirs(uri: str) -> None:
+    fsys, path = filesystem(uri)
+    fsys.create_dir(path, recursive=True)
+
+
+def exists(uri: str) -> bool:
+    from pyarrow import fs
+
+    fsys, path = filesystem(uri)
+    return fsys.get_file_info(path).type != fs.FileType.NotFound
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    fsys, path = filesystem(uri)
+    fsys.create_dir(os.path.dirname(path), recursive=True)
+    with fsys.open_output_stream(path) as out:
+        out.write(data)
+
+
+def write_atomic(uri: str, data: bytes) -> None:
+    """Write then rename, so readers see the old file or the whole new one."""
+    fsys, path = filesystem(uri)
+    fsys.create_dir(os.path.dirname(path), recursive=True)
+    tmp = f"{path}.tmp-{secrets.token_hex(4)}"
+    with fsys.open_output_stream(tmp) as out:
+        out.write(data)
+    fsys.move(tmp, path)
+
+
+def read_bytes(uri: str) -> bytes:
+    fsys, path = filesystem(uri)
+    with fsys.open_input_stream(path) as src:
+        return src.read()
+
+
+def list_names(uri: str) -> List[str]:
+    """Names of the entries of a directory (empty if it does not exist)."""
+    from pyarrow import fs
+
+    fsys, path = filesystem(uri)
+    if fsys.get_file_info(path).type == fs.FileType.NotFound:
+        return []
+    infos = fsys.get_file_info(fs.FileSelector(path, allow_not_found=True))
+    return sorted(os.path.basename(i.path.rstrip("/")) for i in infos)
+
+
+def delete_dir(uri: str) -> None:
+    fsys, path = filesystem(uri)
+    try:
+        fsys.delete_dir(path)
+    except (FileNotFoundError, OSError):
+        pass
+
+
+def save_array(uri: str, array: np.ndarray) -> int:
+    """Stream an array to ``uri`` in ``.npy`` format (no second copy in memory)."""
+    fsys, path = filesystem(uri)
+    fsys.create_dir(os.path.dirname(path), recursive=True)
+    with fsys.open_output_stream(path) as out:
+        np.save(out, np.ascontiguousarray(array), allow_pickle=False)
+    return int(array.nbytes)
+
+
+def load_array(uri: str) -> np.ndarray:
+    fsys, path = filesystem(uri)
+    with fsys.open_input_file(path) as src:
+        return np.load(src, allow_pickle=False)

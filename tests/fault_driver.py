@@ -1,0 +1,190 @@
+"""One fit of LDA, MF or Lasso on local[2] with one injected fault, for the fault-injection suite
+(tests/test_faults.py).  Usage::
+
+    python tests/fault_driver.py PROGRAM FAULT OUT_JSON CHECKPOINT_DIR [MASTER]
+
+PROGRAM: lda | mf | lasso.  MASTER: local[2] (default) or a standalone master URL (two
+one-core executors).  FAULT:
+
+* ``none`` -- fault-free reference (checkpoints on, as in every run);
+* ``shard`` -- SIGKILL every shard process once step ``TRIGGER`` runs;
+* ``worker`` -- SIGKILL the Python worker processes (the tasks of the step) once step ``TRIGGER`` runs;
+* ``driver`` -- SIGKILL this driver once step ``TRIGGER`` runs and a checkpoint exists (writes the
+  shard pids to ``OUT_JSON`` first; the test then checks they exit within the lease);
+* ``resume`` -- a plain run, expected to resume from the checkpoint a killed driver left;
+* ``executor`` -- (standalone cluster) SIGKILL one executor's standalone worker JVM, the executor
+  JVM it runs and that executor's shard -- a lost machine -- once step ``TRIGGER`` runs.
+
+Writes ``OUT_JSON``: quality (LDA: final log-likelihood; MF: training RMSE; Lasso:
+objective), the parameters (to compare with the fault-free run), exactness checks, and
+the recovery figures of the summary.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+TRIGGER = 4  # the fault hits while this step runs (checkpoints every 2 steps: one exists by then)
+LEASE = 6.0
+
+
+def lda_fit(sc, config):
+    from test_lda_program import make_program, recount, synthetic_corpus
+
+    from pystrads.engine import Engine
+
+    docs, _ = synthetic_corpus(n_docs=240, vocab=300, topics=5, doc_len=50, seed=4)
+    tokens = sum(int(c.sum()) for _, _, c in docs)
+    program = make_program(docs, 300, 2, iterations=40)
+    with Engine(program, sc.parallelize(docs, 2), seed=1, config=config).fit() as res:
+        word_topic = res.read_table("word_topic")
+        exact = bool(word_topic.sum() == tokens and np.array_equal(word_topic, recount(res, 300, 5))
+                     and np.array_equal(res.read_table("topic_totals")[0], word_topic.sum(axis=0)))
+        quality = float(res.summary.iterations[-1]["log_likelihood"])
+        return {"quality": quality, "params": word_topic.astype(float).ravel().tolist(), "exact": exact,
+                "iterations": int(res.summary.iterations[-1]["iteration"])}, res.summary
+
+
+def mf_fit(sc, config):
+    from pystrads.engine import Engine
+    from pystrads.programs.mf import MFProgram
+
+    rng = np.random.default_rng(0)
+    nu, ni, rank = 120, 80, 4
+    users, items = np.nonzero(rng.random((nu, ni)) < 0.4)
+    ratings = (rng.random((nu, rank)) @ rng.random((rank, ni)))[users, items] + 0.05 * rng.standard_normal(len(users))
+    rdd = sc.parallelize(list(zip(users.tolist(), items.tolist(), ratings.tolist())), 2) \
+        .keyBy(lambda t: t[0]).partitionBy(2).values()
+    program = MFProgram(nu, ni, rank, 0.05, np.bincount(items, minlength=ni), 40, 2, seed=3, block_size=1)
+    with Engine(program, rdd, seed=3, config=config).fit() as res:
+        h = program.item_matrix(res.read_table("item_factors"))
+        return {"quality": float(res.summary.iterations[-1]["train_rmse"]), "params": h.ravel().tolist(),
+                "exact": True, "iterations": int(res.summary.iterations[-1]["iteration"])}, res.summary
+
+
+def lasso_fit(sc, config):
+    from pystrads.datasets.synthetic import lambda_max, strads_lasso_problem
+    from pystrads.engine import Engine
+    from pystrads.programs.lasso import ColumnSample, LassoProgram
+
+    p = strads_lasso_problem(400, 1500, nnz_per_col=10, corr_prob=0.3, seed=5)
+    rdd = sc.parallelize([(y, 1.0, i, v) for y, i, v in p.rows()], 2)
+    sample = ColumnSample([(i, v) for _, i, v in p.rows()], 1500)
+    program = LassoProgram(1500, 0.05 * lambda_max(p), fit_intercept=False, standardization=False,
+                           coords_per_round=16, candidates_per_round=32, tol=1e-9, max_iter=400, sample=sample,
+                           min_rounds_per_step=8)
+    with Engine(program, rdd, num_workers=2, seed=1, config=config).fit() as res:
+        beta, _ = program.result(res.read_table("coef"))
+        return {"quality": float(program.driver_state["objective"]), "params": beta.tolist(), "exact": True,
+                "iterations": len(res.summary.rows)}, res.summary
+
+
+def _pyspark_workers():
+    """Pids of the forked Python workers: processes running pyspark's daemon code whose parent
+    does too (the daemon itself is a child of the JVM; shards, children of a worker, are not
+    pyspark processes)."""
+    daemons, procs = set(), {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if "pyspark.daemon" in cmd or "pyspark/daemon" in cmd:
+            daemons.add(int(pid))
+            procs[int(pid)] = ppid
+    return [pid for pid, ppid in procs.items() if ppid in daemons]
+
+
+def injector(fault, out, checkpoint_dir, done):
+    from pystrads.ps import launcher, storage
+    from pystrads.ps.client import ShardClient
+
+    while not done.is_set():
+        time.sleep(0.05)
+        managers = list(launcher._MANAGERS.values())
+        if not managers or managers[0].group is None:
+            continue
+        manager = managers[0]
+        try:
+            state = ShardClient(manager.group.shards[0].uri, manager.token).action("metrics")
+        except Exception:
+            continue
+        step = state["step"]
+        if step < TRIGGER or not state.get("open"):  # strike while a step's tasks run
+            continue
+        if fault == "shard":
+            for s in manager.group.shards:
+                os.kill(s.pid, signal.SIGKILL)
+        elif fault == "worker":
+            victims = _pyspark_workers()
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if not victims:
+                continue
+        elif fault == "executor":
+            shard = manager.group.shards[-1]
+            executor_pid = int(shard.executor.rsplit(":", 1)[1])
+            with open(f"/proc/{executor_pid}/stat") as fh:
+                worker_pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            for pid in (worker_pid, executor_pid, shard.pid):
+                os.kill(pid, signal.SIGKILL)
+        elif fault == "driver":
+            fit_dirs = [d for d in storage.list_names(checkpoint_dir) if d.startswith("pystrads-")]
+            if not any(storage.exists(os.path.join(checkpoint_dir, d, "LATEST")) for d in fit_dirs):
+                continue
+            with open(out, "w") as fh:
+                json.dump({"shard_pids": [s.pid for s in manager.group.shards], "killed_at_step": step}, fh)
+            os.kill(os.getpid(), signal.SIGKILL)
+        print(f"FAULT {fault} injected during step {step}", flush=True)
+        return
+
+
+def main():
+    program, fault, out, checkpoint_dir = sys.argv[1:5]
+    master = sys.argv[5] if len(sys.argv) > 5 else "local[2]"
+    from pystrads.session import spark_session
+
+    conf = {"spark.ui.enabled": "false", "spark.pystrads.shard.leaseSeconds": str(LEASE)}
+    if not master.startswith("local"):
+        conf.update({"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "1g",
+                     "spark.pystrads.executor.waitSeconds": "120"})
+    spark = spark_session(master, f"pystrads-fault-{program}-{fault}", conf)
+    spark.sparkContext.setLogLevel("OFF")
+    if not master.startswith("local"):
+        deadline = time.time() + 120
+        while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1 < 2 and time.time() < deadline:
+            time.sleep(0.5)
+    config = {"checkpoint.dir": checkpoint_dir, "checkpoint.interval": 2, "step.targetSeconds": 0.15,
+              "progress": "off"}
+    done = threading.Event()
+    if fault in ("shard", "worker", "driver"):
+        threading.Thread(target=injector, args=(fault, out, checkpoint_dir, done), daemon=True).start()
+    t0 = time.perf_counter()
+    result, summary = {"lda": lda_fit, "mf": mf_fit, "lasso": lasso_fit}[program](spark.sparkContext, config)
+    done.set()
+    result.update(seconds=time.perf_counter() - t0, steps=len(summary.rows),
+                  recoveries=summary.fixed.get("recoveries", 0),
+                  resumed_from_step=summary.fixed.get("resumed_from_step"),
+                  checkpoints=summary.fixed.get("checkpoints", 0))
+    with open(out, "w") as fh:
+        json.dump(result, fh)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
