@@ -87,3 +87,47 @@ def test_shards_are_separate_loopback_only_token_protected_and_die_with_the_driv
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+_TLS_DRIVER = r"""
+import json, sys
+import numpy as np
+from pystrads.engine import Engine
+from pystrads.programs.mf import MFProgram
+from pystrads.ps import launcher
+from pystrads.session import spark_session
+
+cert, key = sys.argv[1:3]
+spark = spark_session("local[2]", "pystrads-tls", {"spark.ui.enabled": "false",
+                      "spark.pystrads.shard.tls.certFile": cert, "spark.pystrads.shard.tls.keyFile": key})
+sc = spark.sparkContext
+rng = np.random.default_rng(0)
+users, items = np.nonzero(rng.random((30, 20)) < 0.5)
+ratings = (rng.random((30, 2)) @ rng.random((2, 20)))[users, items]
+rdd = sc.parallelize(list(zip(users.tolist(), items.tolist(), ratings.tolist())), 2)
+program = MFProgram(30, 20, 2, 0.01, np.bincount(items, minlength=20), 10, 2, seed=1)
+with Engine(program, rdd, seed=1).fit() as res:
+    rmse = res.summary.iterations[-1]["train_rmse"]
+manager = next(iter(launcher._MANAGERS.values()))
+print("RESULT " + json.dumps({"uris": [s.uri for s in manager.group.shards], "rmse": rmse,
+                              "port": manager.group.shards[0].port}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_fit_runs_over_tls_shards(tmp_path):
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    cert, key = tmp_path / "shard.pem", tmp_path / "shard.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
+                    str(cert)], check=True, capture_output=True)
+    proc = subprocess.run([sys.executable, "-c", _TLS_DRIVER, str(cert), str(key)], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(HERE), env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    out = json.loads(lines[0][len("RESULT "):])
+    assert out["uris"] and all(u.startswith("grpc+tls://127.0.0.1:") for u in out["uris"])
+    assert out["rmse"] < 0.1

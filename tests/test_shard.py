@@ -363,3 +363,61 @@ def test_oversized_tables_and_bad_write_schemas_are_refused_clearly(shards):
     table = make_table(group, rows=10, width=3)
     with pytest.raises(ShardUnavailableError, match=r"a put stream must have the schema"):
         group.client(0).write_rows("put", "fit/t", None, np.ones((2, 4)), "float64", start=0)  # width 4 != 3
+
+
+# ------------------------------------------------------------------------------------------------ TLS
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 and another, unrelated one (openssl CLI)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make test certificates")
+    out = tmp_path_factory.mktemp("tls")
+    for name in ("shard", "other"):
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", str(out / f"{name}.key"), "-out", str(out / f"{name}.pem")],
+                       check=True, capture_output=True)
+    return out
+
+
+def test_tls_shard_serves_trusting_clients_only(certificates):
+    import pyarrow.flight as flight
+
+    cert, key = (certificates / "shard.pem").read_bytes(), (certificates / "shard.key").read_bytes()
+    server = ShardServer("grpc+tls://127.0.0.1:0", TOKEN, 1e9, "tls",
+                         tls_certificates=[flight.CertKeyPair(cert, key)])
+    try:
+        info = ShardInfo("127.0.0.1", server.port, 0, "exec", "tls", tls=True)
+        assert info.uri.startswith("grpc+tls://")
+        group = ShardGroup([info], TOKEN, tls_root_certs=cert)
+        table = make_table(group, rows=50, width=2)
+        table.put(np.arange(50), np.arange(100.0).reshape(50, 2))
+        assert np.array_equal(table.get_range(0, 50), np.arange(100.0).reshape(50, 2))
+        # a client trusting another certificate, and a plaintext client, get nothing
+        distrust = ShardClient(info.uri, TOKEN, tls_root_certs=(certificates / "other.pem").read_bytes())
+        with pytest.raises(ShardUnavailableError):
+            distrust.action("ping")
+        plain = ShardClient(f"grpc://127.0.0.1:{server.port}", TOKEN)
+        with pytest.raises(ShardUnavailableError):
+            plain.action("ping")
+    finally:
+        server.shutdown()
+
+
+def test_tls_settings_are_checked_before_any_shard_starts(tmp_path):
+    from pystrads.config import Config
+    from pystrads.errors import ConfigurationError
+    from pystrads.ps.launcher import tls_files
+
+    assert tls_files(Config.resolve({}, {})) == ("", "", None)
+    with pytest.raises(ConfigurationError, match="certFile and spark.pystrads.shard.tls.keyFile go together"):
+        tls_files(Config.resolve({}, {"shard.tls.certFile": str(tmp_path / "c.pem")}))
+    with pytest.raises(ConfigurationError, match=r"tls.keyFile='/nonexistent/k.pem' is not a readable file"):
+        (tmp_path / "c.pem").write_text("x")
+        tls_files(Config.resolve({}, {"shard.tls.certFile": str(tmp_path / "c.pem"),
+                                      "shard.tls.keyFile": "/nonexistent/k.pem"}))

@@ -47,20 +47,27 @@ def _translate(exc: Exception, uri: str, what: str) -> Exception:
 class ShardClient:
     """One authenticated Flight connection to one shard."""
 
-    def __init__(self, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10)):
+    def __init__(self, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
+                 tls_root_certs: Optional[bytes] = None):
         self.uri = uri
         self.chunk_bytes = chunk_bytes
-        self._client = flight.FlightClient(uri)
+        if uri.startswith("grpc+tls://"):
+            # the shards' certificate (or its CA) must be trusted: no unverified TLS
+            self._client = flight.FlightClient(uri, tls_root_certs=tls_root_certs) if tls_root_certs \
+                else flight.FlightClient(uri)
+        else:
+            self._client = flight.FlightClient(uri)
         self._token = token  # travels in every request header (see pystrads.ps.server)
         self._options = flight.FlightCallOptions()
 
     @classmethod
-    def cached(cls, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10)) -> "ShardClient":
+    def cached(cls, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
+               tls_root_certs: Optional[bytes] = None) -> "ShardClient":
         key = (uri, token)
         with _CONNECTIONS_LOCK:
             client = _CONNECTIONS.get(key)
             if client is None:
-                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes)
+                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes, tls_root_certs)
             return client
 
     def action(self, action_type: str, **body: Any) -> Dict[str, Any]:
@@ -151,27 +158,30 @@ class ShardInfo:
     executor: str
     shard_id: str
     python: str = ""
+    tls: bool = False
 
     @property
     def uri(self) -> str:
-        return f"grpc://{self.host}:{self.port}"
+        return f"{'grpc+tls' if self.tls else 'grpc'}://{self.host}:{self.port}"
 
 
 class ShardGroup:
     """The shards of one run: addresses plus the run token. Small and picklable."""
 
     def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
-                 max_keys: int = 262144):
+                 max_keys: int = 262144, tls_root_certs: Optional[bytes] = None):
         self.shards = tuple(shards)
         self.token = token
         self.chunk_bytes = chunk_bytes
         self.max_keys = max_keys
+        self.tls_root_certs = tls_root_certs  # PEM the clients trust for grpc+tls shards
 
     def __len__(self) -> int:
         return len(self.shards)
 
     def client(self, index: int) -> ShardClient:
-        return ShardClient.cached(self.shards[index].uri, self.token, self.chunk_bytes)
+        return ShardClient.cached(self.shards[index].uri, self.token, self.chunk_bytes,
+                                  getattr(self, "tls_root_certs", None))
 
     def broadcast(self, action_type: str, **body: Any) -> List[Dict[str, Any]]:
         """Send one action to every shard, in order; return their answers."""

@@ -87,7 +87,8 @@ def _alive(pid: int) -> bool:
 
 
 def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
-                       work_dir: str, start_timeout: float, malloc_retain: int = 0) -> List[Dict[str, Any]]:
+                       work_dir: str, start_timeout: float, malloc_retain: int = 0, tls_cert: str = "",
+                       tls_key: str = "") -> List[Dict[str, Any]]:
     """Start ``count`` shards for ``run_id`` on this executor unless already running."""
     executor = executor_identity()
     base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
@@ -122,7 +123,8 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "pystrads.ps.server", "--host", bind_host, "--port", "0",
                      "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id,
-                     "--malloc-retain", str(int(malloc_retain))],
+                     "--malloc-retain", str(int(malloc_retain))]
+                    + (["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert else []),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True, close_fds=True)
             procs.append((proc, info_file, log_file, shard_id))
@@ -165,6 +167,25 @@ def _count_executors(sc) -> int:
     return 1 if sc.master.startswith("local[") or sc.master == "local" else max(0, n - 1)
 
 
+def tls_files(cfg) -> tuple:
+    """``(cert path, key path, trusted root PEM bytes)`` from ``spark.pystrads.shard.tls.*``, checked
+    on the driver before any shard starts (paths must also exist on every executor)."""
+    cert, key, ca = cfg["shard.tls.certFile"], cfg["shard.tls.keyFile"], cfg["shard.tls.caFile"]
+    if not (cert or key or ca):
+        return "", "", None
+    if not (cert and key):
+        raise ConfigurationError(
+            "spark.pystrads.shard.tls.certFile and spark.pystrads.shard.tls.keyFile go together (got "
+            f"certFile={cert!r}, keyFile={key!r}); set both to PEM files present on every executor")
+    for name, path in (("certFile", cert), ("keyFile", key), ("caFile", ca)):
+        if path and not os.path.isfile(path):
+            raise ConfigurationError(f"spark.pystrads.shard.tls.{name}={path!r} is not a readable file on the "
+                                     "driver; the same path must exist on every executor")
+    with open(ca or cert, "rb") as fh:
+        roots = fh.read()
+    return os.path.abspath(cert), os.path.abspath(key), roots
+
+
 class ShardManager:
     """Owns the shard group of one SparkContext: launch, heartbeat, shutdown."""
 
@@ -188,11 +209,12 @@ class ShardManager:
         work_dir = cfg["shard.workDir"]
         start_timeout = cfg["shard.startTimeoutSeconds"]
         malloc_retain = cfg["shard.mallocRetainBytes"]
+        tls_cert, tls_key, tls_roots = tls_files(cfg)
 
         def launch(_):
             host = default_bind_host(local_mode, bind)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
-                                       malloc_retain)
+                                       malloc_retain, tls_cert, tls_key)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}
@@ -215,8 +237,9 @@ class ShardManager:
                 f"set PYSPARK_PYTHON (or spark.pyspark.python) to the driver's interpreter {sys.executable}")
         shards = sorted(found.values(), key=lambda i: (i["executor"], i["shard"]))
         self.group = ShardGroup(
-            [ShardInfo(i["host"], int(i["port"]), int(i["pid"]), i["executor"], i["shard"], i.get("python", ""))
-             for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"])
+            [ShardInfo(i["host"], int(i["port"]), int(i["pid"]), i["executor"], i["shard"], i.get("python", ""),
+                       bool(i.get("tls")))
+             for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"], tls_roots)
         # The first heartbeat also proves every shard is reachable from the driver.
         self._beat(raise_errors=True)
         self._thread = threading.Thread(target=self._heartbeat_loop, name="pystrads-heartbeat", daemon=True)

@@ -202,8 +202,12 @@ class _StepState:
 
 
 class ShardServer(flight.FlightServerBase):
-    def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = ""):
-        super().__init__(location)
+    def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = "",
+                 tls_certificates: Optional[list] = None):
+        if tls_certificates:
+            super().__init__(location, tls_certificates=tls_certificates)
+        else:
+            super().__init__(location)
         self._token = token.encode()
         self.shard_id = shard_id
         self.tables: Dict[str, ShardTable] = {}
@@ -780,11 +784,19 @@ def tune_malloc(retain_bytes: int) -> bool:
 
 
 def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
-          shard_id: str = "", malloc_retain: int = 0) -> None:
+          shard_id: str = "", malloc_retain: int = 0, tls_cert: str = "", tls_key: str = "") -> None:
     tuned = tune_malloc(malloc_retain)
-    server = ShardServer(f"grpc://{host}:{port}", token, lease_seconds, shard_id)
+    if tls_cert:
+        with open(tls_cert, "rb") as fh:
+            cert = fh.read()
+        with open(tls_key, "rb") as fh:
+            key = fh.read()
+        server = ShardServer(f"grpc+tls://{host}:{port}", token, lease_seconds, shard_id,
+                             tls_certificates=[flight.CertKeyPair(cert, key)])
+    else:
+        server = ShardServer(f"grpc://{host}:{port}", token, lease_seconds, shard_id)
     info = {"host": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
-            "python": sys.executable, "version": sys.version.split()[0]}
+            "python": sys.executable, "version": sys.version.split()[0], "tls": bool(tls_cert)}
     if info_file:
         tmp = info_file + ".tmp"
         with open(tmp, "w") as fh:
@@ -803,12 +815,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--shard-id", default="")
     parser.add_argument("--malloc-retain", type=int, default=0,
                         help="bytes of freed heap to keep mapped (glibc; 0 = defaults)")
+    parser.add_argument("--tls-cert", default="", help="PEM certificate: serve grpc+tls with it")
+    parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     args = parser.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        sys.exit("--tls-cert and --tls-key go together")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         sys.exit(f"{TOKEN_ENV} is not set: a shard never runs without a run token")
-    serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain)
+    serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain,
+          args.tls_cert, args.tls_key)
 
 
 if __name__ == "__main__":
