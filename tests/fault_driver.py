@@ -172,7 +172,7 @@ def main():
     config = {"checkpoint.dir": checkpoint_dir, "checkpoint.interval": 2, "step.targetSeconds": 0.15,
               "progress": "off"}
     done = threading.Event()
-    if fault in ("shard", "worker", "driver"):
+    if fault in ("shard", "worker", "driver", "executor"):
         threading.Thread(target=injector, args=(fault, out, checkpoint_dir, done), daemon=True).start()
     t0 = time.perf_counter()
     result, summary = {"lda": lda_fit, "mf": mf_fit, "lasso": lasso_fit}[program](spark.sparkContext, config)
@@ -180,7 +180,9 @@ def main():
     result.update(seconds=time.perf_counter() - t0, steps=len(summary.rows),
                   recoveries=summary.fixed.get("recoveries", 0),
                   resumed_from_step=summary.fixed.get("resumed_from_step"),
-                  checkpoints=summary.fixed.get("checkpoints", 0))
+                  checkpoints=summary.fixed.get("checkpoints", 0),
+                  checkpoint_s=summary.fixed.get("checkpoint_s", 0.0),
+                  recovery_s=summary.fixed.get("recovery_s", 0.0))
     with open(out, "w") as fh:
         json.dump(result, fh)
     spark.stop()

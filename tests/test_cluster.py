@@ -37,6 +37,11 @@ def _wait_for(path, text, proc, timeout):
     raise TimeoutError(f"{path}: no {text!r} within {timeout} s:\n{open(path).read()[-3000:]}")
 
 
+#: Workers beyond the two an application uses: each executor-loss test kills one (with its
+#: executor), and the master moves the application onto a spare.
+SPARE_WORKERS = 3
+
+
 @pytest.fixture(scope="module")
 def standalone_cluster():
     spark_home = os.path.dirname(pyspark.__file__)
@@ -61,7 +66,7 @@ def standalone_cluster():
         _wait_for(mlog, "I have been elected leader", master, 120)
         workers = [start(["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
                           "--memory", "2g", "--webui-port", str(_free_port()), "--work-dir",
-                          os.path.join(work, f"w{i}")], f"worker{i}.log") for i in range(2)]
+                          os.path.join(work, f"w{i}")], f"worker{i}.log") for i in range(2 + SPARE_WORKERS)]
         for proc, path in workers:
             _wait_for(path, "Successfully registered with master", proc, 120)
         yield url, work
@@ -96,3 +101,18 @@ def test_program_shapes_on_two_executors_match_local_mode(standalone_cluster, sc
         cluster = np.array(out[name]["result"])
         assert np.allclose(cluster, expected, atol=tolerances[name]), (name, np.abs(cluster - expected).max())
         assert np.allclose(cluster, got_local, atol=tolerances[name]), (name, np.abs(cluster - got_local).max())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", ["lda", "mf", "lasso"])
+def test_lost_executor_is_replaced_and_the_fit_recovers(standalone_cluster, program):
+    """A lost machine: SIGKILL a standalone worker JVM, its executor and that executor's shard
+    mid-step. Spark moves the application to a spare worker; the engine restarts the shards and
+    continues from the latest checkpoint."""
+    from test_faults import check, reference, run_driver
+
+    url, work = standalone_cluster
+    ref = reference(program)
+    got = run_driver(program, "executor", tempfile.mkdtemp(dir=work), master=url)
+    assert got["recoveries"] >= 1 and got["resumed_from_step"] is not None
+    check(program, "SIGKILL executor + worker JVM", got, ref)

@@ -64,7 +64,9 @@ def check(program, fault, got, ref):
     record({"program": program, "fault": fault, "completed": True, "exact": got["exact"],
                     "quality": got["quality"], "reference": ref["quality"], "quality_deviation": deviation,
                     "max_parameter_difference": params, "recoveries": got["recoveries"],
-                    "resumed_from_step": got["resumed_from_step"], "seconds": got["seconds"]})
+                    "resumed_from_step": got["resumed_from_step"], "seconds": got["seconds"],
+                    "reference_seconds": ref["seconds"], "checkpoints": got["checkpoints"],
+                    "checkpoint_s": got.get("checkpoint_s"), "recovery_s": got.get("recovery_s")})
     # LDA: counts sum to the tokens and equal the recount from token topics, so no update was
     # lost or applied twice (its sampling reads topic totals mid-round, so runs differ slightly)
     assert got["exact"], "LDA's word-topic counts differ from the recount from token topics"

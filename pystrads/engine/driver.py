@@ -209,6 +209,14 @@ def _program_attributes(program: Program) -> bytes:
     return cloudpickle.dumps(_program_state(program))
 
 
+def _data_fingerprint(data: Any) -> str:
+    """Hash of a worker's immutable data (its arrays' bytes): a checkpoint's states only fit
+    the data they were made with."""
+    h = hashlib.sha256()
+    _hash_value(h, data)
+    return h.hexdigest()
+
+
 def _hash_value(h, value: Any, depth: int = 0) -> None:
     """Feed a program attribute into a fingerprint, deterministically across processes."""
     if isinstance(value, np.ndarray):
@@ -281,6 +289,7 @@ class Engine:
         self._checkpoint_dir: Optional[str] = None  # this fit's directory under checkpoint.dir
         self._program_initial: Optional[bytes] = None  # the program's attributes before the first step
         self._recoveries = 0
+        self._data_fingerprints: Optional[List[str]] = None  # per worker, of its immutable data
 
     # ------------------------------------------------------------------ checks
     def preflight(self) -> None:
@@ -632,18 +641,23 @@ class Engine:
         written = sum(r["bytes"] for r in self.group.broadcast(
             "snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables")))
 
-        def save(index, states):
-            for state in states:
+        need_fingerprints = self._data_fingerprints is None
+
+        def save(index, pairs):
+            for data, state in pairs:
                 blob = cloudpickle.dumps(state)
                 storage.write_bytes(storage.join(target, f"state-{index:05d}.pkl"), blob)
-                yield index, len(blob)
+                yield index, len(blob), _data_fingerprint(data) if need_fingerprints else None
 
-        saved = self._state_rdd.mapPartitionsWithIndex(save).collect()
-        if sorted(i for i, _ in saved) != list(range(self.num_workers)):
-            raise StepFailedError(f"checkpoint {target}: states of workers {sorted(i for i, _ in saved)} were "
+        saved = sorted(self._zip(self._data_rdd, self._state_rdd).mapPartitionsWithIndex(save).collect())
+        if [i for i, _, _ in saved] != list(range(self.num_workers)):
+            raise StepFailedError(f"checkpoint {target}: states of workers {[i for i, _, _ in saved]} were "
                                   f"saved, expected 0..{self.num_workers - 1}")
-        written += sum(n for _, n in saved)
+        if need_fingerprints:  # data is immutable: hashed once per fit
+            self._data_fingerprints = [fp for _, _, fp in saved]
+        written += sum(n for _, n, _ in saved)
         driver = {"step": self._step, "rounds_done": self._rounds_done, "rows": self.summary.rows,
+                  "data_fingerprints": self._data_fingerprints,
                   "iterations": self.summary.iterations, "program": _program_state(self.program),
                   "num_workers": self.num_workers}
         storage.write_bytes(storage.join(target, "driver.pkl"), cloudpickle.dumps(driver))
@@ -674,6 +688,14 @@ class Engine:
         if driver["num_workers"] != self.num_workers:
             raise ConfigurationError(f"checkpoint {source} has {driver['num_workers']} workers, this fit "
                                      f"{self.num_workers}")
+        current = [fp for _, fp in sorted(self._data_rdd.mapPartitionsWithIndex(
+            lambda index, datas: [(index, _data_fingerprint(d)) for d in datas]).collect())]
+        if current != driver["data_fingerprints"]:
+            differ = [i for i, (a, b) in enumerate(zip(current, driver["data_fingerprints"])) if a != b]
+            log.warning("checkpoint %s was made from other input data (workers %s differ); not resuming from it",
+                        source, differ)
+            return False
+        self._data_fingerprints = current
         self.group.broadcast("restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"))
 
         def load(index, _data):

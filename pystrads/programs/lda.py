@@ -146,6 +146,13 @@ class LDAProgram(Program):
         from ..kernels import lda as K
 
         doc_ids, word_parts, count_parts = [], [], []
+        # documents in id order: the worker's data (and so its state's token order) must not
+        # depend on the order a recomputed partition delivers its records in (checkpoint restore)
+        records = list(records)
+        try:
+            records.sort(key=lambda r: r[0])
+        except TypeError:  # ids that do not compare: keep the input order
+            pass
         for doc_id, indices, counts in records:
             doc_ids.append(doc_id)
             word_parts.append(np.asarray(indices, dtype=np.int64))

@@ -48,14 +48,18 @@ def hash_uniform(ids: np.ndarray, column: int, seed: int) -> np.ndarray:
 
 
 def _triples(records):
-    """(user, item, rating) records as three arrays."""
+    """(user, item, rating) records as three arrays, sorted by (user, item, rating): a worker's
+    data (and the per-rating arrays of its state) must not depend on the order a recomputed
+    partition delivers its records in (a shuffle does not keep it), or a restored state
+    would not match it."""
     triples = list(records)
     if not triples:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
     raw_u = np.fromiter((t[0] for t in triples), dtype=np.int64, count=len(triples))
     raw_i = np.fromiter((t[1] for t in triples), dtype=np.int64, count=len(triples))
     ratings = np.fromiter((t[2] for t in triples), dtype=np.float64, count=len(triples))
-    return raw_u, raw_i, ratings
+    order = np.lexsort((ratings, raw_i, raw_u))
+    return raw_u[order], raw_i[order], ratings[order]
 
 
 class _MFData:

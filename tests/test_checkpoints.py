@@ -1,0 +1,94 @@
+"""Checkpoints and resume at the engine level (local[2]); the fault-injection suite kills
+real processes (tests/test_faults.py)."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from pystrads.engine import Engine
+from pystrads.programs.mf import MFProgram
+from pystrads.ps import storage
+
+
+@pytest.fixture(scope="module")
+def ratings():
+    rng = np.random.default_rng(0)
+    users, items = np.nonzero(rng.random((60, 40)) < 0.5)
+    values = (rng.random((60, 3)) @ rng.random((3, 40)))[users, items]
+    return users, items, values
+
+
+def fit(sc, ratings, config, max_steps=None, reverse=False):
+    users, items, values = ratings
+    triples = list(zip(users.tolist(), items.tolist(), values.tolist()))
+    if reverse:  # the same records, delivered in another order (as a recomputed shuffle may)
+        triples = triples[::-1]
+    rdd = sc.parallelize(triples, 2).keyBy(lambda t: t[0]).partitionBy(2).values()
+    program = MFProgram(60, 40, 3, 0.05, np.bincount(items, minlength=40), 12, 2, seed=3, block_size=1)
+    engine = Engine(program, rdd, seed=3, config=dict({"step.targetSeconds": 0.05, "progress": "off"}, **config))
+    with engine.fit(max_steps) as res:
+        return program.item_matrix(res.read_table("item_factors")), res.summary
+
+
+def test_a_fit_resumes_from_its_latest_checkpoint_with_the_same_result(sc, ratings):
+    full, plain = fit(sc, ratings, {})
+    assert "checkpoints" not in plain.fixed  # no directory: no checkpoints
+    d = tempfile.mkdtemp()
+    config = {"checkpoint.dir": d, "checkpoint.interval": 1}
+    _, first = fit(sc, ratings, config, max_steps=3)
+    assert first.fixed["checkpoints"] == 3
+    (fit_dir,) = os.listdir(d)
+    assert sorted(os.listdir(os.path.join(d, fit_dir))) == ["LATEST", "step-00000003"]  # older ones deleted
+    resumed, second = fit(sc, ratings, config, reverse=True)
+    assert second.fixed["resumed_from_step"] == 3
+    assert second.rows[:3] == first.rows  # the first 3 steps' rows came back with the checkpoint
+    assert [r["step"] for r in second.rows] == list(range(1, len(second.rows) + 1))
+    assert [r["iteration"] for r in second.iterations] == list(range(1, 13))
+    assert np.allclose(resumed, full, atol=1e-10)
+
+
+def test_a_checkpoint_of_other_data_is_not_resumed(sc, ratings):
+    d = tempfile.mkdtemp()
+    config = {"checkpoint.dir": d, "checkpoint.interval": 1}
+    fit(sc, ratings, config, max_steps=2)
+    users, items, values = ratings
+    other = (users, items, values[::-1].copy())  # same users, items and counts: same fingerprint directory
+    h, summary = fit(sc, other, config)
+    assert "resumed_from_step" not in summary.fixed
+    reference, _ = fit(sc, other, {})
+    assert np.allclose(h, reference, atol=1e-10)
+
+
+def test_snapshots_restore_into_a_different_number_of_shards(tmp_path):
+    from pystrads.ps.client import ShardGroup, ShardInfo
+    from pystrads.ps.server import ShardServer
+
+    token = "t"
+    three = [ShardServer("grpc://127.0.0.1:0", token, 1e9, f"a{i}") for i in range(3)]
+    two = [ShardServer("grpc://127.0.0.1:0", token, 1e9, f"b{i}") for i in range(2)]
+    try:
+        def create(servers, bounds):
+            group = ShardGroup([ShardInfo("127.0.0.1", s.port, 0, "e", s.shard_id) for s in servers], token)
+            for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+                group.client(i).action("create_table", name="fit/x", row_start=lo, row_stop=hi, width=2)
+            return group
+
+        src = create(three, [0, 3, 7, 10])
+        values = np.arange(20.0).reshape(10, 2)
+        for i, (lo, hi) in enumerate([(0, 3), (3, 7), (7, 10)]):
+            src.client(i).write_rows("put", "fit/x", np.arange(lo, hi), values[lo:hi], "float64")
+        src.broadcast("snapshot", prefix="fit/", dir=str(tmp_path / "snap"))
+        assert len(storage.list_names(str(tmp_path / "snap"))) == 3
+        dst = create(two, [0, 5, 10])
+        dst.broadcast("restore", prefix="fit/", dir=str(tmp_path / "snap"))
+        got = np.vstack([dst.client(i).get_rows("fit/x", 2, "float64", start=lo, stop=hi)
+                         for i, (lo, hi) in enumerate([(0, 5), (5, 10)])])
+        assert np.array_equal(got, values)
+        os.remove(tmp_path / "snap" / "x.3-7.npy")  # an incomplete snapshot is refused, naming the gap
+        with pytest.raises(Exception, match="lacks rows of table 'x' from row 3"):
+            dst.broadcast("restore", prefix="fit/", dir=str(tmp_path / "snap"))
+    finally:
+        for s in three + two:
+            s.shutdown()
