@@ -4,7 +4,10 @@ A :class:`Program` declares its model :class:`Table` s and implements
 
 * ``load(ctx, records) -> data`` -- once per data partition (worker), on the
   executor: the worker's immutable ``data`` built from its input records
-  (kept cached; a pure function of the records -- no table access);
+  (kept cached; a pure function of the records -- no table access).  Make it
+  independent of the records' order (sort them by an id): a partition
+  recomputed after an executor loss may deliver them in another order, and a
+  checkpoint's states only resume onto identical data;
 * ``init_state(ctx, data) -> state`` -- in the (atomic) init step: the
   worker's mutable ``state``, carried from step to step; may write initial
   values into tables (e.g. LDA's initial counts);
