@@ -115,7 +115,9 @@ def test_logistic_objective_equals_mllib(problem, fit_intercept, standardization
     model = StradsLogisticRegression(labelCol="clicked", regParam=lam, fitIntercept=fit_intercept,
                                      standardization=standardization, weightCol="w", tol=1e-8, maxIter=6).fit(df)
     ref = LogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=1.0, fitIntercept=fit_intercept,
-                             standardization=standardization, weightCol="w", tol=1e-12, maxIter=5000).fit(df)
+                             standardization=standardization, weightCol="w", tol=1e-10, maxIter=500).fit(df)
+    # (OWL-QN took 1,647 iterations / 145 s to tol 1e-12 here; after 500 its objective is within 5e-8
+    # relative of that, far inside the 1e-5 checked)
     ours = logistic_objective(x, yb, w, model.coefficients.toArray(), model.intercept, lam, standardization)
     theirs = logistic_objective(x, yb, w, ref.coefficients.toArray(), ref.intercept, lam, standardization)
     assert abs(ours - theirs) <= 1e-5 * theirs, (ours, theirs)  # the acceptance's level (vs scikit-learn)
