@@ -44,6 +44,7 @@ its own.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any, Dict, Iterable, Optional, Tuple
 
@@ -77,6 +78,21 @@ def rows_to_arrays(records: Iterable[Tuple[float, float, Any, Any]], num_feature
     if len(col_idx) and (col_idx.min() < 0 or col_idx.max() >= num_features):
         raise ValueError(f"feature index {int(col_idx.max())} outside [0, {num_features})")
     return row_ptr, col_idx, vals, np.asarray(labels, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+
+
+def canonical_rows(records):
+    """``(label, weight, indices, values)`` rows in an order that depends only on their
+    content (rows carry no id): a partition recomputed after an executor loss may deliver
+    them in another order, and a checkpoint's per-row state only resumes onto the same."""
+    keyed = []
+    for rec in records:
+        label, weight, indices, values = rec
+        digest = hashlib.blake2b(np.float64(label).tobytes() + np.float64(weight).tobytes()
+                                 + np.asarray(indices, dtype=np.int64).tobytes()
+                                 + np.asarray(values, dtype=np.float64).tobytes(), digest_size=12).digest()
+        keyed.append((digest, rec))
+    keyed.sort(key=lambda kv: kv[0])  # equal digests: equal rows (up to 2^-96), any order will do
+    return [rec for _, rec in keyed]
 
 
 class ColumnSample:
@@ -196,7 +212,7 @@ class LassoProgram(Program):
     contrib_width = 4  # x'Wr, sum w r, and the two curvature sums of the ESO damping
 
     def load(self, ctx, records):
-        row_ptr, col_idx, vals, y, w = rows_to_arrays(records, self.num_features)
+        row_ptr, col_idx, vals, y, w = rows_to_arrays(canonical_rows(records), self.num_features)
         col_ptr, row_idx, cvals = K.rows_to_csc(row_ptr, col_idx, vals, self.num_features)
         return {"col_ptr": col_ptr, "row_idx": row_idx, "vals": cvals, "y": y, "w": w}
 
