@@ -106,3 +106,47 @@ def test_lasso_rows_load_in_an_order_independent_of_their_arrival():
     for x, y in zip(a, b):
         assert x[0] == y[0] and np.array_equal(x[2], y[2]) and np.array_equal(x[3], y[3])
     assert [r[0] for r in a] != [r[0] for r in rows]  # it really reorders
+
+
+_ESTIMATOR_DRIVER = r"""
+import json, sys
+import numpy as np
+from pystrads.ml import StradsMF
+from pystrads.session import spark_session
+
+spark = spark_session("local[2]", "pystrads-ckpt", {"spark.ui.enabled": "false",
+                      "spark.pystrads.step.targetSeconds": "0.05", "spark.pystrads.progress": "off"})
+spark.sparkContext.setCheckpointDir(sys.argv[1])  # MLlib's way: the estimators' checkpointInterval applies
+rng = np.random.default_rng(0)
+rows = [(int(u), int(i), float(rng.random() * 4 + 1)) for u in range(40) for i in range(30) if rng.random() < 0.5]
+df = spark.createDataFrame(rows, ["user", "item", "rating"])
+est = StradsMF(rank=3, maxIter=int(sys.argv[2]), regParam=0.1, seed=1, checkpointInterval=1)
+model = est.fit(df)
+print("RESULT " + json.dumps({"fixed": {k: v for k, v in model.summary.fixed.items()},
+                              "rmse": model.summary.trainRmseHistory}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_estimators_checkpoint_to_the_spark_checkpoint_dir_and_resume(tmp_path):
+    """StradsMF with sc.setCheckpointDir and checkpointInterval=1: a first fit leaves a
+    checkpoint under the directory given (not under the random per-application directory Spark
+    adds to it); the same fit submitted again -- another application -- resumes from it."""
+    import json
+    import subprocess
+    import sys
+
+    def run(iters):
+        proc = subprocess.run([sys.executable, "-c", _ESTIMATOR_DRIVER, str(tmp_path), str(iters)],
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+        return json.loads(lines[0][len("RESULT "):])
+
+    first = run(4)
+    assert first["fixed"]["checkpoints"] >= 1 and "resumed_from_step" not in first["fixed"]
+    assert any(d.startswith("pystrads-") for d in os.listdir(tmp_path))
+    again = run(4)
+    assert again["fixed"]["resumed_from_step"] >= 1
+    assert again["rmse"] == pytest.approx(first["rmse"], rel=1e-9)  # the history came back with it

@@ -602,7 +602,9 @@ class Engine:
         if not root:
             try:
                 opt = self.sc._jsc.sc().getCheckpointDir()
-                root = opt.get() if opt.isDefined() else ""
+                # Spark appends a random per-application directory to the one given to
+                # setCheckpointDir; a resumed fit is another application: use the given one
+                root = opt.get().rstrip("/").rsplit("/", 1)[0] if opt.isDefined() else ""
             except Exception:  # no JVM view (tests with stand-in contexts)
                 root = ""
         if not root:

@@ -9,17 +9,22 @@ others may read concurrently go through :func:`write_atomic`.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from typing import List, Tuple
 
 import numpy as np
 
 
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # "hdfs:", "s3:", "file:" (Spark writes file:/x)
+
+
 def filesystem(uri: str) -> Tuple[object, str]:
-    """``(pyarrow FileSystem, path)`` for a URI or a local path."""
+    """``(pyarrow FileSystem, path)`` for a URI (``file:/x``, ``file:///x``, ``hdfs://...``)
+    or a local path."""
     from pyarrow import fs
 
-    if "://" in uri:
+    if _SCHEME.match(uri):
         return fs.FileSystem.from_uri(uri)
     return fs.LocalFileSystem(), os.path.abspath(uri)
 
