@@ -126,6 +126,28 @@ def test_every_schedule_reaches_the_reference_optimum(small, schedule, gram, tol
     assert hist[-1] <= hist[0]
 
 
+def test_working_set_solver_from_the_first_sweep_and_rounds_beyond_its_limit(small):
+    """The driver's working-set solver takes over right after the first sweep (no
+    parallel round at all when the support fits), and a support larger than 3/4 of
+    workingSetLimit falls back to the parallel rounds; both reach the optimum."""
+    p, rdd, sample, lam, x, best = small
+    support = int(np.count_nonzero(reference_lasso(x, p.y, lam)))
+    assert support >= 8
+    used = {}
+    for limit in (4096, support // 2):
+        prog = LassoProgram(900, lam, fit_intercept=False, standardization=False, coords_per_round=32,
+                            candidates_per_round=64, tol=1e-9, max_iter=300, gram_limit=limit, sample=sample)
+        with Engine(prog, rdd, num_workers=2, seed=1).fit() as res:
+            beta, _ = prog.result(res.read_table("coef"))
+        got = lasso_objective(x, p.y, beta, lam)
+        assert abs(got - best) <= 1e-6 * best, (limit, got, best)
+        used[limit] = (prog.driver_state["round_updates"], prog.driver_state["updates"], len(prog.driver_state["history"]))
+    rounds, updates, steps = used[4096]
+    assert rounds == 0 and updates > 0, used  # every update by the driver's solver
+    assert steps <= 12, used  # a handful of (Gram, delta) steps
+    assert used[support // 2][0] > 0, used  # beyond the limit: parallel rounds
+
+
 def test_dependency_check_matters_on_correlated_columns(sc):
     """Groups of 4 near-identical columns: updated together they overshoot (priority
     only, no check), while the dynamic schedule with the check converges."""

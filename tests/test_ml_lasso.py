@@ -192,3 +192,43 @@ def test_empty_input_and_non_binary_labels_are_refused(spark, problem):
         StradsLasso().fit(df.limit(0))
     with pytest.raises(InputError, match="labelCol 'label' has value .*needs labels 0 and 1"):
         StradsLogisticRegression().fit(df)
+
+
+def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
+    """The estimators read vectors through Arrow (``mapInArrow``) in blocks; the rows, the
+    counts and the sample must be what the row-by-row reader gives, for dense rows (zeros
+    dropped), sparse rows, empty rows and weights -- and a bad value is named the same way."""
+    from pystrads.ml._linear import scan_input
+    from pystrads.programs.lasso import canonical_order, rows_to_arrays
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(700):
+        if i % 3 == 0:
+            dense = rng.normal(size=6) * (rng.random(6) < 0.5)
+            vec = Vectors.dense(dense)
+        elif i % 7 == 0:
+            vec = Vectors.sparse(6, [], [])
+        else:
+            idx = np.sort(rng.choice(6, size=int(rng.integers(1, 4)), replace=False))
+            vec = Vectors.sparse(6, idx.tolist(), rng.normal(size=len(idx)).tolist())
+        rows.append((float(rng.normal()), float(rng.integers(0, 3)), vec))
+    df = spark.createDataFrame(rows, ["label", "w", "features"]).repartition(3)
+    arrow_records, arrow_stats = scan_input(df, "features", "label", "w", 50, False, num_workers=2)
+    row_records, row_stats = scan_input(df, "features", "label", "w", 50, False, num_workers=0)
+    assert arrow_records.getNumPartitions() == 2
+    assert type(arrow_records.first()).__name__ == "RowBlock"
+    for key in ("rows", "nnz", "sizes", "error"):
+        assert arrow_stats[key] == row_stats[key], key
+    assert arrow_stats["rows"] == 700 and arrow_stats["sizes"] == {6}
+    assert arrow_stats["wsum"] == pytest.approx(row_stats["wsum"], rel=1e-12)
+    assert len(arrow_stats["sample"]) == 50
+    a = canonical_order(*rows_to_arrays(arrow_records.collect(), 6))
+    b = canonical_order(*rows_to_arrays(row_records.collect(), 6))
+    assert len(a[3]) == sum(1 for r in rows if r[1] != 0)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    bad = spark.createDataFrame(rows[:5] + [(1.0, 1.0, Vectors.dense([0.0, float("nan"), 1, 0, 0, 0]))],
+                                ["label", "w", "features"])
+    _, stats = scan_input(bad, "features", "label", "w", 10, False, num_workers=2)
+    assert stats["error"][0] == "featuresCol 'features' has a value nan"

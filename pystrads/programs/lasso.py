@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -58,41 +58,80 @@ SCHEDULES = ("dynamic", "shotgun", "roundrobin")
 PRIORITIES = ("gradient", "delta")
 
 
-def rows_to_arrays(records: Iterable[Tuple[float, float, Any, Any]], num_features: int):
-    """``(label, weight, indices, values)`` records -> CSR arrays plus labels and weights
-    (rows of weight 0 dropped: they do not enter the objective)."""
+class RowBlock(NamedTuple):
+    """A block of rows in CSR form (what the estimators' Arrow scan hands the engine:
+    one record per Arrow batch instead of one Python object per row)."""
+
+    label: np.ndarray  # float64 (n,)
+    weight: np.ndarray  # float64 (n,)
+    row_ptr: np.ndarray  # int64 (n + 1,)
+    col_idx: np.ndarray  # int64 (nnz,)
+    vals: np.ndarray  # float64 (nnz,)
+
+
+def rows_to_arrays(records: Iterable[Any], num_features: int):
+    """Records -> CSR arrays plus labels and weights (rows of weight 0 dropped: they do
+    not enter the objective).  A record is a ``(label, weight, indices, values)`` row
+    or a :class:`RowBlock`."""
     labels, weights, lengths, idx_parts, val_parts = [], [], [], [], []
-    for label, weight, indices, values in records:
+    for rec in records:
+        if isinstance(rec, RowBlock):
+            keep = rec.weight != 0
+            labels.append(np.asarray(rec.label, dtype=np.float64)[keep])
+            weights.append(np.asarray(rec.weight, dtype=np.float64)[keep])
+            ptr = np.asarray(rec.row_ptr, dtype=np.int64)
+            lens = np.diff(ptr)
+            lengths.append(lens[keep])
+            elem = np.repeat(keep, lens)
+            idx_parts.append(np.asarray(rec.col_idx, dtype=np.int64)[elem])
+            val_parts.append(np.asarray(rec.vals, dtype=np.float64)[elem])
+            continue
+        label, weight, indices, values = rec
         if weight == 0:
             continue
-        labels.append(label)
-        weights.append(weight)
+        labels.append([label])
+        weights.append([weight])
         idx = np.asarray(indices, dtype=np.int64)
-        lengths.append(len(idx))
+        lengths.append([len(idx)])
         idx_parts.append(idx)
         val_parts.append(np.asarray(values, dtype=np.float64))
-    row_ptr = np.zeros(len(labels) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=row_ptr[1:])
+    lens = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, dtype=np.int64)
+    row_ptr = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=row_ptr[1:])
     col_idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
     vals = np.concatenate(val_parts) if val_parts else np.zeros(0, dtype=np.float64)
     if len(col_idx) and (col_idx.min() < 0 or col_idx.max() >= num_features):
         raise ValueError(f"feature index {int(col_idx.max())} outside [0, {num_features})")
-    return row_ptr, col_idx, vals, np.asarray(labels, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    y = np.concatenate(labels).astype(np.float64) if labels else np.zeros(0)
+    w = np.concatenate(weights).astype(np.float64) if weights else np.zeros(0)
+    return row_ptr, col_idx, vals, y, w
+
+
+def _row_digest(label, weight, indices, values) -> bytes:
+    return hashlib.blake2b(np.float64(label).tobytes() + np.float64(weight).tobytes()
+                           + np.asarray(indices, dtype=np.int64).tobytes()
+                           + np.asarray(values, dtype=np.float64).tobytes(), digest_size=12).digest()
 
 
 def canonical_rows(records):
     """``(label, weight, indices, values)`` rows in an order that depends only on their
     content (rows carry no id): a partition recomputed after an executor loss may deliver
     them in another order, and a checkpoint's per-row state only resumes onto the same."""
-    keyed = []
-    for rec in records:
-        label, weight, indices, values = rec
-        digest = hashlib.blake2b(np.float64(label).tobytes() + np.float64(weight).tobytes()
-                                 + np.asarray(indices, dtype=np.int64).tobytes()
-                                 + np.asarray(values, dtype=np.float64).tobytes(), digest_size=12).digest()
-        keyed.append((digest, rec))
+    keyed = [(_row_digest(*rec), rec) for rec in records]
     keyed.sort(key=lambda kv: kv[0])  # equal digests: equal rows (up to 2^-96), any order will do
     return [rec for _, rec in keyed]
+
+
+def canonical_order(row_ptr, col_idx, vals, y, w):
+    """The CSR arrays with their rows in :func:`canonical_rows`' order (same digests)."""
+    digests = [_row_digest(y[i], w[i], col_idx[row_ptr[i]:row_ptr[i + 1]], vals[row_ptr[i]:row_ptr[i + 1]])
+               for i in range(len(y))]
+    order = np.array(sorted(range(len(y)), key=digests.__getitem__), dtype=np.int64)
+    lens = np.diff(row_ptr)[order]
+    new_ptr = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lens, out=new_ptr[1:])
+    gather = np.repeat(row_ptr[:-1][order] - new_ptr[:-1], lens) + np.arange(new_ptr[-1], dtype=np.int64)
+    return new_ptr, col_idx[gather], vals[gather], y[order], w[order]
 
 
 class ColumnSample:
@@ -212,7 +251,7 @@ class LassoProgram(Program):
     contrib_width = 4  # x'Wr, sum w r, and the two curvature sums of the ESO damping
 
     def load(self, ctx, records):
-        row_ptr, col_idx, vals, y, w = rows_to_arrays(canonical_rows(records), self.num_features)
+        row_ptr, col_idx, vals, y, w = canonical_order(*rows_to_arrays(records, self.num_features))
         col_ptr, row_idx, cvals = K.rows_to_csc(row_ptr, col_idx, vals, self.num_features)
         return {"col_ptr": col_ptr, "row_idx": row_idx, "vals": cvals, "y": y, "w": w}
 
@@ -436,25 +475,29 @@ class LassoProgram(Program):
             ctx.stop("converged")
         elif it >= self.max_iter:
             ctx.stop("maxIter")
-        elif self.gram_limit and self.schedule_name == "dynamic" and self.priority == "gradient":
+        elif self._uses_working_set():
             self._working_set(ctx, step, objective)
 
     # ------------------------------------------------------------------ the Gram tail
     def _working_set(self, ctx, step, objective) -> None:
-        """Once the working set (non-zeros and KKT violators) fits ``gram_limit``, solve
-        the Lasso restricted to it exactly on the driver from its Gram matrix (the
-        workers send ``X_A' W X_A`` once per working set), as working-set solvers
-        do; the next sweep checks the rest.  The parallel rounds stay for the
-        phase when the working set is large."""
+        """Working-set solver on the driver (celer / blitz style): while the non-zeros
+        number at most ``3/4 gram_limit``, solve the Lasso restricted to a working
+        set exactly on the driver from its Gram matrix (the workers send
+        ``X_A' W X_A`` once per working set); the next sweep's gradient checks the
+        rest and grows the set.  The set is the non-zeros plus the coefficients
+        that violate the optimality conditions most (``|grad| / pen``), at least
+        ``gram_limit / 2`` and twice the non-zeros, at most ``gram_limit``; it is
+        taken right after the first sweep, and the inner solve stops well inside
+        the whole problem's duality gap.  The parallel rounds run when the
+        non-zeros exceed ``3/4 gram_limit`` (``workingSetLimit``)."""
         d = self._d
         coef = d["coef"]
         J = self.num_features
         live = coef[:J, PEN] >= 0
-        active = np.flatnonzero(live & ((step[:J] != 0) | (coef[:J, BETA] != 0)))
-        if len(active) > self.gram_limit:
-            d.pop("gram_set", None)
-            return
-        if "gram_rows" in d:  # a step just summed the Gram matrix of d["gram_set"] into the table
+        nonzero = live & (coef[:J, BETA] != 0)
+        active = np.flatnonzero(nonzero | (live & (step[:J] != 0)))
+        fresh = "gram_rows" in d
+        if fresh:  # a step just summed the Gram matrix of d["gram_set"] into the table: solve on it
             m = len(d["gram_set"])
             flat = ctx.table("gram").get_range(0, m * m)[:, 0]
             keys = np.flatnonzero(flat)
@@ -464,19 +507,29 @@ class LassoProgram(Program):
             np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
             d["gram"] = (indptr, cols.astype(np.int64), flat[keys])
             del d["gram_rows"]
-        gs = d.get("gram_set")
-        if gs is None or "gram" not in d or not np.all(np.isin(active, gs)):
-            near = np.flatnonzero(live & (coef[:J, BETA] == 0) & (step[:J] == 0))
-            pen = np.maximum(coef[near, PEN], 1e-300)
-            room = min(self.gram_limit, len(active) + len(active) // 4 + 64) - len(active)
-            extra = near[np.argsort(-np.abs(d["grad"][near]) / pen, kind="stable")[:max(room, 0)]]
-            d["gram_set"] = np.union1d(active, extra).astype(np.int64)
+        if np.count_nonzero(nonzero) > (3 * self.gram_limit) // 4 or len(active) == 0:
+            d.pop("gram_set", None)
+            d.pop("gram", None)
+            return
+        stale = d.get("gram_set") is None or "gram" not in d or not np.all(np.isin(active, d["gram_set"]))
+        if stale and not fresh:  # (a fresh Gram is solved on first: the set was chosen from this gradient)
+            nz = np.flatnonzero(nonzero)
+            size = min(self.gram_limit, max(self.gram_limit // 2, 2 * len(nz), len(active) + len(active) // 4 + 64))
+            rest = np.flatnonzero(live & ~nonzero)
+            order = np.argsort(-np.abs(d["grad"][rest]) / np.maximum(coef[rest, PEN], 1e-300), kind="stable")
+            d["gram_set"] = np.union1d(nz, rest[order[:max(size - len(nz), 0)]]).astype(np.int64)
             d["need_gram"] = d["gram_set"]
             d.pop("gram", None)
             return
+        gs = d["gram_set"]
         beta = coef[gs, BETA].copy()
         grad = d["grad"][gs].copy()
-        tol = 1e-6 * np.sqrt(self.tol * max(abs(objective), 1e-300))  # well inside the outer test
+        # stop the inner solve well inside the outer test; while the whole problem's duality
+        # gap is still large (the set will change), well inside that gap (celer's rule)
+        gap = self.duality_gap(coef, d["grad"], d["sums"])
+        tol = 1e-6 * np.sqrt(self.tol * max(abs(objective), 1e-300))
+        if np.isfinite(gap) and gap > 1e3 * self.tol * max(abs(objective), 1e-300):
+            tol = max(tol, 1e-3 * np.sqrt(gap / len(gs)))
         indptr, cols, vals = d["gram"]
         d["updates"] += int(K.gram_lasso(indptr, cols, vals, coef[gs, CURV].copy(), coef[gs, MEAN].copy(), grad,
                                          beta, coef[gs, PEN].copy(), 100000, tol))
@@ -486,6 +539,9 @@ class LassoProgram(Program):
         ctx.table("coef").put(gs, rows)
         d["pending"] = gs
 
+    def _uses_working_set(self) -> bool:
+        return bool(self.gram_limit) and self.schedule_name == "dynamic" and self.priority == "gradient"
+
     # ------------------------------------------------------------------ the schedule
     def schedule(self, ctx):
         d = self._d
@@ -493,6 +549,12 @@ class LassoProgram(Program):
             self._prepare(ctx)
             if d["W"] <= 0:
                 return None
+            if self._uses_working_set():  # straight to the driver's solver when the support may fit
+                live = np.ones(self.num_coords, dtype=bool)
+                live[:self.num_features] = ~d["frozen"]
+                d["curv"] = np.where(live, self._driver_curvature(d["grad_rows"], d["coef"], d["sums"]), 0.0)
+                d["step"] = soft_step(d["coef"][:, BETA], d["grad"], d["curv"], d["coef"][:, PEN])
+                self._working_set(ctx, d["step"], d["objective"])
         tail = []
         if "pending" in d:  # the driver's working-set solution: workers update residuals
             tail.append(("delta", d.pop("pending")))
