@@ -113,17 +113,11 @@ def _row_digest(label, weight, indices, values) -> bytes:
                            + np.asarray(values, dtype=np.float64).tobytes(), digest_size=12).digest()
 
 
-def canonical_rows(records):
-    """``(label, weight, indices, values)`` rows in an order that depends only on their
-    content (rows carry no id): a partition recomputed after an executor loss may deliver
-    them in another order, and a checkpoint's per-row state only resumes onto the same."""
-    keyed = [(_row_digest(*rec), rec) for rec in records]
-    keyed.sort(key=lambda kv: kv[0])  # equal digests: equal rows (up to 2^-96), any order will do
-    return [rec for _, rec in keyed]
-
-
 def canonical_order(row_ptr, col_idx, vals, y, w):
-    """The CSR arrays with their rows in :func:`canonical_rows`' order (same digests)."""
+    """The CSR arrays with their rows in an order that depends only on their content
+    (rows carry no id): a partition recomputed after an executor loss may deliver them
+    in another order, and a checkpoint's per-row state only resumes onto the same.
+    Equal digests mean equal rows (up to 2^-96): any order among them will do."""
     digests = [_row_digest(y[i], w[i], col_idx[row_ptr[i]:row_ptr[i + 1]], vals[row_ptr[i]:row_ptr[i + 1]])
                for i in range(len(y))]
     order = np.array(sorted(range(len(y)), key=digests.__getitem__), dtype=np.int64)
