@@ -3,7 +3,7 @@
 
     python tests/fault_driver.py PROGRAM FAULT OUT_JSON CHECKPOINT_DIR [MASTER]
 
-PROGRAM: lda | mf | lasso.  MASTER: local[2] (default) or a standalone master URL (two
+PROGRAM: lda | mf | lasso | lasso_rounds (Lasso with ``workingSetLimit=0``: parallel rounds only).  MASTER: local[2] (default) or a standalone master URL (two
 one-core executors).  FAULT:
 
 * ``none`` -- fault-free reference (checkpoints on, as in every run);
@@ -11,13 +11,19 @@ one-core executors).  FAULT:
 * ``worker`` -- SIGKILL the Python worker processes (the tasks of the step) once step ``TRIGGER`` runs;
 * ``driver`` -- SIGKILL this driver once step ``TRIGGER`` runs and a checkpoint exists (writes the
   shard pids to ``OUT_JSON`` first; the test then checks they exit within the lease);
+* ``drop`` -- not a fault but a bug: step ``TRIGGER``'s model updates are rolled back on the shards
+  after its tasks ran (the workers keep theirs); for ``lasso``, whose model moves on the driver
+  between steps, the workers skip that step's coefficient changes instead; the suite checks
+  that its exactness test catches it;
 * ``resume`` -- a plain run, expected to resume from the checkpoint a killed driver left;
 * ``executor`` -- (standalone cluster) SIGKILL one executor's standalone worker JVM, the executor
   JVM it runs and that executor's shard -- a lost machine -- once step ``TRIGGER`` runs.
 
 Writes ``OUT_JSON``: quality (LDA: final log-likelihood; MF: training RMSE; Lasso:
-objective), the parameters (to compare with the fault-free run), exactness checks, and
-the recovery figures of the summary.
+objective), the parameters (to compare with the fault-free run), ``exact`` -- the program's
+invariant between the model on the shards and the workers' states (LDA: word-topic counts equal
+the recount from token topics; MF: every residual equals rating - w_u . h_i; Lasso: every
+residual equals y - X beta) -- and the recovery figures of the summary.
 """
 
 import json
@@ -33,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 TRIGGER = 4  # the fault hits while this step runs (checkpoints every 2 steps: one exists by then)
 LEASE = 6.0
+ROUNDS_PER_STEP = 24  # lasso_rounds: every step runs this many rounds (with its closing sweep)
 
 
 def lda_fit(sc, config):
@@ -65,11 +72,28 @@ def mf_fit(sc, config):
     program = MFProgram(nu, ni, rank, 0.05, np.bincount(items, minlength=ni), 40, 2, seed=3, block_size=1)
     with Engine(program, rdd, seed=3, config=config).fit() as res:
         h = program.item_matrix(res.read_table("item_factors"))
-        return {"quality": float(res.summary.iterations[-1]["train_rmse"]), "params": h.ravel().tolist(),
-                "exact": True, "iterations": int(res.summary.iterations[-1]["iteration"])}, res.summary
+
+        def user_rows(worker, data, state):
+            # each worker's residuals must equal its ratings minus w_u . h_i for the committed H:
+            # a lost or doubled update of H (or of a worker's W) breaks this
+            predicted = np.einsum("nk,nk->n", state.w[data.rating_user], h[data.items[data.rating_item]])
+            drift = float(np.max(np.abs(data.ratings - predicted - state.residual), initial=0.0))
+            return data.users, state.w, drift
+
+        parts = res.map_states(user_rows)
+    w = np.zeros((nu, rank))
+    for ids, rows, _ in parts:
+        w[ids] = rows
+    drift = max(d for _, _, d in parts)
+    return {"quality": float(res.summary.iterations[-1]["train_rmse"]), "params": np.concatenate(
+        [h.ravel(), w.ravel()]).tolist(), "exact": bool(drift <= 1e-9), "invariant_error": drift,
+        "iterations": int(res.summary.iterations[-1]["iteration"])}, res.summary
 
 
-def lasso_fit(sc, config):
+def lasso_fit(sc, config, working_set_limit=None, lose_step=None):
+    """Lasso on the STRADS generator; ``working_set_limit=0`` switches the driver's working-set
+    solver off, so every update is a parallel round over the workers' data (the STRADS
+    algorithm proper), and the faults hit those rounds."""
     from pystrads.datasets.synthetic import lambda_max, strads_lasso_problem
     from pystrads.engine import Engine
     from pystrads.programs.lasso import ColumnSample, LassoProgram
@@ -77,12 +101,36 @@ def lasso_fit(sc, config):
     p = strads_lasso_problem(400, 1500, nnz_per_col=10, corr_prob=0.3, seed=5)
     rdd = sc.parallelize([(y, 1.0, i, v) for y, i, v in p.rows()], 2)
     sample = ColumnSample([(i, v) for _, i, v in p.rows()], 1500)
-    program = LassoProgram(1500, 0.05 * lambda_max(p), fit_intercept=False, standardization=False,
-                           coords_per_round=16, candidates_per_round=32, tol=1e-9, max_iter=400, sample=sample,
-                           min_rounds_per_step=8)
+    if working_set_limit is None:
+        extra = dict(coords_per_round=16, candidates_per_round=32, tol=1e-9, max_iter=400)
+    else:  # rounds only: a fixed number of steps of parallel rounds
+        extra = dict(coords_per_round=64, candidates_per_round=128, tol=1e-12, max_iter=16,
+                     gram_limit=working_set_limit)
+    cls = LassoProgram
+    if lose_step is not None:
+        class LosesOneStep(LassoProgram):  # defined here so that it travels to the workers by value
+            def apply(self, ctx, data, state, work):
+                if ctx.step == lose_step:  # this step's coefficient changes never reach the residuals
+                    return state
+                return super().apply(ctx, data, state, work)
+        cls = LosesOneStep
+    program = cls(1500, 0.05 * lambda_max(p), fit_intercept=False, standardization=False, sample=sample,
+                  min_rounds_per_step=8, **extra)
     with Engine(program, rdd, num_workers=2, seed=1, config=config).fit() as res:
         beta, _ = program.result(res.read_table("coef"))
-        return {"quality": float(program.driver_state["objective"]), "params": beta.tolist(), "exact": True,
+
+        def residual_drift(worker, data, state):
+            # r must equal y - X beta for the committed beta (no intercept here): a lost or
+            # doubled coefficient update, or a residual update applied twice, breaks this
+            fitted = np.zeros(len(data["y"]))
+            cols = np.repeat(np.arange(len(data["col_ptr"]) - 1), np.diff(data["col_ptr"]))
+            np.add.at(fitted, data["row_idx"], data["vals"] * beta[cols])
+            return float(np.max(np.abs(data["y"] - fitted - state["r"]), initial=0.0))
+
+        drift = max(res.map_states(residual_drift))
+        return {"quality": float(program.driver_state["objective"]), "params": beta.tolist(),
+                "exact": bool(drift <= 1e-9), "invariant_error": drift, "rounds": res.summary.total_rounds,
+                "round_updates": int(program.driver_state["round_updates"]),
                 "iterations": len(res.summary.rows)}, res.summary
 
 
@@ -154,6 +202,29 @@ def injector(fault, out, checkpoint_dir, done):
         return
 
 
+def drop_one_step():
+    """The broken variant the suite must catch: step ``TRIGGER`` runs on the workers, but the
+    shards roll its model updates back instead of committing them, while the workers keep
+    theirs -- a lost update that no error reports."""
+    from pystrads.engine import driver
+
+    run_job = driver.Engine._run_job
+
+    def _run_job(self, step, rdd):
+        if step != TRIGGER:
+            return run_job(self, step, rdd)
+        broadcast = self.group.broadcast
+        self.group.broadcast = lambda action, **kw: broadcast("abort_step" if action == "commit_step" else action,
+                                                              **kw)
+        try:
+            return run_job(self, step, rdd)
+        finally:
+            del self.group.broadcast
+            print(f"FAULT drop: step {step}'s model updates rolled back after its tasks ran", flush=True)
+
+    driver.Engine._run_job = _run_job
+
+
 def main():
     program, fault, out, checkpoint_dir = sys.argv[1:5]
     master = sys.argv[5] if len(sys.argv) > 5 else "local[2]"
@@ -171,11 +242,23 @@ def main():
             time.sleep(0.5)
     config = {"checkpoint.dir": checkpoint_dir, "checkpoint.interval": 2, "step.targetSeconds": 0.15,
               "progress": "off"}
+    if program == "lasso_rounds":
+        # steps sized by the round cap alone (not by time), so its dynamic schedule -- planned
+        # per step -- is the same in every run and the coefficients can be compared exactly
+        config.update({"step.targetSeconds": 3600.0, "step.maxRounds": ROUNDS_PER_STEP})
     done = threading.Event()
     if fault in ("shard", "worker", "driver", "executor"):
         threading.Thread(target=injector, args=(fault, out, checkpoint_dir, done), daemon=True).start()
     t0 = time.perf_counter()
-    result, summary = {"lda": lda_fit, "mf": mf_fit, "lasso": lasso_fit}[program](spark.sparkContext, config)
+    fits = {"lda": lda_fit, "mf": mf_fit, "lasso": lasso_fit,
+            "lasso_rounds": lambda sc, cfg: lasso_fit(sc, cfg, working_set_limit=0)}
+    if fault == "drop" and program == "lasso":
+        # the default Lasso's model moves on the driver between steps (its working-set solutions)
+        # and its steps carry them to the workers: lose that instead
+        fits["lasso"] = lambda sc, cfg: lasso_fit(sc, cfg, lose_step=TRIGGER)
+    elif fault == "drop":
+        drop_one_step()
+    result, summary = fits[program](spark.sparkContext, config)
     done.set()
     result.update(seconds=time.perf_counter() - t0, steps=len(summary.rows),
                   recoveries=summary.fixed.get("recoveries", 0),

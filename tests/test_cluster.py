@@ -2,6 +2,7 @@
 master and two workers on 127.0.0.1, started with pyspark's own
 ``bin/spark-class``; a driver subprocess runs the four program shapes."""
 
+import contextlib
 import json
 import os
 import signal
@@ -42,15 +43,17 @@ def _wait_for(path, text, proc, timeout):
 SPARE_WORKERS = 3
 
 
-@pytest.fixture(scope="module")
-def standalone_cluster():
+@contextlib.contextmanager
+def _standalone(host, workers):
+    """A standalone master and ``workers`` one-core workers, all bound to ``host`` (and so the
+    executors, whose SPARK_LOCAL_IP it is); killed with their executors afterwards."""
     spark_home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(spark_home, "bin", "spark-class")
     work = tempfile.mkdtemp(prefix="pystrads-cluster-")
-    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOCAL_IP=host, PYSPARK_PYTHON=sys.executable,
                SPARK_WORKER_DIR=work, SPARK_LOG_DIR=work)
     port = _free_port()
-    url = f"spark://127.0.0.1:{port}"
+    url = f"spark://{host}:{port}"
     procs = []
 
     def start(args, log):
@@ -61,13 +64,13 @@ def standalone_cluster():
         return proc, path
 
     try:
-        master, mlog = start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+        master, mlog = start(["org.apache.spark.deploy.master.Master", "--host", host, "--port", str(port),
                               "--webui-port", str(_free_port())], "master.log")
         _wait_for(mlog, "I have been elected leader", master, 120)
-        workers = [start(["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
+        started = [start(["org.apache.spark.deploy.worker.Worker", url, "--host", host, "--cores", "1",
                           "--memory", "2g", "--webui-port", str(_free_port()), "--work-dir",
-                          os.path.join(work, f"w{i}")], f"worker{i}.log") for i in range(2 + SPARE_WORKERS)]
-        for proc, path in workers:
+                          os.path.join(work, f"w{i}")], f"worker{i}.log") for i in range(workers)]
+        for proc, path in started:
             _wait_for(path, "Successfully registered with master", proc, 120)
         yield url, work
     finally:
@@ -80,15 +83,36 @@ def standalone_cluster():
             proc.wait(30)
 
 
+@pytest.fixture(scope="module")
+def standalone_cluster():
+    with _standalone("127.0.0.1", 2 + SPARE_WORKERS) as cluster:
+        yield cluster
+
+
+def host_address():
+    """This machine's own first global IPv4 address (not a loopback one), or None."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            return fields[fields.index("inet") + 1].split("/")[0]
+    return None
+
+
+def run_cluster_driver(url, shapes=None, env=None):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "cluster_driver.py"), url, "2"]
+                          + ([",".join(shapes)] if shapes else []),
+                          capture_output=True, text=True, timeout=900, cwd=os.path.dirname(HERE),
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable, **(env or {})))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(lines[0][len("RESULT "):])
+
+
 @pytest.mark.slow
 def test_program_shapes_on_two_executors_match_local_mode(standalone_cluster, sc):
     url, work = standalone_cluster
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "cluster_driver.py"), url, "2"],
-                          capture_output=True, text=True, timeout=900, cwd=os.path.dirname(HERE),
-                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    out = json.loads(lines[0][len("RESULT "):])
+    out = run_cluster_driver(url)
     assert out["executors"] == 2
     # one shard per executor, each on the loopback address
     executors = [s["executor"] for s in out["shards"]]
@@ -104,7 +128,7 @@ def test_program_shapes_on_two_executors_match_local_mode(standalone_cluster, sc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("program", ["lda", "mf", "lasso"])
+@pytest.mark.parametrize("program", ["lda", "mf", "lasso", "lasso_rounds"])
 def test_lost_executor_is_replaced_and_the_fit_recovers(standalone_cluster, program):
     """A lost machine: SIGKILL a standalone worker JVM, its executor and that executor's shard
     mid-step. Spark moves the application to a spare worker; the engine restarts the shards and
@@ -116,3 +140,26 @@ def test_lost_executor_is_replaced_and_the_fit_recovers(standalone_cluster, prog
     got = run_driver(program, "executor", tempfile.mkdtemp(dir=work), master=url)
     assert got["recoveries"] >= 1 and got["resumed_from_step"] is not None
     check(program, "SIGKILL executor + worker JVM", got, ref)
+
+
+@pytest.mark.slow
+def test_shards_listen_on_the_hosts_own_non_loopback_address(sc):
+    """Master, workers, executors and the driver on this machine's own non-loopback address
+    (SPARK_LOCAL_IP, as on a cluster node): fits work, and every shard advertises and listens on
+    that address only -- a client on the loopback is refused."""
+    address = host_address()
+    if address is None:
+        pytest.skip("this machine has no global IPv4 address besides the loopback")
+    local = {"rotation": run_rotation(sc), "priority_lasso": run_priority_lasso(sc)}
+    with _standalone(address, 2) as (url, _work):
+        out = run_cluster_driver(url, list(local), env={"SPARK_LOCAL_IP": address})
+    assert out["executors"] == 2
+    for name, (got_local, expected, *_rest) in local.items():
+        tolerance = {"rotation": 1e-9, "priority_lasso": 1e-6}[name]
+        np.testing.assert_allclose(out[name]["result"], expected, atol=tolerance)
+        np.testing.assert_allclose(out[name]["result"], got_local, atol=tolerance)
+    assert len(out["shards"]) == 2 and len({s["executor"] for s in out["shards"]}) == 2, out["shards"]
+    for shard in out["shards"]:
+        assert shard["host"] == address, shard
+        assert shard["listen"] == [address], shard  # bound to the host's address, not 0.0.0.0 or loopback
+        assert shard["host_connects"] and not shard["loopback_connects"], shard

@@ -289,6 +289,9 @@ class Engine:
         self._checkpoint_dir: Optional[str] = None  # this fit's directory under checkpoint.dir
         self._program_initial: Optional[bytes] = None  # the program's attributes before the first step
         self._recoveries = 0
+        # ctx.rounds_hint for the next step: checkpointed and restored with the rest, so a fit
+        # that resumes sizes its steps as the uninterrupted fit would have
+        self._rounds_hint = self.num_workers
         self._data_fingerprints: Optional[List[str]] = None  # per worker, of its immutable data
 
     # ------------------------------------------------------------------ checks
@@ -471,7 +474,7 @@ class Engine:
         """The init step (barrier, atomic): each worker's mutable state; may write initial
         table values."""
         t0 = time.perf_counter()
-        self._step, self._rounds_done = 0, 0
+        self._step, self._rounds_done, self._rounds_hint = 0, 0, self.num_workers
         spec = self._spec(0, None)
         state = self._data_rdd.barrier().mapPartitions(lambda it: run_init(spec, it))
         self._run_job(0, state)
@@ -511,7 +514,7 @@ class Engine:
             self.progress = ProgressReporter(f"{type(self.program).__name__} {self.namespace}",
                                              self.config["progress"])
             ctx = ScheduleContext(self)
-            ctx.rounds_hint = self.num_workers
+            ctx.rounds_hint = self._rounds_hint
             steps = 0
             while max_steps is None or steps < max_steps:
                 ctx.step, ctx.rounds_done, ctx._records = self._step, self._rounds_done, {}
@@ -529,21 +532,18 @@ class Engine:
                 try:
                     self._run_step(ctx, schedule, t_sched)
                     steps += 1
+                    self._size_next_step(len(schedule))
                     if self._checkpoint_dir and not ctx.stopped and \
                             (self._step - 1) % self.config["checkpoint.interval"] == 0:
                         self._try_checkpoint()
                 except (StepFailedError, ShardUnavailableError) as exc:
                     self._recover(exc)
                     ctx._stop_reason = None
-                    ctx.rounds_hint = self.num_workers
+                    ctx.rounds_hint = self._rounds_hint
                     continue
                 if ctx.stopped:
                     break
-                in_rounds = self.summary.rows[-1]["round_s"]
-                per_round = in_rounds / max(1, len(schedule))
-                target = self.config["step.targetSeconds"]
-                ctx.rounds_hint = int(max(1, min(self.config["step.maxRounds"],
-                                                 target / max(per_round, 1e-6))))
+                ctx.rounds_hint = self._rounds_hint
             self.progress.finish(ctx.stopped or "done")
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
             self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
@@ -551,6 +551,13 @@ class Engine:
         except BaseException:
             self.release()
             raise
+
+    def _size_next_step(self, rounds: int) -> None:
+        """Rounds the next step should run (``ctx.rounds_hint``): as many as fill
+        ``step.targetSeconds`` at the last step's time per round, at most ``step.maxRounds``."""
+        per_round = self.summary.rows[-1]["round_s"] / max(1, rounds)
+        target = self.config["step.targetSeconds"]
+        self._rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
 
     def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float) -> None:
         step = self._step
@@ -658,7 +665,8 @@ class Engine:
         if need_fingerprints:  # data is immutable: hashed once per fit
             self._data_fingerprints = [fp for _, _, fp in saved]
         written += sum(n for _, n, _ in saved)
-        driver = {"step": self._step, "rounds_done": self._rounds_done, "rows": self.summary.rows,
+        driver = {"step": self._step, "rounds_done": self._rounds_done, "rounds_hint": self._rounds_hint,
+                  "rows": self.summary.rows,
                   "data_fingerprints": self._data_fingerprints,
                   "iterations": self.summary.iterations, "program": _program_state(self.program),
                   "num_workers": self.num_workers}
@@ -713,6 +721,7 @@ class Engine:
         self._old_rdds = [state]
         vars(self.program).update(driver["program"])
         self._step, self._rounds_done = driver["step"], driver["rounds_done"]
+        self._rounds_hint = int(driver.get("rounds_hint", self.num_workers))
         self.summary.rows[:] = driver["rows"]
         self.summary.iterations[:] = driver["iterations"]
         self.summary.fixed["resumed_from_step"] = meta["step"]

@@ -563,7 +563,7 @@ class LassoProgram(Program):
         L, Lp = self.coords_per_round, self.candidates_per_round
         live = np.ones(J, dtype=bool)
         live[:self.num_features] = ~d["frozen"]
-        max_rounds = max(1, min(ctx.rounds_hint, 1 << 16))
+        max_rounds = self._round_budget(min(ctx.rounds_hint, 1 << 16))
         rho = self.rho
         if self.schedule_name == "dynamic":
             stream = self._dynamic_stream(rng, live, L, max_rounds)
@@ -588,6 +588,11 @@ class LassoProgram(Program):
 
     def _with_intercept_rounds(self, rounds):
         return rounds
+
+    def _round_budget(self, hint: int) -> int:
+        """Coefficient rounds that fit in a step of ``hint`` rounds with the closing sweep
+        (the step must stay within ``step.maxRounds``, which caps the hint)."""
+        return max(1, hint - 1)
 
     def _dynamic_stream(self, rng, live, L, max_rounds) -> np.ndarray:
         d = self._d
@@ -757,6 +762,11 @@ class L1LogisticProgram(LassoProgram):
             if i % 8 == 7:
                 out.append(np.array([J], dtype=np.int64))
         return out
+
+    def _round_budget(self, hint: int) -> int:
+        if not self.fit_intercept:
+            return super()._round_budget(hint)
+        return max(1, ((hint - 2) * 8) // 9)  # one intercept round first and one per 8 more, then the sweep
 
     def result(self, coef):
         beta = coef[:self.num_features, BETA].copy()
