@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pystrads.engine import Engine
-from pystrads.programs.mf import MFProgram, MFSGDProgram, _sgd_initial_factors, hash_uniform
+from pystrads.programs.mf import MFProgram, MFSGDProgram, hash_uniform
 
 
 def ccdpp_reference(users, items, ratings, n_users, n_items, rank, lam, iters, inner, seed):
@@ -165,28 +165,61 @@ def fit_sgd(sc, users, items, ratings, n_users, n_items, rank, lam, iters, worke
     return w, h, its, program, owner
 
 
-def sgd_reference(users, items, ratings, program, owner, iters):
-    """Serial SGD visiting the ratings exactly as the rotation schedule does: in round r of an
-    iteration, worker p sweeps its ratings of item block (p + r) mod U in the hashed order."""
-    U, rank, lam = program.num_workers, program.rank, program.reg_param
-    w = _sgd_initial_factors(rank, program.seed, 0, np.arange(program.num_users))
-    h = _sgd_initial_factors(rank, program.seed, 1, np.arange(program.num_items))
-    block = np.searchsorted(program.bounds, items, side="right") - 1
-    key = hash_uniform(users.astype(np.int64) * program.num_items + items, 0, program.seed)
+_MASK = (1 << 64) - 1
+
+
+def _splitmix_uniform(x: int, column: int, seed: int) -> float:
+    """The documented hash, written out on Python integers (not the library's numpy code):
+    splitmix64's finaliser of ``x * golden + column * c1 + seed * c2`` (mod 2^64), top 53 bits."""
+    z = (x * 0x9E3779B97F4A7C15 + ((column * 0xBF58476D1CE4E5B9 + seed * 0x94D049BB133111EB) & _MASK)) & _MASK
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _MASK
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _MASK
+    z ^= z >> 31
+    return (z >> 11) / float(1 << 53)
+
+
+def _equal_mass_bounds(item_counts, U):
+    """Items 0..n-1 cut into U contiguous blocks: block b starts at the first item before which
+    at least b/U of all ratings lie."""
+    total, bounds, cum, i = sum(item_counts), [0], 0, 0
+    for b in range(1, U):
+        while i < len(item_counts) and cum < total * b / U:
+            cum += item_counts[i]
+            i += 1
+        bounds.append(i)
+    return bounds + [len(item_counts)]
+
+
+def sgd_reference(users, items, ratings, n_users, n_items, rank, lam, step, seed, U, iters):
+    """Serial SGD from the documented rule alone (none of the program's code): factors start
+    uniform on [0, 2/sqrt(rank)) from the hash of (id, feature + salt * rank) (salt 0 for users,
+    1 for items); users belong to worker ``user % U`` (Spark's hash partitioning of int keys);
+    items are cut into U blocks of equal rating mass; in round r of iteration t worker p sweeps
+    its ratings of block (p + r) mod U in the order of the hash of ``user * n_items + item``
+    (column 0) with step ``step / sqrt(1 + t)``."""
+    scale = 2.0 / np.sqrt(rank)
+    w = np.array([[_splitmix_uniform(u, k, seed) * scale for k in range(rank)] for u in range(n_users)])
+    h = np.array([[_splitmix_uniform(j, k + rank, seed) * scale for k in range(rank)] for j in range(n_items)])
+    counts = [int((items == j).sum()) for j in range(n_items)]
+    bounds = _equal_mass_bounds(counts, U)
+    block = [next(b for b in range(U) if bounds[b] <= j < bounds[b + 1]) for j in items.tolist()]
+    key = [_splitmix_uniform(int(u) * n_items + int(j), 0, seed) for u, j in zip(users.tolist(), items.tolist())]
     sse = []
     for t in range(iters):
-        eta = program.step_size / np.sqrt(1 + t)
+        eta = step / np.sqrt(1 + t)
         total = 0.0
         for r in range(U):
             for p in range(U):
-                sel = np.flatnonzero((owner[users] == p) & (block == (p + r) % U))
-                for n in sel[np.argsort(key[sel], kind="stable")]:
+                sel = [n for n in range(len(ratings)) if users[n] % U == p and block[n] == (p + r) % U]
+                for n in sorted(sel, key=key.__getitem__):
                     i, j = users[n], items[n]
                     e = ratings[n] - w[i] @ h[j]
                     total += e * e
                     w[i], h[j] = w[i] + eta * (e * h[j] - lam * w[i]), h[j] + eta * (e * w[i] - lam * h[j])
         sse.append(total)
-    return w, h, sse
+    return w, h, sse, bounds
 
 
 def test_sgd_rotation_equals_serial_sgd_in_the_schedules_order(sc, sparse_problem):
@@ -195,7 +228,11 @@ def test_sgd_rotation_equals_serial_sgd_in_the_schedules_order(sc, sparse_proble
     users, items, ratings, nu, ni = sparse_problem
     w, h, its, program, owner = fit_sgd(sc, users, items, ratings, nu, ni, rank=3, lam=0.05, iters=5)
     assert set(owner[np.unique(users)]) == {0, 1} and len(program.bounds) == 3
-    w_ref, h_ref, sse = sgd_reference(users, items, ratings, program, owner, 5)
+    w_ref, h_ref, sse, bounds = sgd_reference(users, items, ratings, nu, ni, rank=3, lam=0.05, step=0.05, seed=5,
+                                              U=2, iters=5)
+    assert list(program.bounds) == bounds
+    seen = np.unique(users)
+    assert np.array_equal(owner[seen], seen % 2)  # the reference's partitioning is Spark's
     assert np.allclose(w[np.unique(users)], w_ref[np.unique(users)], atol=1e-10)
     assert np.allclose(h, h_ref, atol=1e-10)
     assert [r["iteration"] for r in its] == list(range(1, 6))
