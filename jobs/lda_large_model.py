@@ -94,8 +94,20 @@ def main(argv=None):
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=2)
     spark.stop()
-    ok = out["tokens"] == sum(1 for _ in range(0)) or out["tokens"] > 0
-    return 0 if ok and out["driver_peak_rss_growth_bytes"] < table_bytes / 2 else 1
+    # the run is right only if the topic totals count every generated token once, the likelihood
+    # is a number, and the driver stayed far below the table's size
+    failures = []
+    if out["tokens"] != n_docs * args.doc_len:
+        failures.append(f"topic totals count {out['tokens']:,} tokens, the corpus has {n_docs * args.doc_len:,}")
+    likelihoods = [v for v in out["log_likelihood"] if v is not None]
+    if not likelihoods or not all(np.isfinite(likelihoods)):
+        failures.append(f"log-likelihood not finite: {out['log_likelihood']}")
+    if out["driver_peak_rss_growth_bytes"] >= table_bytes / 2:
+        failures.append(f"driver peak RSS grew {out['driver_peak_rss_growth_bytes'] / 2**20:.0f} MiB, at least half "
+                        f"the table's {table_bytes / 2**20:.0f} MiB")
+    for failure in failures:
+        print("FAILED:", failure)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -117,8 +117,43 @@ def test_apply_with_staleness_is_refused(sc):
         Engine(ApplyWithStaleness(3, [[0, 1, 2]]), sc.parallelize(range(4), 2))
 
 
-def test_empty_program_runs_hundreds_of_rounds_per_second(sc):
+def test_rounds_of_a_step_run_inside_one_spark_job(sc):
+    """1,200 rounds in three Spark jobs of 400: rounds are synchronised by the shards' clocks,
+    not by a Spark job each.  (How many rounds per second that gives is measured by
+    ``jobs/bench_runtime.py``, not here.)"""
     with Engine(ex.EmptyProgram(1200, rounds_per_step=400), sc.parallelize(range(4), 2)).fit() as res:
         rows = res.summary.rows
-    assert sum(r["rounds"] for r in rows) == 1200
-    assert len(rows) == 3  # rounds are synchronised by the shards, not by one Spark job each
+    assert [r["rounds"] for r in rows] == [400, 400, 400]
+
+
+def test_two_fits_from_two_threads_of_one_driver_equal_sequential_fits(sc):
+    """Two fits started at the same moment from two threads of one driver (what
+    ``CrossValidator(parallelism=2)`` does) share the shards under their own table namespaces
+    and each ends with what it gives alone."""
+    import threading
+    import time
+
+    alone = {"rotation": run_rotation(sc)[0], "block_lstsq": run_block_lstsq(sc)[0]}
+    start = threading.Barrier(2)
+    results, windows, errors = {}, {}, []
+
+    def fit(name, runner):
+        try:
+            start.wait(timeout=60)
+            t0 = time.monotonic()
+            results[name] = runner(sc)[0]
+            windows[name] = (t0, time.monotonic())
+        except BaseException as exc:  # noqa: BLE001 -- reported below with the thread's name
+            errors.append((name, repr(exc)))
+
+    threads = [threading.Thread(target=fit, args=(name, runner))
+               for name, runner in (("rotation", run_rotation), ("block_lstsq", run_block_lstsq))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    (a0, a1), (b0, b1) = windows["rotation"], windows["block_lstsq"]
+    assert a0 < b1 and b0 < a1, windows  # the two fits were in flight at the same time
+    for name, value in alone.items():
+        np.testing.assert_allclose(results[name], value, rtol=0, atol=1e-12, err_msg=name)
