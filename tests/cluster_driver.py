@@ -1,11 +1,16 @@
 """Driver script for the multi-executor tests: run the four program shapes
 against a Spark master given on the command line and print one JSON line.
 
-    python tests/cluster_driver.py spark://127.0.0.1:7077 2
+    python tests/cluster_driver.py spark://127.0.0.1:7077 2 [SHAPES]
+
+SHAPES: comma-separated subset of rotation,block_lstsq,priority_lasso,sgd (default: all).
+Besides each shape's result, it reports every shard's advertised address and the address
+its port listens on (read from /proc/net/tcp: the shards run on this machine).
 """
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -17,7 +22,31 @@ from pystrads.session import spark_session  # noqa: E402
 from shapes import run_block_lstsq, run_priority_lasso, run_rotation, run_sgd  # noqa: E402
 
 
-def main(master, executors):
+def listen_addresses(port):
+    """IPv4 addresses on which some process of this machine listens on ``port``."""
+    found = []
+    with open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            local, _remote, state = line.split()[1:4]
+            addr, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(socket.inet_ntoa(bytes.fromhex(addr)[::-1]))
+    return found
+
+
+def connects(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+SHAPES = {"rotation": run_rotation, "block_lstsq": run_block_lstsq, "priority_lasso": run_priority_lasso,
+          "sgd": run_sgd}
+
+
+def main(master, executors, shapes=None):
     spark = spark_session(master, "pystrads-cluster-test", {
         "spark.executor.cores": "1", "spark.cores.max": str(executors), "spark.executor.memory": "1g",
         "spark.ui.enabled": "false", "spark.pystrads.executor.waitSeconds": "120",
@@ -28,19 +57,20 @@ def main(master, executors):
     while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < executors and time.time() < deadline:
         time.sleep(0.5)
     out = {"executors": sc._jsc.sc().getExecutorMemoryStatus().size() - 1}
-    for name, runner in [("rotation", run_rotation), ("block_lstsq", run_block_lstsq),
-                         ("priority_lasso", run_priority_lasso), ("sgd", run_sgd)]:
-        got, expected, summary = runner(sc)[:3]
+    for name in shapes or list(SHAPES):
+        got, expected, summary = SHAPES[name](sc)[:3]
         out[name] = {"result": np.asarray(got).tolist(), "expected": np.asarray(expected).tolist(),
                      "rounds": summary.total_rounds}
     from pystrads.ps import launcher
 
     manager = next(iter(launcher._MANAGERS.values()))
-    out["shards"] = [{"executor": s.executor, "host": s.host, "port": s.port, "pid": s.pid}
+    out["shards"] = [{"executor": s.executor, "host": s.host, "port": s.port, "pid": s.pid,
+                      "listen": listen_addresses(s.port), "loopback_connects": connects("127.0.0.1", s.port),
+                      "host_connects": connects(s.host, s.port)}
                      for s in manager.group.shards]
     print("RESULT " + json.dumps(out), flush=True)
     spark.stop()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",") if len(sys.argv) > 3 else None)
