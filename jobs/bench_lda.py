@@ -21,11 +21,46 @@ of an EM model is the raw expected counts ``N_wk`` without that smoothing;
 scored raw, EM looks 4 % better than its own model -- the figure is reported
 as ``heldout_perplexity_raw_counts`` for comparison.)
 
-Reports wall time (everything included), tokens/s, and held-out perplexity;
-StradsLDA with 1 and 2 workers; StradsLDA's time to reach MLlib EM's
-perplexity (fits of increasing length).  Prints a table, writes JSON and a
-plot.  The data (``../shared/data``) is not shipped with pystrads: Reuters is
-for research use.
+Timing protocol (the same rule for every system):
+
+* Warm-up.  Every system gets ONE short untimed fit before any timed run
+  (JVM class loading and JIT, numba compilation, shard start, library
+  loading and thread pools are paid there, not in the table): StradsLDA a
+  2-iteration fit (2 workers) on the benchmark DataFrame; tomotopy a
+  5-iteration train of a small model (the first 200 training documents);
+  MLlib online and MLlib EM each a ``maxIter=2`` fit on the benchmark
+  DataFrame (topics read back).  Their times are printed and written to the
+  JSON as ``warmup_s``.
+* Repeats.  Every system is timed ``--repeats`` times (default 3; seeds 1,
+  2, ...) and the table shows medians, with the number of runs each median
+  is over in its ``runs`` column.  The one exception is MLlib EM, timed
+  ``--em-repeats`` times (default 1: one 60-iteration EM fit takes ~340 s
+  on the 2-core development machine).  The timed runs of StradsLDA (2 and
+  1 workers), tomotopy and MLlib online are interleaved round by round;
+  then the StradsLDA ladder (one fit per length, for time-to-quality; warm,
+  after the warm-ups); MLlib EM's runs come last so that its cached graph
+  never sits under another system's timing.
+* Columns.  ``prep s`` is the system's own data preparation: tomotopy's
+  model construction and ``add_doc`` loop (timed apart from ``train``);
+  StradsLDA's input scan and data load to the workers (``scan_s`` +
+  ``load_s`` of ``model.summary.fixed``, measured inside its ``fit``);
+  MLlib's preparation happens inside ``fit`` and cannot be separated
+  (shown as "inside fit", counted in ``train s``).  ``train s`` is the rest:
+  for tomotopy ``train`` (its first call also assigns the initial topics,
+  like StradsLDA's init step) and reading the topics back; for StradsLDA
+  the shard check, table creation, init, the steps and reading the model
+  back; for MLlib ``fit`` plus ``topicsMatrix()``.  ``wall s`` =
+  ``prep s`` + ``train s``: everything from the start of the system's data
+  preparation to its topic matrix in hand.  Shared inputs are excluded for everyone and reported
+  once: the tokenisation, the cached Spark DataFrame of term-count vectors
+  (the input of StradsLDA and both MLlib optimizers) and tomotopy's word
+  lists.  ``tokens/s`` = tokens x iterations / ``wall s``.
+
+Also reports StradsLDA with 1 and 2 workers and StradsLDA's time to reach
+MLlib EM's perplexity (the ladder: fits of increasing length).  Prints a
+table, writes JSON (every run in ``results``, the medians in ``table``) and
+a plot.  The data (``../shared/data``) is not shipped with pystrads: Reuters
+is for research use.
 """
 
 from __future__ import annotations
@@ -94,26 +129,33 @@ def heldout_perplexity(phi, test_ids, alpha, seed=0):
     return float(np.exp(-ll / n))
 
 
-def run_tomotopy(vocab, train_ids, k, alpha, beta, iters, seed, workers):
+def run_tomotopy(vocab, train_words, k, alpha, beta, iters, seed, workers):
+    """One tomotopy fit: (phi, prep_s, train_s, init_s).
+
+    prep = model construction + the ``add_doc`` loop (the word lists are built
+    once, outside every timing); train = ``train(0)`` (tomotopy's prepare: its
+    vocabulary arrays and the random initial topics, reported as init_s) +
+    ``train(iters)`` + reading the topics back."""
     import tomotopy as tp
 
+    t0 = time.perf_counter()
     model = tp.LDAModel(k=k, alpha=alpha, eta=beta, seed=seed)
     model.optim_interval = 0  # keep alpha fixed: tomotopy re-estimates it every 10 iterations by default
-    for d in train_ids:
-        model.add_doc([vocab[i] for i in d])
+    for words in train_words:
+        model.add_doc(words)
+    prep_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model.train(0, workers=workers)  # builds the corpus structures
-    setup = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    model.train(0, workers=workers)  # prepare: corpus arrays and the initial topic assignment
+    init_s = time.perf_counter() - t0
     model.train(iters, workers=workers)
+    topics = [model.get_topic_word_dist(t) for t in range(k)]
     train_s = time.perf_counter() - t0
     index = {w: i for i, w in enumerate(vocab)}
     phi = np.zeros((len(vocab), k))
-    used = list(model.used_vocabs)
-    rows = np.array([index[w] for w in used])
+    rows = np.array([index[w] for w in model.used_vocabs])
     for t in range(k):
-        phi[rows, t] = model.get_topic_word_dist(t)
-    return phi, setup + train_s, train_s
+        phi[rows, t] = topics[t]
+    return phi, prep_s, train_s, init_s
 
 
 def spark_df(spark, vocab, ids):
@@ -131,6 +173,7 @@ def spark_df(spark, vocab, ids):
 
 
 def run_strads(df, k, alpha, beta, iters, seed, workers):
+    """One StradsLDA fit: (phi, wall_s, prep_s, summary); prep = input scan + data load (from the summary)."""
     from pystrads.ml import StradsLDA
 
     t0 = time.perf_counter()
@@ -140,7 +183,8 @@ def run_strads(df, k, alpha, beta, iters, seed, workers):
     wt = model._word_topic.astype(np.float64)
     phi = wt + beta
     s = model.summary
-    return phi, wall, s
+    prep = float(s.fixed.get("scan_s", 0.0)) + float(s.fixed.get("load_s", 0.0))
+    return phi, wall, prep, s
 
 
 def run_mllib(df, k, alpha, beta, iters, seed, optimizer):
@@ -153,15 +197,45 @@ def run_mllib(df, k, alpha, beta, iters, seed, optimizer):
         lda = LDA(k=k, maxIter=iters, seed=seed, optimizer="online", docConcentration=[alpha],
                   topicConcentration=beta)
     t0 = time.perf_counter()
-    model = lda.fit(df)
+    model = lda.fit(df)  # MLlib's data preparation happens in here: not separable
     topics = model.topicsMatrix().toArray()  # V x K
     wall = time.perf_counter() - t0
+    del model
     return topics, wall
 
 
 def em_map_topics(expected_counts, beta):
     """MLlib EM's MAP topics: its expected counts plus (topicConcentration - 1) = beta, as its logLikelihood does."""
     return expected_counts + beta
+
+
+# table order: StradsLDA (2 workers, 1 worker, the ladder), tomotopy, MLlib online, MLlib EM
+SYSTEM_ORDER = ["pystrads 2 workers", "pystrads 1 worker", "pystrads 2 workers (ladder)", "tomotopy 2 threads",
+                "MLlib online", "MLlib EM"]
+
+
+def median_table(results, tokens):
+    """One row per (system, iterations, ladder): medians over its runs, each column its own median."""
+    groups = {}
+    for r in results:
+        groups.setdefault((r["system"], r["iterations"], bool(r.get("ladder"))), []).append(r)
+
+    def med(rs, key):
+        vals = [r.get(key) for r in rs]
+        return float(np.median(vals)) if vals and all(v is not None for v in vals) else None
+
+    rows = []
+    for (system, iters, ladder), rs in groups.items():
+        wall = med(rs, "wall_s")
+        row = {"system": system, "iterations": iters, "ladder": ladder, "runs": len(rs),
+               "prep_s": med(rs, "prep_s"), "train_s": med(rs, "train_s"), "wall_s": wall,
+               "tokens_per_s": round(tokens * iters / wall) if wall else None,
+               "heldout_perplexity": round(med(rs, "heldout_perplexity"), 1)}
+        if system == "MLlib EM":
+            row["heldout_perplexity_raw_counts"] = round(med(rs, "heldout_perplexity_raw_counts"), 1)
+        rows.append(row)
+    rows.sort(key=lambda r: (SYSTEM_ORDER.index(r["system"] + (" (ladder)" if r["ladder"] else "")), r["iterations"]))
+    return rows
 
 
 def main(argv=None):
@@ -173,15 +247,21 @@ def main(argv=None):
     p.add_argument("--online-iters", type=int, default=60)
     p.add_argument("--alpha", type=float, default=None, help="default 50/k")
     p.add_argument("--beta", type=float, default=0.1)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per system (medians); MLlib EM: --em-repeats")
+    p.add_argument("--em-repeats", type=int, default=1,
+                   help="timed MLlib EM runs (default 1: one 60-iteration fit is ~340 s on 2 cores)")
     p.add_argument("--skip-em", action="store_true")
     p.add_argument("--skip-online", action="store_true")
-    p.add_argument("--ladder", default="10,25,35,50,100", help="StradsLDA fit lengths for time-to-quality")
+    p.add_argument("--ladder", default="10,25,35,50,100",
+                   help="StradsLDA fit lengths for time-to-quality (one fit each)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.quick:
-        args.iters, args.em_iters, args.online_iters, args.repeats, args.ladder = 30, 10, 10, 1, "10"
+        args.iters, args.em_iters, args.online_iters, args.repeats, args.em_repeats, args.ladder = \
+            30, 10, 10, 1, 1, "10"
+    if args.repeats < 1 or args.em_repeats < 1:
+        p.error("--repeats and --em-repeats must be at least 1")
     alpha = args.alpha if args.alpha is not None else 50.0 / args.k
     out_path = args.out or f"out/bench_lda_{args.corpus}.json"
 
@@ -195,82 +275,150 @@ def main(argv=None):
     stop = set(StopWordsRemover.loadDefaultStopWords("english"))
     t0 = time.perf_counter()
     vocab, train_ids, test_ids = tokenize_corpus(args.corpus, stop, args.quick)
+    tokenize_s = time.perf_counter() - t0
     tokens = sum(len(d) for d in train_ids)
     print(f"{args.corpus}: {len(train_ids)} training docs, {tokens} tokens, V={len(vocab)}, {len(test_ids)} held-out "
-          f"docs; K={args.k}, alpha={alpha:.4g}, beta={args.beta}  (prep {time.perf_counter() - t0:.1f} s)")
+          f"docs; K={args.k}, alpha={alpha:.4g}, beta={args.beta}  (tokenisation {tokenize_s:.1f} s)")
+    # shared inputs, built once and excluded from every system's timing
+    t0 = time.perf_counter()
     df = spark_df(spark, vocab, train_ids)
     df.count()
+    spark_input_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    train_words = [[vocab[i] for i in d] for d in train_ids]
+    tomotopy_words_s = time.perf_counter() - t0
+    print(f"  shared inputs (untimed for every system): cached Spark DataFrame {spark_input_s:.1f} s, "
+          f"tomotopy word lists {tomotopy_words_s:.1f} s")
     results = []
 
-    def record(system, iters, wall, phi, extra=None):
+    def record(system, iters, prep, train, phi, extra=None):
         perp = heldout_perplexity(phi, test_ids, alpha)
-        row = {"system": system, "iterations": iters, "wall_s": round(wall, 2),
-               "tokens_per_s": round(tokens * iters / wall) if wall else None, "heldout_perplexity": round(perp, 1)}
+        wall = round((prep or 0.0) + train, 3)
+        row = {"system": system, "iterations": iters, "prep_s": round(prep, 3) if prep is not None else None,
+               "train_s": round(train, 3), "wall_s": wall,
+               "tokens_per_s": round(tokens * iters / wall) if wall else None,
+               "train_tokens_per_s": round(tokens * iters / train) if train else None,
+               "heldout_perplexity": round(perp, 1)}
         row.update(extra or {})
         results.append(row)
-        print(f"  {system:<24} {iters:>4} it  {wall:8.1f} s  {row['tokens_per_s'] or 0:>12,} tok/s  "
-              f"perplexity {perp:8.1f}", flush=True)
+        prep_txt = f"{prep:6.1f}" if prep is not None else "  (in)"
+        print(f"  {system:<24} {iters:>4} it  prep {prep_txt} + train {train:7.1f} = {wall:7.1f} s  "
+              f"{row['tokens_per_s'] or 0:>12,} tok/s  perplexity {perp:8.1f}", flush=True)
         return row
 
-    # warm-up: numba compile and shard start are fixed costs reported separately
+    def strads(workers, iters, seed, extra=None):
+        phi, wall, prep, s = run_strads(df, args.k, alpha, args.beta, iters, seed, workers)
+        name = f"pystrads {workers} worker{'s' if workers > 1 else ''}"
+        info = {"sampler": s.sampler, "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
+                "steps": len(s.steps), "spark_s": round(float(s.steps["spark_s"].sum()), 2),
+                "steps_s": round(float(s.steps["seconds"].sum()), 2),
+                "train_loglik": s.logLikelihoodHistory[-1] if s.logLikelihoodHistory else None,
+                "s_error_last": float(s.iterations["s_error"].iloc[-1])}
+        info.update(extra or {})
+        return record(name, iters, prep, wall - prep, phi, info)
+
+    def tomotopy(iters, seed, extra=None):
+        phi, prep, train, init = run_tomotopy(vocab, train_words, args.k, alpha, args.beta, iters, seed, 2)
+        return record("tomotopy 2 threads", iters, prep, train, phi, dict(extra or {}, init_s=round(init, 3)))
+
+    def mllib(optimizer, iters, seed, extra=None):
+        topics, wall = run_mllib(df, args.k, alpha, args.beta, iters, seed, optimizer)
+        if optimizer == "em":
+            raw = heldout_perplexity(topics, test_ids, alpha)  # EM's expected counts scored without its smoothing
+            extra = dict(extra or {}, heldout_perplexity_raw_counts=round(raw, 1))
+            return record("MLlib EM", iters, None, wall, em_map_topics(topics, args.beta), extra)
+        return record("MLlib online", iters, None, wall, topics, extra)
+
+    # warm-up: one short untimed fit per system, all before any timed run
+    warm = {}
     t0 = time.perf_counter()
     run_strads(df, args.k, alpha, args.beta, 2, 0, 2)
-    warm = time.perf_counter() - t0
-    print(f"  (StradsLDA warm-up fit incl. kernel compile and shard start: {warm:.1f} s)")
-    for rep in range(args.repeats):
-        phi, wall, s = run_strads(df, args.k, alpha, args.beta, args.iters, rep + 1, 2)
-        record("pystrads 2 workers", args.iters, wall, phi, {
-            "repeat": rep, "sampler": s.sampler, "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
-            "steps": len(s.steps), "spark_s": round(float(s.steps["spark_s"].sum()), 2),
-            "steps_s": round(float(s.steps["seconds"].sum()), 2),
-            "train_loglik": s.logLikelihoodHistory[-1] if s.logLikelihoodHistory else None,
-            "s_error_last": float(s.iterations["s_error"].iloc[-1])})
-        phi, wall, tt = run_tomotopy(vocab, train_ids, args.k, alpha, args.beta, args.iters, rep + 1, 2)
-        record("tomotopy 2 threads", args.iters, wall, phi, {"repeat": rep, "train_only_s": round(tt, 2)})
-    phi, wall, s = run_strads(df, args.k, alpha, args.beta, args.iters, 1, 1)
-    record("pystrads 1 worker", args.iters, wall, phi, {"sampler": s.sampler})
-    for iters in [int(x) for x in args.ladder.split(",") if x]:
-        phi, wall, s = run_strads(df, args.k, alpha, args.beta, iters, 1, 2)
-        record("pystrads 2 workers", iters, wall, phi, {"ladder": True})
+    warm["pystrads"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run_tomotopy(vocab, train_words[:200], args.k, alpha, args.beta, 5, 0, 2)
+    warm["tomotopy"] = time.perf_counter() - t0
     if not args.skip_online:
-        topics, wall = run_mllib(df, args.k, alpha, args.beta, args.online_iters, 1, "online")
-        record("MLlib online", args.online_iters, wall, topics)
+        t0 = time.perf_counter()
+        run_mllib(df, args.k, alpha, args.beta, 2, 0, "online")
+        warm["mllib_online"] = time.perf_counter() - t0
     if not args.skip_em:
-        topics, wall = run_mllib(df, args.k, alpha, args.beta, args.em_iters, 1, "em")
-        record("MLlib EM", args.em_iters, wall, em_map_topics(topics, args.beta),
-               {"heldout_perplexity_raw_counts": round(heldout_perplexity(topics, test_ids, alpha), 1)})
+        t0 = time.perf_counter()
+        run_mllib(df, args.k, alpha, args.beta, 2, 0, "em")
+        warm["mllib_em"] = time.perf_counter() - t0
+    print("  warm-up fits, untimed (StradsLDA 2 it incl. kernel compile and shard start; tomotopy 5 it on 200 docs; "
+          "MLlib maxIter=2): " + ", ".join(f"{k} {v:.1f} s" for k, v in warm.items()))
 
-    def median(system, key, iters=args.iters):
-        vals = [r[key] for r in results if r["system"] == system and r["iterations"] == iters and not r.get("ladder")]
-        return float(np.median(vals)) if vals else None
+    # timed runs: interleaved rounds, then the ladder, then MLlib EM (last: its cached graph stays behind)
+    for rep in range(args.repeats):
+        strads(2, args.iters, rep + 1, {"repeat": rep})
+        tomotopy(args.iters, rep + 1, {"repeat": rep})
+        strads(1, args.iters, rep + 1, {"repeat": rep})
+        if not args.skip_online:
+            mllib("online", args.online_iters, rep + 1, {"repeat": rep})
+    for iters in [int(x) for x in args.ladder.split(",") if x]:
+        strads(2, iters, 1, {"ladder": True})
+    if not args.skip_em:
+        for rep in range(args.em_repeats):
+            mllib("em", args.em_iters, rep + 1, {"repeat": rep})
+
+    table = median_table(results, tokens)
+
+    def main_row(system):
+        return next((r for r in table if r["system"] == system and not r["ladder"]), None)
 
     summary = {}
-    sp, tp = median("pystrads 2 workers", "heldout_perplexity"), median("tomotopy 2 threads", "heldout_perplexity")
-    sw, tw = median("pystrads 2 workers", "wall_s"), median("tomotopy 2 threads", "wall_s")
-    p1 = median("pystrads 1 worker", "heldout_perplexity")
-    summary["perplexity_vs_tomotopy"] = sp / tp - 1 if sp and tp else None
-    summary["throughput_vs_tomotopy"] = tw / sw if sw and tw else None
-    summary["one_vs_two_workers"] = p1 / sp - 1 if p1 and sp else None
-    em = [r for r in results if r["system"] == "MLlib EM"]
+    s2, s1, tt = main_row("pystrads 2 workers"), main_row("pystrads 1 worker"), main_row("tomotopy 2 threads")
+    if s2 and tt:
+        summary["perplexity_vs_tomotopy"] = s2["heldout_perplexity"] / tt["heldout_perplexity"] - 1
+        summary["throughput_vs_tomotopy"] = tt["wall_s"] / s2["wall_s"]
+        summary["throughput_vs_tomotopy_train_only"] = tt["train_s"] / s2["train_s"]
+    if s1 and s2:
+        summary["one_vs_two_workers"] = s1["heldout_perplexity"] / s2["heldout_perplexity"] - 1
+    em = main_row("MLlib EM")
     if em:
-        target = em[0]["heldout_perplexity"]
-        reach = sorted((r["wall_s"], r["iterations"]) for r in results
+        target = em["heldout_perplexity"]
+        reach = sorted((r["wall_s"], r["iterations"]) for r in table
                        if r["system"] == "pystrads 2 workers" and r["heldout_perplexity"] <= target)
         summary["mllib_em_perplexity"] = target
-        summary["mllib_em_wall_s"] = em[0]["wall_s"]
+        summary["mllib_em_wall_s"] = em["wall_s"]
+        summary["mllib_em_runs"] = em["runs"]
         if reach:
             summary["pystrads_time_to_em_perplexity_s"] = reach[0][0]
-            summary["speedup_to_em_perplexity"] = em[0]["wall_s"] / reach[0][0]
-    print("\n| system | iterations | wall s | tokens/s | held-out perplexity |")
-    print("|---|---:|---:|---:|---:|")
-    for r in results:
-        print(f"| {r['system']}{' (ladder)' if r.get('ladder') else ''} | {r['iterations']} | {r['wall_s']} | "
-              f"{r['tokens_per_s'] or 0:,} | {r['heldout_perplexity']} |")
+            summary["pystrads_iterations_to_em_perplexity"] = reach[0][1]
+            summary["speedup_to_em_perplexity"] = em["wall_s"] / reach[0][0]
+
+    def fmt(v, spec=".1f"):
+        return "inside fit" if v is None else format(v, spec)
+
+    print("\n| system | iterations | runs | prep s | train s | wall s (= prep + train) | tokens/s (wall) "
+          "| held-out perplexity |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in table:
+        perp = f"{r['heldout_perplexity']}"
+        if "heldout_perplexity_raw_counts" in r:
+            perp += f" (raw counts: {r['heldout_perplexity_raw_counts']})"
+        print(f"| {r['system']}{' (ladder)' if r['ladder'] else ''} | {r['iterations']} | {r['runs']} | "
+              f"{fmt(r['prep_s'])} | {fmt(r['train_s'])} | {fmt(r['wall_s'])} | {r['tokens_per_s'] or 0:,} | "
+              f"{perp} |")
+    em_rule = "" if args.skip_em else f"; MLlib EM over --em-repeats={args.em_repeats}"
+    print(f"\nMedians over `runs` timed fits (every system --repeats={args.repeats}{em_rule}; ladder: one fit per "
+          "length), each column its own median; every system warmed up by one short untimed fit first. prep s: the "
+          "system's own data preparation (tomotopy: model construction + add_doc; StradsLDA: input scan + data load, "
+          "inside its fit; MLlib: inside fit, not separable, counted in train s). train s: the rest, up to the topic "
+          "matrix in hand. wall s = prep s + train s for every system. Shared inputs excluded for all: tokenisation "
+          f"{tokenize_s:.1f} s, cached Spark DataFrame {spark_input_s:.1f} s, tomotopy word lists "
+          f"{tomotopy_words_s:.1f} s.")
     print("\n" + "\n".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in summary.items()))
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     payload = {"corpus": args.corpus, "k": args.k, "alpha": alpha, "beta": args.beta, "train_docs": len(train_ids),
-               "tokens": tokens, "vocab": len(vocab), "heldout_docs": len(test_ids), "results": results,
-               "summary": summary, "warmup_s": warm,
+               "tokens": tokens, "vocab": len(vocab), "heldout_docs": len(test_ids),
+               "protocol": {"repeats": args.repeats, "em_repeats": args.em_repeats, "iters": args.iters,
+                            "online_iters": args.online_iters, "em_iters": args.em_iters, "ladder": args.ladder,
+                            "wall": "prep_s + train_s; prep_s None = inside fit (MLlib)"},
+               "shared_inputs_s": {"tokenise": round(tokenize_s, 3), "spark_dataframe": round(spark_input_s, 3),
+                                   "tomotopy_word_lists": round(tomotopy_words_s, 3)},
+               "warmup_s": {k: round(v, 3) for k, v in warm.items()},
+               "table": table, "results": results, "summary": summary,
                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
     with open(out_path, "w") as fh:
         json.dump(payload, fh, indent=2)
@@ -287,7 +435,7 @@ def main(argv=None):
             if pts:
                 ax.scatter(*zip(*pts), marker=marker, label=system)
         ax.set_xscale("log")
-        ax.set_xlabel("wall time (s, log)")
+        ax.set_xlabel("wall time (prep + train, s, log; each run)")
         ax.set_ylabel("held-out perplexity (document completion)")
         ax.set_title(f"LDA on {args.corpus}, K={args.k}")
         ax.legend()
