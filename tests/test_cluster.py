@@ -40,7 +40,7 @@ def _wait_for(path, text, proc, timeout):
 
 #: Workers beyond the two an application uses: each executor-loss test kills one (with its
 #: executor), and the master moves the application onto a spare.
-SPARE_WORKERS = 3
+SPARE_WORKERS = 4
 
 
 @contextlib.contextmanager

@@ -232,3 +232,80 @@ def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
                                 ["label", "w", "features"])
     _, stats = scan_input(bad, "features", "label", "w", 10, False, num_workers=2)
     assert stats["error"][0] == "featuresCol 'features' has a value nan"
+
+
+# ------------------------------------------------------------------ parallel rounds (workingSetLimit=0)
+
+
+@pytest.fixture(scope="module")
+def wide_problem(spark):
+    """600 rows x 400 sparse features (correlated neighbours, as the STRADS generator makes them)
+    and row weights: with ``workingSetLimit=0`` every update runs in the scheduled parallel
+    rounds over the workers' data, which these tests hold to scikit-learn's optimum."""
+    p = strads_lasso_problem(600, 400, nnz_per_col=30, corr_prob=0.2, support=20, seed=11)
+    x = p.dense()
+    y = p.y + 2.0
+    w = np.random.default_rng(3).uniform(0.5, 2.0, len(y))
+    m = x @ p.beta_true
+    yb = (m + 0.3 * np.random.default_rng(4).standard_normal(len(m)) > np.median(m)).astype(float)
+    rows = [(float(y[i]), float(yb[i]), float(w[i]),
+             Vectors.sparse(400, np.flatnonzero(x[i]).tolist(), x[i][x[i] != 0].tolist())) for i in range(len(y))]
+    df = spark.createDataFrame(rows, ["label", "clicked", "w", "features"]).repartition(2).cache()
+    return x, y, yb, w, df
+
+
+def mllib_scale(x, w, standardization):
+    """Column scales that turn MLlib's penalty ``lam * std_j |beta_j|`` (weighted, unbiased std)
+    into scikit-learn's plain ``lam |b_j|`` on the features ``x / scale``."""
+    if not standardization:
+        return np.ones(x.shape[1])
+    W = w.sum()
+    mu = w @ x / W
+    return np.sqrt(w @ (x - mu) ** 2 / (W - w @ w / W))
+
+
+@pytest.mark.parametrize("fit_intercept,standardization", [(True, True), (False, False)])
+def test_lasso_parallel_rounds_reach_sklearns_optimum(wide_problem, fit_intercept, standardization):
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    x, y, _, w, df = wide_problem
+    lam = 0.02
+    model = StradsLasso(regParam=lam, fitIntercept=fit_intercept, standardization=standardization, weightCol="w",
+                        workingSetLimit=0, coordinatesPerRound=32, candidatesPerRound=64, tol=1e-9, maxIter=400,
+                        seed=2).fit(df)
+    s = model.summary
+    assert s.roundUpdatesHistory[-1] > 0 and s.roundUpdatesHistory[-1] == s.updatesHistory[-1]  # rounds only
+    scale = mllib_scale(x, w, standardization)
+    # scikit-learn normalises sample weights to sum to n: its objective is MLlib's 1/(2W) sum w r^2
+    sk = sklearn.Lasso(alpha=lam, fit_intercept=fit_intercept, tol=1e-12, max_iter=1_000_000)
+    sk.fit(x / scale, y, sample_weight=w)
+    sk_beta = sk.coef_ / scale
+    ours = squared_objective(x, y, w, model.coefficients.toArray(), model.intercept, lam, standardization)
+    theirs = squared_objective(x, y, w, sk_beta, sk.intercept_, lam, standardization)
+    assert abs(ours - theirs) <= 1e-7 * theirs, (ours, theirs)
+    assert np.count_nonzero(sk_beta) >= 10  # a problem whose solution the rounds must find, not all zeros
+    np.testing.assert_allclose(model.coefficients.toArray(), sk_beta, atol=1e-3 * np.abs(sk_beta).max())
+    assert model.intercept == pytest.approx(sk.intercept_, abs=1e-3 * max(1.0, abs(sk.intercept_)))
+
+
+def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    x, _, yb, w, df = wide_problem
+    lam = 0.005
+    model = StradsLogisticRegression(labelCol="clicked", regParam=lam, weightCol="w", workingSetLimit=0,
+                                     coordinatesPerRound=32, candidatesPerRound=64, tol=1e-9, maxIter=60,
+                                     seed=2).fit(df)
+    assert model.summary.roundUpdatesHistory[-1] > 0
+    scale = mllib_scale(x, w, True)
+    # scikit-learn's sum_i w_i log-loss + 1/C |b|_1 is W (MLlib's objective) at C = 1 / (lam W)
+    sk = sklearn.LogisticRegression(C=1.0 / (lam * w.sum()), l1_ratio=1.0, solver="saga", tol=1e-12,
+                                    max_iter=200_000).fit(x / scale, yb, sample_weight=w)
+    sk_beta = sk.coef_[0] / scale
+    ours = logistic_objective(x, yb, w, model.coefficients.toArray(), model.intercept, lam, True)
+    theirs = logistic_objective(x, yb, w, sk_beta, sk.intercept_[0], lam, True)
+    assert abs(ours - theirs) <= 1e-6 * theirs, (ours, theirs)
+    assert np.count_nonzero(np.abs(sk_beta) > 1e-8) >= 5
+    # the margins, not each coefficient: a nearly flat objective along pairs of correlated columns
+    # (the generator copies a column's rows to its neighbour) leaves such pairs free to trade weight
+    ours_margin = x @ model.coefficients.toArray() + model.intercept
+    sk_margin = x @ sk_beta + sk.intercept_[0]
+    np.testing.assert_allclose(ours_margin, sk_margin, atol=1e-2 * np.abs(sk_margin).max())
