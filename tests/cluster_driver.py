@@ -8,6 +8,7 @@ Besides each shape's result, it reports every shard's advertised address and the
 its port listens on (read from /proc/net/tcp: the shards run on this machine).
 """
 
+import ipaddress
 import json
 import os
 import socket
@@ -23,15 +24,23 @@ from shapes import run_block_lstsq, run_priority_lasso, run_rotation, run_sgd  #
 
 
 def listen_addresses(port):
-    """IPv4 addresses on which some process of this machine listens on ``port``."""
+    """Addresses on which some process of this machine listens on ``port`` (/proc/net/tcp and
+    tcp6; gRPC listens on an IPv6 socket, where an IPv4 address shows as ::ffff:a.b.c.d)."""
     found = []
-    with open("/proc/net/tcp") as fh:
-        for line in fh.readlines()[1:]:
-            local, _remote, state = line.split()[1:4]
-            addr, hex_port = local.split(":")
-            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                found.append(socket.inet_ntoa(bytes.fromhex(addr)[::-1]))
-    return found
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                local, _remote, state = line.split()[1:4]
+                addr, hex_port = local.split(":")
+                if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                    continue
+                raw = bytes.fromhex(addr)  # 32-bit words in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = ipaddress.ip_address(raw)
+                found.append(str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip))
+    return sorted(set(found))
 
 
 def connects(host, port):

@@ -16,18 +16,24 @@ from pystrads.errors import ConfigurationError, InputError
 from pystrads.ml import StradsLasso, StradsLassoModel, StradsLogisticRegression, StradsLogisticRegressionModel
 
 
-@pytest.fixture(scope="module")
-def problem(spark):
-    p = strads_lasso_problem(400, 60, nnz_per_col=40, seed=5)
+def weighted_problem(spark, p, offset, seeds):
+    """A generated problem as (x, y, binary labels, weights, DataFrame): labels ``y + offset``,
+    binary labels from a noisy threshold of the true signal, weights uniform in [0.5, 2]."""
     x = p.dense()
-    y = p.y + 3.0
-    w = np.random.default_rng(1).uniform(0.5, 2.0, len(y))
+    y = p.y + offset
+    w = np.random.default_rng(seeds[0]).uniform(0.5, 2.0, len(y))
     m = x @ p.beta_true
-    yb = (m + 0.3 * np.random.default_rng(2).standard_normal(len(m)) > np.median(m)).astype(float)
+    yb = (m + 0.3 * np.random.default_rng(seeds[1]).standard_normal(len(m)) > np.median(m)).astype(float)
+    J = x.shape[1]
     rows = [(float(y[i]), float(yb[i]), float(w[i]),
-             Vectors.sparse(60, np.flatnonzero(x[i]).tolist(), x[i][x[i] != 0].tolist())) for i in range(len(y))]
+             Vectors.sparse(J, np.flatnonzero(x[i]).tolist(), x[i][x[i] != 0].tolist())) for i in range(len(y))]
     df = spark.createDataFrame(rows, ["label", "clicked", "w", "features"]).repartition(2).cache()
     return x, y, yb, w, df
+
+
+@pytest.fixture(scope="module")
+def problem(spark):
+    return weighted_problem(spark, strads_lasso_problem(400, 60, nnz_per_col=40, seed=5), 3.0, (1, 2))
 
 
 def squared_objective(x, y, w, beta, b, lam, std):
@@ -242,16 +248,8 @@ def wide_problem(spark):
     """600 rows x 400 sparse features (correlated neighbours, as the STRADS generator makes them)
     and row weights: with ``workingSetLimit=0`` every update runs in the scheduled parallel
     rounds over the workers' data, which these tests hold to scikit-learn's optimum."""
-    p = strads_lasso_problem(600, 400, nnz_per_col=30, corr_prob=0.2, support=20, seed=11)
-    x = p.dense()
-    y = p.y + 2.0
-    w = np.random.default_rng(3).uniform(0.5, 2.0, len(y))
-    m = x @ p.beta_true
-    yb = (m + 0.3 * np.random.default_rng(4).standard_normal(len(m)) > np.median(m)).astype(float)
-    rows = [(float(y[i]), float(yb[i]), float(w[i]),
-             Vectors.sparse(400, np.flatnonzero(x[i]).tolist(), x[i][x[i] != 0].tolist())) for i in range(len(y))]
-    df = spark.createDataFrame(rows, ["label", "clicked", "w", "features"]).repartition(2).cache()
-    return x, y, yb, w, df
+    return weighted_problem(spark, strads_lasso_problem(600, 400, nnz_per_col=30, corr_prob=0.2, support=20, seed=11),
+                            2.0, (3, 4))
 
 
 def mllib_scale(x, w, standardization):
