@@ -34,7 +34,8 @@ setup(
         "test": ["pytest>=7", "matplotlib>=3.6"],  # the tests check the summaries' plots too
         "plot": ["matplotlib>=3.6"],
         # peers the benchmarks compare against (not needed by pystrads itself)
-        "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12"],
+        "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12", "celer>=0.7",
+                  "skglm>=0.4"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",
