@@ -126,34 +126,50 @@ def test_rounds_of_a_step_run_inside_one_spark_job(sc):
     assert [r["rounds"] for r in rows] == [400, 400, 400]
 
 
+def _rotation_data(sc, seed):
+    rng = np.random.default_rng(seed)
+    keys, vals = rng.integers(0, 300, 5000), rng.random(5000)
+    return sc.parallelize(list(zip(keys.tolist(), vals.tolist())), 2), 3 * np.bincount(keys, vals, 300)
+
+
 def test_two_fits_from_two_threads_of_one_driver_equal_sequential_fits(sc):
-    """Two fits started at the same moment from two threads of one driver (what
-    ``CrossValidator(parallelism=2)`` does) share the shards under their own table namespaces
-    and each ends with what it gives alone."""
+    """Two fits of the same program on different data, started at the same moment from two
+    threads of one driver (what ``CrossValidator(parallelism=2)`` does): they share the shards,
+    each under its own table namespace, and each model -- read once both fits are done and
+    still held -- is what its fit gives alone."""
     import threading
     import time
 
-    alone = {"rotation": run_rotation(sc)[0], "block_lstsq": run_block_lstsq(sc)[0]}
-    start = threading.Barrier(2)
+    seeds = (11, 12)
+    alone = {}
+    for seed in seeds:
+        rdd, _ = _rotation_data(sc, seed)
+        with Engine(ex.RotationSum(300, iterations=3), rdd, seed=seed).fit() as res:
+            alone[seed] = res.read_table("sums")[:, 0]
+    start, fitted = threading.Barrier(2), threading.Barrier(2)
     results, windows, errors = {}, {}, []
 
-    def fit(name, runner):
+    def fit(seed):
         try:
+            rdd, exact = _rotation_data(sc, seed)
             start.wait(timeout=60)
             t0 = time.monotonic()
-            results[name] = runner(sc)[0]
-            windows[name] = (t0, time.monotonic())
-        except BaseException as exc:  # noqa: BLE001 -- reported below with the thread's name
-            errors.append((name, repr(exc)))
+            with Engine(ex.RotationSum(300, iterations=3), rdd, seed=seed).fit() as res:
+                windows[seed] = (t0, time.monotonic())
+                fitted.wait(timeout=600)  # both models are on the shards at once
+                results[seed] = (res.read_table("sums")[:, 0], exact)
+        except BaseException as exc:  # noqa: BLE001 -- reported below with the thread's seed
+            errors.append((seed, repr(exc)))
 
-    threads = [threading.Thread(target=fit, args=(name, runner))
-               for name, runner in (("rotation", run_rotation), ("block_lstsq", run_block_lstsq))]
+    threads = [threading.Thread(target=fit, args=(seed,)) for seed in seeds]
     for t in threads:
         t.start()
     for t in threads:
         t.join(600)
     assert not errors, errors
-    (a0, a1), (b0, b1) = windows["rotation"], windows["block_lstsq"]
+    (a0, a1), (b0, b1) = windows[11], windows[12]
     assert a0 < b1 and b0 < a1, windows  # the two fits were in flight at the same time
-    for name, value in alone.items():
-        np.testing.assert_allclose(results[name], value, rtol=0, atol=1e-12, err_msg=name)
+    for seed, value in alone.items():
+        got, exact = results[seed]
+        np.testing.assert_allclose(got, value, rtol=0, atol=1e-12, err_msg=str(seed))
+        np.testing.assert_allclose(got, exact, rtol=0, atol=1e-9, err_msg=str(seed))
