@@ -135,10 +135,11 @@ def lasso_fit(sc, config, working_set_limit=None, lose_step=None):
 
 
 def _pyspark_workers():
-    """Pids of the forked Python workers: processes running pyspark's daemon code whose parent
-    does too (the daemon itself is a child of the JVM; shards, children of a worker, are not
-    pyspark processes)."""
-    daemons, procs = set(), {}
+    """Pids of this driver's forked Python workers: processes running pyspark's daemon code
+    whose parent does too (the daemon itself is a child of the JVM; shards, children of a
+    worker, are not pyspark processes), and that descend from this process -- never another
+    application's workers on the same machine (a benchmark or a second test run)."""
+    daemons, procs, parents = set(), {}, {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -149,10 +150,19 @@ def _pyspark_workers():
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
+        parents[int(pid)] = ppid
         if "pyspark.daemon" in cmd or "pyspark/daemon" in cmd:
             daemons.add(int(pid))
             procs[int(pid)] = ppid
-    return [pid for pid, ppid in procs.items() if ppid in daemons]
+
+    def mine(pid):
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return [pid for pid, ppid in procs.items() if ppid in daemons and mine(pid)]
 
 
 def injector(fault, out, checkpoint_dir, done):
