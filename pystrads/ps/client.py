@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import threading
@@ -26,6 +27,33 @@ from .partition import TableLayout
 
 _CONNECTIONS: Dict[Tuple[str, str], "ShardClient"] = {}
 _CONNECTIONS_LOCK = threading.Lock()
+_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def fan_out(calls: Sequence[Any]) -> List[Any]:
+    """Run zero-argument ``calls`` at once (Flight calls release the GIL) and return their
+    results in order; the first error is raised after every call has returned, so no call
+    is left running behind the caller's back."""
+    global _POOL
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with _CONNECTIONS_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="pystrads-fanout")
+    futures = [_POOL.submit(call) for call in calls[1:]]
+    results, error = [], None
+    try:
+        results.append(calls[0]())
+    except Exception as exc:  # noqa: BLE001 -- re-raised below
+        error = exc
+    for future in futures:
+        try:
+            results.append(future.result())
+        except Exception as exc:  # noqa: BLE001
+            error = error or exc
+    if error is not None:
+        raise error
+    return results
 
 
 def _translate(exc: Exception, uri: str, what: str) -> Exception:
@@ -144,6 +172,32 @@ class ShardClient:
         except flight.FlightError as exc:
             raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
 
+    def put_blob(self, key: str, blob: bytes, header: Optional[Dict[str, Any]] = None) -> None:
+        """Store a byte string under ``key`` (in chunks; ``header``: a step fence and
+        ``drop_prefix`` / ``keep_after`` to drop the older blobs of a series)."""
+        head = dict(header or {}, op="blob", key=key, token=self._token)
+        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
+        view = memoryview(blob)
+        chunks = [view[i:i + protocol.BLOB_CHUNK] for i in range(0, len(view), protocol.BLOB_CHUNK)]
+        try:
+            writer, _ = self._client.do_put(descriptor, protocol.BLOB_SCHEMA, self._options)
+            for i in range(0, len(chunks), 4):
+                writer.write_batch(pa.record_batch([pa.array([bytes(c) for c in chunks[i:i + 4]], pa.binary())],
+                                                   schema=protocol.BLOB_SCHEMA))
+            writer.close()
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"store {key!r}") from None
+
+    def get_blob(self, key: str) -> Optional[bytes]:
+        """The byte string stored under ``key``, or None."""
+        ticket = protocol.encode_header({"blob": key, "token": self._token})
+        try:
+            parts = [c.as_py() for chunk in self._client.do_get(flight.Ticket(ticket), self._options)
+                     for c in chunk.data.column(0)]
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"read {key!r}") from None
+        return b"".join(parts) if parts else None
+
     def close(self) -> None:
         self._client.close()
 
@@ -184,8 +238,8 @@ class ShardGroup:
                                   getattr(self, "tls_root_certs", None))
 
     def broadcast(self, action_type: str, **body: Any) -> List[Dict[str, Any]]:
-        """Send one action to every shard, in order; return their answers."""
-        return [self.client(i).action(action_type, **body) for i in range(len(self.shards))]
+        """Send one action to every shard at once; return their answers in shard order."""
+        return fan_out([lambda i=i: self.client(i).action(action_type, **body) for i in range(len(self.shards))])
 
     def table(self, layout: TableLayout) -> "TableHandle":
         return TableHandle(self, layout)

@@ -25,6 +25,10 @@ DTYPES = {
 }
 
 
+#: A stored byte string (a worker's pickled state) travels as binary chunks of this size.
+BLOB_CHUNK = 2 << 20
+BLOB_SCHEMA = pa.schema([pa.field("chunk", pa.binary())])
+
 
 def check_dtype(name: str) -> str:
     if name not in DTYPES:

@@ -199,6 +199,7 @@ class _StepState:
         self.contrib: Dict[Tuple[str, int], List[Tuple[np.ndarray, np.ndarray]]] = {}
         self.metrics: Dict[int, Dict[str, float]] = {}
         self.error: Optional[str] = None
+        self.done: Dict[int, int] = {}  # resident workers that finished the step -> their task id
 
 
 class ShardServer(flight.FlightServerBase):
@@ -214,6 +215,13 @@ class ShardServer(flight.FlightServerBase):
         self.programs: Dict[str, Any] = {}
         self.cond = threading.Condition()
         self.step = _StepState()
+        # resident workers (one long task per worker for a whole fit): per fit namespace, the
+        # command the driver posted last, the workers' hellos, and the newest task id seen per
+        # worker (older ids are zombies of a failed attempt, refused from then on)
+        self.mailbox: Dict[str, Dict[str, Any]] = {}
+        self.hellos: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        self.newest_task: Dict[Tuple[str, int], int] = {}
+        self.blobs: Dict[str, bytes] = {}  # opaque byte strings by key (worker state snapshots)
         self.lease_seconds = lease_seconds
         self.last_heartbeat = time.monotonic()
         self.started = time.time()
@@ -276,7 +284,8 @@ class ShardServer(flight.FlightServerBase):
         current = st.registered.get(worker)
         if current == task:
             return
-        if task <= st.retired or (current is not None and task < current):
+        newest = self.newest_task.get((st.namespace, worker), -1)
+        if task <= st.retired or (current is not None and task < current) or task < newest:
             raise flight.FlightServerError(
                 f"shard {self.shard_id}: task {task} of worker {worker} belongs to a failed attempt of "
                 f"step {step}; refusing a zombie task's request")
@@ -286,6 +295,7 @@ class ShardServer(flight.FlightServerBase):
         if current is not None:  # the same worker again with a newer task: the stage was retried
             self._new_epoch()
         st.registered[worker] = task
+        self.newest_task[(st.namespace, worker)] = task
 
     def _new_epoch(self) -> None:
         """Called with ``self.cond`` held: roll back to the pre-step state."""
@@ -303,6 +313,7 @@ class ShardServer(flight.FlightServerBase):
         st.committed = -1
         st.contrib.clear()
         st.metrics.clear()
+        st.done.clear()
         st.error = None
         self.cond.notify_all()
 
@@ -393,6 +404,14 @@ class ShardServer(flight.FlightServerBase):
     # ------------------------------------------------------------------ reads
     def do_get(self, context, ticket):
         header, payload = self._decode(ticket.ticket)
+        if "blob" in header:  # a stored byte string (no chunks: none stored under that key)
+            with self.cond:
+                blob = self.blobs.get(header.str("blob"))
+            chunks = [] if blob is None else [blob[i:i + protocol.BLOB_CHUNK]
+                                              for i in range(0, max(len(blob), 1), protocol.BLOB_CHUNK)]
+            self._count(requests=1, bytes_out=len(blob or b""))
+            return flight.RecordBatchStream(pa.Table.from_arrays([pa.array(chunks, pa.binary())],
+                                                                 schema=protocol.BLOB_SCHEMA))
         table = self._table(header.str("table", ""))
         chunk_bytes = header.int("chunk", (4 << 20) - (64 << 10))
         with table.lock:
@@ -422,6 +441,10 @@ class ShardServer(flight.FlightServerBase):
         t_start = time.perf_counter()
         header, _ = self._decode(descriptor.command)
         op = header.get("op")
+        if op == "blob":
+            self._put_blob(header, reader)
+            self._count_time("put_s", time.perf_counter() - t_start)
+            return
         if op not in ("put", "inc", "contribute"):
             raise flight.FlightServerError(f"unknown write op {op!r}; expected put, inc or contribute")
         table = self._table(header.str("table", ""))
@@ -475,6 +498,27 @@ class ShardServer(flight.FlightServerBase):
                         np.add.at(table.values, index, rows)
         self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
         self._count_time("put_s", time.perf_counter() - t_start)
+
+    def _put_blob(self, header, reader) -> None:
+        """Store the byte string a stream of binary chunks carries under ``key``; with a
+        step fence, only the worker's current task may write (as for table writes), and the
+        worker's snapshots older than ``keep_after`` are dropped."""
+        key = header.str("key")
+        if not reader.schema.equals(protocol.BLOB_SCHEMA):
+            raise flight.FlightServerError("a blob stream has one binary column, chunk")
+        parts = [c.as_py() for chunk in reader for c in chunk.data.column(0)]
+        blob = b"".join(parts)
+        with self.cond:
+            if "step" in header:
+                self._check_fence(header)
+            self.blobs[key] = blob
+            prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
+            if isinstance(prefix, str) and isinstance(keep_after, int):
+                for old in [k for k in self.blobs if k.startswith(prefix)]:
+                    tail = old[len(prefix):]
+                    if tail.isdigit() and int(tail) < keep_after:
+                        del self.blobs[old]
+        self._count(requests=1, bytes_in=len(blob))
 
     # ------------------------------------------------------------------ actions
     def list_actions(self, context):
@@ -560,6 +604,11 @@ class ShardServer(flight.FlightServerBase):
             for n in names:
                 del self.tables[n]
             self.programs.pop(prefix.rstrip("/"), None)
+            for key in [k for k in self.blobs if k.startswith(prefix)]:
+                del self.blobs[key]
+            for ns in [n for n in list(self.mailbox) + list(self.hellos) if n.startswith(prefix.rstrip("/"))]:
+                self.mailbox.pop(ns, None)
+                self.hellos.pop(ns, None)
             if self.step.namespace and self.step.namespace.startswith(prefix.rstrip("/")):
                 self.step = _StepState()
         return {"dropped": names}
@@ -582,7 +631,26 @@ class ShardServer(flight.FlightServerBase):
                 with t.lock:
                     written[short] = storage.save_array(
                         storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
-        return {"bytes": int(sum(written.values())), "tables": sorted(written)}
+            states = self._state_blobs(req)
+        states_dir = req.str("states_dir", target)
+        for worker, blob in states.items():  # resident workers' snapshots of that step
+            storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob)
+            written[f"state-{worker:05d}"] = len(blob)
+        return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states)}
+
+    def _state_blobs(self, req) -> Dict[int, bytes]:
+        """With ``self.cond`` held: the state snapshots of step ``states_step`` kept here under
+        ``states_prefix`` (``<prefix><worker>/<step>``), by worker."""
+        prefix, step = req.get("states_prefix"), req.get("states_step")
+        if not isinstance(prefix, str) or not isinstance(step, int):
+            return {}
+        out = {}
+        for key, blob in self.blobs.items():
+            if key.startswith(prefix):
+                worker, _, at = key[len(prefix):].partition("/")
+                if worker.isdigit() and at == str(step):
+                    out[int(worker)] = blob
+        return out
 
     def _action_restore(self, req):
         """Fill this shard's rows of every table under ``prefix`` from a snapshot in ``dir``
@@ -621,7 +689,15 @@ class ShardServer(flight.FlightServerBase):
                         f"snapshot in {source} lacks rows of table {short!r} from row {missing}; the checkpoint "
                         "is incomplete or belongs to another model")
                 restored[short] = t.row_stop - t.row_start
-        return {"rows": restored}
+        prefix, step = req.get("states_prefix"), req.get("states_step")
+        loaded = []
+        if isinstance(prefix, str) and isinstance(step, int):  # resident workers' snapshots
+            for worker in req.get("states_workers") or []:
+                blob = storage.read_bytes(storage.join(req.str("states_dir", source), f"state-{int(worker):05d}.pkl"))
+                with self.cond:
+                    self.blobs[f"{prefix}{int(worker)}/{step}"] = blob
+                loaded.append(int(worker))
+        return {"rows": restored, "states": loaded}
 
     def _action_register_program(self, req):
         """Install a fit's program object; its ``pull`` runs here."""
@@ -630,8 +706,120 @@ class ShardServer(flight.FlightServerBase):
             self.programs[req.str("namespace")] = program
         return {}
 
+    # ------------------------------------------------------------------ resident workers
+    def _action_post(self, req):
+        """The driver leaves a command for a fit's resident workers (``begin_step`` can carry
+        one too, so a step's schedule costs no extra call)."""
+        with self.cond:
+            self._post(req.str("namespace"), req.dict("command"))
+        return {}
+
+    def _post(self, namespace: str, command: Dict[str, Any]) -> None:
+        box = self.mailbox.setdefault(namespace, {"seq": 0})
+        program = command.get("program")
+        if program is not None:  # kept: a restarted task asks for it without knowing its hash
+            box["program"], box["program_hash"] = program, command.get("program_hash")
+        box["seq"] += 1
+        box["command"] = {k: v for k, v in command.items() if k != "program"}
+        self.cond.notify_all()
+
+    def _action_hello(self, req):
+        """A resident worker's task started (a newer task id retires the worker's older ones)."""
+        namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
+        with self.cond:
+            key = (namespace, worker)
+            if task < self.newest_task.get(key, -1):
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: task {task} of worker {worker} is older than task "
+                    f"{self.newest_task[key]}; refusing a zombie task")
+            self.newest_task[key] = task
+            self.hellos.setdefault(namespace, {})[worker] = {"task": task, "fingerprint": req.get("fingerprint"),
+                                                             "load_s": req.get("load_s"), "time": time.time()}
+            self.cond.notify_all()
+        return {}
+
+    def _action_wait_hellos(self, req):
+        """Block until ``num_workers`` workers of a fit said hello (or ``timeout``); their hellos."""
+        namespace, n = req.str("namespace"), req.int("num_workers")
+        deadline = time.monotonic() + req.num("timeout", 1.0)
+        with self.cond:
+            while len(self.hellos.get(namespace, {})) < n and time.monotonic() < deadline:
+                self.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+            hellos = self.hellos.get(namespace, {})
+            return {"hellos": {str(w): h for w, h in hellos.items()}, "complete": len(hellos) >= n}
+
+    def _action_next(self, req):
+        """A resident worker waits (up to ``timeout``) for a command it has not carried out:
+        the open step when it is newer than ``done_step``, or ``finish``.  The program's bytes
+        come along unless the worker already has them (``program_hash``)."""
+        namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
+        done_step = req.int("done_step", -1)
+        deadline = time.monotonic() + req.num("timeout", 1.0)
+        with self.cond:
+            while True:
+                if task < self.newest_task.get((namespace, worker), -1):
+                    raise flight.FlightServerError(
+                        f"shard {self.shard_id}: task {task} of worker {worker} was replaced by a newer "
+                        "attempt; refusing a zombie task")
+                box = self.mailbox.get(namespace)
+                command = box.get("command") if box else None
+                if command is not None:
+                    kind = command.get("kind")
+                    st = self.step
+                    actionable = kind == "finish" or (
+                        kind == "step" and st.open and st.namespace == namespace
+                        and st.step == command.get("step") and command.get("step") > done_step
+                        and worker not in st.done)
+                    if actionable:
+                        out = dict(command, seq=box["seq"])
+                        if box.get("program_hash") != req.get("program_hash"):
+                            out["program"], out["program_hash"] = box.get("program"), box.get("program_hash")
+                        return out
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"kind": "wait"}
+                self.cond.wait(min(left, 1.0))
+
+    def _action_step_done(self, req):
+        """A resident worker finished its part of the open step (fenced; ``late``: metrics of
+        its last round reported after that round's tick)."""
+        worker = req.int("worker")
+        with self.cond:
+            self._check_fence(req)
+            st = self.step
+            if req.get("late"):
+                bucket = st.metrics.setdefault(req.int("late_round"), {})
+                for key, value in req.dict("late").items():
+                    bucket[key] = bucket.get(key, 0.0) + float(value)
+            st.done[worker] = req.int("task")
+            self.cond.notify_all()
+        return {}
+
+    def _action_wait_step(self, req):
+        """The driver waits (up to ``timeout``) until every worker finished the open step;
+        the answer carries the step's per-round metrics when it did."""
+        step = req.int("step")
+        deadline = time.monotonic() + req.num("timeout", 1.0)
+        with self.cond:
+            while True:
+                st = self.step
+                if not st.open or st.step != step:
+                    raise flight.FlightServerError(
+                        f"shard {self.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
+                if st.error:
+                    return {"done": False, "error": st.error, "epoch": st.epoch}
+                if len(st.done) >= st.num_workers:
+                    return {"done": True, "epoch": st.epoch,
+                            "rounds": {str(k): v for k, v in sorted(st.metrics.items())}}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"done": False, "epoch": st.epoch, "finished": sorted(st.done),
+                            "clocks": st.clocks.tolist()}
+                self.cond.wait(min(left, 1.0))
+
     def _action_begin_step(self, req):
-        """Open a step: clocks reset, writes from now on are undoable."""
+        """Open a step: clocks reset, writes from now on are undoable (``command``: the
+        resident workers' command for this step, posted to the fit's mailbox)."""
         with self.cond:
             if self.step.open:
                 raise flight.FlightServerError(
@@ -643,6 +831,8 @@ class ShardServer(flight.FlightServerBase):
                 raise flight.FlightServerError(f"malformed request: num_workers={num_workers} out of range")
             self.step = _StepState(req.int("step"), num_workers, req.str("namespace", ""),
                                    req.int("round_offset", 0))
+            if req.get("command") is not None:
+                self._post(req.str("namespace"), req.dict("command"))
         return {}
 
     def _action_enter(self, req):
@@ -701,7 +891,8 @@ class ShardServer(flight.FlightServerBase):
                         table.forget()
                 st.open = False
                 self.cond.notify_all()
-        return {}
+        with self._counter_lock:
+            return dict(self.counters)
 
     def _action_abort_step(self, req):
         """Close the step and roll back every write it made."""
