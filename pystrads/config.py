@@ -78,6 +78,11 @@ _SETTINGS = [
     Setting("recovery.maxAttempts", 3, int,
             "times a fit restarts lost shards or lost worker states (from the latest checkpoint, or from the "
             "start without one) before it fails", 0),
+    Setting("runtime.mode", "resident", str,
+            "resident = one long-running barrier task per worker for the whole fit (data and state stay in "
+            "the task; each step's schedule reaches it through the shards); steps = the first runtime, one "
+            "barrier job per step with the state carried in cached RDDs (kept for comparison, to be removed)",
+            None, ("resident", "steps")),
     Setting("executor.waitSeconds", 120.0, float,
             "seconds to wait for enough executors to register before the first step", 0.0),
 ]

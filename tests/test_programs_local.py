@@ -9,7 +9,7 @@ import pytest
 from pyspark import cloudpickle
 
 from pystrads.engine import Engine, Schedule
-from pystrads.errors import ConfigurationError, ScheduleError, StepFailedError
+from pystrads.errors import ConfigurationError, PystradsError, ScheduleError, StepFailedError
 from pystrads.programs import examples as ex
 
 from shapes import run_block_lstsq, run_priority_lasso, run_rotation, run_sgd
@@ -68,6 +68,14 @@ class FailingCounter(ex.CounterProgram):
         return out
 
 
+def test_a_fit_without_kept_states_refuses_map_states_and_says_how(sc):
+    program = ex.CounterProgram(num_keys=7, rounds_per_step=5, steps=2)
+    with Engine(program, sc.parallelize(range(10), 2), keep_states=False).fit() as res:
+        assert np.array_equal(res.read_table("counter")[:, 0], program.expected(2))
+        with pytest.raises(PystradsError, match="keep_states=False.*keep_states=True"):
+            res.map_states(lambda worker, data, state: state)
+
+
 def test_failed_step_is_rerun_without_lost_or_doubled_updates(sc):
     marker = os.path.join(tempfile.mkdtemp(), "failed-once")
     program = FailingCounter(marker, num_keys=7, rounds_per_step=6, steps=3)
@@ -117,13 +125,41 @@ def test_apply_with_staleness_is_refused(sc):
         Engine(ApplyWithStaleness(3, [[0, 1, 2]]), sc.parallelize(range(4), 2))
 
 
-def test_rounds_of_a_step_run_inside_one_spark_job(sc):
-    """1,200 rounds in three Spark jobs of 400: rounds are synchronised by the shards' clocks,
-    not by a Spark job each.  (How many rounds per second that gives is measured by
-    ``jobs/bench_runtime.py``, not here.)"""
-    with Engine(ex.EmptyProgram(1200, rounds_per_step=400), sc.parallelize(range(4), 2)).fit() as res:
+def _jobs(sc, engine):
+    tracker = sc.statusTracker()
+    return [j for g in engine.job_groups for j in tracker.getJobIdsForGroup(g)]
+
+
+def test_a_fit_runs_as_one_spark_job_whatever_its_steps(sc):
+    """1,200 rounds in three steps of 400, all inside one Spark job (the resident workers'):
+    rounds are synchronised by the shards' clocks and steps are epochs on the shards, not a
+    Spark job each; no other job starts during the fit.  (How many rounds per second that gives
+    is measured by ``jobs/bench_runtime.py``, not here.)"""
+    Engine(ex.EmptyProgram(2), sc.parallelize(range(4), 2)).fit().release()  # shards up
+    tracker = sc.statusTracker()
+    ungrouped = set(tracker.getJobIdsForGroup(None))
+    engine = Engine(ex.EmptyProgram(1200, rounds_per_step=400), sc.parallelize(range(4), 2))
+    with engine.fit() as res:
         rows = res.summary.rows
     assert [r["rounds"] for r in rows] == [400, 400, 400]
+    assert len(_jobs(sc, engine)) == 1, (engine.job_groups, _jobs(sc, engine))
+    assert set(tracker.getJobIdsForGroup(None)) == ungrouped  # shards were already up: no launch job
+
+
+def test_a_scheduler_deciding_every_round_sees_every_update(sc):
+    """One round per step, the driver reading the table before each (a dynamic scheduler in the
+    loop): 150 steps in one Spark job, every worker's update of every step on the shards, and
+    the least-visited-row rule visiting the 64 rows evenly."""
+    program = ex.EveryRoundProgram(rounds=150, num_rows=64, block_bytes=1 << 16)
+    engine = Engine(program, sc.parallelize(range(2), 2))
+    with engine.fit() as res:
+        visits = res.read_table("score")[:, 0]
+        states = res.map_states(lambda worker, data, state: state)
+        steps = len(res.summary.rows)
+    assert steps == 150 and states == [150, 150]
+    assert visits.sum() == 2 * 150
+    assert visits.max() - visits.min() <= 2, visits  # argmin over fresh values each round
+    assert len(_jobs(sc, engine)) == 1
 
 
 def _rotation_data(sc, seed):

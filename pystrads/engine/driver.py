@@ -1,12 +1,15 @@
 """Driver side: the Spark driver is the scheduler.
 
 :class:`Engine` runs a :class:`~pystrads.engine.program.Program` over an RDD:
-pre-flight checks, shard start (first use), table creation, an init step,
-then steps -- ``schedule`` on the driver, one barrier Spark job carrying all
-the step's rounds, metrics, ``after_step`` -- until the program stops.
-Each step is atomic: shards undo its writes unless the driver commits it.
-Worker state moves from step to step through cached RDDs (immutable data
-cached once, mutable state re-cached each step), never re-read from input.
+pre-flight checks, shard start (first use), table creation, one long-running
+barrier job whose tasks are the workers (:mod:`pystrads.engine.resident`),
+an init step, then steps -- ``schedule`` on the driver, the step's command
+posted to the shards, the workers' rounds, metrics, ``after_step`` -- until
+the program stops.  Each step is atomic: shards undo its writes unless the
+driver commits it.  Data and state stay in the workers' tasks; after each
+step a worker leaves a snapshot of its state on a shard, from which a
+restarted task resumes.  ``runtime.mode=steps`` keeps the first runtime (one
+barrier job per step, state carried in cached RDDs) for comparison.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from ..ps import launcher, storage
 from ..ps.partition import TableLayout, range_bounds
 from ..ps.protocol import check_dtype
 from .program import Program, Schedule, ScheduleContext, StepMetrics
+from .fingerprint import _data_fingerprint, _hash_value
 from .progress import ProgressReporter
+from .resident import ResidentSpec, program_hash, run_resident, states_prefix
 from .worker import StepSpec, run_init, run_load, run_rounds
 
 log = logging.getLogger(__name__)
@@ -209,34 +214,6 @@ def _program_attributes(program: Program) -> bytes:
     return cloudpickle.dumps(_program_state(program))
 
 
-def _data_fingerprint(data: Any) -> str:
-    """Hash of a worker's immutable data (its arrays' bytes): a checkpoint's states only fit
-    the data they were made with."""
-    h = hashlib.sha256()
-    _hash_value(h, data)
-    return h.hexdigest()
-
-
-def _hash_value(h, value: Any, depth: int = 0) -> None:
-    """Feed a program attribute into a fingerprint, deterministically across processes."""
-    if isinstance(value, np.ndarray):
-        h.update(f"{value.dtype}{value.shape}".encode())
-        h.update(np.ascontiguousarray(value).tobytes())
-    elif isinstance(value, (list, tuple)):
-        h.update(f"{type(value).__name__}{len(value)}".encode())
-        for item in value:
-            _hash_value(h, item, depth + 1)
-    elif isinstance(value, dict):
-        for key in sorted(value, key=repr):
-            h.update(repr(key).encode())
-            _hash_value(h, value[key], depth + 1)
-    elif hasattr(value, "__dict__") and not callable(value) and depth < 4:  # e.g. a data summary object
-        h.update(type(value).__qualname__.encode())
-        _hash_value(h, vars(value), depth + 1)
-    else:
-        h.update(re.sub(r"0x[0-9a-f]+", "0x", repr(value)).encode())
-
-
 class Engine:
     """Runs one :class:`Program` over the partitions of an RDD.
 
@@ -256,7 +233,7 @@ class Engine:
     """
 
     def __init__(self, program: Program, rdd, num_workers: Optional[int] = None, seed: int = 0,
-                 config: Optional[Mapping[str, Any]] = None):
+                 config: Optional[Mapping[str, Any]] = None, keep_states: bool = True):
         if not isinstance(program, Program):
             raise TypeError(f"program must be a pystrads Program, got {type(program).__name__}")
         self.program = program
@@ -293,6 +270,16 @@ class Engine:
         # that resumes sizes its steps as the uninterrupted fit would have
         self._rounds_hint = self.num_workers
         self._data_fingerprints: Optional[List[str]] = None  # per worker, of its immutable data
+        # resident runtime (runtime.mode=resident): the fit's one barrier job and what it posted
+        self.resident = self.config["runtime.mode"] == "resident"
+        self._job: Optional[_ResidentJob] = None
+        self._result_rdd = None  # the finished job's (data, state) per worker, cached
+        self._posted_program: Optional[str] = None  # hash of the program bytes the job's tasks have
+        self._counters: Optional[Dict[str, int]] = None  # shards' traffic counters after the last step
+        # hand each worker's (data, state) to Spark's cache when the fit ends, for map_states (a
+        # caller that never reads worker states saves pickling and caching them)
+        self.keep_states = bool(keep_states)
+        self.job_groups: List[str] = []  # Spark job groups of the fit's resident jobs (one unless relaunched)
 
     # ------------------------------------------------------------------ checks
     def preflight(self) -> None:
@@ -381,7 +368,14 @@ class Engine:
                         self.config["round.timeoutSeconds"], schedule)
 
     # ------------------------------------------------------------------ steps
-    def _run_job(self, step: int, rdd) -> None:
+    def _run_job(self, step: int, work):
+        """Run one step atomically: ``work`` is the resident job's command (resident
+        runtime) or the step's barrier RDD (step runtime)."""
+        if self.resident:
+            return self._run_resident_step(step, work)
+        return self._run_step_job(step, work)
+
+    def _run_step_job(self, step: int, rdd) -> None:
         from pyspark import StorageLevel
 
         self.group.broadcast("begin_step", step=step, num_workers=self.num_workers, namespace=self.namespace,
@@ -473,6 +467,8 @@ class Engine:
     def _init_state(self) -> None:
         """The init step (barrier, atomic): each worker's mutable state; may write initial
         table values."""
+        if self.resident:
+            return self._resident_init()
         t0 = time.perf_counter()
         self._step, self._rounds_done, self._rounds_hint = 0, 0, self.num_workers
         spec = self._spec(0, None)
@@ -508,7 +504,10 @@ class Engine:
         self._program_initial = _program_attributes(self.program)
         self._start()
         try:
-            self._load_data()
+            if self.resident:
+                self._launch_job()
+            else:
+                self._load_data()
             if not (self._checkpoint_dir and self._resume()):
                 self._init_state()
             self.progress = ProgressReporter(f"{type(self.program).__name__} {self.namespace}",
@@ -516,10 +515,11 @@ class Engine:
             ctx = ScheduleContext(self)
             ctx.rounds_hint = self._rounds_hint
             steps = 0
+            retry: Optional[Schedule] = None  # a step to run again as it was (resident job relaunched)
             while max_steps is None or steps < max_steps:
                 ctx.step, ctx.rounds_done, ctx._records = self._step, self._rounds_done, {}
                 t0 = time.perf_counter()
-                schedule = self.program.schedule(ctx)
+                schedule, retry = (self.program.schedule(ctx) if retry is None else retry), None
                 t_sched = time.perf_counter() - t0
                 if schedule is None or ctx.stopped:
                     break
@@ -537,13 +537,16 @@ class Engine:
                             (self._step - 1) % self.config["checkpoint.interval"] == 0:
                         self._try_checkpoint()
                 except (StepFailedError, ShardUnavailableError) as exc:
-                    self._recover(exc)
+                    if self._recover(exc):
+                        retry = schedule
                     ctx._stop_reason = None
                     ctx.rounds_hint = self._rounds_hint
                     continue
                 if ctx.stopped:
                     break
                 ctx.rounds_hint = self._rounds_hint
+            if self.resident:
+                self._resident_finish()
             self.progress.finish(ctx.stopped or "done")
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
             self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
@@ -561,19 +564,26 @@ class Engine:
 
     def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float) -> None:
         step = self._step
-        spec = self._spec(step, schedule)
-        stats0 = self._stats()
+        spec = None if self.resident else self._spec(step, schedule)
         t0 = time.perf_counter()
-        new_state = self._zip(self._data_rdd, self._state_rdd).barrier().mapPartitions(
-            lambda it: run_rounds(spec, it))
-        self._run_job(step, new_state)
-        t_job = time.perf_counter() - t0
-        metrics = self._collect_metrics()
-        stats1 = self._stats()
-        for old in self._old_rdds:
-            old.unpersist()
-        self._old_rdds = [new_state]
-        self._state_rdd = new_state
+        if self.resident:
+            answer = self._run_job(step, self._command(step, schedule))
+            t_job = time.perf_counter() - t0
+            metrics = self._resident_metrics(answer)
+            traffic = self._traffic()
+        else:
+            stats0 = self._stats()
+            new_state = self._zip(self._data_rdd, self._state_rdd).barrier().mapPartitions(
+                lambda it: run_rounds(spec, it))
+            self._run_job(step, new_state)
+            t_job = time.perf_counter() - t0
+            metrics = self._collect_metrics()
+            stats1 = self._stats()
+            traffic = {k: stats1[k] - stats0[k] for k in stats0}
+            for old in self._old_rdds:
+                old.unpersist()
+            self._old_rdds = [new_state]
+            self._state_rdd = new_state
         U = self.num_workers
         compute = metrics.total("_compute_s") / U
         sync = metrics.total("_sync_s") / U
@@ -581,9 +591,8 @@ class Engine:
             "step": step, "rounds": len(schedule), "seconds": t_sched + t_job, "schedule_s": t_sched,
             "job_s": t_job, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
             "spark_s": max(0.0, t_job - compute - sync), "rounds_per_s": len(schedule) / t_job,
-            "bytes_in": stats1["bytes_in"] - stats0["bytes_in"],
-            "bytes_out": stats1["bytes_out"] - stats0["bytes_out"],
-            "requests": stats1["requests"] - stats0["requests"],
+            "bytes_in": traffic["bytes_in"], "bytes_out": traffic["bytes_out"], "requests": traffic["requests"],
+            "snapshot_s": metrics.total("_snapshot_s") / U, "snapshot_bytes": metrics.total("_snapshot_bytes"),
         }
         self._rounds_done += len(schedule)
         self._step += 1
@@ -647,24 +656,10 @@ class Engine:
         root = self._checkpoint_dir
         name = f"step-{self._step - 1:08d}"
         target = storage.join(root, name)
-        written = sum(r["bytes"] for r in self.group.broadcast(
-            "snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables")))
-
-        need_fingerprints = self._data_fingerprints is None
-
-        def save(index, pairs):
-            for data, state in pairs:
-                blob = cloudpickle.dumps(state)
-                storage.write_bytes(storage.join(target, f"state-{index:05d}.pkl"), blob)
-                yield index, len(blob), _data_fingerprint(data) if need_fingerprints else None
-
-        saved = sorted(self._zip(self._data_rdd, self._state_rdd).mapPartitionsWithIndex(save).collect())
-        if [i for i, _, _ in saved] != list(range(self.num_workers)):
-            raise StepFailedError(f"checkpoint {target}: states of workers {[i for i, _, _ in saved]} were "
-                                  f"saved, expected 0..{self.num_workers - 1}")
-        if need_fingerprints:  # data is immutable: hashed once per fit
-            self._data_fingerprints = [fp for _, _, fp in saved]
-        written += sum(n for _, n, _ in saved)
+        if self.resident:
+            written = self._resident_checkpoint(target)
+        else:
+            written = self._save_states(target)
         driver = {"step": self._step, "rounds_done": self._rounds_done, "rounds_hint": self._rounds_hint,
                   "rows": self.summary.rows,
                   "data_fingerprints": self._data_fingerprints,
@@ -682,6 +677,29 @@ class Engine:
         log.info("checkpoint after step %d: %s (%.1f MiB in %.2f s)", self._step - 1, target, written / 2 ** 20,
                  elapsed)
 
+    def _save_states(self, target: str) -> int:
+        """Step runtime: shards write their tables, a job writes the cached worker states."""
+        from pyspark import cloudpickle
+
+        written = sum(r["bytes"] for r in self.group.broadcast(
+            "snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables")))
+
+        need_fingerprints = self._data_fingerprints is None
+
+        def save(index, pairs):
+            for data, state in pairs:
+                blob = cloudpickle.dumps(state)
+                storage.write_bytes(storage.join(target, f"state-{index:05d}.pkl"), blob)
+                yield index, len(blob), _data_fingerprint(data) if need_fingerprints else None
+
+        saved = sorted(self._zip(self._data_rdd, self._state_rdd).mapPartitionsWithIndex(save).collect())
+        if [i for i, _, _ in saved] != list(range(self.num_workers)):
+            raise StepFailedError(f"checkpoint {target}: states of workers {[i for i, _, _ in saved]} were "
+                                  f"saved, expected 0..{self.num_workers - 1}")
+        if need_fingerprints:  # data is immutable: hashed once per fit
+            self._data_fingerprints = [fp for _, _, fp in saved]
+        return written + sum(n for _, n, _ in saved)
+
     def _resume(self) -> bool:
         """Restore tables, worker states and driver state from the latest checkpoint of this
         fit, if there is one."""
@@ -698,27 +716,33 @@ class Engine:
         if driver["num_workers"] != self.num_workers:
             raise ConfigurationError(f"checkpoint {source} has {driver['num_workers']} workers, this fit "
                                      f"{self.num_workers}")
-        current = [fp for _, fp in sorted(self._data_rdd.mapPartitionsWithIndex(
-            lambda index, datas: [(index, _data_fingerprint(d)) for d in datas]).collect())]
+        if self.resident:
+            current, restore = self._resident_resume(source, meta["step"])
+        else:
+            current = [fp for _, fp in sorted(self._data_rdd.mapPartitionsWithIndex(
+                lambda index, datas: [(index, _data_fingerprint(d)) for d in datas]).collect())]
         if current != driver["data_fingerprints"]:
             differ = [i for i, (a, b) in enumerate(zip(current, driver["data_fingerprints"])) if a != b]
             log.warning("checkpoint %s was made from other input data (workers %s differ); not resuming from it",
                         source, differ)
             return False
         self._data_fingerprints = current
-        self.group.broadcast("restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"))
+        if self.resident:  # tables and the workers' snapshots go back onto the shards
+            restore()
+        else:
+            self.group.broadcast("restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"))
 
-        def load(index, _data):
-            yield pickle.loads(storage.read_bytes(storage.join(source, f"state-{index:05d}.pkl")))
+            def load(index, _data):
+                yield pickle.loads(storage.read_bytes(storage.join(source, f"state-{index:05d}.pkl")))
 
-        state = self._data_rdd.mapPartitionsWithIndex(load)
-        state.persist(StorageLevel.MEMORY_AND_DISK)
-        state.localCheckpoint()
-        self._materialize(state)
-        for old in self._old_rdds:
-            old.unpersist()
-        self._state_rdd = state
-        self._old_rdds = [state]
+            state = self._data_rdd.mapPartitionsWithIndex(load)
+            state.persist(StorageLevel.MEMORY_AND_DISK)
+            state.localCheckpoint()
+            self._materialize(state)
+            for old in self._old_rdds:
+                old.unpersist()
+            self._state_rdd = state
+            self._old_rdds = [state]
         vars(self.program).update(driver["program"])
         self._step, self._rounds_done = driver["step"], driver["rounds_done"]
         self._rounds_hint = int(driver.get("rounds_hint", self.num_workers))
@@ -730,12 +754,14 @@ class Engine:
                  meta["step"], self._rounds_done, time.perf_counter() - t0)
         return True
 
-    def _recover(self, exc: BaseException) -> None:
+    def _recover(self, exc: BaseException) -> bool:
         """After a failed step: when shards died or worker states were lost with an
         executor, restart what is gone and continue from the latest checkpoint (or from
-        the start when there is none).  Anything else is re-raised."""
+        the start when there is none).  Anything else is re-raised.  Returns True when the
+        failed step is to run again as it was (resident runtime: the shards kept every
+        worker's state snapshot, so a relaunched job resumes right before that step)."""
         shards_alive = self.manager is not None and self.manager.alive()
-        cause = str(exc)
+        cause = str(exc) + " " + str(exc.__cause__ or "")
         states_lost = any(marker in cause for marker in _LOST_STATE_MARKERS)
         if shards_alive and not states_lost:
             raise exc
@@ -748,7 +774,18 @@ class Engine:
         what = "shards were lost" if not shards_alive else "worker states were lost with an executor"
         log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self._step, what,
                     self._recoveries, limit, "the latest checkpoint" if self._checkpoint_dir else "the start")
-        if not shards_alive:
+        if self.resident:
+            self._cancel_job()
+            if shards_alive:  # only the job was lost: its tasks restart from the shards' snapshots
+                self._launch_job()
+                self.summary.fixed["recoveries"] = self._recoveries
+                self.summary.fixed["recovery_s"] = self.summary.fixed.get("recovery_s", 0.0) + \
+                    time.perf_counter() - t0
+                return True
+            self._start()
+            self._launch_job()
+            self._posted_program = None  # new shards: the first command carries the program
+        elif not shards_alive:
             self._start()  # new shards with freshly created tables
         if not (self._checkpoint_dir and self._resume()):
             if shards_alive:
@@ -759,11 +796,183 @@ class Engine:
             self._init_state()
         self.summary.fixed["recoveries"] = self._recoveries
         self.summary.fixed["recovery_s"] = self.summary.fixed.get("recovery_s", 0.0) + time.perf_counter() - t0
+        return False
+
+    # ------------------------------------------------------------------ resident runtime
+    def _launch_job(self) -> None:
+        """Start the fit's one barrier job (in a driver thread): every worker's task loads its
+        partition, says hello on shard 0 and then carries out the posted commands."""
+        from pyspark import StorageLevel, cloudpickle
+
+        t0 = time.perf_counter()
+        self._cancel_job()
+        rdd = self.rdd
+        if rdd.getNumPartitions() != self.num_workers:
+            rdd = rdd.repartition(self.num_workers)
+        blob = cloudpickle.dumps(self.program)
+        digest = program_hash(blob)
+        spec = ResidentSpec(blob, digest, self.group, dict(self.layouts), self.num_workers, self.seed,
+                            self.config["round.timeoutSeconds"], self.namespace, bool(self._checkpoint_dir),
+                            self.keep_states)
+        out = rdd.barrier().mapPartitions(lambda it: run_resident(spec, it))
+        out.persist(StorageLevel.MEMORY_AND_DISK)
+        self._posted_program = digest
+        self._job = _ResidentJob(self, out)
+        self.job_groups.append(self._job.group_id)
+        self._job.start()
+        self.summary.fixed["launch_s"] = self.summary.fixed.get("launch_s", 0.0) + time.perf_counter() - t0
+
+    def _cancel_job(self) -> None:
+        job, self._job = self._job, None
+        if job is not None:
+            job.cancel()
+
+    def _job_error(self) -> Optional[BaseException]:
+        job = self._job
+        if job is None:
+            return StepFailedError("the fit's barrier job is not running")
+        return job.error if not job.thread.is_alive() else None
+
+    def _hellos(self) -> Dict[int, Dict[str, Any]]:
+        """Wait until every worker's task said hello (data loaded); their hellos by worker."""
+        while True:
+            answer = self.group.client(0).action("wait_hellos", namespace=self.namespace,
+                                                 num_workers=self.num_workers, timeout=1.0)
+            if answer["complete"]:
+                return {int(w): h for w, h in answer["hellos"].items()}
+            error = self._job_error()
+            if error is not None:
+                raise StepFailedError(f"the fit's barrier job ended before every worker loaded its data. "
+                                      f"Cause: {_python_cause(error)}") from error
+
+    def _command(self, step: int, schedule: Optional[Schedule]) -> Dict[str, Any]:
+        from pyspark import cloudpickle
+
+        blob = cloudpickle.dumps(self.program)
+        digest = program_hash(blob)
+        command: Dict[str, Any] = {"kind": "step", "step": step, "round_offset": self._rounds_done,
+                                   "staleness": int(getattr(self.program, "staleness", 0)),
+                                   "program_hash": digest}
+        if digest != self._posted_program:
+            command["program"] = base64.b64encode(blob).decode()
+        if schedule is None:
+            command["init"] = True
+        else:
+            command["schedule"] = base64.b64encode(cloudpickle.dumps(schedule)).decode()
+        return command
+
+    def _run_resident_step(self, step: int, command: Dict[str, Any]) -> Dict[str, Any]:
+        """Open the step on every shard (shard 0 last, with the command), wait until every
+        worker finished it, then commit (or, on failure, roll back and raise)."""
+        group = self.group
+        body = dict(step=step, num_workers=self.num_workers, namespace=self.namespace, round_offset=self._rounds_done)
+        try:
+            from ..ps.client import fan_out
+
+            fan_out([lambda i=i: group.client(i).action("begin_step", **body) for i in range(1, len(group.shards))])
+            group.client(0).action("begin_step", command=command, **body)
+            if "program" in command:
+                self._posted_program = command["program_hash"]
+            while True:
+                answer = group.client(0).action("wait_step", step=step, timeout=1.0)
+                if answer["done"]:
+                    break
+                if answer.get("error"):
+                    raise StepFailedError(answer["error"])
+                error = self._job_error()
+                if error is not None:
+                    raise error
+        except BaseException as exc:
+            try:
+                group.broadcast("abort_step", step=step)
+            except PystradsError as abort_exc:
+                log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
+            if isinstance(exc, KeyboardInterrupt):
+                self._cancel_job()
+                raise
+            raise StepFailedError(
+                f"step {step} failed; the model tables were rolled back to their state before the step. "
+                f"Cause: {exc if isinstance(exc, PystradsError) else _python_cause(exc)}") from exc
+        counters = group.broadcast("commit_step", step=step)
+        self._last_counters = counters
+        return answer
+
+    def _resident_metrics(self, answer: Dict[str, Any]) -> StepMetrics:
+        if getattr(self.program, "shard_metrics_every", 0):
+            return self._collect_metrics()
+        merged = {int(k): v for k, v in answer.get("rounds", {}).items()}
+        n = max(merged, default=-1) + 1
+        return StepMetrics([merged.get(i, {}) for i in range(n)])
+
+    def _traffic(self) -> Dict[str, int]:
+        """Shards' traffic since the previous call (from the counters commit_step returned)."""
+        total = {"bytes_in": 0, "bytes_out": 0, "requests": 0}
+        for c in getattr(self, "_last_counters", None) or []:
+            for k in total:
+                total[k] += c.get(k, 0)
+        before, self._counters = self._counters or total, total
+        return {k: total[k] - before[k] for k in total}
+
+    def _resident_init(self) -> None:
+        t0 = time.perf_counter()
+        self._step, self._rounds_done, self._rounds_hint = 0, 0, self.num_workers
+        answer = self._run_job(0, self._command(0, None))
+        metrics = self._resident_metrics(answer)
+        self._traffic()
+        loads = [h.get("load_s") or 0.0 for h in self._hellos().values()]
+        self.summary.fixed["load_s"] = float(max(loads, default=0.0))  # inside the job, before the init step
+        self.summary.fixed["init_s"] = time.perf_counter() - t0
+        self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
+        self._step = 1
+
+    def _resident_finish(self) -> None:
+        """Tell the tasks the fit is over; they hand their (data, state) to Spark's cache
+        (for :meth:`map_states`) and the job ends."""
+        t0 = time.perf_counter()
+        self.group.client(0).action("post", namespace=self.namespace,
+                                    command={"kind": "finish", "step": self._step - 1})
+        job = self._job
+        job.thread.join()
+        if job.error is not None:
+            raise StepFailedError(f"the fit's barrier job failed while finishing: {_python_cause(job.error)}") \
+                from job.error
+        self._result_rdd = job.rdd
+        self._job = None
+        self.summary.fixed["finish_s"] = time.perf_counter() - t0
+
+    def _resident_checkpoint(self, target: str) -> int:
+        """Shards write their tables and the workers' state snapshots of the last step."""
+        answers = self.group.broadcast("snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables"),
+                                       states_prefix=states_prefix(self.namespace), states_step=self._step - 1,
+                                       states_dir=target)
+        saved = sorted(w for a in answers for w in a.get("states", []))
+        if saved != list(range(self.num_workers)):
+            raise StepFailedError(f"checkpoint {target}: states of workers {saved} were saved, expected "
+                                  f"0..{self.num_workers - 1}")
+        if self._data_fingerprints is None:
+            hellos = self._hellos()
+            self._data_fingerprints = [hellos[w]["fingerprint"] for w in range(self.num_workers)]
+        return sum(a["bytes"] for a in answers)
+
+    def _resident_resume(self, source: str, step: int) -> bool:
+        from ..ps.client import fan_out
+
+        hellos = self._hellos()
+        current = [hellos[w]["fingerprint"] for w in range(self.num_workers)]
+        return current, (lambda: fan_out([
+            lambda i=i: self.group.client(i).action(
+                "restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"),
+                states_prefix=states_prefix(self.namespace), states_step=step, states_dir=source,
+                states_workers=[w for w in range(self.num_workers) if w % len(self.group.shards) == i])
+            for i in range(len(self.group.shards))]))
 
     # ------------------------------------------------------------------ results
     def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:
         """``fn(worker, data, state)`` on every worker's current state; results in worker order."""
-        pairs = self._zip(self._data_rdd, self._state_rdd)
+        if self.resident and not self.keep_states:
+            raise PystradsError("map_states: this Engine was made with keep_states=False, so the workers' states "
+                                "were not kept after the fit; make it with keep_states=True to read them")
+        pairs = self._result_rdd if self.resident else self._zip(self._data_rdd, self._state_rdd)
 
         def run(index, it):
             for data, state in it:
@@ -773,7 +982,8 @@ class Engine:
 
     def release(self) -> None:
         """Drop the fit's tables from the shards and unpersist its RDDs."""
-        for rdd in self._old_rdds + [self._data_rdd]:  # noqa: B007
+        self._cancel_job()
+        for rdd in self._old_rdds + [self._data_rdd, self._result_rdd]:  # noqa: B007
             if rdd is not None:
                 try:
                     rdd.unpersist()
@@ -785,6 +995,46 @@ class Engine:
                 self.group.broadcast("drop_tables", prefix=self.namespace + "/")
             except PystradsError:
                 pass
+
+
+class _ResidentJob:
+    """The fit's barrier job, collected in a driver thread (its own Spark job group, so
+    that it can be cancelled)."""
+
+    def __init__(self, engine: "Engine", rdd):
+        self.engine = engine
+        self.rdd = rdd
+        self.group_id = f"pystrads-{engine.namespace}-{secrets.token_hex(3)}"
+        self.error: Optional[BaseException] = None
+        self.thread = None
+
+    def start(self) -> None:
+        from pyspark import InheritableThread
+
+        engine = self.engine
+
+        def run():
+            try:
+                engine.sc.setJobGroup(self.group_id, f"pystrads fit {engine.namespace}: resident workers",
+                                      interruptOnCancel=True)
+                engine._materialize(self.rdd)
+            except BaseException as exc:  # noqa: BLE001 -- reported to the driver's loop
+                self.error = exc
+
+        self.thread = InheritableThread(target=run, name=f"pystrads-job-{engine.namespace}", daemon=True)
+        self.thread.start()
+
+    def cancel(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            try:
+                self.engine.sc.cancelJobGroup(self.group_id)
+            except Exception:  # noqa: BLE001 -- the SparkContext may be gone
+                pass
+            self.thread.join(timeout=60)
+        try:
+            self.rdd.unpersist()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class FitResult:

@@ -42,7 +42,10 @@ data-parallel          ``Schedule.data_parallel(n)`` with ``staleness > 0`` (SSP
 =====================  ==========================================================
 
 Programs should be light objects (parameters, not data): they are pickled
-into every step's closure and onto the shards for ``pull``.
+to the workers (again whenever the driver's copy changes, e.g. in
+``after_step``) and onto the shards for ``pull``.  A worker keeps its copy
+from step to step, so changes ``push`` makes to ``self`` persist on that
+worker until the driver's copy changes; keep worker-side state in ``state``.
 """
 
 from __future__ import annotations

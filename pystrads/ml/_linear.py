@@ -461,7 +461,7 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     program.t_origin = t_start
     log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(estimator).__name__,
              stats["rows"], num_features, stats["nnz"], U, estimator.getSchedule())
-    with Engine(program, records, num_workers=U, seed=seed).fit() as result:
+    with Engine(program, records, num_workers=U, seed=seed, keep_states=False).fit() as result:
         t0 = time.perf_counter()
         coef = result.read_table("coef")
         coefficients, intercept = program.result(coef)

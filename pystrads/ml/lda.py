@@ -358,7 +358,7 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
                  sampler, U)
         scan_s = time.perf_counter() - t_start
         # checkpoints every checkpointInterval steps when a checkpoint directory is set (MLlib's rule)
-        engine = Engine(program, records, num_workers=U, seed=seed,
+        engine = Engine(program, records, num_workers=U, seed=seed, keep_states=False,
                         config={"checkpoint.interval": max(0, self.getCheckpointInterval())})
         with engine.fit() as result:
             t0 = time.perf_counter()

@@ -355,6 +355,39 @@ class EmptyProgram(Program):
         return state
 
 
+class EveryRoundProgram(Program):
+    """A scheduler that decides every round from fresh values: each step is one round whose
+    work item (a row of table ``score``) the driver picks after reading the whole table --
+    the shape of STRADS's dynamic schedules with the scheduler kept in the loop.  Each
+    worker holds ``block_bytes`` of immutable data (to show the per-round cost does not
+    depend on it) and adds 1 to the picked row.  Measures the runtime's per-step cost."""
+
+    def __init__(self, rounds: int = 200, num_rows: int = 64, block_bytes: int = 1 << 20):
+        self.rounds = int(rounds)
+        self.num_rows = int(num_rows)
+        self.block_bytes = int(block_bytes)
+
+    def tables(self):
+        return [Table("score", self.num_rows, 1)]
+
+    def load(self, ctx, records):
+        list(records)
+        return np.full(max(1, self.block_bytes // 8), float(ctx.worker))
+
+    def init_state(self, ctx, data):
+        return 0
+
+    def schedule(self, ctx):
+        if ctx.rounds_done >= self.rounds:
+            return None
+        score = ctx.table("score").read_all()[:, 0]
+        return Schedule.shared([int(np.argmin(score))])  # the least-visited row next
+
+    def push(self, ctx, data, state, work):
+        ctx.table("score").inc([work], [[1.0]])
+        return state + 1
+
+
 # ---------------------------------------------------------------------------- problem generators
 def orthogonal_groups_problem(num_rows: int = 400, num_groups: int = 3, group_size: int = 4, seed: int = 0):
     """A least-squares problem whose columns come in groups that are orthogonal

@@ -1,0 +1,203 @@
+"""Executor side of a fit: one long-running barrier task per worker.
+
+The task loads its partition once, says ``hello`` to shard 0, then carries out
+the commands the driver posts to the fit's mailbox on shard 0 -- the init step,
+each step's rounds, ``finish`` -- until the fit ends.  Data and state stay in
+the task's memory for the whole fit; after each step the task leaves a pickled
+snapshot of its state on a shard, from which a restarted task (a retried
+barrier stage, a job the driver relaunched) resumes.  Rounds are synchronised
+by the shards' round clocks exactly as in a step of the first runtime
+(:mod:`pystrads.engine.worker`); every write carries ``(step, worker, task)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import pickle
+import time
+from typing import Any, Dict, Iterator, Optional
+
+from ..ps.client import fan_out
+from .program import WorkerContext
+
+#: Seconds a ``next`` call waits on the shard before asking again (short enough that a
+#: task notices a lost shard promptly, long enough to cost nothing while it waits).
+NEXT_POLL_SECONDS = 5.0
+
+
+@dataclasses.dataclass
+class ResidentSpec:
+    """What every resident task needs; pickled into the job's closure once per fit."""
+
+    program: bytes  # cloudpickled Program as of the job's launch
+    program_hash: str
+    group: Any  # ShardGroup
+    layouts: Dict[str, Any]  # short name -> TableLayout
+    num_workers: int
+    seed: int
+    timeout: float
+    namespace: str
+    fingerprint: bool  # hash the loaded data (checkpoints compare it on resume)
+    keep_states: bool = True  # yield (data, state) at finish, for FitResult.map_states
+
+
+def state_key(namespace: str, worker: int, step: Optional[int] = None) -> str:
+    """Blob key of a worker's state snapshot after ``step`` (without ``step``: the series' prefix)."""
+    prefix = f"{states_prefix(namespace)}{worker}/"
+    return prefix if step is None else prefix + str(int(step))
+
+
+def states_prefix(namespace: str) -> str:
+    """Prefix of every worker's state snapshots of a fit (``<prefix><worker>/<step>``)."""
+    return f"{namespace}/state/"
+
+
+def program_hash(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _task_identity():
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId(), ctx.taskAttemptId(), ctx.attemptNumber()
+
+
+class _Worker:
+    def __init__(self, spec: ResidentSpec, worker: int, task: int, attempt: int):
+        self.spec = spec
+        self.worker, self.task, self.attempt = worker, task, attempt
+        self.group = spec.group
+        self.shards = range(len(spec.group.shards))
+        self.home = worker % len(spec.group.shards)  # the shard keeping this worker's snapshots
+        self.program = pickle.loads(spec.program)
+        self.program_hash = spec.program_hash
+
+    # -- commands
+    def next_command(self, done_step: int) -> Dict[str, Any]:
+        while True:
+            cmd = self.group.client(0).action(
+                "next", namespace=self.spec.namespace, worker=self.worker, task=self.task, done_step=done_step,
+                program_hash=self.program_hash, timeout=NEXT_POLL_SECONDS)
+            if cmd.get("kind") == "wait":
+                continue
+            if cmd.get("program") is not None:
+                from pyspark import cloudpickle  # noqa: F401 -- cloudpickled classes may need it
+
+                self.program = pickle.loads(base64.b64decode(cmd["program"]))
+                self.program_hash = cmd["program_hash"]
+            return cmd
+
+    def restore(self, step: int) -> Any:
+        blob = self.group.client(self.home).get_blob(state_key(self.spec.namespace, self.worker, step))
+        if blob is None:
+            raise RuntimeError(
+                f"worker {self.worker}: no state snapshot of step {step} on shard "
+                f"{self.group.shards[self.home].uri}; the fit cannot resume this worker (was the shard restarted?)")
+        return pickle.loads(blob)
+
+    def snapshot(self, step: int, state: Any, fence: Dict[str, int]) -> int:
+        from pyspark import cloudpickle
+
+        blob = cloudpickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        self.group.client(self.home).put_blob(
+            state_key(self.spec.namespace, self.worker, step), blob,
+            dict(fence, drop_prefix=state_key(self.spec.namespace, self.worker), keep_after=step - 1))
+        return len(blob)
+
+    # -- a step
+    def open(self, cmd: Dict[str, Any]):
+        spec = self.spec
+        fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task}
+        fan_out([lambda i=i: self.group.client(i).action("enter", **fence) for i in self.shards])
+        handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
+        ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,
+                            int(cmd["round_offset"]), spec.seed)
+        return ctx, fence
+
+    def tick(self, fence, rnd: int, wait_for: int, metrics, late=None) -> None:
+        timeout = self.spec.timeout
+
+        def call(i):
+            extra = {"metrics": metrics, "late": late, "late_round": rnd - 1} if i == 0 else {}
+            return self.group.client(i).action("tick", **fence, round=rnd, wait_for=wait_for, timeout=timeout,
+                                               **extra)
+
+        fan_out([lambda i=i: call(i) for i in self.shards])
+
+    def run_init(self, cmd, data) -> Any:
+        ctx, fence = self.open(cmd)
+        t0 = time.perf_counter()
+        state = self.program.init_state(ctx, data)
+        metrics = ctx._take_metrics()
+        metrics["_compute_s"] = time.perf_counter() - t0
+        self.tick(fence, 0, 0, metrics)
+        return state, fence, {}, 0
+
+    def run_step(self, cmd, data, state) -> Any:
+        program = self.program
+        schedule = pickle.loads(base64.b64decode(cmd["schedule"]))
+        staleness = int(cmd.get("staleness", 0))
+        ctx, fence = self.open(cmd)
+        has_apply = program.has_apply()
+        last = len(schedule) - 1
+        late: Dict[str, float] = {}
+        for rnd in range(len(schedule)):
+            ctx.local_round = rnd
+            work = schedule.work(rnd, self.worker)
+            t0 = time.perf_counter()
+            new = program.push(ctx, data, state, work)
+            state = state if new is None else new
+            t1 = time.perf_counter()
+            metrics = ctx._take_metrics()
+            metrics["_compute_s"] = t1 - t0
+            wait_for = rnd if (has_apply or rnd == last) else rnd - staleness
+            self.tick(fence, rnd, wait_for, metrics, late or None)
+            t2 = time.perf_counter()
+            late = {"_sync_s": t2 - t1}
+            if has_apply:
+                new = program.apply(ctx, data, state, work)
+                state = state if new is None else new
+                late.update(ctx._take_metrics())
+                late["_compute_s"] = time.perf_counter() - t2
+        return state, fence, late, last
+
+
+def run_resident(spec: ResidentSpec, records: Iterator[Any]) -> Iterator[Any]:
+    """The whole fit on one worker; yields ``(data, state)`` once the driver says ``finish``."""
+    worker, task, attempt = _task_identity()
+    w = _Worker(spec, worker, task, attempt)
+    t0 = time.perf_counter()
+    data = w.program.load(WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed), records)
+    load_s = time.perf_counter() - t0
+    fingerprint = None
+    if spec.fingerprint:
+        from .fingerprint import _data_fingerprint
+
+        fingerprint = _data_fingerprint(data)
+    w.group.client(0).action("hello", namespace=spec.namespace, worker=worker, task=task, fingerprint=fingerprint,
+                             load_s=load_s)
+    state, have = None, None  # ``have``: the step whose resulting state this task holds
+    done_step = -1
+    while True:
+        cmd = w.next_command(done_step)
+        step = int(cmd["step"])
+        if cmd["kind"] == "finish":
+            if spec.keep_states:
+                if have != step:
+                    state = w.restore(step)
+                yield data, state
+            return
+        if cmd.get("init"):
+            state, fence, late, last = w.run_init(cmd, data)
+        else:
+            if have != step - 1:
+                state = w.restore(step - 1)
+            state, fence, late, last = w.run_step(cmd, data, state)
+        t_snap = time.perf_counter()
+        size = w.snapshot(step, state, fence)
+        late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
+        w.group.client(0).action("step_done", **fence, late=late, late_round=last)
+        have = done_step = step
