@@ -815,7 +815,8 @@ class Engine:
                             self.config["round.timeoutSeconds"], self.namespace, bool(self._checkpoint_dir),
                             self.keep_states)
         out = rdd.barrier().mapPartitions(lambda it: run_resident(spec, it))
-        out.persist(StorageLevel.MEMORY_AND_DISK)
+        if self.keep_states:  # the finished tasks' (data, state), read by map_states
+            out.persist(StorageLevel.MEMORY_AND_DISK)
         self._posted_program = digest
         self._job = _ResidentJob(self, out)
         self.job_groups.append(self._job.group_id)
@@ -826,6 +827,7 @@ class Engine:
         job, self._job = self._job, None
         if job is not None:
             job.cancel()
+
 
     def _job_error(self) -> Optional[BaseException]:
         job = self._job
@@ -932,6 +934,13 @@ class Engine:
         self.group.client(0).action("post", namespace=self.namespace,
                                     command={"kind": "finish", "step": self._step - 1})
         job = self._job
+        if not self.keep_states:
+            # nothing to hand over: the tasks end on their own (~0.3 s of Spark's job teardown the
+            # fit need not wait for; a failure then is only logged)
+            job.detached = True
+            self._job = None
+            self.summary.fixed["finish_s"] = time.perf_counter() - t0
+            return
         job.thread.join()
         if job.error is not None:
             raise StepFailedError(f"the fit's barrier job failed while finishing: {_python_cause(job.error)}") \
@@ -1007,6 +1016,7 @@ class _ResidentJob:
         self.group_id = f"pystrads-{engine.namespace}-{secrets.token_hex(3)}"
         self.error: Optional[BaseException] = None
         self.thread = None
+        self.detached = False  # the fit is over and no longer waits for this job
 
     def start(self) -> None:
         from pyspark import InheritableThread
@@ -1020,6 +1030,9 @@ class _ResidentJob:
                 engine._materialize(self.rdd)
             except BaseException as exc:  # noqa: BLE001 -- reported to the driver's loop
                 self.error = exc
+                if self.detached:
+                    log.warning("fit %s: its job failed after the fit had finished: %s", engine.namespace,
+                                _python_cause(exc))
 
         self.thread = InheritableThread(target=run, name=f"pystrads-job-{engine.namespace}", daemon=True)
         self.thread.start()
