@@ -76,6 +76,17 @@ def test_a_fit_without_kept_states_refuses_map_states_and_says_how(sc):
             res.map_states(lambda worker, data, state: state)
 
 
+def test_exports_hand_each_workers_results_over_when_the_fit_ends(sc):
+    """``export=fn`` runs on every worker at the end of the fit; the results come back in worker
+    order, equal to what map_states reads from the kept states."""
+    program = ex.CounterProgram(num_keys=7, rounds_per_step=5, steps=3)
+    engine = Engine(program, sc.parallelize(range(10), 2), export=lambda worker, data, state: (worker, data, state))
+    with engine.fit() as res:
+        exported = res.exports
+        assert exported == res.map_states(lambda worker, data, state: (worker, data, state))
+    assert exported == [(0, 5, 15), (1, 5, 15)]
+
+
 def test_failed_step_is_rerun_without_lost_or_doubled_updates(sc):
     marker = os.path.join(tempfile.mkdtemp(), "failed-once")
     program = FailingCounter(marker, num_keys=7, rounds_per_step=6, steps=3)

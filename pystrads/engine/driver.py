@@ -233,7 +233,8 @@ class Engine:
     """
 
     def __init__(self, program: Program, rdd, num_workers: Optional[int] = None, seed: int = 0,
-                 config: Optional[Mapping[str, Any]] = None, keep_states: bool = True):
+                 config: Optional[Mapping[str, Any]] = None, keep_states: bool = True,
+                 export: Optional[Callable[[int, Any, Any], Any]] = None):
         if not isinstance(program, Program):
             raise TypeError(f"program must be a pystrads Program, got {type(program).__name__}")
         self.program = program
@@ -279,6 +280,10 @@ class Engine:
         # hand each worker's (data, state) to Spark's cache when the fit ends, for map_states (a
         # caller that never reads worker states saves pickling and caching them)
         self.keep_states = bool(keep_states)
+        # fn(worker, data, state) run by each worker when the fit ends; FitResult.exports has the
+        # results in worker order (no second Spark job, nothing cached)
+        self.export = export
+        self.exports: Optional[List[Any]] = None
         self.job_groups: List[str] = []  # Spark job groups of the fit's resident jobs (one unless relaunched)
 
     # ------------------------------------------------------------------ checks
@@ -547,6 +552,8 @@ class Engine:
                 ctx.rounds_hint = self._rounds_hint
             if self.resident:
                 self._resident_finish()
+            elif self.export is not None:
+                self.exports = self.map_states(self.export)
             self.progress.finish(ctx.stopped or "done")
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
             self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
@@ -813,7 +820,7 @@ class Engine:
         digest = program_hash(blob)
         spec = ResidentSpec(blob, digest, self.group, dict(self.layouts), self.num_workers, self.seed,
                             self.config["round.timeoutSeconds"], self.namespace, bool(self._checkpoint_dir),
-                            self.keep_states)
+                            self.keep_states, self.export)
         out = rdd.barrier().mapPartitions(lambda it: run_resident(spec, it))
         if self.keep_states:  # the finished tasks' (data, state), read by map_states
             out.persist(StorageLevel.MEMORY_AND_DISK)
@@ -934,6 +941,8 @@ class Engine:
         self.group.client(0).action("post", namespace=self.namespace,
                                     command={"kind": "finish", "step": self._step - 1})
         job = self._job
+        if self.export is not None:
+            self.exports = self._collect_exports(job)
         if not self.keep_states:
             # nothing to hand over: the tasks end on their own (~0.3 s of Spark's job teardown the
             # fit need not wait for; a failure then is only logged)
@@ -948,6 +957,25 @@ class Engine:
         self._result_rdd = job.rdd
         self._job = None
         self.summary.fixed["finish_s"] = time.perf_counter() - t0
+
+    def _collect_exports(self, job) -> List[Any]:
+        """Each worker's ``export`` result, read from the shard it left it on."""
+        from ..ps.client import fan_out
+        from .resident import export_key
+
+        S = len(self.group.shards)
+        keys = {w: export_key(self.namespace, w) for w in range(self.num_workers)}
+        while True:
+            missing = sum((self.group.client(i).action(
+                "wait_blobs", keys=[k for w, k in keys.items() if w % S == i], timeout=1.0)["missing"]
+                for i in range(S)), [])
+            if not missing:
+                break
+            if not job.thread.is_alive():
+                raise StepFailedError(f"the fit's job ended before every worker exported its results (missing "
+                                      f"{missing}): {_python_cause(job.error) if job.error else 'no error'}")
+        blobs = fan_out([lambda w=w: self.group.client(w % S).get_blob(keys[w]) for w in range(self.num_workers)])
+        return [pickle.loads(b) for b in blobs]
 
     def _resident_checkpoint(self, target: str) -> int:
         """Shards write their tables and the workers' state snapshots of the last step."""
@@ -1071,6 +1099,13 @@ class FitResult:
 
     def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:
         return self.engine.map_states(fn)
+
+    @property
+    def exports(self) -> List[Any]:
+        """The ``export(worker, data, state)`` results of the Engine's workers, in worker order."""
+        if self.engine.exports is None:
+            raise PystradsError("no exports: make the Engine with export=fn(worker, data, state) (resident runtime)")
+        return self.engine.exports
 
     def release(self) -> None:
         self.engine.release()

@@ -41,6 +41,11 @@ class ResidentSpec:
     namespace: str
     fingerprint: bool  # hash the loaded data (checkpoints compare it on resume)
     keep_states: bool = True  # yield (data, state) at finish, for FitResult.map_states
+    export: Any = None  # fn(worker, data, state) run at finish; its result goes to the driver via the shards
+
+
+def export_key(namespace: str, worker: int) -> str:
+    return f"{namespace}/export/{worker}"
 
 
 def state_key(namespace: str, worker: int, step: Optional[int] = None) -> str:
@@ -185,9 +190,14 @@ def run_resident(spec: ResidentSpec, records: Iterator[Any]) -> Iterator[Any]:
         cmd = w.next_command(done_step)
         step = int(cmd["step"])
         if cmd["kind"] == "finish":
+            if have != step and (spec.keep_states or spec.export is not None):
+                state = w.restore(step)
+            if spec.export is not None:
+                from pyspark import cloudpickle
+
+                w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
+                                                cloudpickle.dumps(spec.export(worker, data, state)))
             if spec.keep_states:
-                if have != step:
-                    state = w.restore(step)
                 yield data, state
             return
         if cmd.get("init"):

@@ -320,14 +320,10 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         U = default_num_workers(triples.rdd, self.getNumWorkers() or None)
         check_cluster(sc, U)  # before any job
         check_ratings(triples, ucol, icol, rcol)  # one job: empty input, bad ids / ratings (column, value, fix)
-        # then the distinct ids and per-item counts
-        users = np.array(sorted(int(x[0]) for x in triples.select("u").distinct().collect()), dtype=np.int64)
-        item_rows = triples.groupBy("i").count().collect()
-        if not len(users) or not item_rows:
+        # then the distinct users and the per-item counts, in one pass without a shuffle
+        users, items, item_counts = _ids_and_item_counts(triples)
+        if not len(users) or not len(items):
             raise InputError("the input has no ratings; StradsMF needs at least one (user, item, rating) row")
-        items = np.array(sorted(int(r[0]) for r in item_rows), dtype=np.int64)
-        counts = dict((int(r[0]), int(r[1])) for r in item_rows)
-        item_counts = np.array([counts[i] for i in items], dtype=np.float64)
         scan_s = time.perf_counter() - t_start
         users_bc, items_bc = sc.broadcast(users), sc.broadcast(items)
 
@@ -351,11 +347,13 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers, %r", int(item_counts.sum()),
                  len(users), len(items), rank, U, program)
         # checkpoints every checkpointInterval steps when a checkpoint directory is set (ALS's rule)
-        with Engine(program, records, num_workers=U, seed=seed,
+        # the workers hand their users' factors over when the fit ends (no second job, nothing cached)
+        with Engine(program, records, num_workers=U, seed=seed, keep_states=False,
+                    export=lambda wk, data, state: (data.users, state.w),
                     config={"checkpoint.interval": max(0, self.getCheckpointInterval())}).fit() as result:
             h = program.item_matrix(result.read_table("item_factors"))
             w = np.zeros((len(users), rank))
-            for local, rows in result.map_states(lambda wk, data, state: (data.users, state.w)):
+            for local, rows in result.exports:
                 w[local] = rows
             summary = StradsMFSummary(result.summary, scan_s, program)
         model = StradsMFModel(rank, users, w, items, h)
@@ -368,6 +366,38 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     @classmethod
     def read(cls) -> MLReader:
         return DefaultParamsReader(cls)
+
+
+def _ids_and_item_counts(triples):
+    """``(users, items, item_counts)`` of checked ``triples`` (columns u, i as double): sorted
+    distinct ids as int64 and each item's number of ratings.  One Spark job and no shuffle: each
+    partition reduces its rows to its distinct users and item counts with numpy (Arrow batches),
+    the driver merges them -- the ids end up on the driver anyway."""
+    import pickle
+
+    def reduce(batches):
+        us, its, cs = [], [], []
+        for batch in batches:
+            u = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            i = batch.column(1).to_numpy(zero_copy_only=False).astype(np.int64)
+            us.append(np.unique(u))
+            ids, counts = np.unique(i, return_counts=True)
+            its.append(ids)
+            cs.append(counts)
+        import pyarrow as pa
+
+        blob = pickle.dumps((np.unique(np.concatenate(us)) if us else np.zeros(0, np.int64),
+                             np.concatenate(its) if its else np.zeros(0, np.int64),
+                             np.concatenate(cs) if cs else np.zeros(0, np.int64)))
+        yield pa.record_batch([pa.array([blob], pa.binary())], names=["part"])
+
+    parts = [pickle.loads(r["part"]) for r in triples.select("u", "i").mapInArrow(reduce, "part binary").collect()]
+    users = np.unique(np.concatenate([p[0] for p in parts])) if parts else np.zeros(0, np.int64)
+    all_items = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    all_counts = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
+    items, where = np.unique(all_items, return_inverse=True)
+    item_counts = np.bincount(where, weights=all_counts, minlength=len(items)).astype(np.float64)
+    return users, items, item_counts
 
 
 class StradsMFSummary:

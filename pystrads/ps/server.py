@@ -512,6 +512,7 @@ class ShardServer(flight.FlightServerBase):
             if "step" in header:
                 self._check_fence(header)
             self.blobs[key] = blob
+            self.cond.notify_all()
             prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
             if isinstance(prefix, str) and isinstance(keep_after, int):
                 for old in [k for k in self.blobs if k.startswith(prefix)]:
@@ -747,6 +748,20 @@ class ShardServer(flight.FlightServerBase):
                 self.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
             hellos = self.hellos.get(namespace, {})
             return {"hellos": {str(w): h for w, h in hellos.items()}, "complete": len(hellos) >= n}
+
+    def _action_wait_blobs(self, req):
+        """Block until every blob of ``keys`` is stored here (or ``timeout``); the ones still missing."""
+        keys = req.get("keys")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise flight.FlightServerError("malformed request: field 'keys' must be a list of strings")
+        deadline = time.monotonic() + req.num("timeout", 1.0)
+        with self.cond:
+            while True:
+                missing = [k for k in keys if k not in self.blobs]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return {"missing": missing}
+                self.cond.wait(min(left, 1.0))
 
     def _action_next(self, req):
         """A resident worker waits (up to ``timeout``) for a command it has not carried out:
