@@ -1,7 +1,11 @@
-"""Runtime benchmark: empty rounds per second, and shard-client throughput vs raw Arrow Flight.
+"""Runtime benchmark: a scheduler deciding every round, empty rounds per second, and
+shard-client throughput vs raw Arrow Flight.
 
     python jobs/bench_runtime.py [--repeats 5] [--out out/bench_runtime.json]
 
+0. Rounds/s when ``schedule`` returns one round at a time and reads a table first
+   (:class:`~pystrads.programs.examples.EveryRoundProgram`), with 1 MiB and 128 MiB
+   of data per worker, under the resident runtime and the first (job per step) one.
 1. Rounds/s of :class:`~pystrads.programs.examples.EmptyProgram` at U = 2 on
    ``local[2]`` (steps of 500 rounds, the Spark job cost included), median of
    ``--repeats`` fits.
@@ -193,6 +197,56 @@ def empty_rounds(repeats, rounds=2000, per_step=500):
             "rounds_per_s_inside_steps": float(np.median(in_rounds))}
 
 
+def every_round(repeats, sizes_mib=(1, 128), rounds=None):
+    """A scheduler deciding every round (:class:`~pystrads.programs.examples.EveryRoundProgram`:
+    one round per step, the driver reads a table before each) at U = 2 on ``local[2]``, with a
+    data block of each size per worker, under both runtimes (``runtime.mode``): the resident
+    workers and the first runtime's job per step.  Per-round cost = the steps' wall time
+    (schedule + step, from the driver) / rounds; every configuration gets one warm-up fit and
+    ``repeats`` timed fits, median reported.  The step runtime runs fewer rounds (a job each)."""
+    from pystrads.engine import Engine
+    from pystrads.programs.examples import EveryRoundProgram
+    from pystrads.session import spark_session
+
+    rounds = rounds or {"resident": 300, "steps": 30}
+    spark = spark_session("local[2]", "pystrads-bench-every-round", {"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    sc = spark.sparkContext
+    out = []
+    for mode in ("resident", "steps"):
+        for mib in sizes_mib:
+            config = {"runtime.mode": mode, "progress": "off"}
+            costs, whole, parts = [], [], []
+            for rep in range(repeats + 1):  # the first fit warms up (shards, Python workers, data)
+                program = EveryRoundProgram(rounds[mode], 64, mib << 20)
+                t0 = time.perf_counter()
+                with Engine(program, sc.parallelize(range(2), 2), config=config).fit() as res:
+                    elapsed = time.perf_counter() - t0
+                    steps = res.summary.rows
+                    visits = res.read_table("score")[:, 0]
+                    assert visits.sum() == 2 * len(steps) == 2 * rounds[mode], (visits.sum(), len(steps))
+                    if rep:
+                        costs.append(sum(r["seconds"] for r in steps) / len(steps))
+                        whole.append(len(steps) / elapsed)
+                        parts.append({k: float(np.mean([r.get(k, 0.0) for r in steps]))
+                                      for k in ("schedule_s", "compute_s", "sync_s", "snapshot_s", "seconds")})
+            out.append({"runtime": mode, "block_mib": mib, "rounds": rounds[mode],
+                        "round_ms": 1e3 * float(np.median(costs)), "rounds_per_s": 1.0 / float(np.median(costs)),
+                        "rounds_per_s_whole_fit": float(np.median(whole)),
+                        "round_ms_all": [round(1e3 * c, 2) for c in costs],
+                        # where a step's time goes (ms, median over fits of the per-step means): the
+                        # driver's schedule (a table read), the workers' push, their waits on the round
+                        # clocks, their state snapshots, and the rest (posting, next / enter / done
+                        # calls, the commit)
+                        "breakdown_ms": {k[:-2] if k.endswith("_s") else k:
+                                         round(1e3 * float(np.median([p[k] for p in parts])), 3)
+                                         for k in parts[0]} if parts else {}})
+            print(f"  every-round schedule, {mode}, {mib} MiB/worker: {out[-1]['rounds_per_s']:.1f} rounds/s "
+                  f"({out[-1]['round_ms']:.2f} ms/round)", flush=True)
+    spark.stop()
+    return out
+
+
 def plot(result, path):
     try:
         import matplotlib
@@ -230,7 +284,27 @@ def main(argv=None):
     sizes = [int(s) for s in args.sizes.split(",")]
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "platform": platform.platform()},
+              "every_round": every_round(args.repeats),
               "throughput": throughput(sizes, args.repeats), "rounds": empty_rounds(args.repeats)}
+    print()
+    rows = {(r["runtime"], r["block_mib"]): r for r in result["every_round"]}
+    print(f"Scheduler deciding every round (one round per step, a table read before each), U=2, local[2], "
+          f"median of {args.repeats}:")
+    print("| runtime | data per worker | rounds/s | ms/round | cost vs 1 MiB |")
+    print("|---|---:|---:|---:|---:|")
+    for (mode, mib), r in sorted(rows.items()):
+        base = rows.get((mode, 1))
+        print(f"| {mode} | {mib} MiB | {r['rounds_per_s']:.1f} | {r['round_ms']:.2f} "
+              f"| {r['round_ms'] / base['round_ms']:.2f}x |" if base else "")
+    for (mode, mib), r in sorted(rows.items()):
+        b = r.get("breakdown_ms") or {}
+        if b:
+            rest = b["seconds"] - b["schedule"] - b["compute"] - b["sync"] - b["snapshot"]
+            print(f"  {mode}, {mib} MiB, ms per step: schedule {b['schedule']:.2f}, push {b['compute']:.2f}, "
+                  f"clock waits {b['sync']:.2f}, snapshot {b['snapshot']:.2f}, other (RPCs / Spark job) {rest:.2f}")
+    result["every_round_ratio_128_vs_1"] = {
+        mode: rows[(mode, 128)]["round_ms"] / rows[(mode, 1)]["round_ms"]
+        for mode in ("resident", "steps") if (mode, 128) in rows and (mode, 1) in rows}
     print()
     r = result["rounds"]
     print(f"Empty program, U=2, local[2], {r['rounds']} rounds in steps of {r['rounds_per_step']} "
