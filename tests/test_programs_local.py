@@ -68,6 +68,27 @@ class FailingCounter(ex.CounterProgram):
         return out
 
 
+@pytest.mark.parametrize("mode", ["resident", "steps"])
+def test_both_runtimes_give_the_same_exact_model_and_states(sc, mode):
+    """The first runtime (a Spark job per step) stays selectable while it is kept: static
+    rotation sums, the counter program's table, states and exports are exact under both."""
+    rng = np.random.default_rng(0)
+    keys, vals = rng.integers(0, 300, 5000), rng.random(5000)
+    rdd = sc.parallelize(list(zip(keys.tolist(), vals.tolist())), 2)
+    config = {"runtime.mode": mode}
+    with Engine(ex.RotationSum(300, iterations=3), rdd, seed=1, config=config).fit() as res:
+        assert res.engine.resident == (mode == "resident")
+        np.testing.assert_allclose(res.read_table("sums")[:, 0], 3 * np.bincount(keys, vals, 300), rtol=0, atol=1e-9)
+    program = ex.CounterProgram(num_keys=7, rounds_per_step=5, steps=3)
+    engine = Engine(program, sc.parallelize(range(10), 2), config=config,
+                    export=lambda worker, data, state: (worker, data, state))
+    with engine.fit() as res:
+        assert np.array_equal(res.read_table("counter")[:, 0], program.expected(2))
+        assert res.exports == res.map_states(lambda worker, data, state: (worker, data, state)) \
+            == [(0, 5, 15), (1, 5, 15)]
+    assert len(res.summary.rows) == 3
+
+
 def test_a_fit_without_kept_states_refuses_map_states_and_says_how(sc):
     program = ex.CounterProgram(num_keys=7, rounds_per_step=5, steps=2)
     with Engine(program, sc.parallelize(range(10), 2), keep_states=False).fit() as res:

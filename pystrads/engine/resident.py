@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from ..ps.client import fan_out
 from .program import WorkerContext
+from .worker import run_schedule
 
 #: Seconds a ``next`` call waits on the shard before asking again (short enough that a
 #: task notices a lost shard promptly, long enough to cost nothing while it waits).
@@ -142,31 +143,11 @@ class _Worker:
         return state, fence, {}, 0
 
     def run_step(self, cmd, data, state) -> Any:
-        program = self.program
         schedule = pickle.loads(base64.b64decode(cmd["schedule"]))
-        staleness = int(cmd.get("staleness", 0))
         ctx, fence = self.open(cmd)
-        has_apply = program.has_apply()
-        last = len(schedule) - 1
-        late: Dict[str, float] = {}
-        for rnd in range(len(schedule)):
-            ctx.local_round = rnd
-            work = schedule.work(rnd, self.worker)
-            t0 = time.perf_counter()
-            new = program.push(ctx, data, state, work)
-            state = state if new is None else new
-            t1 = time.perf_counter()
-            metrics = ctx._take_metrics()
-            metrics["_compute_s"] = t1 - t0
-            wait_for = rnd if (has_apply or rnd == last) else rnd - staleness
-            self.tick(fence, rnd, wait_for, metrics, late or None)
-            t2 = time.perf_counter()
-            late = {"_sync_s": t2 - t1}
-            if has_apply:
-                new = program.apply(ctx, data, state, work)
-                state = state if new is None else new
-                late.update(ctx._take_metrics())
-                late["_compute_s"] = time.perf_counter() - t2
+        state, late, last = run_schedule(
+            self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
+            lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_))
         return state, fence, late, last
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from .program import Program, Schedule, WorkerContext
 
@@ -76,11 +76,12 @@ def run_init(spec: StepSpec, datas: Iterator[Any]) -> Iterator[Any]:
     yield state
 
 
-def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
-    """A regular step: all rounds of ``spec.schedule`` on this worker."""
-    (data, state), = list(pairs)
-    program, schedule = spec.program, spec.schedule
-    ctx, fence = _open(spec)
+def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, schedule: Schedule,
+                 staleness: int, tick: Callable[..., None]):
+    """The rounds of ``schedule`` on one worker (both runtimes): ``push``, then
+    ``tick(round, wait_for, metrics, late)`` on the round clocks, then ``apply``.  Returns
+    ``(state, late, last)``: the final state, the last round's metrics reported after its
+    tick (by ``apply``), and the last round's index."""
     has_apply = program.has_apply()
     last = len(schedule) - 1
     late: Dict[str, float] = {}  # what apply() of the previous round reported
@@ -93,8 +94,8 @@ def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
         t1 = time.perf_counter()
         metrics = ctx._take_metrics()
         metrics["_compute_s"] = t1 - t0
-        wait_for = rnd if (has_apply or rnd == last) else rnd - spec.staleness
-        _tick(spec, fence, rnd, wait_for, metrics, late or None)
+        wait_for = rnd if (has_apply or rnd == last) else rnd - staleness
+        tick(rnd, wait_for, metrics, late or None)
         t2 = time.perf_counter()
         late = {"_sync_s": t2 - t1}
         if has_apply:
@@ -102,6 +103,16 @@ def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
             state = state if new is None else new
             late.update(ctx._take_metrics())
             late["_compute_s"] = time.perf_counter() - t2
+    return state, late, last
+
+
+def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
+    """A regular step: all rounds of ``spec.schedule`` on this worker."""
+    (data, state), = list(pairs)
+    ctx, fence = _open(spec)
+    state, late, last = run_schedule(
+        spec.program, ctx, data, state, spec.schedule, spec.staleness,
+        lambda rnd, wait_for, metrics, late_: _tick(spec, fence, rnd, wait_for, metrics, late_))
     if late:  # the last round's late metrics: one more tick of the same round on shard 0
         spec.group.client(0).action("tick", **fence, round=last, wait_for=last, timeout=spec.timeout,
                                     late=late, late_round=last)
