@@ -241,3 +241,72 @@ def test_two_fits_from_two_threads_of_one_driver_equal_sequential_fits(sc):
         got, exact = results[seed]
         np.testing.assert_allclose(got, value, rtol=0, atol=1e-12, err_msg=str(seed))
         np.testing.assert_allclose(got, exact, rtol=0, atol=1e-9, err_msg=str(seed))
+
+
+class LateReader(ex.CounterProgram):
+    """Its workers ask for their next command 1.5 s late once they finished a step: the driver
+    has then committed, posted ``finish`` and (the caller) released the fit."""
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        from pystrads.engine import resident
+
+        if not getattr(resident._Worker.next_command, "_late", False):
+            plain = resident._Worker.next_command
+
+            def next_command(worker, done_step):
+                if isinstance(worker.program, LateReader) and done_step >= 0:
+                    __import__("time").sleep(1.5)
+                return plain(worker, done_step)
+
+            next_command._late = True
+            resident._Worker.next_command = next_command
+
+
+def test_fits_released_at_once_leave_no_task_running(sc):
+    """A fit whose states nobody keeps returns without waiting for its job's teardown, and the
+    caller may drop its tables at once: a worker that had not yet read ``finish`` must then end
+    (it used to wait for ever, holding its task slot, so the next fit's barrier job never ran)."""
+    import time
+
+    tracker = sc.statusTracker()
+    for i in range(2):
+        program = LateReader(num_keys=7, rounds_per_step=2, steps=1)
+        engine = Engine(program, sc.parallelize(range(10), 2), keep_states=False, seed=i)
+        with engine.fit() as res:
+            assert np.array_equal(res.read_table("counter")[:, 0], program.expected(2))
+    deadline = time.monotonic() + 20
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not tracker.getActiveJobsIds(), [tracker.getJobInfo(j) for j in tracker.getActiveJobsIds()]
+
+
+def test_a_fit_whose_tasks_get_no_slots_fails_clearly_instead_of_waiting(sc, monkeypatch):
+    """Another job holds every task slot: the fit's barrier job cannot start, and the fit says so
+    (warning, then failing after round.timeoutSeconds) instead of waiting for ever."""
+    import threading
+
+    from pystrads.engine import driver
+
+    monkeypatch.setattr(driver, "SLOT_WAIT_WARN_SECONDS", 0.5)
+    release = threading.Event()
+
+    def hog():
+        sc.setJobGroup("slot-hog", "holds both task slots", interruptOnCancel=True)
+        try:
+            sc.parallelize(range(2), 2).foreach(lambda _: __import__("time").sleep(120))
+        except Exception:  # noqa: BLE001 -- cancelled below
+            pass
+        release.set()
+
+    t = threading.Thread(target=hog, daemon=True)
+    t.start()
+    try:
+        __import__("time").sleep(2)  # the hog's tasks are running
+        engine = Engine(ex.CounterProgram(num_keys=3, rounds_per_step=1, steps=1), sc.parallelize(range(4), 2),
+                        config={"round.timeoutSeconds": 3.0, "recovery.maxAttempts": 0})
+        with pytest.raises(StepFailedError, match=r"waited \d+ s for task slots: 0 of its 2 tasks run.*numWorkers"):
+            engine.fit()
+    finally:
+        sc.cancelJobGroup("slot-hog")
+        release.wait(30)

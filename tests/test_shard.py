@@ -421,3 +421,30 @@ def test_tls_settings_are_checked_before_any_shard_starts(tmp_path):
         (tmp_path / "c.pem").write_text("x")
         tls_files(Config.resolve({}, {"shard.tls.certFile": str(tmp_path / "c.pem"),
                                       "shard.tls.keyFile": "/nonexistent/k.pem"}))
+
+
+def test_a_released_fit_tells_its_late_workers_to_end(shards):
+    """A fit whose tables are dropped before a worker read ``finish`` must not leave that
+    worker's task waiting (and holding its task slot) for commands that never come."""
+    _, group = shards
+    hub = group.client(0)
+    hub.action("hello", namespace="fitA", worker=0, task=1)
+    hub.action("post", namespace="fitA", command={"kind": "finish", "step": 3})
+    waiting = {}
+
+    def worker1():  # polls with a long timeout, as a task does between steps
+        t0 = __import__("time").monotonic()
+        waiting["answer"] = group.client(0).action("next", namespace="fitAB", worker=1, task=2, timeout=30.0)
+        waiting["s"] = __import__("time").monotonic() - t0
+
+    t = threading.Thread(target=worker1)
+    t.start()
+    group.broadcast("drop_tables", prefix="fitAB/")  # another fit, whose name extends fitA's
+    t.join(timeout=10)
+    assert not t.is_alive() and waiting["answer"] == {"kind": "closed"} and waiting["s"] < 5, waiting
+    # fitA is untouched by fitAB's release: its worker still reads ``finish``
+    assert hub.action("next", namespace="fitA", worker=0, task=1, timeout=1.0)["kind"] == "finish"
+    group.broadcast("drop_tables", prefix="fitA/")
+    assert hub.action("next", namespace="fitA", worker=0, task=1, timeout=5.0) == {"kind": "closed"}
+    with pytest.raises(ShardUnavailableError, match="fitA.*has ended"):
+        hub.action("hello", namespace="fitA", worker=1, task=3)

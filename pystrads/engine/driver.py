@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 #: colliding; their tables live side by side under their own namespaces.
 _STEPPING = threading.Lock()
 
+#: after this long without every worker's task running, the driver checks for (and warns about)
+#: a barrier job waiting for task slots
+SLOT_WAIT_WARN_SECONDS = 30.0
+
 
 class TrainingSummary:
     """Per-step history of a fit (objective, throughput, time split).
@@ -837,10 +841,38 @@ class Engine:
 
 
     def _job_error(self) -> Optional[BaseException]:
+        """Why the fit's job cannot go on (it ended, or its tasks never got task slots), or None."""
         job = self._job
         if job is None:
             return StepFailedError("the fit's barrier job is not running")
-        return job.error if not job.thread.is_alive() else None
+        if not job.thread.is_alive():
+            return job.error
+        return self._slot_wait_error(job)
+
+    def _slot_wait_error(self, job: "_ResidentJob") -> Optional[BaseException]:
+        """A barrier job runs only when all its tasks get slots at once; while another job holds
+        them it waits.  Warn every 30 s, and fail after ``round.timeoutSeconds`` instead of waiting
+        for ever."""
+        if job.started:
+            return None
+        waited = time.monotonic() - job.t_launch
+        if waited < SLOT_WAIT_WARN_SECONDS:
+            return None
+        running = job.running_tasks()
+        if running >= self.num_workers:
+            job.started = True
+            return None
+        message = (f"the fit's barrier job has waited {waited:.0f} s for task slots: {running} of its "
+                   f"{self.num_workers} tasks run (a barrier stage starts only when every task has a slot). "
+                   f"Another Spark job holds them (a concurrent fit or job of this application?); free them, "
+                   f"give the application at least {self.num_workers} task slots, or lower numWorkers")
+        if waited > self.config["round.timeoutSeconds"]:
+            self._cancel_job()
+            return StepFailedError(message + " (gave up after spark.pystrads.round.timeoutSeconds)")
+        if waited - job.warned >= SLOT_WAIT_WARN_SECONDS:
+            job.warned = waited
+            log.warning("fit %s: %s", self.namespace, message)
+        return None
 
     def _hellos(self) -> Dict[int, Dict[str, Any]]:
         """Wait until every worker's task said hello (data loaded); their hellos by worker."""
@@ -1045,6 +1077,24 @@ class _ResidentJob:
         self.error: Optional[BaseException] = None
         self.thread = None
         self.detached = False  # the fit is over and no longer waits for this job
+        self.t_launch = time.monotonic()
+        self.started = False  # every task was seen running (checked only while a wait lasts)
+        self.warned = 0.0
+
+    def running_tasks(self) -> int:
+        """The most tasks running at once in any stage of this job (its barrier stage's, once it runs)."""
+        try:
+            tracker = self.engine.sc.statusTracker()
+            most = 0
+            for job_id in tracker.getJobIdsForGroup(self.group_id):
+                info = tracker.getJobInfo(job_id)
+                for stage_id in (info.stageIds if info else []):
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is not None:
+                        most = max(most, stage.numActiveTasks)
+            return most
+        except Exception:  # noqa: BLE001 -- no status (the SparkContext is gone): do not fail on that
+            return self.engine.num_workers
 
     def start(self) -> None:
         from pyspark import InheritableThread

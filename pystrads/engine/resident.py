@@ -169,6 +169,8 @@ def run_resident(spec: ResidentSpec, records: Iterator[Any]) -> Iterator[Any]:
     done_step = -1
     while True:
         cmd = w.next_command(done_step)
+        if cmd["kind"] == "closed":  # the driver released the fit before this task read ``finish``
+            return
         step = int(cmd["step"])
         if cmd["kind"] == "finish":
             if have != step and (spec.keep_states or spec.export is not None):

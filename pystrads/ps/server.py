@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import ctypes
 import ctypes.util
 import hmac
@@ -59,6 +60,16 @@ def _refuse() -> None:
 
 
 _MISSING = object()
+
+#: how many ended fits a shard remembers, so that their late workers end instead of waiting
+CLOSED_FITS_KEPT = 4096
+
+
+def _in_fit(name: str, fit: str) -> bool:
+    """Whether a namespace (or key) belongs to the fit ``fit``."""
+    return name == fit or name.startswith(fit + "/")
+
+
 _INT64 = 2 ** 63
 
 
@@ -220,6 +231,9 @@ class ShardServer(flight.FlightServerBase):
         # worker (older ids are zombies of a failed attempt, refused from then on)
         self.mailbox: Dict[str, Dict[str, Any]] = {}
         self.hellos: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        # fits whose tables were dropped (newest last, bounded): their workers' ``next`` is told
+        # to end instead of waiting for commands that will never come
+        self.closed: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self.newest_task: Dict[Tuple[str, int], int] = {}
         self.blobs: Dict[str, bytes] = {}  # opaque byte strings by key (worker state snapshots)
         self.lease_seconds = lease_seconds
@@ -607,12 +621,20 @@ class ShardServer(flight.FlightServerBase):
             self.programs.pop(prefix.rstrip("/"), None)
             for key in [k for k in self.blobs if k.startswith(prefix)]:
                 del self.blobs[key]
-            for ns in [n for n in list(self.mailbox) + list(self.hellos) if n.startswith(prefix.rstrip("/"))]:
+            fit = prefix.rstrip("/")
+            for ns in [n for n in list(self.mailbox) + list(self.hellos) if _in_fit(n, fit)]:
                 self.mailbox.pop(ns, None)
                 self.hellos.pop(ns, None)
-            if self.step.namespace and self.step.namespace.startswith(prefix.rstrip("/")):
+            if self.step.namespace and _in_fit(self.step.namespace, fit):
                 self.step = _StepState()
+            self.closed[fit] = None
+            while len(self.closed) > CLOSED_FITS_KEPT:
+                self.closed.popitem(last=False)
+            self.cond.notify_all()  # wake the fit's workers waiting in ``next``
         return {"dropped": names}
+
+    def _is_closed(self, namespace: str) -> bool:
+        return namespace in self.closed  # a fit's mailbox is keyed by its namespace, dropped as "<ns>/"
 
     def _action_snapshot(self, req):
         """Write this shard's rows of every table under ``prefix`` to ``dir`` (between steps):
@@ -733,6 +755,10 @@ class ShardServer(flight.FlightServerBase):
                 raise flight.FlightServerError(
                     f"shard {self.shard_id}: task {task} of worker {worker} is older than task "
                     f"{self.newest_task[key]}; refusing a zombie task")
+            if self._is_closed(namespace):
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: fit {namespace!r} has ended (its tables were dropped); "
+                    f"task {task} of worker {worker} has nothing to do")
             self.newest_task[key] = task
             self.hellos.setdefault(namespace, {})[worker] = {"task": task, "fingerprint": req.get("fingerprint"),
                                                              "load_s": req.get("load_s"), "time": time.time()}
@@ -776,6 +802,8 @@ class ShardServer(flight.FlightServerBase):
                     raise flight.FlightServerError(
                         f"shard {self.shard_id}: task {task} of worker {worker} was replaced by a newer "
                         "attempt; refusing a zombie task")
+                if self._is_closed(namespace):  # released before this worker read ``finish``
+                    return {"kind": "closed"}
                 box = self.mailbox.get(namespace)
                 command = box.get("command") if box else None
                 if command is not None:
