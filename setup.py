@@ -31,7 +31,9 @@ setup(
         "pyarrow>=14",
     ],
     extras_require={
-        "test": ["pytest>=7", "matplotlib>=3.6"],  # the tests check the summaries' plots too
+        # matplotlib: the tests check the summaries' plots too; pytest-timeout: a hung test fails
+        # with its stack instead of stalling the whole run
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6"],
         "plot": ["matplotlib>=3.6"],
         # peers the benchmarks compare against (not needed by pystrads itself)
         "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12", "celer>=0.7",

@@ -7,8 +7,21 @@ from pystrads.engine.driver import check_java
 from pystrads.errors import ConfigurationError
 
 
+#: no test takes more than a few minutes; one that hangs fails after this long (with the
+#: stacks of its threads) instead of stalling the run until CI's limit
+TEST_TIMEOUT_SECONDS = 900
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes minutes (still run in CI)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_SECONDS, method="signal"))
 
 
 def _shard_processes(run_ids=None):
