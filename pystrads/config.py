@@ -139,9 +139,12 @@ class Config(dict):
         return out
 
     @classmethod
-    def from_spark(cls, sc, overrides: Optional[Mapping[str, Any]] = None) -> "Config":
-        conf = {k: v for k, v in sc.getConf().getAll() if k.startswith(PREFIX)}
-        return cls.resolve(conf, overrides)
+    def from_spark(cls, spark, overrides: Optional[Mapping[str, Any]] = None) -> "Config":
+        """Settings from a Spark application's configuration (a SparkContext, a classic or
+        Spark Connect session, or their handle), then ``overrides``."""
+        from .engine.spark import handle_of
+
+        return cls.resolve(handle_of(spark).conf_items(PREFIX), overrides)
 
 
 def settings():

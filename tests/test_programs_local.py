@@ -310,3 +310,51 @@ def test_a_fit_whose_tasks_get_no_slots_fails_clearly_instead_of_waiting(sc, mon
     finally:
         sc.cancelJobGroup("slot-hog")
         release.wait(30)
+
+
+def test_a_dataframe_input_gives_the_same_exact_model_as_its_rdd(spark):
+    """A DataFrame runs through one ``mapInArrow(barrier=True)`` job (what Spark Connect
+    offers): rows arrive as tuples, the rotation sums are exact, exports come back, and what
+    an RDD-only feature needs is refused with the fix."""
+    rng = np.random.default_rng(3)
+    keys, vals = rng.integers(0, 300, 5000), rng.random(5000)
+    df = spark.createDataFrame(list(zip(keys.tolist(), vals.tolist())), "key long, value double")
+    exact = 3 * np.bincount(keys, vals, 300)
+    engine = Engine(ex.RotationSum(300, iterations=3), df, num_workers=2, seed=1,
+                    export=lambda worker, data, state: (worker, float(data["local"].sum())))
+    with engine.fit() as res:
+        np.testing.assert_allclose(res.read_table("sums")[:, 0], exact, rtol=0, atol=1e-9)
+        assert [w for w, _ in res.exports] == [0, 1]
+        assert abs(sum(v for _, v in res.exports) - vals.sum()) < 1e-9  # every row reached a worker once
+        with pytest.raises(PystradsError, match="keep_states=False"):
+            res.map_states(lambda worker, data, state: state)
+    # one launch: the barrier job (and the repartition's shuffle, which adaptive execution runs as
+    # a job of its own)
+    assert len(engine.job_groups) == 1 and len(_jobs(spark.sparkContext, engine)) <= 2
+    # already partitioned by key: used as it is (each worker holds whole keys)
+    by_key = df.repartition(2, "key")
+    with Engine(ex.RotationSum(300, iterations=2), by_key, num_workers=2, seed=1, prepartitioned=True).fit() as res:
+        np.testing.assert_allclose(res.read_table("sums")[:, 0], exact * 2 / 3, rtol=0, atol=1e-9)
+    with pytest.raises(ConfigurationError, match="keep_states=True needs an RDD.*export="):
+        Engine(ex.RotationSum(300), df, num_workers=2, keep_states=True)
+    with pytest.raises(ConfigurationError, match="runtime.mode=steps runs on RDDs only"):
+        Engine(ex.RotationSum(300), df, num_workers=2, config={"runtime.mode": "steps"})
+
+
+def test_a_failed_task_of_a_dataframe_fit_is_relaunched_without_lost_or_doubled_updates(spark):
+    """A DataFrame input's job is a barrier *result* stage, which Spark does not retry: the
+    driver relaunches the job and reruns the step from the workers' snapshots, exactly."""
+    marker = os.path.join(tempfile.mkdtemp(), "failed-once")
+    program = FailingCounter(marker, num_keys=7, rounds_per_step=6, steps=3)
+    engine = Engine(program, spark.range(10).selectExpr("id"), num_workers=2, keep_states=False)
+    with engine.fit() as res:
+        got = res.read_table("counter")[:, 0]
+        recoveries = res.summary.fixed.get("recoveries")
+    assert os.path.exists(marker), "the failure was injected"
+    assert np.array_equal(got, program.expected(2))
+    assert recoveries == 1 and len(engine.job_groups) == 2  # relaunched once by the driver
+    # a program that fails every time is relaunched recovery.maxAttempts times, then named
+    engine = Engine(AlwaysFailing(num_keys=5, rounds_per_step=4, steps=3), spark.range(4).selectExpr("id"),
+                    num_workers=2, keep_states=False, config={"recovery.maxAttempts": 1})
+    with pytest.raises(StepFailedError, match="gave up after 1 recoveries.*broken program"):
+        engine.fit()

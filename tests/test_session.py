@@ -1,17 +1,28 @@
-"""Session helpers: Spark Connect sessions are refused with the way out named."""
+"""Session helpers: what the engine reads of a classic session and of a Spark Connect one."""
 
 import pytest
 
+from pystrads.engine.spark import ClassicHandle, ConnectHandle, handle_of, slots_from_master
 from pystrads.errors import ConfigurationError
-from pystrads.session import spark_context_of
 
 
-def test_classic_sessions_give_their_context(spark):
-    assert spark_context_of(spark.range(1)) is spark.sparkContext
+def test_classic_inputs_give_their_context(spark, sc):
+    for obj in (spark.range(1), spark, sc, sc.parallelize([1])):
+        h = handle_of(obj)
+        assert isinstance(h, ClassicHandle) and h.sc is sc and not h.connect
+    assert handle_of(spark).master == "local[2]" and handle_of(spark).local_mode()
 
 
-def test_spark_connect_sessions_are_refused_clearly():
+def test_connect_sessions_get_the_connect_handle_and_other_objects_are_refused():
     ConnectSession = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
-    frame = type("DataFrame", (), {"sparkSession": ConnectSession()})()
-    with pytest.raises(ConfigurationError, match="Spark Connect session.*single-user \\(assigned\\) cluster"):
-        spark_context_of(frame)
+    frame = type("DataFrame", (), {"sparkSession": ConnectSession(), "__module__": "pyspark.sql.connect.dataframe"})()
+    assert isinstance(handle_of(frame), ConnectHandle) and handle_of(frame).connect
+    with pytest.raises(ConfigurationError, match="expected a SparkContext, SparkSession, RDD or DataFrame, got int"):
+        handle_of(3)
+
+
+def test_slots_known_from_the_master_url():
+    assert slots_from_master("local", 1) == 1
+    assert slots_from_master("local[4]", 2) == 2
+    assert slots_from_master("local-cluster[3, 2, 1024]", 1) == 6
+    assert slots_from_master("spark://host:7077", 1) is None

@@ -38,7 +38,8 @@ from ..ps.protocol import check_dtype
 from .program import Program, Schedule, ScheduleContext, StepMetrics
 from .fingerprint import _data_fingerprint, _hash_value
 from .progress import ProgressReporter
-from .resident import ResidentSpec, program_hash, run_resident, states_prefix
+from .resident import ResidentSpec, program_hash, run_resident, run_resident_arrow, states_prefix
+from .spark import handle_of, is_dataframe, slots_from_master
 from .worker import StepSpec, run_init, run_load, run_rounds
 
 log = logging.getLogger(__name__)
@@ -90,28 +91,33 @@ class TrainingSummary:
         return f"TrainingSummary(steps={len(self.rows)}, rounds={self.total_rounds})"
 
 
-def _slots(sc) -> Optional[int]:
-    master = sc.master
-    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-    m = re.match(r"local\[(\*|\d+)(?:,\s*\d+)?\]$", master)
-    if master == "local":
-        return 1
-    if m:
-        n = (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
-        return max(1, n // cpus)
-    m = re.match(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]$", master)
-    if m:
-        return int(m.group(1)) * int(m.group(2)) // cpus
-    return None
+def _slots(spark) -> Optional[int]:
+    """Task slots known without a job (local masters, or a cluster's fixed executor count and
+    cores); None when only the running application can tell."""
+    h = handle_of(spark)
+    cpus = int(h.conf("spark.task.cpus", "1") or 1)
+    slots = slots_from_master(h.master, cpus)
+    if slots is None and h.connect:
+        instances, cores = h.conf("spark.executor.instances"), h.conf("spark.executor.cores")
+        if instances and cores:
+            slots = int(instances) * int(cores) // cpus
+    return slots
 
 
-def default_num_workers(rdd, requested: Optional[int] = None) -> int:
-    """Workers an :class:`Engine` over ``rdd`` uses: ``requested``, else the RDD's
-    partitions capped by the task slots known without a job."""
+def default_num_workers(data, requested: Optional[int] = None) -> int:
+    """Workers an :class:`Engine` over ``data`` (an RDD or a DataFrame) uses: ``requested``,
+    else its partitions capped by the task slots known without a job."""
     if requested:
         return int(requested)
-    slots = _slots(rdd.context)
-    parts = rdd.getNumPartitions()
+    h = handle_of(data)
+    slots = _slots(h)
+    if h.connect:  # a Connect DataFrame's partitions are only known by running a job
+        if slots:
+            return slots
+        raise ConfigurationError(
+            "under Spark Connect the number of workers cannot be inferred on this cluster; set num_workers "
+            "(numWorkers on the estimators) to at most the task slots the cluster offers")
+    parts = (data.rdd if is_dataframe(data) else data).getNumPartitions()
     return min(parts, slots) if slots else parts
 
 
@@ -144,39 +150,51 @@ def check_java() -> None:
                                  "Install OpenJDK 17 and point JAVA_HOME at it")
 
 
-def expected_executors(sc) -> int:
+def expected_executors(spark) -> int:
     """Executors this application should have: 1 in local mode, n for
     ``local-cluster[n,c,m]``, ``spark.executor.instances`` when set, else as
-    many as have registered."""
-    master = sc.master
+    many as have registered (classic) or 1 (Spark Connect: the shard launcher
+    then starts shards on every executor its tasks reach)."""
+    h = handle_of(spark)
+    master = h.master
     if master.startswith("local["):
         return 1
     m = re.match(r"local-cluster\[(\d+),", master)
     if m:
         return int(m.group(1))
-    instances = sc.getConf().get("spark.executor.instances", None)
+    instances = h.conf("spark.executor.instances", None)
     if instances:
         return int(instances)
-    return max(1, launcher._count_executors(sc))
+    if h.connect:
+        return 1
+    return max(1, launcher._count_executors(h.sc))
 
 
-def check_cluster(sc, num_workers: int, config: Optional[Mapping[str, Any]] = None) -> None:
+def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] = None) -> None:
     """Pre-flight checks of the cluster for ``num_workers`` barrier tasks (no Spark job):
     dynamic allocation off, enough task slots, executors' Python; each error says what to change."""
-    config = config if isinstance(config, Config) else Config.from_spark(sc, config)
+    h = handle_of(spark)
+    config = config if isinstance(config, Config) else Config.from_spark(h, config)
     U = num_workers
-    conf = sc.getConf()
-    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+    if (h.conf("spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
         raise ConfigurationError(
             "spark.dynamicAllocation.enabled=true: pystrads runs barrier stages whose tasks must all "
             "run at once on fixed executors; set spark.dynamicAllocation.enabled=false")
+    slots = _slots(h)
+    if h.connect:
+        # no executor registry and no default parallelism through Connect: the slots known from
+        # the master or spark.executor.instances/cores are checked; otherwise Spark's own barrier
+        # check refuses a stage larger than the cluster when the fit starts
+        if slots is not None and slots < U:
+            raise _too_few_slots(U, slots)
+        return
+    sc = h.sc
     python = getattr(sc, "pythonExec", None) or sys.executable
     resolved = shutil.which(python) or python
     if os.path.realpath(resolved) != os.path.realpath(sys.executable):
         log.warning("executors use Python %r, the driver %r; set PYSPARK_PYTHON=%s if the "
                     "executors lack pystrads or its dependencies", python, sys.executable, sys.executable)
-    slots = _slots(sc)
-    wanted = expected_executors(sc)
+    wanted = expected_executors(h)
     deadline = time.monotonic() + config["executor.waitSeconds"]
     while launcher._count_executors(sc) < wanted and time.monotonic() < deadline:
         time.sleep(0.2)  # executors still registering (shards go one per executor)
@@ -186,7 +204,7 @@ def check_cluster(sc, num_workers: int, config: Optional[Mapping[str, Any]] = No
             f"spark.pystrads.executor.waitSeconds={config['executor.waitSeconds']}; raise it or check the "
             "cluster manager")
     if slots is None:
-        cpus = int(conf.get("spark.task.cpus", "1"))
+        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
         while True:
             executors = launcher._count_executors(sc)
             slots = sc.defaultParallelism // cpus if executors else 0
@@ -194,10 +212,14 @@ def check_cluster(sc, num_workers: int, config: Optional[Mapping[str, Any]] = No
                 break
             time.sleep(0.5)
     if slots < U:
-        raise ConfigurationError(
-            f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
-            f"offers {slots}; lower num_workers to {max(1, slots)} or give Spark more executor cores "
-            "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
+        raise _too_few_slots(U, slots)
+
+
+def _too_few_slots(U: int, slots: int) -> ConfigurationError:
+    return ConfigurationError(
+        f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
+        f"offers {slots}; lower num_workers to {max(1, slots)} or give Spark more executor cores "
+        "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
 
 
 #: Failure causes meaning cached worker states are gone (an executor died), so the
@@ -219,32 +241,57 @@ def _program_attributes(program: Program) -> bytes:
 
 
 class Engine:
-    """Runs one :class:`Program` over the partitions of an RDD.
+    """Runs one :class:`Program` over the partitions of an RDD or a DataFrame.
 
     Parameters
     ----------
     program : Program
         The model-parallel program.
-    rdd : pyspark.RDD
+    rdd : pyspark.RDD or pyspark.sql.DataFrame
         Input records; repartitioned to ``num_workers`` partitions if needed
-        (each partition is one worker).
+        (each partition is one worker).  An RDD's records are its elements.
+        A DataFrame's (classic or Spark Connect) are its rows as tuples of
+        Python values in column order (arrays as lists, structs as dicts;
+        ML vectors arrive as their struct, so convert them first); it is
+        repartitioned to ``num_workers`` unless ``prepartitioned`` (its
+        partitions already are the workers', e.g. ``df.repartition(U, key)``).
+        A DataFrame runs on the resident runtime only, and the workers'
+        states are not kept after the fit (use ``export``).
     num_workers : int, optional
         Workers U (default: the RDD's partitions, capped by the task slots).
     seed : int
         Seed handed to the program (``ctx.seed``, ``ctx.rng()``).
     config : mapping, optional
         ``spark.pystrads.*`` overrides (keys with or without the prefix).
+    keep_states : bool, optional
+        Hand each worker's (data, state) to Spark's cache when the fit ends, for
+        :meth:`map_states` (default: True for an RDD, False for a DataFrame).
+    export : callable, optional
+        ``fn(worker, data, state)`` run by every worker when the fit ends;
+        ``FitResult.exports`` holds the results in worker order.
+    prepartitioned : bool
+        DataFrame input only: use its partitions as they are (see ``rdd``).
+    decode : callable, optional
+        DataFrame input only: ``fn(row) -> record`` applied to every row on the
+        workers before ``load`` (e.g. to unpickle a binary column).
     """
 
     def __init__(self, program: Program, rdd, num_workers: Optional[int] = None, seed: int = 0,
-                 config: Optional[Mapping[str, Any]] = None, keep_states: bool = True,
-                 export: Optional[Callable[[int, Any, Any], Any]] = None):
+                 config: Optional[Mapping[str, Any]] = None, keep_states: Optional[bool] = None,
+                 export: Optional[Callable[[int, Any, Any], Any]] = None, prepartitioned: bool = False,
+                 decode: Optional[Callable[[Any], Any]] = None):
         if not isinstance(program, Program):
             raise TypeError(f"program must be a pystrads Program, got {type(program).__name__}")
         self.program = program
-        self.rdd = rdd
-        self.sc = rdd.context
-        self.config = Config.from_spark(self.sc, config)
+        self.spark = handle_of(rdd)
+        self.frame = rdd if is_dataframe(rdd) else None  # DataFrame input (classic or Spark Connect)
+        self.rdd = None if self.frame is not None else rdd
+        self.sc = None if self.spark.connect else getattr(self.spark, "sc", None)
+        self.prepartitioned = bool(prepartitioned)
+        if decode is not None and self.frame is None:
+            raise ConfigurationError("decode= applies to DataFrame inputs; map the RDD instead")
+        self.decode = decode
+        self.config = Config.from_spark(self.spark, config)
         self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF  # numpy seeds must be >= 0 (pyspark's default seeds are not)
         if num_workers is None:
             num_workers = default_num_workers(rdd)
@@ -277,6 +324,16 @@ class Engine:
         self._data_fingerprints: Optional[List[str]] = None  # per worker, of its immutable data
         # resident runtime (runtime.mode=resident): the fit's one barrier job and what it posted
         self.resident = self.config["runtime.mode"] == "resident"
+        if self.frame is not None and not self.resident:
+            raise ConfigurationError(
+                "spark.pystrads.runtime.mode=steps runs on RDDs only; a DataFrame input runs on the resident "
+                "runtime (the default): unset runtime.mode, or pass an RDD (df.rdd, classic sessions only)")
+        if keep_states is None:
+            keep_states = self.frame is None
+        if keep_states and self.frame is not None:
+            raise ConfigurationError(
+                "keep_states=True needs an RDD input (the states are cached as an RDD); with a DataFrame "
+                "input hand the workers' results over with export=fn(worker, data, state) instead")
         self._job: Optional[_ResidentJob] = None
         self._result_rdd = None  # the finished job's (data, state) per worker, cached
         self._posted_program: Optional[str] = None  # hash of the program bytes the job's tasks have
@@ -293,7 +350,7 @@ class Engine:
     # ------------------------------------------------------------------ checks
     def preflight(self) -> None:
         """Checks that must pass before any Spark job; each says what to change."""
-        check_cluster(self.sc, self.num_workers, self.config)
+        check_cluster(self.spark, self.num_workers, self.config)
         tables = list(self.program.tables())
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
@@ -305,18 +362,18 @@ class Engine:
 
     # ------------------------------------------------------------------ setup
     def _expected_executors(self) -> int:
-        return expected_executors(self.sc)
+        return expected_executors(self.spark)
 
     def _start(self) -> None:
         from pyspark import cloudpickle
 
         t0 = time.perf_counter()
         for key, manager in list(launcher._MANAGERS.items()):
-            if getattr(manager.sc, "_jsc", None) is None:  # its SparkContext was stopped
+            if not manager.spark.alive():  # its SparkContext or session was stopped
                 manager.shutdown()
                 launcher._MANAGERS.pop(key, None)
         try:
-            self.manager = launcher.get_shards(self.sc, self.config, self._expected_executors())
+            self.manager = launcher.get_shards(self.spark, self.config, self._expected_executors())
         except PystradsError:
             raise
         except Exception as exc:
@@ -627,7 +684,7 @@ class Engine:
             return None
         root = self.config["checkpoint.dir"]
         if not root:
-            try:
+            try:  # (none through Spark Connect: set spark.pystrads.checkpoint.dir)
                 opt = self.sc._jsc.sc().getCheckpointDir()
                 # Spark appends a random per-application directory to the one given to
                 # setCheckpointDir; a resumed fit is another application: use the given one
@@ -774,7 +831,10 @@ class Engine:
         shards_alive = self.manager is not None and self.manager.alive()
         cause = str(exc) + " " + str(exc.__cause__ or "")
         states_lost = any(marker in cause for marker in _LOST_STATE_MARKERS)
-        if shards_alive and not states_lost:
+        # a DataFrame input's job is a barrier result stage, which Spark never retries: a failed
+        # task ends the job, and the driver relaunches it (what Spark does for an RDD input's stage)
+        job_failed = self.frame is not None and "barrier ResultStage" in cause
+        if shards_alive and not states_lost and not job_failed:
             raise exc
         self._recoveries += 1
         limit = self.config["recovery.maxAttempts"]
@@ -782,7 +842,8 @@ class Engine:
             raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
                                   f"failure: {cause}") from exc
         t0 = time.perf_counter()
-        what = "shards were lost" if not shards_alive else "worker states were lost with an executor"
+        what = ("shards were lost" if not shards_alive else "worker states were lost with an executor" if states_lost
+                else "its barrier job failed (a failed task ends a DataFrame input's job)")
         log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self._step, what,
                     self._recoveries, limit, "the latest checkpoint" if self._checkpoint_dir else "the start")
         if self.resident:
@@ -817,17 +878,28 @@ class Engine:
 
         t0 = time.perf_counter()
         self._cancel_job()
-        rdd = self.rdd
-        if rdd.getNumPartitions() != self.num_workers:
-            rdd = rdd.repartition(self.num_workers)
         blob = cloudpickle.dumps(self.program)
         digest = program_hash(blob)
         spec = ResidentSpec(blob, digest, self.group, dict(self.layouts), self.num_workers, self.seed,
                             self.config["round.timeoutSeconds"], self.namespace, bool(self._checkpoint_dir),
                             self.keep_states, self.export)
-        out = rdd.barrier().mapPartitions(lambda it: run_resident(spec, it))
-        if self.keep_states:  # the finished tasks' (data, state), read by map_states
-            out.persist(StorageLevel.MEMORY_AND_DISK)
+        if self.frame is not None:
+            frame = self.frame
+            if not self.prepartitioned and not (self.sc is not None  # classic: partitions known without a job
+                                                and frame.rdd.getNumPartitions() == self.num_workers):
+                frame = frame.repartition(self.num_workers)
+            # a barrier result stage: Spark does not retry it, the driver relaunches the job (from
+            # the snapshots) as it does for any failed resident job
+            decode = self.decode
+            out = frame.mapInArrow(lambda batches: run_resident_arrow(spec, batches, decode), "unused binary",
+                                   barrier=True)
+        else:
+            rdd = self.rdd
+            if rdd.getNumPartitions() != self.num_workers:
+                rdd = rdd.repartition(self.num_workers)
+            out = rdd.barrier().mapPartitions(lambda it: run_resident(spec, it))
+            if self.keep_states:  # the finished tasks' (data, state), read by map_states
+                out.persist(StorageLevel.MEMORY_AND_DISK)
         self._posted_program = digest
         self._job = _ResidentJob(self, out)
         self.job_groups.append(self._job.group_id)
@@ -1067,8 +1139,8 @@ class Engine:
 
 
 class _ResidentJob:
-    """The fit's barrier job, collected in a driver thread (its own Spark job group, so
-    that it can be cancelled)."""
+    """The fit's barrier job, collected in a driver thread (its own Spark job group, or job
+    tag under Spark Connect, so that it can be cancelled).  ``rdd``: the job's RDD or DataFrame."""
 
     def __init__(self, engine: "Engine", rdd):
         self.engine = engine
@@ -1083,8 +1155,11 @@ class _ResidentJob:
 
     def running_tasks(self) -> int:
         """The most tasks running at once in any stage of this job (its barrier stage's, once it runs)."""
+        engine = self.engine
+        if engine.sc is None:  # Spark Connect: no status tracker; nothing to warn about
+            return engine.num_workers
         try:
-            tracker = self.engine.sc.statusTracker()
+            tracker = engine.sc.statusTracker()
             most = 0
             for job_id in tracker.getJobIdsForGroup(self.group_id):
                 info = tracker.getJobInfo(job_id)
@@ -1094,38 +1169,59 @@ class _ResidentJob:
                         most = max(most, stage.numActiveTasks)
             return most
         except Exception:  # noqa: BLE001 -- no status (the SparkContext is gone): do not fail on that
-            return self.engine.num_workers
+            return engine.num_workers
 
     def start(self) -> None:
-        from pyspark import InheritableThread
-
         engine = self.engine
+        connect = engine.sc is None
 
         def run():
             try:
-                engine.sc.setJobGroup(self.group_id, f"pystrads fit {engine.namespace}: resident workers",
-                                      interruptOnCancel=True)
-                engine._materialize(self.rdd)
+                if connect:  # job tags are per thread and session; interruptTag cancels the job
+                    engine.spark.spark.addTag(self.group_id)
+                else:
+                    engine.sc.setJobGroup(self.group_id, f"pystrads fit {engine.namespace}: resident workers",
+                                          interruptOnCancel=True)
+                if engine.frame is not None:
+                    self.rdd.collect()  # a DataFrame whose tasks return no rows
+                else:
+                    engine._materialize(self.rdd)
             except BaseException as exc:  # noqa: BLE001 -- reported to the driver's loop
                 self.error = exc
                 if self.detached:
                     log.warning("fit %s: its job failed after the fit had finished: %s", engine.namespace,
                                 _python_cause(exc))
+            finally:
+                if connect:
+                    try:
+                        engine.spark.spark.removeTag(self.group_id)
+                    except Exception:  # noqa: BLE001 -- the session may be gone
+                        pass
 
-        self.thread = InheritableThread(target=run, name=f"pystrads-job-{engine.namespace}", daemon=True)
+        if connect:
+            self.thread = threading.Thread(target=run, name=f"pystrads-job-{engine.namespace}", daemon=True)
+        else:
+            from pyspark import InheritableThread
+
+            self.thread = InheritableThread(target=run, name=f"pystrads-job-{engine.namespace}", daemon=True)
         self.thread.start()
 
     def cancel(self) -> None:
+        engine = self.engine
         if self.thread is not None and self.thread.is_alive():
             try:
-                self.engine.sc.cancelJobGroup(self.group_id)
+                if engine.sc is None:
+                    engine.spark.spark.interruptTag(self.group_id)
+                else:
+                    engine.sc.cancelJobGroup(self.group_id)
             except Exception:  # noqa: BLE001 -- the SparkContext may be gone
                 pass
             self.thread.join(timeout=60)
-        try:
-            self.rdd.unpersist()
-        except Exception:  # noqa: BLE001
-            pass
+        if engine.frame is None:
+            try:
+                self.rdd.unpersist()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 class FitResult:

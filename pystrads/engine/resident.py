@@ -194,3 +194,22 @@ def run_resident(spec: ResidentSpec, records: Iterator[Any]) -> Iterator[Any]:
         late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
         w.group.client(0).action("step_done", **fence, late=late, late_round=last)
         have = done_step = step
+
+
+def arrow_records(batches) -> Iterator[tuple]:
+    """A DataFrame partition's rows as tuples of Python values, in column order."""
+    for batch in batches:
+        columns = [column.to_pylist() for column in batch.columns]
+        yield from zip(*columns)
+
+
+def run_resident_arrow(spec: ResidentSpec, batches, decode=None) -> Iterator[Any]:
+    """:func:`run_resident` over a DataFrame partition (``mapInArrow(..., barrier=True)``): the
+    records are the rows (:func:`arrow_records`), through ``decode`` when given; the task returns
+    no rows."""
+    records = arrow_records(batches)
+    if decode is not None:
+        records = map(decode, records)
+    for _ in run_resident(spec, records):
+        pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)
+    yield from ()

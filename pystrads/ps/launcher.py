@@ -187,10 +187,12 @@ def tls_files(cfg) -> tuple:
 
 
 class ShardManager:
-    """Owns the shard group of one SparkContext: launch, heartbeat, shutdown."""
+    """Owns the shard group of one Spark application: launch, heartbeat, shutdown."""
 
-    def __init__(self, sc, config):
-        self.sc = sc
+    def __init__(self, spark, config):
+        from ..engine.spark import handle_of
+
+        self.spark = handle_of(spark)  # a SparkContext's or a Spark Connect session's
         self.config = config
         self.run_id = "run-" + secrets.token_hex(8)
         self.token = secrets.token_urlsafe(32)
@@ -201,7 +203,7 @@ class ShardManager:
 
     def start(self, expected_executors: int) -> ShardGroup:
         cfg = self.config
-        local_mode = self.sc.master.startswith("local")
+        local_mode = self.spark.local_mode()
         run_id, token = self.run_id, self.token
         count = cfg["shard.perExecutor"]
         bind = cfg["shard.bindHost"]
@@ -211,7 +213,7 @@ class ShardManager:
         malloc_retain = cfg["shard.mallocRetainBytes"]
         tls_cert, tls_key, tls_roots = tls_files(cfg)
 
-        def launch(_):
+        def launch(_index):
             host = default_bind_host(local_mode, bind)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
                                        malloc_retain, tls_cert, tls_key)
@@ -222,8 +224,7 @@ class ShardManager:
         tasks = max(1, expected_executors) * (1 if local_mode else 4)
         t0 = time.monotonic()
         for attempt in range(8):
-            rdd = self.sc.parallelize(range(tasks), tasks)
-            for info, version in rdd.mapPartitions(launch).collect():
+            for info, version in self.spark.run_tasks(launch, tasks):
                 found[f"{info['executor']}#{info['shard']}"] = info
                 versions.add(tuple(version))
             executors = {i["executor"] for i in found.values()}
@@ -292,17 +293,21 @@ _LOCK = threading.Lock()
 STARTED_RUN_IDS: List[str] = []  # every run this driver process started shards for
 
 
-def get_shards(sc, config, expected_executors: int) -> ShardManager:
-    """The running shard manager of ``sc``, started on first use."""
+def get_shards(spark, config, expected_executors: int) -> ShardManager:
+    """The running shard manager of a Spark application (a SparkContext, a session or their
+    handle), started on first use."""
+    from ..engine.spark import handle_of
+
+    spark = handle_of(spark)
     with _LOCK:
-        key = id(sc._jsc)
+        key = spark.key
         manager = _MANAGERS.get(key)
         if manager is not None and manager.alive():
             return manager
         if manager is not None:
             log.warning("shards of %s are gone; starting new ones", manager.run_id)
             manager.shutdown()
-        manager = ShardManager(sc, config)
+        manager = ShardManager(spark, config)
         STARTED_RUN_IDS.append(manager.run_id)
         manager.start(expected_executors)
         _MANAGERS[key] = manager
