@@ -15,7 +15,6 @@ import sys
 from typing import Mapping, Optional
 
 from .engine.driver import check_java
-from .errors import ConfigurationError
 
 
 def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
@@ -40,19 +39,3 @@ def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
     for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
-
-
-def spark_context_of(dataset):
-    """The SparkContext behind ``dataset`` -- refusing Spark Connect sessions clearly.
-
-    pystrads' step engine runs barrier RDD stages and starts shard processes
-    through the SparkContext; Spark Connect (Databricks shared-access and
-    serverless compute, ``SparkSession.builder.remote(...)``) exposes neither.
-    """
-    spark = dataset.sparkSession
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        raise ConfigurationError(
-            "this DataFrame belongs to a Spark Connect session, which has no SparkContext or RDD API; "
-            "pystrads needs both (barrier stages, shard processes on the executors). Use a classic session: "
-            "on Databricks a single-user (assigned) cluster, elsewhere SparkSession.builder without .remote()")
-    return spark.sparkContext

@@ -204,7 +204,7 @@ def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
     """The estimators read vectors through Arrow (``mapInArrow``) in blocks; the rows, the
     counts and the sample must be what the row-by-row reader gives, for dense rows (zeros
     dropped), sparse rows, empty rows and weights -- and a bad value is named the same way."""
-    from pystrads.ml._linear import scan_input
+    from pystrads.ml._linear import _block_of, scan_input
     from pystrads.programs.lasso import canonical_order, rows_to_arrays
 
     rng = np.random.default_rng(5)
@@ -222,14 +222,15 @@ def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
     df = spark.createDataFrame(rows, ["label", "w", "features"]).repartition(3)
     arrow_records, arrow_stats = scan_input(df, "features", "label", "w", 50, False, num_workers=2)
     row_records, row_stats = scan_input(df, "features", "label", "w", 50, False, num_workers=0)
-    assert arrow_records.getNumPartitions() == 2
-    assert type(arrow_records.first()).__name__ == "RowBlock"
+    assert arrow_records.rdd.getNumPartitions() == 2  # a DataFrame of row blocks, one partition per worker
+    blocks = [_block_of(r) for r in arrow_records.collect()]
+    assert blocks and all(type(b).__name__ == "RowBlock" for b in blocks)
     for key in ("rows", "nnz", "sizes", "error"):
         assert arrow_stats[key] == row_stats[key], key
     assert arrow_stats["rows"] == 700 and arrow_stats["sizes"] == {6}
     assert arrow_stats["wsum"] == pytest.approx(row_stats["wsum"], rel=1e-12)
     assert len(arrow_stats["sample"]) == 50
-    a = canonical_order(*rows_to_arrays(arrow_records.collect(), 6))
+    a = canonical_order(*rows_to_arrays(blocks, 6))
     b = canonical_order(*rows_to_arrays(row_records.collect(), 6))
     assert len(a[3]) == sum(1 for r in rows if r[1] != 0)
     for x, y in zip(a, b):

@@ -26,8 +26,9 @@ from pyspark.sql import types as T
 from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
-from ..session import spark_context_of
+from ..engine.spark import handle_of, is_dataframe
 from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample, RowBlock
+from ._persistence import metadata_context
 from ._validation import check_num_workers
 
 log = logging.getLogger(__name__)
@@ -304,8 +305,9 @@ def _split_block(b: Dict[str, np.ndarray], max_nnz: int):
         start = stop
 
 
-def _arrow_blocks_rdd(sel):
-    """RDD of :func:`_arrow_block` dicts, one per Arrow batch (``mapInArrow``)."""
+def _arrow_blocks(sel):
+    """DataFrame of pickled :func:`_arrow_block` dicts (column ``block``), one or more per Arrow
+    batch (``mapInArrow``), and the function that unpickles a row of it."""
     import pickle
 
     def blocks(batches):
@@ -318,7 +320,15 @@ def _arrow_blocks_rdd(sel):
                     payload = pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
                     yield pa.RecordBatch.from_arrays([pa.array([payload], type=pa.binary())], schema=schema)
 
-    return sel.mapInArrow(blocks, "block binary").rdd.map(lambda row: pickle.loads(row.block))
+    return sel.mapInArrow(blocks, "block binary")
+
+
+def _block_of(row):
+    """A worker's record from a row of :func:`_arrow_blocks`."""
+    import pickle
+
+    b = pickle.loads(row[0])
+    return RowBlock(b["y"], b["w"], b["row_ptr"], b["col_idx"], b["vals"])
 
 
 def _block_error(b, fcol, lcol, wcol, binary_labels):
@@ -346,13 +356,20 @@ def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows:
                 num_workers: int):
     weight = F.col(wcol).cast("double") if wcol else F.lit(1.0)
     sel = dataset.select(F.col(lcol).cast("double").alias("y"), weight.alias("w"), F.col(fcol).alias("x"))
-    if sel.rdd.getNumPartitions() != num_workers:  # row-wise, in the JVM: blocks would balance badly
+    # row-wise, in the JVM (blocks would balance badly); under Spark Connect the partitions are
+    # unknown without a job, so always
+    if handle_of(dataset).connect or sel.rdd.getNumPartitions() != num_workers:
         sel = sel.repartition(num_workers)
-    blocks = _arrow_blocks_rdd(sel)
+    blocks = _arrow_blocks(sel)
     per_part = max(1, int(math.ceil(sample_rows / max(1, num_workers))))
 
-    def check(index, it):
-        rng = np.random.default_rng(index)
+    def check(batches):
+        import pickle
+
+        from ._arrow import partition_id
+
+        rng = np.random.default_rng(partition_id())
+        it = (pickle.loads(b) for batch in batches for b in batch.column(0).to_pylist())
         n = nnz = 0
         wsum = 0.0
         sizes: set = set()
@@ -379,24 +396,27 @@ def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows:
                     (b["col_idx"][ptr[t - len(pool_keys)]:ptr[t - len(pool_keys) + 1]].copy(),
                      b["vals"][ptr[t - len(pool_keys)]:ptr[t - len(pool_keys) + 1]].copy()) for t in take]
             pool_keys = cand[take]
-        yield {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error, "sample": pool}
+        return {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error, "sample": pool}
 
-    stats = _merge_stats(blocks.mapPartitionsWithIndex(check).collect())
-    records = blocks.map(lambda b: RowBlock(b["y"], b["w"], b["row_ptr"], b["col_idx"], b["vals"]))
-    return records, stats
+    from ._arrow import collect_per_partition
+
+    stats = _merge_stats(collect_per_partition(blocks, check))
+    return blocks, stats
 
 
 def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: int, binary_labels: bool,
                num_workers: int = 0):
     """One pass over the input: records for the engine, counts, the first bad row, a row sample.
 
-    Returns ``(records_rdd, stats)``; ``stats`` has ``rows``, ``nnz``, ``sizes``
+    Returns ``(records, stats)``; ``stats`` has ``rows``, ``nnz``, ``sizes``
     (distinct vector sizes), ``error`` (first problem found, or None) and
-    ``sample`` (list of ``(indices, values)``).  The records are
-    :class:`RowBlock` s read through Arrow (``mapInArrow``: vectors arrive as
-    numpy arrays, ~4x faster than Python ``Row`` objects); where Spark cannot
-    give the vector column to Arrow, one ``(label, weight, indices, values)``
-    tuple per row.
+    ``sample`` (list of ``(indices, values)``).  The records are a DataFrame
+    of pickled row blocks, one partition per worker (read through Arrow with
+    ``mapInArrow``: vectors arrive as numpy arrays, ~4x faster than Python
+    ``Row`` objects; the workers turn each into a :class:`RowBlock` with
+    :func:`_block_of`); where Spark cannot give the vector column to Arrow
+    (classic sessions only), an RDD of ``(label, weight, indices, values)``
+    tuples, one per row.
     """
     if num_workers > 0 and _arrow_scan_ok:
         try:
@@ -425,12 +445,11 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     t_start = time.perf_counter()
     estimator._check_params()
     estimator._check_schema(dataset)
-    sc = spark_context_of(dataset)
     fcol, lcol = estimator.getFeaturesCol(), estimator.getLabelCol()
     wcol = estimator.getWeightCol() if estimator.isDefined(estimator.weightCol) and estimator.getWeightCol() else None
-    U = default_num_workers(dataset.rdd, estimator.getNumWorkers() or None)
-    check_num_workers(sc, estimator.getNumWorkers())
-    check_cluster(sc, U)  # before any job
+    check_num_workers(dataset, estimator.getNumWorkers())
+    U = default_num_workers(dataset, estimator.getNumWorkers() or None)
+    check_cluster(dataset, U)  # before any job
     records, stats = scan_input(dataset, fcol, lcol, wcol, estimator.getCorrelationSampleSize(), binary_labels,
                                 U)
     if stats["rows"] == 0:
@@ -461,7 +480,9 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     program.t_origin = t_start
     log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(estimator).__name__,
              stats["rows"], num_features, stats["nnz"], U, estimator.getSchedule())
-    with Engine(program, records, num_workers=U, seed=seed, keep_states=False).fit() as result:
+    frame = is_dataframe(records)  # row blocks through Arrow, already one partition per worker
+    with Engine(program, records, num_workers=U, seed=seed, keep_states=False, prepartitioned=frame,
+                decode=_block_of if frame else None).fit() as result:
         t0 = time.perf_counter()
         coef = result.read_table("coef")
         coefficients, intercept = program.result(coef)
@@ -645,7 +666,7 @@ class SparseLinearModelMixin:
                              f"expected a vector column")
 
     def _save(self, path: str, spark) -> None:
-        DefaultParamsWriter.saveMetadata(self, path, spark.sparkContext,
+        DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark),
                                          extraMetadata={"numFeatures": self.numFeatures})
         schema = T.StructType([T.StructField("intercept", T.DoubleType(), False),
                                T.StructField("coefficients", T.ArrayType(T.DoubleType(), False), False)])
@@ -654,7 +675,7 @@ class SparseLinearModelMixin:
 
     @classmethod
     def _load(cls, path: str, spark):
-        metadata = DefaultParamsReader.loadMetadata(path, spark.sparkContext)
+        metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
         row = spark.read.parquet(os.path.join(path, "data")).first()
         model = cls(np.asarray(row["coefficients"], dtype=np.float64), float(row["intercept"]))
         model._resetUid(metadata["uid"])

@@ -5,12 +5,33 @@ from __future__ import annotations
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 
+def metadata_context(spark):
+    """What ``DefaultParamsWriter.saveMetadata`` / ``DefaultParamsReader.loadMetadata`` take:
+    the session on pyspark 4 (so Spark Connect sessions work), the SparkContext on 3.5."""
+    import pyspark
+
+    return spark if int(pyspark.__version__.split(".")[0]) >= 4 else spark.sparkContext
+
+
 class ModelWriter(MLWriter):
     """Writes ``instance`` through its ``_save_data(path, spark)`` (after the caller's metadata)."""
 
     def __init__(self, instance):
         super().__init__()
         self.instance = instance
+
+    def _handleOverwrite(self, path: str) -> None:
+        from ..engine.spark import is_connect_session
+
+        if not is_connect_session(self.sparkSession):
+            return super()._handleOverwrite(path)
+        # pyspark's overwrite goes through the JVM, which a Spark Connect client does not have:
+        # delete the directory through pyarrow's filesystems (local paths, hdfs://, s3://, ...)
+        # as seen from this process
+        from ..ps import storage
+
+        if storage.exists(path):
+            storage.delete_dir(path)
 
     def saveImpl(self, path: str) -> None:
         self.instance._save(path, self.sparkSession)

@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 import numpy as np
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
-from pyspark.ml.linalg import DenseMatrix, DenseVector, SparseVector, VectorUDT
+from pyspark.ml.linalg import DenseMatrix, DenseVector, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMaxIter, HasSeed
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
@@ -24,9 +24,8 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
-from ..session import spark_context_of
 from ..kernels.lda import SAMPLERS, choose_sampler
-from ._persistence import PersistentModel
+from ._persistence import PersistentModel, metadata_context
 from ._validation import check_num_workers
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
@@ -157,35 +156,33 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
                              "counts (as CountVectorizer produces)")
 
 
+#: the documents as the LDA program's workers read them (one row per non-empty document)
+DOC_RECORD_SCHEMA = "doc long, terms array<long>, counts array<long>"
+
+
 def _doc_records(dataset, features_col: str):
-    """(doc index, term indices, term counts) per row, and a corpus scan.
+    """(doc key, term indices, term counts) per non-empty document as a DataFrame, and a corpus scan.
 
     The scan (one Spark job) checks every vector (same size, finite,
     non-negative integral counts) and counts tokens per term, documents and
-    empty documents.
+    empty documents.  Both go through ``mapInArrow`` (classic sessions and
+    Spark Connect alike); a document's key is its partition and row.
     """
-    rdd = dataset.select(features_col).rdd
+    from ._arrow import collect_per_partition, partition_id, vectors
 
-    def to_record(index, rows):
-        for i, row in enumerate(rows):
-            vec = row[0]
-            if vec is None:
-                yield (index, i, None, None, None)
-                continue
-            if isinstance(vec, SparseVector):
-                idx, val = vec.indices, vec.values
-            else:
-                arr = vec.toArray()
-                idx = np.flatnonzero(arr)
-                val = arr[idx]
-            yield (index, i, vec.size, idx.astype(np.int64), val)
+    frame = dataset.select(features_col)
 
-    records = rdd.mapPartitionsWithIndex(to_record)
+    def rows(batches):
+        part, i = partition_id(), 0
+        for batch in batches:
+            for vec in vectors(batch.column(0)):
+                yield (part, i) + ((None, None, None) if vec is None else vec)
+                i += 1
 
-    def scan(it):
+    def scan(batches):
         size = None
         out = {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "bad": None, "sizes": set(), "freq": None}
-        for part, i, vsize, idx, val in it:
+        for part, i, vsize, idx, val in rows(batches):
             if vsize is None:
                 out["null"] += 1
                 continue
@@ -207,7 +204,7 @@ def _doc_records(dataset, features_col: str):
             out["docs"] += 1
             out["tokens"] += int(counts.sum())
             np.add.at(out["freq"], idx, counts)
-        yield out
+        return out
 
     def merge(a, b):
         if a["freq"] is None:
@@ -220,21 +217,33 @@ def _doc_records(dataset, features_col: str):
         a["bad"] = a["bad"] or b["bad"]
         return a
 
-    if records.getNumPartitions() == 0:  # e.g. df.limit(0): nothing to reduce
+    parts = collect_per_partition(frame, scan)
+    if not parts:  # e.g. df.limit(0): no partitions at all
         raise InputError(f"featuresCol {features_col!r}: the input has no rows; LDA needs at least one "
                          "non-empty document")
-    stats = records.mapPartitions(scan).treeReduce(merge)
+    stats = parts[0]
+    for other in parts[1:]:
+        stats = merge(stats, other)
 
-    def keep(it):
-        for part, i, vsize, idx, val in it:
+    def keep(batches):
+        import pyarrow as pa
+
+        docs, terms, counts = [], [], []
+        for part, i, vsize, idx, val in rows(batches):
             if vsize is None:
                 continue
-            counts = np.round(val).astype(np.int64)
-            nz = counts > 0
+            c = np.round(val).astype(np.int64)
+            nz = c > 0
             if nz.any():
-                yield ((part << 40) | i, idx[nz], counts[nz])
+                docs.append((part << 40) | i)
+                terms.append(idx[nz])
+                counts.append(c[nz])
+        if docs:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
+                 pa.array(counts, pa.list_(pa.int64()))], ["doc", "terms", "counts"])
 
-    return records.mapPartitions(keep), stats
+    return frame.mapInArrow(keep, DOC_RECORD_SCHEMA), stats
 
 
 class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
@@ -321,11 +330,9 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
         self._validate_schema(dataset)
         k, alpha, beta = self.getK(), self._alpha(), self._beta()
         col = self.getFeaturesCol()
-        sc = spark_context_of(dataset)
-        records = dataset.select(col).rdd
-        U = default_num_workers(records, self.getNumWorkers() or None)
-        check_num_workers(sc, self.getNumWorkers())
-        check_cluster(sc, U)  # before any job
+        check_num_workers(dataset, self.getNumWorkers())
+        U = default_num_workers(dataset, self.getNumWorkers() or None)
+        check_cluster(dataset, U)  # before any job
         records, stats = _doc_records(dataset, col)
         if stats["bad"] is not None:
             part, row, term, value, size = stats["bad"]
@@ -509,87 +516,90 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
         return self._summary
 
     # -- inference
-    def _fold_in_partition(self, phi_bc, alpha, n_iter, seed, features_index):
+    def _fold_in(self, dataset):
+        """``fn(batches)`` for ``mapInArrow``: a partition's batches with, per document, the
+        Gibbs fold-in counts (topics fixed) -- ``(batches, counts, lengths, words, ptr)``, one
+        fold-in per partition.  phi travels in the function (Spark broadcasts large ones)."""
         from ..kernels import lda as K
         from ..kernels.random import new_state
+        from ._arrow import partition_id, vectors
 
-        def run(index, rows):
-            rows = list(rows)
-            phi = phi_bc.value
-            k = phi.shape[1]
-            words, ptr = [], [0]
-            for row in rows:
-                vec = row[features_index]
-                if vec is None:
-                    idx = np.zeros(0, np.int64)
-                    cnt = idx
-                elif isinstance(vec, SparseVector):
-                    idx, cnt = vec.indices.astype(np.int64), np.round(vec.values).astype(np.int64)
-                else:
-                    arr = vec.toArray()
-                    idx = np.flatnonzero(arr)
-                    cnt = np.round(arr[idx]).astype(np.int64)
-                keep = cnt > 0
-                words.append(np.repeat(idx[keep], cnt[keep]))
-                ptr.append(ptr[-1] + int(cnt[keep].sum()))
-            doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
-            doc_ptr = np.asarray(ptr, dtype=np.int64)
-            rng = new_state(seed, index)
-            counts = K.fold_in(doc_words, doc_ptr, phi, alpha, n_iter, rng) if len(rows) else np.zeros((0, k))
-            lengths = np.diff(doc_ptr)
-            yield rows, counts, lengths, doc_words, doc_ptr
-
-        return run
-
-    def _infer(self, dataset):
         self._validate_schema(dataset)
-        sc = spark_context_of(dataset)
         phi = self.topic_word_prob()
         if phi.shape[0] == 0:
             raise ConfigurationError("the model has an empty vocabulary")
-        phi_bc = sc.broadcast(phi)
         seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
         index = dataset.columns.index(self.getFeaturesCol())
-        return dataset.rdd.mapPartitionsWithIndex(
-            self._fold_in_partition(phi_bc, self._alpha_value, self.getFoldInIterations(), seed, index)), phi_bc
+        alpha, n_iter = self._alpha_value, self.getFoldInIterations()
+
+        def run(batches):
+            batches = list(batches)
+            k = phi.shape[1]
+            words, ptr = [], [0]
+            for batch in batches:
+                for vec in vectors(batch.column(index)):
+                    if vec is None:
+                        idx = cnt = np.zeros(0, np.int64)
+                    else:
+                        _, idx, val = vec
+                        cnt = np.round(val).astype(np.int64)
+                    keep = cnt > 0
+                    words.append(np.repeat(idx[keep], cnt[keep]))
+                    ptr.append(ptr[-1] + int(cnt[keep].sum()))
+            doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
+            doc_ptr = np.asarray(ptr, dtype=np.int64)
+            rng = new_state(seed, partition_id())
+            n_docs = len(ptr) - 1
+            counts = K.fold_in(doc_words, doc_ptr, phi, alpha, n_iter, rng) if n_docs else np.zeros((0, k))
+            return batches, counts, np.diff(doc_ptr), doc_words, doc_ptr
+
+        return run, phi
 
     def _transform(self, dataset):
+        import pyarrow as pa
         from pyspark.sql.types import StructField, StructType
+
+        from ._arrow import dense_vectors
 
         out_col = self.getTopicDistributionCol()
         if out_col in dataset.columns:
             raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
-        parts, phi_bc = self._infer(dataset)
+        fold_in, _ = self._fold_in(dataset)
         alpha = self._alpha_value
         k = self._word_topic.shape[1]
+        index = dataset.columns.index(self.getFeaturesCol())
 
-        def attach(it):
-            for rows, counts, lengths, _, _ in it:
-                for i, row in enumerate(rows):
-                    if lengths[i] == 0:
-                        theta = DenseVector(np.zeros(k))
-                    else:
-                        theta = DenseVector((counts[i] + alpha) / (lengths[i] + k * alpha))
-                    yield tuple(row) + (theta,)
+        def attach(batches):
+            batches, counts, lengths, _, _ = fold_in(batches)
+            start = 0
+            for batch in batches:
+                n = batch.num_rows
+                theta = [np.zeros(k) if lengths[i] == 0 else (counts[i] + alpha) / (lengths[i] + k * alpha)
+                         for i in range(start, start + n)]
+                start += n
+                column = dense_vectors(theta, batch.schema.field(index).type)
+                yield pa.RecordBatch.from_arrays(list(batch.columns) + [column], batch.schema.names + [out_col])
 
         schema = StructType(dataset.schema.fields + [StructField(out_col, VectorUDT(), True)])
-        return dataset.sparkSession.createDataFrame(parts.mapPartitions(attach), schema)
+        return dataset.mapInArrow(attach, schema)
 
     def _score(self, dataset):
         """(Σ log p(token | θ_d, φ), tokens) over the dataset's documents."""
-        parts, phi_bc = self._infer(dataset)
+        from ._arrow import collect_per_partition
+
+        fold_in, phi = self._fold_in(dataset)
         alpha, k = self._alpha_value, self._word_topic.shape[1]
 
-        def score(it):
-            phi = phi_bc.value
-            for _rows, counts, lengths, words, ptr in it:
-                ll = 0.0
-                for i in np.flatnonzero(lengths):
-                    theta = (counts[i] + alpha) / (lengths[i] + k * alpha)
-                    ll += float(np.log(phi[words[ptr[i]:ptr[i + 1]]] @ theta).sum())
-                yield ll, int(lengths.sum())
+        def score(batches):
+            _, counts, lengths, words, ptr = fold_in(batches)
+            ll = 0.0
+            for i in np.flatnonzero(lengths):
+                theta = (counts[i] + alpha) / (lengths[i] + k * alpha)
+                ll += float(np.log(phi[words[ptr[i]:ptr[i + 1]]] @ theta).sum())
+            return ll, int(lengths.sum())
 
-        return parts.mapPartitions(score).fold((0.0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
+        parts = collect_per_partition(dataset, score)
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
     def logLikelihood(self, dataset) -> float:
         """log p(documents | topics) with each document's topic mixture from Gibbs
@@ -606,7 +616,7 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
 
         model = self
-        DefaultParamsWriter.saveMetadata(model, path, spark.sparkContext, extraMetadata={
+        DefaultParamsWriter.saveMetadata(model, path, metadata_context(spark), extraMetadata={
             "alpha": model._alpha_value, "beta": model._beta_value, "vocabSize": model.vocabSize(),
             "k": int(model._word_topic.shape[1])})
         # one row per term, written by Spark so any Hadoop/DBFS path works
@@ -618,7 +628,7 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
 
     @classmethod
     def _load(cls, path: str, spark) -> "StradsLDAModel":
-        metadata = DefaultParamsReader.loadMetadata(path, spark.sparkContext)
+        metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
         v, k = int(metadata["vocabSize"]), int(metadata["k"])
         word_topic = np.zeros((v, k), dtype=np.int32)
         for row in spark.read.parquet(os.path.join(path, "data")).toLocalIterator():

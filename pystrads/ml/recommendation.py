@@ -27,9 +27,8 @@ from pyspark.sql import types as T
 from ..engine import Engine
 from ..engine.driver import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
-from ..session import spark_context_of
 from ..programs.mf import MFProgram, MFSGDProgram
-from ._persistence import PersistentModel
+from ._persistence import PersistentModel, metadata_context
 from ._validation import check_num_workers, check_ratings
 
 log = logging.getLogger(__name__)
@@ -298,7 +297,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         self._check_algorithm()
         self._check_cold_start()
         self._check_id_columns(dataset, need_rating=True)
-        check_num_workers(spark_context_of(dataset), self.getNumWorkers())
+        check_num_workers(dataset, self.getNumWorkers())
 
     def _check_algorithm(self) -> None:
         if self.getAlgorithm() not in ("cd", "sgd"):
@@ -312,27 +311,24 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     def _fit(self, dataset) -> "StradsMFModel":
         t_start = time.perf_counter()
         self._validate(dataset)
-        sc = spark_context_of(dataset)
-        spark = dataset.sparkSession
         ucol, icol, rcol = self.getUserCol(), self.getItemCol(), self.getRatingCol()
         triples = dataset.select(F.col(ucol).cast("double").alias("u"), F.col(icol).cast("double").alias("i"),
                                  F.col(rcol).cast("double").alias("r"))
-        U = default_num_workers(triples.rdd, self.getNumWorkers() or None)
-        check_cluster(sc, U)  # before any job
+        U = default_num_workers(dataset, self.getNumWorkers() or None)
+        check_cluster(dataset, U)  # before any job
         check_ratings(triples, ucol, icol, rcol)  # one job: empty input, bad ids / ratings (column, value, fix)
         # then the distinct users and the per-item counts, in one pass without a shuffle
         users, items, item_counts = _ids_and_item_counts(triples)
         if not len(users) or not len(items):
             raise InputError("the input has no ratings; StradsMF needs at least one (user, item, rating) row")
         scan_s = time.perf_counter() - t_start
-        users_bc, items_bc = sc.broadcast(users), sc.broadcast(items)
 
-        def to_dense(rows):
-            u_ids, i_ids = users_bc.value, items_bc.value
-            for u, i, r in rows:
-                yield (int(np.searchsorted(u_ids, int(u))), int(np.searchsorted(i_ids, int(i))), float(r))
+        def to_dense(row):  # on the workers; the id arrays travel with the function
+            u, i, r = row
+            return int(np.searchsorted(users, int(u))), int(np.searchsorted(items, int(i))), float(r)
 
-        records = triples.rdd.mapPartitions(to_dense).keyBy(lambda t: t[0]).partitionBy(U).values()
+        # each worker holds whole users: its partition of a hash partitioning by user
+        records = triples.repartition(U, "u")
         seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
         rank = self.getRank()
         if self.getAlgorithm() == "sgd":
@@ -348,8 +344,8 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                  len(users), len(items), rank, U, program)
         # checkpoints every checkpointInterval steps when a checkpoint directory is set (ALS's rule)
         # the workers hand their users' factors over when the fit ends (no second job, nothing cached)
-        with Engine(program, records, num_workers=U, seed=seed, keep_states=False,
-                    export=lambda wk, data, state: (data.users, state.w),
+        with Engine(program, records, num_workers=U, seed=seed, keep_states=False, prepartitioned=True,
+                    decode=to_dense, export=lambda wk, data, state: (data.users, state.w),
                     config={"checkpoint.interval": max(0, self.getCheckpointInterval())}).fit() as result:
             h = program.item_matrix(result.read_table("item_factors"))
             w = np.zeros((len(users), rank))
@@ -486,14 +482,13 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
 
         self._check_cold_start()
         self._check_id_columns(dataset, need_rating=False)
-        sc = spark_context_of(dataset)
-        bc = sc.broadcast((self._user_ids, self._w.astype(np.float32), self._item_ids, self._h.astype(np.float32)))
+        factors = (self._user_ids, self._w.astype(np.float32), self._item_ids, self._h.astype(np.float32))
 
-        @pandas_udf("float")
+        @pandas_udf("float")  # the factors travel with the function (Spark broadcasts large ones)
         def predict(users, items):
             import pandas as pd
 
-            uid, w, iid, h = bc.value
+            uid, w, iid, h = factors
             u = users.to_numpy(dtype=np.float64, na_value=np.nan)
             i = items.to_numpy(dtype=np.float64, na_value=np.nan)
             ui = np.searchsorted(uid, np.nan_to_num(u, nan=-1).astype(np.int64))
@@ -530,12 +525,12 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
             rows_idx = np.unique(pos[keep])
         else:
             rows_idx = np.arange(len(src_ids))
-        bc = spark.sparkContext.broadcast((src_ids, src.astype(np.float32), dst_ids, dst.astype(np.float32)))
+        factors = (src_ids, src.astype(np.float32), dst_ids, dst.astype(np.float32))
         n = min(num, len(dst_ids))
         blocks = [rows_idx[i:i + 4096] for i in range(0, len(rows_idx), 4096)]
 
         def top(block):
-            s_ids, s, d_ids, d = bc.value
+            s_ids, s, d_ids, d = factors
             scores = s[block] @ d.T
             part = np.argpartition(-scores, n - 1, axis=1)[:, :n] if n < scores.shape[1] else \
                 np.tile(np.arange(scores.shape[1]), (len(block), 1))
@@ -549,8 +544,23 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
             T.StructField("recommendations", T.ArrayType(T.StructType([
                 T.StructField(dst_col, T.IntegerType(), True), T.StructField("rating", T.FloatType(), True)]),
                 True), True)])
-        rdd = spark.sparkContext.parallelize(blocks, max(1, min(len(blocks), spark.sparkContext.defaultParallelism)))
-        return spark.createDataFrame(rdd.flatMap(top), schema)
+        # one row per block of 4096 source rows, spread over partitions; each partition scores
+        # its blocks against all destinations (the factors travel with the function)
+        parts = max(1, min(len(blocks), int(spark.conf.get("spark.sql.shuffle.partitions", "4") or 4)))
+        starts = spark.range(0, len(blocks), 1, parts)
+
+        def score(batches):
+            import pyarrow as pa
+
+            rec_type = pa.list_(pa.struct([(dst_col, pa.int32()), ("rating", pa.float32())]))
+            for batch in batches:
+                out = [rec for b in batch.column(0).to_pylist() for rec in top(blocks[int(b)])]
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([r[0] for r in out], pa.int32()),
+                     pa.array([[{dst_col: d, "rating": v} for d, v in r[1]] for r in out], rec_type)],
+                    [src_col, "recommendations"])
+
+        return starts.mapInArrow(score, schema)
 
     def recommendForAllUsers(self, numItems: int):
         """DataFrame(userCol, recommendations: array<struct<itemCol, rating>>): each user's top items."""
@@ -575,7 +585,7 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
     # -- persistence
     def _save(self, path: str, spark) -> None:
         m = self
-        DefaultParamsWriter.saveMetadata(m, path, spark.sparkContext, extraMetadata={"rank": m.rank})
+        DefaultParamsWriter.saveMetadata(m, path, metadata_context(spark), extraMetadata={"rank": m.rank})
         schema = T.StructType([T.StructField("id", T.LongType(), False),
                                T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
         for name, ids, f in (("userFactors", m._user_ids, m._w), ("itemFactors", m._item_ids, m._h)):
@@ -584,7 +594,7 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
 
     @classmethod
     def _load(cls, path: str, spark) -> "StradsMFModel":
-        metadata = DefaultParamsReader.loadMetadata(path, spark.sparkContext)
+        metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
         parts = {}
         for name in ("userFactors", "itemFactors"):
             rows = sorted((r["id"], r["features"]) for r in spark.read.parquet(
