@@ -167,7 +167,7 @@ def test_dependency_check_matters_on_correlated_columns(sc):
     results = {}
     for name, rho, gram in (("check", 0.5, 0), ("no check", 0.0, 0), ("shipped", 0.3, 4096)):
         prog = LassoProgram(J, lam, fit_intercept=False, standardization=False, schedule="dynamic",
-                            coords_per_round=J, candidates_per_round=J, rho=rho, tol=1e-9, max_iter=6,
+                            coords_per_round=J, candidates_per_round=J, rho=rho, tol=1e-9, max_iter=40,
                             gram_limit=gram, min_rounds_per_step=8, sample=sample,
                             damping="eso" if name == "shipped" else "none")  # STRADS's plain update
         with Engine(prog, rdd, num_workers=2, seed=1, config={"step.targetSeconds": 1.0}).fit() as res:

@@ -293,7 +293,7 @@ def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
     # at 0.01 about 4,000, with ~150 non-zero coefficients still to find
     lam = 0.01
     model = StradsLogisticRegression(labelCol="clicked", regParam=lam, weightCol="w", workingSetLimit=0,
-                                     coordinatesPerRound=32, candidatesPerRound=64, tol=1e-9, maxIter=60,
+                                     coordinatesPerRound=32, candidatesPerRound=64, tol=1e-9, maxIter=400,
                                      seed=2).fit(df)
     assert model.summary.roundUpdatesHistory[-1] > 0
     scale = mllib_scale(x, w, True)

@@ -618,8 +618,10 @@ class LassoProgram(Program):
         p = prio[ids]
         top = p.max() if len(p) else 0.0
         p = p + self.eta * (top if top > 0 else 1.0)
-        # at least `passes` passes; more while the step stays within its time budget
-        want = max(self.passes * len(ids), self.min_rounds_per_step * L, max_rounds * L * 0.9)
+        # `passes` passes of the working set per step (and min_rounds_per_step rounds' worth at
+        # least): a resident worker's step costs milliseconds, so priorities refreshed from the
+        # sweep's gradient every few passes beat filling the step's time budget with stale ones
+        want = max(self.passes * len(ids), self.min_rounds_per_step * min(L, len(ids)))
         passes = int(np.ceil(want / max(len(ids), 1)))
         parts = []
         for _ in range(passes):  # a priority-weighted random order of the working set per pass
