@@ -454,23 +454,21 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
             lambda: LinearRegression(regParam=0.05, elasticNetParam=1.0, maxIter=20),
             lambda: RegressionEvaluator(metricName="rmse"),
             grid={"regParam": [0.05, 0.3]},
-            invalid=[("regParam", -0.1), ("elasticNetParam", 0.5), ("maxIter", 0), ("tol", 0.0),
+            invalid=[("regParam", -0.1), ("elasticNetParam", 1.5), ("maxIter", 0), ("tol", 0.0),
                      ("schedule", "random"), ("coordinatesPerRound", 0), ("correlationThreshold", 1.5),
                      ("numWorkers", -1), ("featuresCol", "nope"), ("labelCol", "nope"), ("weightCol", "nope")],
             output_param="predictionCol", key_col="id",
-            default_exceptions={"elasticNetParam": "pystrads fits the L1 penalty only (MLlib's default 0 is ridge)",
-}),
+            default_exceptions={"elasticNetParam": "a sparse (L1) model by default: MLlib's default 0 is ridge"}),
         EstimatorSpec(
             "StradsLogisticRegression", lambda: StradsLogisticRegression(regParam=0.02, maxIter=20, tol=1e-4, seed=1),
             lambda spark: _linear_data(spark, True),
             lambda: LogisticRegression(regParam=0.02, elasticNetParam=1.0, maxIter=20),
             lambda: BinaryClassificationEvaluator(),
             grid={"regParam": [0.02, 0.1]},
-            invalid=[("regParam", -0.1), ("elasticNetParam", 0.0), ("threshold", 1.5), ("family", "multinomial"),
+            invalid=[("regParam", -0.1), ("elasticNetParam", -0.5), ("threshold", 1.5), ("family", "multinomial"),
                      ("maxIter", 0), ("featuresCol", "nope"), ("labelCol", "nope")],
             output_param="predictionCol", key_col="id",
-            default_exceptions={"elasticNetParam": "pystrads fits the L1 penalty only (MLlib's default 0 is ridge)",
-}),
+            default_exceptions={"elasticNetParam": "a sparse (L1) model by default: MLlib's default 0 is ridge"}),
     ]
     return {s.name: s for s in specs}
 

@@ -14,8 +14,9 @@ def lasso_objective(x, y, beta, lam):
     return 0.5 * r @ r / len(y) + lam * np.abs(beta).sum()
 
 
-def reference_lasso(x, y, lam, sweeps=200000, tol=1e-14):
-    """Plain serial cyclic CD on the dense problem (independent of the kernels)."""
+def reference_lasso(x, y, lam, sweeps=200000, tol=1e-14, l2=0.0):
+    """Plain serial cyclic CD on the dense problem (independent of the kernels):
+    ``1/(2n) |y - x beta|^2 + lam |beta|_1 + l2/2 |beta|^2``."""
     n, J = x.shape
     beta, r = np.zeros(J), y.copy()
     norms = (x * x).sum(axis=0) / n
@@ -25,7 +26,7 @@ def reference_lasso(x, y, lam, sweeps=200000, tol=1e-14):
             if norms[j] == 0:
                 continue
             z = x[:, j] @ r / n + norms[j] * beta[j]
-            new = np.sign(z) * max(abs(z) - lam, 0.0) / norms[j]
+            new = np.sign(z) * max(abs(z) - lam, 0.0) / (norms[j] + l2)
             if new != beta[j]:
                 r -= x[:, j] * (new - beta[j])
                 biggest = max(biggest, abs(new - beta[j]))
@@ -88,8 +89,16 @@ def test_gram_entries_and_working_set_solver_match_dense_algebra():
     beta = np.zeros(5)
     grad = -sub.T @ y / n
     K.gram_lasso(indptr, np.tile(np.arange(5), 5).astype(np.int64), G.ravel(), np.diag(G).copy(), np.zeros(5),
-                 grad, beta, np.full(5, lam), 100000, 1e-14)
+                 grad, beta, np.full(5, lam), np.zeros(5), 100000, 1e-14)
     np.testing.assert_allclose(beta, reference_lasso(sub, y, lam), atol=1e-9)
+    # elastic net: the ridge part on the diagonal, curvature and gradient
+    lam, l2 = 0.001, 0.05
+    beta = np.zeros(5)
+    K.gram_lasso(indptr, np.tile(np.arange(5), 5).astype(np.int64), G.ravel(), np.diag(G) + l2, np.zeros(5),
+                 grad.copy(), beta, np.full(5, lam), np.full(5, l2), 100000, 1e-14)
+    ref = reference_lasso(sub, y, lam, l2=l2)
+    assert np.count_nonzero(ref) >= 2 and not np.allclose(ref, reference_lasso(sub, y, lam), atol=1e-3)
+    np.testing.assert_allclose(beta, ref, atol=1e-9)
 
 
 def test_soft_step_freezes_and_thresholds():

@@ -295,13 +295,14 @@ def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
     return keys, out
 
 
-@njit(cache=True)
-def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, max_passes, tol):
-    """Cyclic coordinate descent on the Lasso restricted to a working set, exact for
-    squared loss (glmnet's covariance updates), with the sparse Gram matrix
+@njit(cache=True, nogil=True)
+def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, l2, max_passes, tol):
+    """Cyclic coordinate descent on the Lasso (elastic net) restricted to a working set,
+    exact for squared loss (glmnet's covariance updates), with the sparse Gram matrix
     ``G`` (CSR) of the raw columns: the centred Gram is ``G - mean mean'``,
-    applied implicitly so G stays sparse.  ``grad`` is the gradient at the
-    starting ``beta``; ``curv`` the centred diagonal.  Updates ``beta`` in place;
+    applied implicitly so G stays sparse; the ridge part adds ``diag(l2)``.
+    ``grad`` is the gradient of the smooth part (L2 included) at the starting
+    ``beta``; ``curv`` the centred diagonal plus ``l2``.  Updates ``beta`` in place;
     stops when a pass moves no coefficient by more than ``tol`` (scaled by
     sqrt(curv)).  Returns the coordinate updates done."""
     m = beta.shape[0]
@@ -326,6 +327,7 @@ def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, max_passes, t
                 beta[k] = new
                 for p in range(indptr[k], indptr[k + 1]):
                     base[indices[p]] += data[p] * d
+                base[k] += l2[k] * d
                 t += mean[k] * d
                 s = abs(d) * np.sqrt(c)
                 if s > biggest:

@@ -40,7 +40,8 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
 
     elasticNetParam: Param[float] = Param(
         Params._dummy(), "elasticNetParam",
-        "the ElasticNet mixing parameter; pystrads fits the L1 (lasso) penalty only, so it must be 1.0",
+        "the ElasticNet mixing parameter alpha, in [0, 1]: the penalty is regParam * (alpha * L1 + (1 - alpha) / 2 "
+        "* L2), as in MLlib (1 is the lasso, 0 ridge)",
         typeConverter=TypeConverters.toFloat)
     schedule: Param[str] = Param(
         Params._dummy(), "schedule",
@@ -119,9 +120,8 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
 
         if not (self.getRegParam() >= 0 and math.isfinite(self.getRegParam())):
             bad("regParam", "must be a finite number >= 0")
-        if self.getElasticNetParam() != 1.0:
-            bad("elasticNetParam", "is not supported: pystrads fits the L1 penalty only; set elasticNetParam=1.0 "
-                                   "(or use pyspark.ml's own estimator for elastic net)")
+        if not 0.0 <= self.getElasticNetParam() <= 1.0:
+            bad("elasticNetParam", "must be in [0, 1] (1 is the lasso, 0 ridge)")
         if self.getMaxIter() < 1:
             bad("maxIter", "must be >= 1")
         if not (self.getTol() > 0 and math.isfinite(self.getTol())):
@@ -472,6 +472,7 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
     seed = int(estimator.getOrDefault(estimator.seed)) if estimator.isDefined(estimator.seed) else 0
     program = program_cls(
         num_features, estimator.getRegParam(), fit_intercept=estimator.getFitIntercept(),
+        elastic_net=estimator.getElasticNetParam(),
         standardization=estimator.getStandardization(), schedule=estimator.getSchedule(),
         priority=estimator.getPriority(), coords_per_round=estimator.getCoordinatesPerRound(),
         candidates_per_round=estimator.getCandidatesPerRound(), rho=estimator.getCorrelationThreshold(),

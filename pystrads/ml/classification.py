@@ -1,9 +1,10 @@
-"""``StradsLogisticRegression``: binary L1 logistic regression (the thesis's SchMP-SLR), shaped like
-``pyspark.ml.classification.LogisticRegression`` with ``elasticNetParam=1``.
+"""``StradsLogisticRegression``: binary L1 / elastic-net logistic regression (the thesis's SchMP-SLR),
+shaped like ``pyspark.ml.classification.LogisticRegression``.
 
-Objective (MLlib's)::
+Objective (MLlib's; ``alpha`` is ``elasticNetParam``, default 1.0 here, 0 in MLlib)::
 
-    1/W sum_i w_i (log(1 + exp(m_i)) - y_i m_i) + regParam * sum_j s_j |beta_j|,   m_i = b + x_i . beta
+    1/W sum_i w_i (log(1 + exp(m_i)) - y_i m_i)
+        + regParam * (alpha * sum_j s_j |beta_j| + (1 - alpha) / 2 * sum_j s_j^2 beta_j^2),   m_i = b + x_i . beta
 
 Same program as :class:`~pystrads.ml.StradsLasso` with the log-loss: only
 the loss terms and the Newton step differ (:class:`~pystrads.programs.lasso.L1LogisticProgram`).

@@ -1,13 +1,18 @@
-"""``StradsLasso``: L1-regularised linear regression, shaped like ``pyspark.ml.regression.LinearRegression``
-with ``elasticNetParam=1`` and fitted by STRADS's scheduled parallel coordinate descent.
+"""``StradsLasso``: L1 / elastic-net linear regression, shaped like ``pyspark.ml.regression.LinearRegression``
+and fitted by STRADS's scheduled parallel coordinate descent.
 
-Objective (exactly LinearRegression's for every ``fitIntercept`` / ``standardization``)::
+Objective (exactly LinearRegression's for every ``fitIntercept`` / ``standardization``
+and ``elasticNetParam`` alpha)::
 
-    1/(2 W) sum_i w_i (y_i - b - x_i . beta)^2 + regParam * sum_j s_j |beta_j|
+    1/(2 W) sum_i w_i (y_i - b - x_i . beta)^2
+        + regParam * (alpha * sum_j s_j |beta_j| + (1 - alpha) / (2 sigma_y) * sum_j s_j^2 beta_j^2)
 
 with ``W = sum w_i``, ``s_j`` the (weighted, unbiased) standard deviation of
-feature j with ``standardization=True`` and 1 without; features of zero
-variance keep coefficient 0, as in MLlib.  Sparse features stay sparse.
+feature j with ``standardization=True`` and 1 without, and ``sigma_y`` the
+label's (MLlib fits the standardised label with ``regParam / sigma_y``, which
+leaves this factor in the L2 part only); features of zero variance keep
+coefficient 0, as in MLlib.  Sparse features stay sparse.  The default
+``elasticNetParam`` is 1.0 (the lasso; MLlib's is 0, ridge).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from ._persistence import PersistentModel
 
 class StradsLasso(Estimator, _SparseLinearParams, _SparseLinearSetters, DefaultParamsReadable,
                   DefaultParamsWritable):
-    """Lasso regression by STRADS dynamic-schedule parallel coordinate descent.
+    """Lasso (or elastic-net) regression by STRADS dynamic-schedule parallel coordinate descent.
 
     Example
     -------

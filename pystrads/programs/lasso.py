@@ -1,15 +1,22 @@
-"""Sparse L1-regularised linear models by scheduled parallel coordinate descent (STRADS Lasso).
+"""Sparse L1 / elastic-net linear models by scheduled parallel coordinate descent (STRADS Lasso).
 
-Objective (MLlib's ``LinearRegression`` / ``LogisticRegression`` with
-``elasticNetParam=1``, in the original units of the features)::
+Objective (MLlib's ``LinearRegression`` / ``LogisticRegression``, in the
+original units of the features)::
 
-    F(b, beta) = 1/W sum_i w_i loss(y_i, b + x_i . beta) + sum_j pen_j |beta_j|
+    F(b, beta) = 1/W sum_i w_i loss(y_i, b + x_i . beta)
+                 + sum_j pen_j |beta_j| + 1/2 sum_j l2_j beta_j^2
 
 with ``W = sum_i w_i``, ``loss = (y - m)^2 / 2`` (:class:`LassoProgram`) or the
-log-loss (:class:`L1LogisticProgram`), and ``pen_j = regParam * std_j`` with
-``standardization`` (MLlib penalises the standardised coefficients) or
-``regParam`` without.  Features of zero variance keep ``beta_j = 0``, as in
-MLlib.
+log-loss (:class:`L1LogisticProgram`), ``pen_j = regParam * alpha * s_j`` and
+``l2_j = regParam * (1 - alpha) * s_j^2 / sigma_y`` (``alpha`` MLlib's
+``elasticNetParam``), where ``s_j`` is the feature's standard deviation with
+``standardization`` (MLlib penalises the standardised coefficients) and 1
+without, and ``sigma_y`` is the label's standard deviation for squared loss
+(MLlib fits a standardised label and scales ``regParam`` by ``1 / sigma_y``,
+which cancels in the L1 part only) and 1 for the log-loss.  The L2 part is
+smooth: it joins the loss in every coordinate step (gradient ``+ l2_j
+beta_j``, curvature ``+ l2_j``), so coordinate descent stays exact.
+Features of zero variance keep ``beta_j = 0``, as in MLlib.
 
 Layout on the runtime:
 
@@ -53,7 +60,8 @@ import numpy as np
 from ..engine.program import Program, Schedule, Table
 from ..kernels import cd as K
 
-BETA, DELTA, CURV, PEN, MEAN = range(5)
+BETA, DELTA, CURV, PEN, MEAN, L2 = range(6)
+COEF_WIDTH = 6
 SCHEDULES = ("dynamic", "shotgun", "roundrobin")
 PRIORITIES = ("gradient", "delta")
 
@@ -163,6 +171,8 @@ class LassoProgram(Program):
     num_features : int
     reg_param : float
         ``lambda`` (MLlib's ``regParam``).
+    elastic_net : float
+        ``alpha`` in [0, 1] (MLlib's ``elasticNetParam``): 1 is the Lasso, 0 ridge.
     fit_intercept, standardization : bool
         As MLlib (see the module docstring for the objective).
     schedule : {"dynamic", "shotgun", "roundrobin"}
@@ -191,7 +201,7 @@ class LassoProgram(Program):
     staleness = 0
     checkpoint_ignore = ("t_origin",)  # a perf_counter origin of this process
 
-    def __init__(self, num_features: int, reg_param: float, fit_intercept: bool = True,
+    def __init__(self, num_features: int, reg_param: float, fit_intercept: bool = True, elastic_net: float = 1.0,
                  standardization: bool = True, schedule: str = "dynamic", priority: str = "gradient",
                  coords_per_round: int = 256, candidates_per_round: int = 512, rho: float = 0.3,
                  eta: float = 1e-6, passes: float = 3.0, max_iter: int = 100, tol: float = 1e-6,
@@ -203,6 +213,9 @@ class LassoProgram(Program):
             raise ValueError(f"priority={priority!r} is not one of {PRIORITIES}")
         self.num_features = int(num_features)
         self.reg_param = float(reg_param)
+        if not 0.0 <= float(elastic_net) <= 1.0:
+            raise ValueError(f"elastic_net={elastic_net!r} is not in [0, 1]")
+        self.elastic_net = float(elastic_net)
         self.fit_intercept = bool(fit_intercept)
         self.standardization = bool(standardization)
         self.schedule_name = schedule
@@ -234,7 +247,7 @@ class LassoProgram(Program):
         return self.num_features
 
     def tables(self):
-        tables = [Table("coef", self.num_coords, 5, "float64", contrib_width=self.contrib_width),
+        tables = [Table("coef", self.num_coords, COEF_WIDTH, "float64", contrib_width=self.contrib_width),
                   Table("grad", self.num_coords, self.grad_width, "float64", contrib_width=self.grad_width),
                   Table("totals", 1, 6, "float64", single_shard=True)]
         if self.gram_limit:
@@ -254,7 +267,7 @@ class LassoProgram(Program):
         w, y = data["w"], data["y"]
         sum_x, sum_xx = np.zeros(self.num_features), np.zeros(self.num_features)
         K.column_sums(data["col_ptr"], data["row_idx"], data["vals"], w, sum_x, sum_xx)
-        coef = np.zeros((self.num_coords, 5))
+        coef = np.zeros((self.num_coords, COEF_WIDTH))
         coef[:self.num_features, CURV] = sum_xx
         coef[:self.num_features, MEAN] = sum_x
         ctx.table("coef").inc_range(0, coef)
@@ -323,13 +336,15 @@ class LassoProgram(Program):
         if table == "grad":
             return partials
         new = current.copy()
-        grad = self._coord_gradient(partials, current)
+        l2 = current[:, L2]
+        grad = self._coord_gradient(partials, current) + l2 * current[:, BETA]
         # ESO damping: a coefficient whose rows other coefficients of the round also touch
         # takes a proportionally shorter step, so the parallel round cannot overshoot
-        # (sum_j x_ij d_j)^2 <= omega_i sum_j x_ij^2 d_j^2
+        # (sum_j x_ij d_j)^2 <= omega_i sum_j x_ij^2 d_j^2 (the separable L2 part needs none)
         plain = partials[:, 3]
         factor = np.where(plain > 0, np.maximum(partials[:, 2] / np.where(plain > 0, plain, 1.0), 1.0), 1.0)
-        step = soft_step(current[:, BETA], grad, current[:, CURV] * factor, current[:, PEN])
+        curv = np.where(current[:, CURV] > 0, current[:, CURV] * factor + l2, 0.0)
+        step = soft_step(current[:, BETA], grad, curv, current[:, PEN])
         new[:, BETA] += step
         new[:, DELTA] = step
         return new
@@ -356,9 +371,12 @@ class LassoProgram(Program):
         var = np.maximum(sum_xx - W * mean * mean, 0.0) / denom if denom > 0 else np.zeros(J)
         std = np.sqrt(var)
         frozen = ~(std > 0)  # zero variance: MLlib keeps these coefficients at 0
-        pen = self.reg_param * (std if self.standardization else np.ones(J))
+        scale = std if self.standardization else np.ones(J)
+        pen = self.reg_param * self.elastic_net * scale
+        l2 = self.reg_param * (1.0 - self.elastic_net) * scale * scale / self._l2_label_scale()
         curv = self._curvature(sum_xx, mean, W)
         coef[:J, PEN] = np.where(frozen, -1.0, pen)
+        coef[:J, L2] = np.where(frozen, 0.0, l2)
         coef[:J, CURV] = np.where(frozen, 0.0, curv)
         coef[:J, MEAN] = mean if self.fit_intercept else 0.0
         coef[:, BETA] = 0.0
@@ -378,6 +396,16 @@ class LassoProgram(Program):
     def _extra_prepare(self, coef) -> None:
         pass
 
+    def _l2_label_scale(self) -> float:
+        """MLlib's ``sigma_y`` (weighted, unbiased; ``|mean y|`` for a constant label, 1 if
+        that is 0 too): it fits the standardised label with ``regParam / sigma_y``."""
+        d = self._d
+        W, W2, Sy, Syy = d["W"], d["W2"], d["Sy"], d["Syy"]
+        denom = W - W2 / W
+        var = max(Syy - Sy * Sy / W, 0.0) / denom if denom > 0 else 0.0
+        sd = float(np.sqrt(var)) if var > 0 else abs(Sy / W)
+        return sd if sd > 0 else 1.0
+
     def _curvature(self, sum_xx, mean, W):
         centred = sum_xx - (W * mean * mean if self.fit_intercept else 0.0)
         return np.maximum(centred, 0.0) / W
@@ -392,11 +420,12 @@ class LassoProgram(Program):
         return 0.5 * sq / d["W"]
 
     def _driver_gradient(self, grad_rows, coef, sums) -> np.ndarray:
-        """Full gradient of the smooth part from the sweep's summed partials (divided by W)."""
-        return -(grad_rows[:, 0] - coef[:, MEAN] * sums["wr"] / self._d["W"])
+        """Full gradient of the smooth part (loss and L2) from the sweep's summed partials
+        (divided by W)."""
+        return -(grad_rows[:, 0] - coef[:, MEAN] * sums["wr"] / self._d["W"]) + coef[:, L2] * coef[:, BETA]
 
     def _driver_curvature(self, grad_rows, coef, sums) -> np.ndarray:
-        return coef[:, CURV]
+        return np.where(coef[:, CURV] > 0, coef[:, CURV] + coef[:, L2], 0.0)
 
     def _coefficient_stats(self, ctx, metrics) -> float:
         """After a step's sweep: objective, proposed steps, stopping figures."""
@@ -415,22 +444,28 @@ class LassoProgram(Program):
 
     def _penalty(self, coef) -> float:
         J = self.num_features
-        return float(np.maximum(coef[:J, PEN], 0.0) @ np.abs(coef[:J, BETA]))
+        beta = coef[:J, BETA]
+        return float(np.maximum(coef[:J, PEN], 0.0) @ np.abs(beta) + 0.5 * (coef[:J, L2] @ (beta * beta)))
 
     def duality_gap(self, coef, grad, sums) -> float:
-        """Lasso duality gap at the current coefficients (``inf`` when undefined)."""
+        """Lasso (elastic-net) duality gap at the current coefficients (``inf`` when
+        undefined).  ``grad``: gradient of the smooth part, L2 included.  The elastic
+        net is the Lasso on the data augmented by the rows ``sqrt(W l2_j) e_j`` with
+        label 0 (their residuals ``-sqrt(W l2_j) beta_j``), so the Lasso's gap applies."""
         J = self.num_features
         pen = coef[:J, PEN]
         live = pen > 0
         if not np.any(live) or np.any((pen == 0)):
             return np.inf
         W = self._d["W"]
+        beta = coef[:J, BETA]
+        ridge = W * float(coef[:J, L2] @ (beta * beta))
         # in the "times W" scale: P = 1/2 r'Wr + sum W pen |beta|; |x~_j' W r| = W |grad_j|
         rr = sums["wrr"] - (sums["wr"] ** 2 / W if self.fit_intercept else 0.0)
         dual_norm = float(np.max(np.abs(grad[:J][live]) / pen[live]))
         scale = min(1.0, 1.0 / dual_norm) if dual_norm > 0 else 1.0
-        beta = coef[:J, BETA]
-        ry = rr - W * float(beta @ grad[:J])  # r'W y~ = r'W r + beta' X~'W r
+        ry = rr - W * float(beta @ grad[:J]) + ridge  # r'W y~ = r'W r + beta' X~'W r (loss part of grad)
+        rr += ridge
         gap = 0.5 * rr * (1 + scale * scale) + W * float(np.maximum(pen, 0) @ np.abs(beta)) - scale * ry
         return max(gap, 0.0) / W
 
@@ -525,8 +560,10 @@ class LassoProgram(Program):
         if np.isfinite(gap) and gap > 1e3 * self.tol * max(abs(objective), 1e-300):
             tol = max(tol, 1e-3 * np.sqrt(gap / len(gs)))
         indptr, cols, vals = d["gram"]
-        d["updates"] += int(K.gram_lasso(indptr, cols, vals, coef[gs, CURV].copy(), coef[gs, MEAN].copy(), grad,
-                                         beta, coef[gs, PEN].copy(), 100000, tol))
+        l2 = coef[gs, L2].copy()
+        curv = np.where(coef[gs, CURV] > 0, coef[gs, CURV] + l2, 0.0)
+        d["updates"] += int(K.gram_lasso(indptr, cols, vals, curv, coef[gs, MEAN].copy(), grad, beta,
+                                         coef[gs, PEN].copy(), l2, 100000, tol))
         rows = coef[gs].copy()
         rows[:, DELTA] = beta - rows[:, BETA]
         rows[:, BETA] = beta
@@ -714,11 +751,12 @@ class L1LogisticProgram(LassoProgram):
             return partials
         new = current.copy()
         mu = current[:, MEAN]
-        grad = partials[:, 0] - mu * partials[:, 1]
+        l2 = current[:, L2]
+        grad = partials[:, 0] - mu * partials[:, 1] + l2 * current[:, BETA]
         curv = partials[:, 2] - 2 * mu * partials[:, 3] + mu * mu * partials[:, 4]
         plain = partials[:, 2]
         factor = np.where(plain > 0, np.maximum(partials[:, 5] / np.where(plain > 0, plain, 1.0), 1.0), 1.0)
-        curv = np.where(current[:, PEN] >= 0, np.maximum(curv, 1e-12) * factor, 0.0)
+        curv = np.where(current[:, PEN] >= 0, np.maximum(curv, 1e-12) * factor + l2, 0.0)
         step = soft_step(current[:, BETA], grad, curv, current[:, PEN])
         new[:, BETA] += step
         new[:, DELTA] = step
@@ -733,6 +771,9 @@ class L1LogisticProgram(LassoProgram):
     def _curvature(self, sum_xx, mean, W):
         return 0.25 * super()._curvature(sum_xx, mean, W)  # a bound; partial sums bring the real one
 
+    def _l2_label_scale(self) -> float:
+        return 1.0  # MLlib's LogisticRegression scales nothing by the label
+
     def _objective0(self) -> float:
         return float(np.log(2.0))
 
@@ -741,13 +782,13 @@ class L1LogisticProgram(LassoProgram):
         return {"su": 0.5 * d["W"] - d["Sy"], "sh": 0.25 * d["W"]}
 
     def _driver_gradient(self, grad_rows, coef, sums):
-        return grad_rows[:, 0] - coef[:, MEAN] * sums["su"] / self._d["W"]
+        return grad_rows[:, 0] - coef[:, MEAN] * sums["su"] / self._d["W"] + coef[:, L2] * coef[:, BETA]
 
     def _driver_curvature(self, grad_rows, coef, sums):
         live = (coef[:, PEN] >= 0) & (coef[:, CURV] > 0)
         mu = coef[:, MEAN]
         curv = grad_rows[:, 1] - 2 * mu * grad_rows[:, 2] + mu * mu * sums["sh"] / self._d["W"]
-        return np.where(live, np.maximum(curv, 1e-12), 0.0)
+        return np.where(live, np.maximum(curv, 1e-12) + coef[:, L2], 0.0)
 
     def _objective(self, coef, sums):
         return sums["loss"] / self._d["W"] + self._penalty(coef)
