@@ -42,6 +42,11 @@ The checks (``CHECKS``):
 ``output_schema``
     the columns ``transform`` adds have the names and types of the MLlib
     counterpart's.
+``model_setters``
+    the fitted model has every ``set<Param>`` the MLlib counterpart's model
+    has, each returning the model; setting the output column renames it, and
+    setting an input column (the data's column renamed) transforms the same
+    rows identically -- what a loaded model pointed at other data needs.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 CHECKS = ("params", "invalid_params", "copy", "fit_param_maps", "pipeline_persistence", "tuning",
-          "output_schema")
+          "output_schema", "model_setters")
 
 
 @dataclasses.dataclass
@@ -319,6 +324,45 @@ class Conformance:
         mllib = [(f.name, f.dataType.simpleString()) for f in theirs.schema.fields if f.name not in base]
         assert sorted(mine) == sorted(mllib), f"transform adds {mine}; MLlib's adds {mllib}"
         return ", ".join(f"{n}: {t}" for n, t in mine)
+
+    def check_model_setters(self) -> str:
+        import importlib
+
+        if self.spec.make_counterpart is None:
+            return "no MLlib counterpart"
+        counterpart = type(self.spec.make_counterpart())
+        module = importlib.import_module(counterpart.__module__)
+        mllib_model = getattr(module, counterpart.__name__ + "Model")
+        wanted = sorted(n for n in dir(mllib_model) if n.startswith("set") and n not in ("set", "setParams")
+                        and callable(getattr(mllib_model, n)))
+        model = self.model.copy()
+        missing = [n for n in wanted if not callable(getattr(model, n, None))]
+        assert not missing, f"{type(model).__name__} lacks {missing} (MLlib's {mllib_model.__name__} has them)"
+        for name in wanted:
+            param = name[3].lower() + name[4:]
+            if model.hasParam(param) and model.isDefined(param):
+                assert getattr(model, name)(model.getOrDefault(param)) is model, f"{name}() must return the model"
+        before = self._rows(self.model)
+        out = self.spec.output_param
+        renamed = self.model.copy()
+        getattr(renamed, "set" + out[0].upper() + out[1:])("renamed_output")
+        cols = renamed.transform(self.df).columns
+        assert "renamed_output" in cols and self.model.getOrDefault(out) not in cols, \
+            f"set{out[0].upper() + out[1:]}('renamed_output') gave output columns {cols}"
+        inputs = [n[3].lower() + n[4:] for n in wanted if n.endswith("Col")
+                  and self.model.hasParam(n[3].lower() + n[4:])
+                  and self.model.getOrDefault(n[3].lower() + n[4:]) in self.df.columns
+                  and self.model.getOrDefault(n[3].lower() + n[4:]) != self.spec.key_col]
+        for param in inputs:
+            col = self.model.getOrDefault(param)
+            moved = self.model.copy()
+            getattr(moved, "set" + param[0].upper() + param[1:])(col + "_moved")
+            df = self.df.withColumnRenamed(col, col + "_moved")
+            out_df = moved.transform(df)
+            added = [c for c in out_df.columns if c not in df.columns]
+            rows = sorted(out_df.select(self.spec.key_col, *added).collect(), key=lambda r: r[0])
+            _same_output(before, rows, f"the model reading {param}={col + '_moved'!r}")
+        return f"{len(wanted)} setters; inputs moved: {inputs}"
 
     def _rows(self, model):
         out = model.transform(self.df)

@@ -28,19 +28,25 @@ def test_conformance(spark, estimator, check):
 
 def test_a_broken_estimator_fails_the_checks(spark):
     """The suite can fail: an estimator whose setters are missing, whose bad params train
-    anyway and whose outputs differ from MLlib's is caught by the params, invalid_params
-    and output_schema checks."""
+    anyway, whose outputs differ from MLlib's and whose model ignores a setter is caught by the
+    params, invalid_params, output_schema and model_setters checks."""
     import dataclasses
 
     from pyspark.ml.regression import LinearRegression
 
-    from pystrads.ml import StradsLasso
+    from pystrads.ml import StradsLasso, StradsLassoModel
+
+    class SloppyModel(StradsLassoModel):
+        def setFeaturesCol(self, value):  # a setter that does nothing
+            return self
 
     class Sloppy(StradsLasso):
         setTol = None  # no setter
 
         def _fit(self, dataset):  # no validation: trains whatever it is given
-            return super()._fit(dataset)
+            model = super()._fit(dataset)
+            model.__class__ = SloppyModel
+            return model
 
         def _check_params(self):
             pass
@@ -50,9 +56,11 @@ def test_a_broken_estimator_fails_the_checks(spark):
         invalid=[("regParam", -0.1)],
         make_counterpart=lambda: LinearRegression(regParam=0.05, maxIter=5, predictionCol="other"),
         default_exceptions={"maxIter": "stale"})
-    report = Conformance(spec, spark).run(["params", "invalid_params", "output_schema"])
+    report = Conformance(spec, spark).run(["params", "invalid_params", "output_schema", "model_setters"])
     failed = {r.check: r.detail for r in report.failures}
-    assert set(failed) == {"params", "invalid_params", "output_schema"}, str(report)
+    assert set(failed) == {"params", "invalid_params", "output_schema", "model_setters"}, str(report)
+    assert "features_moved" in failed["model_setters"] or "featuresCol" in failed["model_setters"], \
+        failed["model_setters"]
     assert "tol: no setter setTol" in failed["params"] and "maxIter: listed as a default exception" in failed["params"]
     assert failed["invalid_params"].startswith("regParam=-0.1")
     assert "other" in failed["output_schema"]

@@ -209,6 +209,21 @@ def test_logistic_output_columns_match_mllib(problem):
 
     theirs = BinaryClassificationEvaluator(labelCol="clicked").evaluate(b)
     assert ours.evaluate(df)["areaUnderROC"] == pytest.approx(theirs, abs=0.01)
+    # per-class thresholds set on the fitted models: MLlib's rule (largest p_i / t_i)
+    base = a.select("prediction").toPandas()["prediction"].to_numpy()
+    ours.setThresholds([0.2, 0.8])
+    ref.setThresholds([0.2, 0.8])
+    assert ours.getThreshold() == pytest.approx(ref.getThreshold()) == pytest.approx(0.8)
+    moved = ours.transform(df).select("probability", "prediction").toPandas()
+    p1 = np.array([v[1] for v in moved["probability"]])
+    np.testing.assert_array_equal(moved["prediction"].to_numpy(), (p1 / 0.8 > (1 - p1) / 0.2).astype(float))
+    assert moved["prediction"].sum() < base.sum()  # a stricter cut for class 1
+    agree = np.mean(moved["prediction"].to_numpy() == ref.transform(df).toPandas()["prediction"].to_numpy())
+    assert agree > 0.97
+    ours.setThreshold(0.5)
+    assert not ours.isSet(ours.thresholds) and ours.getThreshold() == 0.5
+    with pytest.raises(ConfigurationError, match="thresholds"):
+        ours.copy().setThresholds([0.0, 0.0]).transform(df)
     with tempfile.TemporaryDirectory() as d:
         ours.write().save(os.path.join(d, "m"))
         back = StradsLogisticRegressionModel.load(os.path.join(d, "m"))

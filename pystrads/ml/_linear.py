@@ -616,7 +616,14 @@ class LinearTrainingSummary:
 
 
 class SparseLinearModelMixin:
-    """Coefficients, intercept, persistence; subclasses define ``transform``."""
+    """Coefficients, intercept, persistence, the column setters; subclasses define ``transform``."""
+
+    def setFeaturesCol(self, value: str):
+        """Read the features from another column (e.g. a loaded model on new data)."""
+        return self._set(featuresCol=value)
+
+    def setPredictionCol(self, value: str):
+        return self._set(predictionCol=value)
 
     def _init_coefficients(self, coefficients=None, intercept: float = 0.0):
         self._coef = None if coefficients is None else np.asarray(coefficients, dtype=np.float64)

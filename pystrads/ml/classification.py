@@ -13,13 +13,13 @@ the loss terms and the Newton step differ (:class:`~pystrads.programs.lasso.L1Lo
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import List, Optional
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.linalg import Vectors, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold
+from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -30,7 +30,7 @@ from ._linear import SparseLinearModelMixin, _SparseLinearParams, _SparseLinearS
 from ._persistence import PersistentModel
 
 
-class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCol, HasThreshold):
+class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds):
     family: Param[str] = Param(Params._dummy(), "family", "label distribution: 'auto' or 'binomial' (binary only)",
                                typeConverter=TypeConverters.toString)
 
@@ -42,24 +42,65 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
     def getFamily(self) -> str:
         return self.getOrDefault(self.family)
 
+    def getThreshold(self) -> float:
+        """The probability cut for class 1; from ``thresholds`` when those are set (MLlib's rule:
+        predict the class of the largest ``p_i / t_i``, i.e. 1 when ``p > 1 / (1 + t0 / t1)``)."""
+        ts = self._set_thresholds()
+        if ts is not None and len(ts) == 2:
+            t0, t1 = ts
+            return 0.0 if t1 == 0 else (1.0 if t0 == 0 else 1.0 / (1.0 + t0 / t1))
+        return self.getOrDefault(self.threshold)
+
+    def _set_thresholds(self):
+        return list(self.getOrDefault(self.thresholds)) if self.isSet(self.thresholds) and \
+            self.getOrDefault(self.thresholds) is not None else None
+
+    def setThreshold(self, value: float):
+        """Set the cut for class 1 (and clear ``thresholds``, as MLlib does)."""
+        self._set(threshold=value)
+        self.clear(self.thresholds)
+        return self
+
+    def setThresholds(self, value):
+        """Set per-class thresholds ``[t0, t1]`` (and clear ``threshold``, as MLlib does)."""
+        self._set(thresholds=value)
+        self.clear(self.threshold)
+        return self
+
+    def setProbabilityCol(self, value: str):
+        return self._set(probabilityCol=value)
+
+    def setRawPredictionCol(self, value: str):
+        return self._set(rawPredictionCol=value)
+
     def _check_params(self) -> None:
         super()._check_params()
         if self.getOrDefault(self.family) not in ("auto", "binomial"):
             raise ConfigurationError(f"family={self.getOrDefault(self.family)!r}: StradsLogisticRegression is "
                                      f"binary; use 'auto' or 'binomial'")
-        if not 0 <= self.getThreshold() <= 1:
+        ts = self._set_thresholds()
+        if ts is not None:
+            if len(ts) != 2 or not all(math.isfinite(t) and t >= 0 for t in ts) or ts.count(0.0) > 1:
+                raise ConfigurationError(f"thresholds={ts!r} must be two finite values >= 0, at most one of them 0 "
+                                         "(the model is binary)")
+            if self.isSet(self.threshold) and abs(self.getThreshold() - self.getOrDefault(self.threshold)) > 1e-5:
+                raise ConfigurationError(f"threshold={self.getOrDefault(self.threshold)!r} and thresholds={ts!r} "
+                                         f"disagree (thresholds mean threshold={self.getThreshold()!r}); set one")
+        elif not 0 <= self.getThreshold() <= 1:
             raise ConfigurationError(f"threshold={self.getThreshold()!r} must be in [0, 1]")
 
 
 class StradsLogisticRegression(Estimator, _LogisticParams, _SparseLinearSetters, DefaultParamsReadable,
                                DefaultParamsWritable):
-    """Binary logistic regression with an L1 penalty by STRADS scheduled coordinate descent (labels 0 / 1)."""
+    """Binary logistic regression with an L1 (or elastic-net) penalty by STRADS scheduled coordinate descent
+    (labels 0 / 1)."""
 
     @keyword_only
     def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
                  probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
                  regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
-                 standardization: bool = True, threshold: float = 0.5, weightCol: Optional[str] = None,
+                 standardization: bool = True, threshold: float = 0.5, thresholds: Optional[List[float]] = None,
+                 weightCol: Optional[str] = None,
                  family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
                  priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
                  correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
@@ -71,24 +112,16 @@ class StradsLogisticRegression(Estimator, _LogisticParams, _SparseLinearSetters,
     def setParams(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
                   probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
                   regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
-                  standardization: bool = True, threshold: float = 0.5, weightCol: Optional[str] = None,
+                  standardization: bool = True, threshold: float = 0.5, thresholds: Optional[List[float]] = None,
+                  weightCol: Optional[str] = None,
                   family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
                   priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
                   correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
                   numWorkers: int = 0) -> "StradsLogisticRegression":
         return self._set(**self._input_kwargs)
 
-    def setThreshold(self, value: float) -> "StradsLogisticRegression":
-        return self._set(threshold=value)
-
     def setFamily(self, value: str) -> "StradsLogisticRegression":
         return self._set(family=value)
-
-    def setProbabilityCol(self, value: str) -> "StradsLogisticRegression":
-        return self._set(probabilityCol=value)
-
-    def setRawPredictionCol(self, value: str) -> "StradsLogisticRegression":
-        return self._set(rawPredictionCol=value)
 
     def _fit(self, dataset) -> "StradsLogisticRegressionModel":
         coefficients, intercept, summary = fit_linear(self, dataset, L1LogisticProgram, binary_labels=True)
@@ -119,6 +152,7 @@ class StradsLogisticRegressionModel(Model, _LogisticParams, SparseLinearModelMix
 
     def _transform(self, dataset):
         self._check_features(dataset)
+        self._check_params()  # a threshold set on the model
         margin = F.udf(self._margin_udf(), T.DoubleType())
         threshold = self.getThreshold()
         m = "__pystrads_margin"

@@ -459,6 +459,17 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
         self._beta_value = float(beta)
         self._summary: Optional[StradsLDASummary] = None
 
+    # -- setters (as MLlib's LDAModel): point a fitted or loaded model at other columns
+    def setFeaturesCol(self, value: str) -> "StradsLDAModel":
+        return self._set(featuresCol=value)
+
+    def setTopicDistributionCol(self, value: str) -> "StradsLDAModel":
+        return self._set(topicDistributionCol=value)
+
+    def setSeed(self, value: int) -> "StradsLDAModel":
+        """Seed of the fold-in sampler that ``transform`` runs."""
+        return self._set(seed=value)
+
     # -- MLlib LDAModel API
     def vocabSize(self) -> int:
         return int(self._word_topic.shape[0])

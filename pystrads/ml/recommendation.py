@@ -53,10 +53,17 @@ class _StradsMFModelParams(HasPredictionCol):
         "strategy for dealing with unknown or new users/items at prediction time: 'nan' (predict NaN) or "
         "'drop' (drop those rows, e.g. for cross-validation). Supported values: 'nan', 'drop'.",
         typeConverter=TypeConverters.toString)
+    blockSize: Param[int] = Param(
+        Params._dummy(), "blockSize", "block size for stacking input data in matrices: recommendForAll* scores "
+        "this many users (items) per block against all items (users); > 0.", typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(userCol="user", itemCol="item", coldStartStrategy="nan", predictionCol="prediction")
+        self._setDefault(userCol="user", itemCol="item", coldStartStrategy="nan", predictionCol="prediction",
+                         blockSize=4096)
+
+    def getBlockSize(self) -> int:
+        return self.getOrDefault(self.blockSize)
 
     def getUserCol(self) -> str:
         return self.getOrDefault(self.userCol)
@@ -70,6 +77,24 @@ class _StradsMFModelParams(HasPredictionCol):
     def _check_cold_start(self) -> None:
         if self.getColdStartStrategy() not in ("nan", "drop"):
             raise ConfigurationError(f"coldStartStrategy={self.getColdStartStrategy()!r} is not one of 'nan', 'drop'")
+        if self.getBlockSize() < 1:
+            raise ConfigurationError(f"blockSize={self.getBlockSize()!r} must be >= 1")
+
+    # setters of the params a fitted model uses too (as pyspark's ALSModel has them)
+    def setUserCol(self, value: str):
+        return self._set(userCol=value)
+
+    def setItemCol(self, value: str):
+        return self._set(itemCol=value)
+
+    def setPredictionCol(self, value: str):
+        return self._set(predictionCol=value)
+
+    def setColdStartStrategy(self, value: str):
+        return self._set(coldStartStrategy=value)
+
+    def setBlockSize(self, value: int):
+        return self._set(blockSize=value)
 
     def _check_id_columns(self, dataset, need_rating: bool) -> None:
         cols = [("userCol", self.getUserCol()), ("itemCol", self.getItemCol())]
@@ -201,7 +226,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                  ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                  coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
                  innerIterations: int = 0, featureBlockSize: int = 0, algorithm: str = "cd",
-                 stepSize: float = 0.05):
+                 stepSize: float = 0.05, blockSize: int = 4096):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
@@ -211,7 +236,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                   ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                   coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
                   innerIterations: int = 0, featureBlockSize: int = 0, algorithm: str = "cd",
-                  stepSize: float = 0.05) -> "StradsMF":
+                  stepSize: float = 0.05, blockSize: int = 4096) -> "StradsMF":
         return self._set(**self._input_kwargs)
 
     def setRank(self, value: int) -> "StradsMF":
@@ -223,20 +248,12 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
     def setRegParam(self, value: float) -> "StradsMF":
         return self._set(regParam=value)
 
-    def setUserCol(self, value: str) -> "StradsMF":
-        return self._set(userCol=value)
 
-    def setItemCol(self, value: str) -> "StradsMF":
-        return self._set(itemCol=value)
 
     def setRatingCol(self, value: str) -> "StradsMF":
         return self._set(ratingCol=value)
 
-    def setPredictionCol(self, value: str) -> "StradsMF":
-        return self._set(predictionCol=value)
 
-    def setColdStartStrategy(self, value: str) -> "StradsMF":
-        return self._set(coldStartStrategy=value)
 
     def setNonnegative(self, value: bool) -> "StradsMF":
         return self._set(nonnegative=value)
@@ -527,7 +544,9 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
             rows_idx = np.arange(len(src_ids))
         factors = (src_ids, src.astype(np.float32), dst_ids, dst.astype(np.float32))
         n = min(num, len(dst_ids))
-        blocks = [rows_idx[i:i + 4096] for i in range(0, len(rows_idx), 4096)]
+        self._check_cold_start()
+        size = self.getBlockSize()
+        blocks = [rows_idx[i:i + size] for i in range(0, len(rows_idx), size)]
 
         def top(block):
             s_ids, s, d_ids, d = factors
@@ -544,7 +563,7 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
             T.StructField("recommendations", T.ArrayType(T.StructType([
                 T.StructField(dst_col, T.IntegerType(), True), T.StructField("rating", T.FloatType(), True)]),
                 True), True)])
-        # one row per block of 4096 source rows, spread over partitions; each partition scores
+        # one row per block of blockSize source rows, spread over partitions; each partition scores
         # its blocks against all destinations (the factors travel with the function)
         parts = max(1, min(len(blocks), int(spark.conf.get("spark.sql.shuffle.partitions", "4") or 4)))
         starts = spark.range(0, len(blocks), 1, parts)
