@@ -5,6 +5,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from pyspark.sql import functions as F
 from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.feature import CountVectorizer, RegexTokenizer, StopWordsRemover
 from pyspark.ml.linalg import Vectors, VectorUDT
@@ -91,6 +92,30 @@ def test_transform_adds_topic_distribution_and_empty_docs_get_zeros(fitted, text
     leaning = {i: int(np.argmax(theta)) for i, theta in rows.items() if i != empty}
     assert {leaning[i] for i in leaning if i % 2 == 0} != {leaning[i] for i in leaning if i % 2 == 1}
     assert len({leaning[i] for i in leaning if i % 2 == 0}) == 1
+
+
+def test_transform_of_a_document_does_not_depend_on_the_partitioning(spark):
+    """Each document's fold-in draws from its own stream (seed and content): the same rows
+    partitioned and ordered otherwise get identical topic distributions; another seed differs.
+    (Overlapping topics, so that the fold-in really is random.)"""
+    rng = np.random.default_rng(3)
+    model = StradsLDAModel(rng.integers(1, 20, size=(30, 4)), 0.5, 0.1).setSeed(7)
+    docs = []
+    for i in range(60):
+        idx, cnt = np.unique(rng.integers(0, 30, size=20), return_counts=True)
+        docs.append((i, Vectors.sparse(30, idx.tolist(), cnt.astype(float).tolist())))
+    vectors = spark.createDataFrame(docs, ["id", "features"]).cache()
+
+    def theta(df, m=model):
+        return {r.id: r.topicDistribution.toArray() for r in m.transform(df).select("id", "topicDistribution").collect()}
+
+    base = theta(vectors.coalesce(1))
+    other = theta(vectors.repartition(3, "id").sortWithinPartitions(F.desc("id")))
+    assert base.keys() == other.keys() and len(base) == len(docs)
+    for i in base:
+        np.testing.assert_array_equal(base[i], other[i])
+    reseeded = theta(vectors, model.copy().setSeed(12345))
+    assert sum(not np.array_equal(base[i], reseeded[i]) for i in base) >= len(base) // 2
 
 
 def test_log_perplexity_is_better_than_uniform(fitted, text_df):

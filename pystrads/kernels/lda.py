@@ -84,7 +84,7 @@ MH_CYCLES = 2
 # --------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def random_topics(n_tokens, n_topics, rng_state):
     """Draw an initial topic for each token uniformly at random.
 
@@ -104,7 +104,7 @@ def random_topics(n_tokens, n_topics, rng_state):
     return token_topic
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def count_word_topic(token_word, token_topic, word_lo, word_hi, n_topics):
     """Count word-topic assignments for the words in ``[word_lo, word_hi)``.
 
@@ -123,7 +123,7 @@ def count_word_topic(token_word, token_topic, word_lo, word_hi, n_topics):
     return word_topic
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def count_doc_topic(token_doc, token_topic, n_docs, n_topics):
     """Count document-topic assignments.
 
@@ -137,7 +137,7 @@ def count_doc_topic(token_doc, token_topic, n_docs, n_topics):
     return doc_topic
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def count_topic_totals(token_topic, n_topics):
     """Count tokens per topic.
 
@@ -151,7 +151,7 @@ def count_topic_totals(token_topic, n_topics):
     return topic_totals
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def build_doc_tokens(token_doc, n_docs):
     """Index each document's tokens (CSR); immutable for a fixed token order.
 
@@ -183,7 +183,7 @@ def build_doc_tokens(token_doc, n_docs):
     return doc_ptr, doc_tokens
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def build_doc_nonzero(doc_topic, doc_ptr):
     """Build each document's list of non-zero topics from ``doc_topic``.
 
@@ -213,7 +213,7 @@ def build_doc_nonzero(doc_topic, doc_ptr):
     return doc_nz_topics, doc_nz_count
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _doc_decrement(doc_topic, d, t, doc_ptr, doc_nz_topics, doc_nz_count):
     count = doc_topic[d, t] - 1
     doc_topic[d, t] = count
@@ -227,7 +227,7 @@ def _doc_decrement(doc_topic, d, t, doc_ptr, doc_nz_topics, doc_nz_count):
         doc_nz_count[d] -= 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _doc_increment(doc_topic, d, t, doc_ptr, doc_nz_topics, doc_nz_count):
     count = doc_topic[d, t]
     doc_topic[d, t] = count + 1
@@ -241,7 +241,7 @@ def _doc_increment(doc_topic, d, t, doc_ptr, doc_nz_topics, doc_nz_count):
 # --------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tree_leaf_offset(n_topics):
     offset = 1
     while offset < n_topics:
@@ -249,14 +249,14 @@ def _tree_leaf_offset(n_topics):
     return offset
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tree_rebuild(tree, offset):
     # Leaves live at tree[offset + t]; padding leaves are zero.
     for node in range(offset - 1, 0, -1):
         tree[node] = tree[2 * node] + tree[2 * node + 1]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tree_set(tree, offset, t, value):
     # Recompute ancestors from their children (no accumulated rounding drift).
     node = offset + t
@@ -267,7 +267,7 @@ def _tree_set(tree, offset, t, value):
         node >>= 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tree_sample(tree, offset, n_topics, u):
     # Leaf t with prefix(t) <= u < prefix(t) + leaf(t), for u in [0, tree[1]).
     node = 1
@@ -284,7 +284,7 @@ def _tree_sample(tree, offset, n_topics, u):
     return t
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tree_depth(offset):
     depth = 0
     while (1 << depth) < offset:
@@ -292,7 +292,7 @@ def _tree_depth(offset):
     return depth
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, t):
     # Swap-remove topic t from the current word's non-zero list.
     pos = word_nz_pos[t]
@@ -303,14 +303,14 @@ def _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, t):
     return word_nz_count - 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, t):
     word_nz_topics[word_nz_count] = t
     word_nz_pos[t] = word_nz_count
     return word_nz_count + 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _word_nz_scan(row, word_nz_topics, word_nz_pos, word_nz_count):
     # Replace the current word's non-zero list by that of `row`; returns its size.
     for j in range(word_nz_count):
@@ -324,7 +324,7 @@ def _word_nz_scan(row, word_nz_topics, word_nz_pos, word_nz_count):
     return count
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tree_switch_word(tree, offset, depth, row, beta, inv_denom,
                       word_nz_topics, word_nz_pos, word_nz_count):
     # The tree holds q_t = (n_wt + β) / (n_t + Vβ) for the current word.
@@ -356,7 +356,7 @@ def _tree_switch_word(tree, offset, depth, row, beta, inv_denom,
 # --------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sample_block_dense(
     token_word,
     token_doc,
@@ -414,7 +414,7 @@ def sample_block_dense(
     return n_changed
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sample_block_sparse(
     token_word,
     token_doc,
@@ -560,7 +560,7 @@ def sample_block_sparse(
     return n_changed
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sample_block_fplus(
     token_word,
     token_doc,
@@ -660,7 +660,7 @@ def sample_block_fplus(
     return n_changed
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sample_block_mh(
     token_word,
     token_doc,
@@ -947,7 +947,7 @@ def choose_sampler(n_topics, mean_doc_len):
 # --------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def doc_log_likelihood(doc_topic, doc_lengths, alpha):
     """Document part of log p(w, z): log p(z | α) for a worker's documents.
 
@@ -979,7 +979,7 @@ def doc_log_likelihood(doc_topic, doc_lengths, alpha):
     return ll
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def word_log_likelihood_rows(word_topic_rows, beta):
     """Word-row part of log p(w | z, β) for some rows of the word-topic table.
 
@@ -1006,7 +1006,7 @@ def word_log_likelihood_rows(word_topic_rows, beta):
     return ll
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def topic_totals_log_likelihood(topic_totals, beta, vocab_size):
     """Topic-total part of log p(w | z, β); count it once per model.
 
@@ -1064,18 +1064,21 @@ def joint_log_likelihood(
 # --------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fold_in_run(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, n_burn,
-                 rng_state, doc_topic, doc_topic_sum):
+                 rng_states, doc_topic, doc_topic_sum):
     # Gibbs with fixed φ: p(z = t) ∝ (n_dt¬ + α) φ[w, t].  The first pass
     # adds tokens one by one (sequential initialisation); counts of the
     # passes after the first n_burn ones are accumulated in doc_topic_sum.
+    # rng_states: one row shared by all documents, or one row per document.
     n_docs = doc_ptr.shape[0] - 1
+    per_doc = rng_states.shape[0] > 1
     n_topics = topic_word_prob.shape[1]
     token_topic = np.empty(doc_words.shape[0], dtype=np.int32)
     cumulative = np.empty(n_topics, dtype=np.float64)
     for it in range(n_iter):
         for d in range(n_docs):
+            rng_state = rng_states[d] if per_doc else rng_states[0]
             for i in range(doc_ptr[d], doc_ptr[d + 1]):
                 w = doc_words[i]
                 if it > 0:
@@ -1096,7 +1099,22 @@ def _fold_in_run(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, n_burn,
                     doc_topic_sum[d, t] += doc_topic[d, t]
 
 
-@njit(cache=True)
+def _as_states(rng_state):
+    """A 1-D state as a one-row (shared) table of states; a 2-D table (one row per document) as is."""
+    rng_state = np.asarray(rng_state)
+    return rng_state if rng_state.ndim == 2 else rng_state.reshape(1, -1)
+
+
+def doc_states(seed, streams):
+    """One generator state per document, from ``seed`` and a stream per document (e.g. a hash of
+    its content): a document's draws then depend on it alone, not on its neighbours or its order."""
+    from .random import STATE_SIZE, seed_states
+
+    states = np.zeros((len(streams), STATE_SIZE), dtype=np.uint64)
+    seed_states(states, np.uint64(int(seed) & ((1 << 64) - 1)), np.asarray(streams, dtype=np.uint64))
+    return states
+
+
 def fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_state):
     """Infer topic counts of held-out documents with the topics held fixed.
 
@@ -1117,25 +1135,29 @@ def fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_state):
     n_iter : int
         Number of sweeps, >= 1.
     rng_state : ndarray of uint64
-        Advanced in place.
+        One state shared by the documents in turn, or a table of one state per
+        document (:func:`doc_states`); advanced in place.
 
     Returns
     -------
     ndarray of int32, shape (n_docs, K)
         Document-topic counts after the last sweep.
     """
+    return _fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, _as_states(rng_state))
+
+
+@njit(cache=True, nogil=True)
+def _fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_states):
     n_docs = doc_ptr.shape[0] - 1
     n_topics = topic_word_prob.shape[1]
     doc_topic = np.zeros((n_docs, n_topics), dtype=np.int32)
     doc_topic_sum = np.zeros((n_docs, n_topics), dtype=np.float64)
     _fold_in_run(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, n_iter,
-                 rng_state, doc_topic, doc_topic_sum)
+                 rng_states, doc_topic, doc_topic_sum)
     return doc_topic
 
 
-@njit(cache=True)
-def document_completion_log_likelihood(doc_words, doc_ptr, topic_word_prob,
-                                       alpha, n_iter, rng_state):
+def document_completion_log_likelihood(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_state):
     """Document-completion log-likelihood of held-out documents.
 
     For each document, θ_d is estimated by fold-in on its first
@@ -1156,6 +1178,11 @@ def document_completion_log_likelihood(doc_words, doc_ptr, topic_word_prob,
     n_scored : int
         Number of scored tokens.
     """
+    return _completion(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, _as_states(rng_state))
+
+
+@njit(cache=True, nogil=True)
+def _completion(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_states):
     n_docs = doc_ptr.shape[0] - 1
     n_topics = topic_word_prob.shape[1]
     est_ptr = np.zeros(n_docs + 1, dtype=np.int64)
@@ -1169,7 +1196,7 @@ def document_completion_log_likelihood(doc_words, doc_ptr, topic_word_prob,
     doc_topic_sum = np.zeros((n_docs, n_topics), dtype=np.float64)
     n_burn = n_iter // 2
     _fold_in_run(est_words, est_ptr, topic_word_prob, alpha, n_iter, n_burn,
-                 rng_state, doc_topic, doc_topic_sum)
+                 rng_states, doc_topic, doc_topic_sum)
     n_kept = n_iter - n_burn
     theta = np.empty(n_topics, dtype=np.float64)
     log_lik = 0.0

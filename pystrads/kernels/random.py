@@ -29,19 +29,19 @@ _NINE = np.uint64(9)
 _TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _rotl(x, k):
     return (x << np.uint64(k)) | (x >> np.uint64(64 - k))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _splitmix64_mix(z):
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def seed_state(state, seed, stream):
     """Fill ``state`` from a seed and a stream number (splitmix64 expansion).
 
@@ -64,6 +64,13 @@ def seed_state(state, seed, stream):
         state[0] = _GOLDEN_GAMMA
 
 
+@njit(cache=True, nogil=True)
+def seed_states(states, seed, streams):
+    """Row ``i`` of ``states`` from ``(seed, streams[i])`` (see :func:`seed_state`)."""
+    for i in range(states.shape[0]):
+        seed_state(states[i], seed, streams[i])
+
+
 def new_state(seed, stream=0):
     """Return a fresh generator state for ``(seed, stream)``.
 
@@ -83,7 +90,7 @@ def new_state(seed, stream=0):
     return state
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def next_uint64(state):
     """Advance ``state`` in place and return the next 64 random bits (xoshiro256**)."""
     s0 = state[0]
@@ -105,13 +112,13 @@ def next_uint64(state):
     return result
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def uniform(state):
     """Return a float64 uniform on [0, 1) (53 random bits) and advance ``state``."""
     return np.float64(next_uint64(state) >> np.uint64(11)) * _TO_UNIT
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def randint(state, n):
     """Return an int64 uniform on [0, n) for ``0 < n < 2**31`` and advance ``state``."""
     k = np.int64(uniform(state) * n)

@@ -166,8 +166,15 @@ def _doc_records(dataset, features_col: str):
     The scan (one Spark job) checks every vector (same size, finite,
     non-negative integral counts) and counts tokens per term, documents and
     empty documents.  Both go through ``mapInArrow`` (classic sessions and
-    Spark Connect alike); a document's key is its partition and row.
+    Spark Connect alike).  A document's key is a hash of its terms and counts: a
+    worker orders its documents by key, so the Gibbs chain depends on which documents
+    a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
+    local blocks first, so that order differs between local mode and a cluster, and
+    between a partition and its recomputation after a lost executor).  Equal documents
+    get equal keys and are interchangeable.
     """
+    import hashlib
+
     from ._arrow import collect_per_partition, partition_id, vectors
 
     frame = dataset.select(features_col)
@@ -235,9 +242,11 @@ def _doc_records(dataset, features_col: str):
             c = np.round(val).astype(np.int64)
             nz = c > 0
             if nz.any():
-                docs.append((part << 40) | i)
-                terms.append(idx[nz])
-                counts.append(c[nz])
+                t, n = np.ascontiguousarray(idx[nz], dtype=np.int64), np.ascontiguousarray(c[nz], dtype=np.int64)
+                digest = hashlib.blake2b(t.tobytes() + b"|" + n.tobytes(), digest_size=8).digest()
+                docs.append(int.from_bytes(digest, "little", signed=True))
+                terms.append(t)
+                counts.append(n)
         if docs:
             yield pa.RecordBatch.from_arrays(
                 [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
@@ -530,10 +539,14 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
     def _fold_in(self, dataset):
         """``fn(batches)`` for ``mapInArrow``: a partition's batches with, per document, the
         Gibbs fold-in counts (topics fixed) -- ``(batches, counts, lengths, words, ptr)``, one
-        fold-in per partition.  phi travels in the function (Spark broadcasts large ones)."""
+        fold-in per partition.  Each document draws from its own random stream, seeded by
+        ``seed`` and a hash of its terms and counts: its topic distribution depends on it
+        alone, never on how the input is partitioned or ordered.  phi travels in the function
+        (Spark broadcasts large ones)."""
+        import hashlib
+
         from ..kernels import lda as K
-        from ..kernels.random import new_state
-        from ._arrow import partition_id, vectors
+        from ._arrow import vectors
 
         self._validate_schema(dataset)
         phi = self.topic_word_prob()
@@ -546,7 +559,7 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
         def run(batches):
             batches = list(batches)
             k = phi.shape[1]
-            words, ptr = [], [0]
+            words, ptr, streams = [], [0], []
             for batch in batches:
                 for vec in vectors(batch.column(index)):
                     if vec is None:
@@ -555,12 +568,16 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
                         _, idx, val = vec
                         cnt = np.round(val).astype(np.int64)
                     keep = cnt > 0
-                    words.append(np.repeat(idx[keep], cnt[keep]))
-                    ptr.append(ptr[-1] + int(cnt[keep].sum()))
+                    t = np.ascontiguousarray(idx[keep], dtype=np.int64)
+                    n = np.ascontiguousarray(cnt[keep], dtype=np.int64)
+                    words.append(np.repeat(t, n))
+                    ptr.append(ptr[-1] + int(n.sum()))
+                    streams.append(int.from_bytes(hashlib.blake2b(t.tobytes() + b"|" + n.tobytes(),
+                                                                  digest_size=8).digest(), "little"))
             doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
             doc_ptr = np.asarray(ptr, dtype=np.int64)
-            rng = new_state(seed, partition_id())
             n_docs = len(ptr) - 1
+            rng = K.doc_states(seed, streams)
             counts = K.fold_in(doc_words, doc_ptr, phi, alpha, n_iter, rng) if n_docs else np.zeros((0, k))
             return batches, counts, np.diff(doc_ptr), doc_words, doc_ptr
 
