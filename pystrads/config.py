@@ -30,8 +30,15 @@ class Setting:
 _SETTINGS = [
     Setting("shard.perExecutor", 1, int, "shard processes started on each executor", 1),
     Setting("shard.bindHost", "", str,
-            "address shards listen on; empty = 127.0.0.1 in local mode, the executor's "
-            "SPARK_LOCAL_IP or host address on clusters (never 0.0.0.0 unless set here)"),
+            "address shards listen on; empty = 127.0.0.1 in local mode, on clusters the executor's "
+            "SPARK_LOCAL_IP, else the address its host reaches the driver from (never a loopback address "
+            "when the driver is on another host, never 0.0.0.0); 0.0.0.0 here binds every interface and "
+            "still advertises that routable address"),
+    Setting("shard.port", 0, int,
+            "first port a shard tries (for firewalls); 0 = any free port", 0),
+    Setting("shard.portRange", 16, int,
+            "with shard.port set: ports tried from it upwards (shard.port .. shard.port + portRange - 1), "
+            "enough for shard.perExecutor shards per host", 1),
     Setting("shard.leaseSeconds", 30.0, float,
             "seconds a shard lives without a driver heartbeat before it exits", 1.0),
     Setting("shard.heartbeatSeconds", 0.0, float,

@@ -3,9 +3,11 @@ against a Spark master given on the command line and print one JSON line.
 
     python tests/cluster_driver.py spark://127.0.0.1:7077 2 [SHAPES]
 
-SHAPES: comma-separated subset of rotation,block_lstsq,priority_lasso,sgd (default: all).
-Besides each shape's result, it reports every shard's advertised address and the address
-its port listens on (read from /proc/net/tcp: the shards run on this machine).
+SHAPES: comma-separated subset of rotation,block_lstsq,priority_lasso,sgd,estimators (default:
+the four shapes; ``estimators`` fits StradsLDA, StradsMF and StradsLasso).
+Besides each result, it reports every shard's advertised address and the addresses its
+port listens on (read from /proc/<shard pid>/net/tcp: the shards run on this machine, if
+perhaps in another network namespace).
 """
 
 import ipaddress
@@ -20,14 +22,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from pystrads.session import spark_session  # noqa: E402
-from shapes import run_block_lstsq, run_priority_lasso, run_rotation, run_sgd  # noqa: E402
+from shapes import run_block_lstsq, run_estimators, run_priority_lasso, run_rotation, run_sgd  # noqa: E402
 
 
-def listen_addresses(port):
-    """Addresses on which some process of this machine listens on ``port`` (/proc/net/tcp and
-    tcp6; gRPC listens on an IPv6 socket, where an IPv4 address shows as ::ffff:a.b.c.d)."""
+def listen_addresses(port, pid=None):
+    """Addresses on which some process listens on ``port`` in the network namespace of ``pid``
+    (default: this process's) -- its net/tcp and tcp6 tables; gRPC listens on an IPv6 socket,
+    where an IPv4 address shows as ::ffff:a.b.c.d."""
     found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    base = f"/proc/{pid}/net" if pid else "/proc/net"
+    for table in (f"{base}/tcp", f"{base}/tcp6"):
         if not os.path.exists(table):
             continue
         with open(table) as fh:
@@ -65,8 +69,12 @@ def main(master, executors, shapes=None):
     deadline = time.time() + 120
     while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < executors and time.time() < deadline:
         time.sleep(0.5)
-    out = {"executors": sc._jsc.sc().getExecutorMemoryStatus().size() - 1}
+    out = {"executors": sc._jsc.sc().getExecutorMemoryStatus().size() - 1,
+           "driver_host": sc.getConf().get("spark.driver.host")}
     for name in shapes or list(SHAPES):
+        if name == "estimators":
+            out[name] = run_estimators(spark)
+            continue
         got, expected, summary = SHAPES[name](sc)[:3]
         out[name] = {"result": np.asarray(got).tolist(), "expected": np.asarray(expected).tolist(),
                      "rounds": summary.total_rounds}
@@ -74,7 +82,7 @@ def main(master, executors, shapes=None):
 
     manager = next(iter(launcher._MANAGERS.values()))
     out["shards"] = [{"executor": s.executor, "host": s.host, "port": s.port, "pid": s.pid,
-                      "listen": listen_addresses(s.port), "loopback_connects": connects("127.0.0.1", s.port),
+                      "listen": listen_addresses(s.port, s.pid), "loopback_connects": connects("127.0.0.1", s.port),
                       "host_connects": connects(s.host, s.port)}
                      for s in manager.group.shards]
     print("RESULT " + json.dumps(out), flush=True)

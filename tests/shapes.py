@@ -63,3 +63,45 @@ def run_sgd(sc, num_workers=2):
         w = res.read_table("w")[:, 0]
         summary = res.summary
     return w, w_true, summary
+
+
+# ------------------------------------------------------------------ the three estimators, small
+
+
+def estimator_data(spark):
+    """Small inputs for one fit of each estimator: (documents, ratings, regression rows)."""
+    from pyspark.ml.linalg import Vectors
+
+    from pystrads.datasets.synthetic import strads_lasso_problem
+
+    rng = np.random.default_rng(11)
+    docs = []
+    for i in range(60):
+        lo = 0 if i % 2 == 0 else 15
+        idx, cnt = np.unique(rng.integers(lo, lo + 15, size=25), return_counts=True)
+        docs.append((i, Vectors.sparse(30, idx.tolist(), cnt.astype(float).tolist())))
+    truth = rng.random((30, 3)) @ rng.random((3, 20)) + 1.0
+    ratings = [(u, i, float(truth[u, i])) for u in range(30) for i in range(20) if rng.random() < 0.6]
+    p = strads_lasso_problem(200, 40, nnz_per_col=20, seed=4)
+    x = p.dense()
+    rows = [(float(p.y[i]), Vectors.sparse(40, np.flatnonzero(x[i]).tolist(), x[i][x[i] != 0].tolist()))
+            for i in range(len(p.y))]
+    return (spark.createDataFrame(docs, ["id", "features"]).repartition(2),
+            spark.createDataFrame(ratings, ["user", "item", "rating"]).repartition(2),
+            spark.createDataFrame(rows, ["label", "features"]).repartition(2))
+
+
+def run_estimators(spark):
+    """One fit of StradsLDA, StradsMF and StradsLasso on 2 workers: the numbers to compare."""
+    from pystrads.ml import StradsLasso, StradsLDA, StradsMF
+
+    docs, ratings, rows = estimator_data(spark)
+    lda = StradsLDA(k=3, maxIter=10, seed=1, numWorkers=2).fit(docs)
+    mf = StradsMF(rank=3, maxIter=5, regParam=0.05, seed=1, numWorkers=2).fit(ratings)
+    lasso = StradsLasso(regParam=0.02, tol=1e-10, seed=1, numWorkers=2).fit(rows)
+    users = sorted((r[0], list(r[1])) for r in mf.userFactors.collect())
+    items = sorted((r[0], list(r[1])) for r in mf.itemFactors.collect())
+    return {"lda_topics": lda.topicsMatrix().toArray().tolist(),
+            "lda_log_likelihood": float(lda.logLikelihood(docs)),
+            "mf_users": users, "mf_items": items,
+            "lasso_coefficients": lasso.coefficients.toArray().tolist(), "lasso_intercept": lasso.intercept}

@@ -163,3 +163,60 @@ def test_shards_listen_on_the_hosts_own_non_loopback_address(sc):
         assert shard["host"] == address, shard
         assert shard["listen"] == [address], shard  # bound to the host's address, not 0.0.0.0 or loopback
         assert shard["host_connects"] and not shard["loopback_connects"], shard
+
+
+# ------------------------------------------------------------------ hosts with their own addresses
+
+
+@pytest.mark.slow
+def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
+    """Three hosts out of Linux network namespaces (tests/netns.py): the driver and the master on
+    one, a worker on each of the two others, each host with its own address, loopback and host
+    name, meeting only over a bridge. Worker w2 has no SPARK_LOCAL_IP and its host name resolves
+    to 127.0.1.1 (a Debian/Ubuntu hosts file). The four program shapes give local mode's results,
+    and so do StradsMF and StradsLasso (to rounding) and StradsLDA (exact counts, the same quality);
+    every shard listens on its own host's address only."""
+    import netns
+    from shapes import run_estimators
+
+    why = netns.available()
+    if why:
+        pytest.skip(why)
+    sc = spark.sparkContext
+    local = {"rotation": run_rotation(sc), "block_lstsq": run_block_lstsq(sc),
+             "priority_lasso": run_priority_lasso(sc), "sgd": run_sgd(sc)}
+    local_fits = run_estimators(spark)
+    with netns.NetnsSparkCluster(workers=2, loopback_workers=[1]) as cluster:
+        resolved = cluster.run("w2", [sys.executable, "-c", "import socket; print(socket.gethostbyname("
+                                      "socket.getfqdn()))"], env=cluster.env("w2"))
+        assert resolved.stdout.strip() == "127.0.1.1", resolved  # the trap is set
+        proc = cluster.run("driver", [sys.executable, os.path.join(HERE, "cluster_driver.py"), cluster.url, "2",
+                                      ",".join(list(local) + ["estimators"])],
+                           env=cluster.env("driver"), cwd=os.path.dirname(HERE))
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        out = json.loads(lines[0][len("RESULT "):])
+        workers = {cluster.address[w] for w in cluster.worker_names}
+    assert out["executors"] == 2, out
+    assert out["driver_host"] in (cluster.address["driver"], cluster.hostname["driver"]), out["driver_host"]
+    tolerances = {"rotation": 1e-9, "block_lstsq": 1e-8, "priority_lasso": 1e-6, "sgd": 1e-6}
+    for name, (got_local, expected, *_rest) in local.items():
+        np.testing.assert_allclose(out[name]["result"], expected, atol=tolerances[name], err_msg=name)
+        np.testing.assert_allclose(out[name]["result"], got_local, atol=tolerances[name], err_msg=name)
+    fits = out["estimators"]
+    # LDA: the workers read the shared topic totals while others update them (STRADS's bounded
+    # s-error), so the chain depends on timing; what must hold is exact counts -- every word's
+    # tokens, none lost or doubled -- and a model as good as local mode's
+    topics, local_topics = np.asarray(fits["lda_topics"]), np.asarray(local_fits["lda_topics"])
+    np.testing.assert_array_equal(topics.sum(axis=1), local_topics.sum(axis=1))
+    assert fits["lda_log_likelihood"] == pytest.approx(local_fits["lda_log_likelihood"], rel=0.02)
+    for key in ("mf_users", "mf_items"):
+        assert [r[0] for r in fits[key]] == [r[0] for r in local_fits[key]]
+        np.testing.assert_allclose([r[1] for r in fits[key]], [r[1] for r in local_fits[key]], atol=1e-6)
+    np.testing.assert_allclose(fits["lasso_coefficients"], local_fits["lasso_coefficients"], atol=1e-7)
+    assert fits["lasso_intercept"] == pytest.approx(local_fits["lasso_intercept"], abs=1e-7)
+    shards = out["shards"]
+    assert len(shards) == 2 and {s["host"] for s in shards} == workers, shards  # one per worker host
+    for shard in shards:
+        # its host's address, in its host's namespace (no other has it): not 0.0.0.0, not a loopback
+        assert shard["listen"] == [shard["host"]], shard

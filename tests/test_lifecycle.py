@@ -1,5 +1,7 @@
 """Shard processes during a fit: separate, loopback-only, token-protected, and
-gone within the lease after the driver is SIGKILLed."""
+gone within the lease after the driver is SIGKILLed, at once after ``spark.stop()``
+in a driver that lives on, and within seconds of their executor's death; alive
+through a long numba solve on the driver."""
 
 import json
 import os
@@ -87,6 +89,49 @@ def test_shards_are_separate_loopback_only_token_protected_and_die_with_the_driv
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_shards_outlive_a_long_driver_solve_and_go_with_spark_stop():
+    """The working-set solver's kernel running on the driver for four leases does not starve the
+    heartbeat thread (numba kernels release the GIL); ``spark.stop()`` in a driver process that
+    lives on (a notebook) ends the shards within the lease."""
+    lease = 3.0
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "stop_driver.py"), str(lease)], capture_output=True,
+                          text=True, timeout=600, cwd=os.path.dirname(HERE),
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    out = json.loads(lines[0][len("RESULT "):])
+    assert out["solve_s"] >= 3 * lease, out  # the solve held the driver for several leases
+    assert out["survived"], out  # the same shards, still answering
+    assert not out["still_running"] and out["exit_after_stop_s"] <= lease, out
+
+
+def test_a_shard_exits_within_seconds_of_its_executor(tmp_path):
+    """A shard watches the executor JVM that started it (``--watch-pid``): when a cluster manager
+    kills the executor, the shard goes too instead of waiting for the lease."""
+    executor = subprocess.Popen(["sleep", "300"])  # stands in for the executor JVM
+    info = tmp_path / "shard.json"
+    shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", "600", "--info-file", str(info),
+                              "--watch-pid", str(executor.pid)], env=dict(os.environ, PYSTRADS_SHARD_TOKEN="t"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not info.exists() and time.time() < deadline and shard.poll() is None:
+            time.sleep(0.1)
+        assert info.exists(), shard.stderr.read() if shard.poll() is not None else "no port reported"
+        time.sleep(2.0)
+        assert shard.poll() is None  # alive while its executor is
+        executor.kill()
+        executor.wait(10)
+        killed = time.time()
+        code = shard.wait(15)
+        assert time.time() - killed <= 10 and code == 4, (time.time() - killed, code)
+        assert "executor process" in shard.stderr.read()
+    finally:
+        for p in (executor, shard):
+            if p.poll() is None:
+                p.kill()
 
 
 _TLS_DRIVER = r"""

@@ -448,3 +448,63 @@ def test_a_released_fit_tells_its_late_workers_to_end(shards):
     assert hub.action("next", namespace="fitA", worker=0, task=1, timeout=5.0) == {"kind": "closed"}
     with pytest.raises(ShardUnavailableError, match="fitA.*has ended"):
         hub.action("hello", namespace="fitA", worker=1, task=3)
+
+
+# ------------------------------------------------------------------ addresses and ports
+
+
+def test_shard_addresses_never_pick_a_loopback_when_the_driver_is_elsewhere(monkeypatch):
+    import socket
+
+    from pystrads.errors import ShardStartError
+    from pystrads.ps import launcher
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    # a Debian/Ubuntu host: its name resolves to 127.0.1.1
+    monkeypatch.setattr(socket, "getfqdn", lambda *a: "node7")
+    real = socket.gethostbyname
+    monkeypatch.setattr(socket, "gethostbyname", lambda h: "127.0.1.1" if h == "node7" else real(h))
+    monkeypatch.setattr(launcher, "address_toward", lambda peer: {"10.0.0.2": "10.0.0.7"}.get(peer))
+    assert launcher.shard_addresses(False, "", "10.0.0.2") == ("10.0.0.7", "10.0.0.7")  # the route to the driver
+    assert launcher.shard_addresses(False, "0.0.0.0", "10.0.0.2") == ("0.0.0.0", "10.0.0.7")  # advertised: routable
+    assert launcher.shard_addresses(False, "10.9.9.9", "10.0.0.2") == ("10.9.9.9", "10.9.9.9")  # set: it wins
+    assert launcher.shard_addresses(True, "", "10.0.0.2") == ("127.0.0.1", "127.0.0.1")  # local mode
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.8")
+    assert launcher.shard_addresses(False, "", "10.0.0.2") == ("10.0.0.8", "10.0.0.8")  # Spark's own choice
+    monkeypatch.delenv("SPARK_LOCAL_IP")
+    # no route to the driver and only the loopback name: refused, saying what to set
+    with pytest.raises(ShardStartError, match="spark.pystrads.shard.bindHost") as err:
+        launcher.shard_addresses(False, "", "10.0.0.99")
+    assert "127.0.1.1" in str(err.value) and "10.0.0.99" in str(err.value)
+    # a driver on this host's loopback (a one-machine cluster): the loopback is right
+    assert launcher.shard_addresses(False, "", "127.0.0.1")[1] == "127.0.1.1"
+
+
+def test_address_toward_reports_the_local_end_of_the_route():
+    from pystrads.ps import launcher
+
+    assert launcher.address_toward("127.0.0.1") == "127.0.0.1"
+    assert launcher.address_toward("no-such-host.invalid") is None
+
+
+def test_a_shard_takes_the_first_free_port_of_its_range():
+    import socket
+
+    from pystrads.ps.server import _listen
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1]
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", base))
+    taken.listen()
+    try:
+        server = _listen("127.0.0.1", base, 8, "t", 1e9, "s", "", "")  # (a lease that never lapses here)
+        try:
+            assert base < server.port < base + 8
+        finally:
+            server.shutdown()
+        with pytest.raises(OSError, match="shard.port"):
+            _listen("127.0.0.1", base, 1, "t", 1e9, "s", "", "")
+    finally:
+        taken.close()

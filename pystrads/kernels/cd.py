@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rows_to_csc(row_ptr, col_idx, vals, num_cols):
     """CSR rows (``row_ptr``, ``col_idx``, ``vals``) -> CSC (``col_ptr``, ``row_idx``, ``vals``).
 
@@ -45,7 +45,7 @@ def rows_to_csc(row_ptr, col_idx, vals, num_cols):
     return col_ptr, out_rows, out_vals
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def column_sums(col_ptr, row_idx, vals, w, sum_x, sum_xx):
     """``sum_x[j] += sum_i w_i x_ij``, ``sum_xx[j] += sum_i w_i x_ij^2`` for every column."""
     for j in range(col_ptr.shape[0] - 1):
@@ -59,7 +59,7 @@ def column_sums(col_ptr, row_idx, vals, w, sum_x, sum_xx):
         sum_xx[j] += b
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def column_dots(col_ptr, row_idx, vals, coords, v, out):
     """``out[k] = sum_i x_i,coords[k] * v_i`` (coordinate ``J`` = the intercept: ``sum v``)."""
     J = col_ptr.shape[0] - 1
@@ -75,7 +75,7 @@ def column_dots(col_ptr, row_idx, vals, coords, v, out):
         out[k] = acc
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def column_dots2(col_ptr, row_idx, vals, coords, u, h, out_u, out_h):
     """``out_u[k] = sum x u``, ``out_h[k] = sum x^2 h`` over column ``coords[k]`` (``J``: intercept)."""
     J = col_ptr.shape[0] - 1
@@ -97,7 +97,7 @@ def column_dots2(col_ptr, row_idx, vals, coords, u, h, out_u, out_h):
         out_h[k] = b
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def all_column_dots(col_ptr, row_idx, vals, v, out):
     """``out[j] = sum_i x_ij v_i`` for every column j (``out`` has J entries)."""
     for j in range(col_ptr.shape[0] - 1):
@@ -107,7 +107,7 @@ def all_column_dots(col_ptr, row_idx, vals, v, out):
         out[j] = acc
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def add_columns(col_ptr, row_idx, vals, coords, delta, target, sign):
     """``target += sign * X[:, coords] @ delta`` (coordinate ``J``: every row); zero deltas skipped."""
     J = col_ptr.shape[0] - 1
@@ -125,7 +125,7 @@ def add_columns(col_ptr, row_idx, vals, coords, delta, target, sign):
                 target[row_idx[p]] += s * vals[p]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def logistic_terms(margin, y, w, u, h):
     """For labels y in {0, 1}: ``u = w (sigmoid(m) - y)`` and ``h = w s (1 - s)``;
     returns the weighted log-loss ``sum w (log(1 + e^m) - y m)``."""
@@ -146,7 +146,7 @@ def logistic_terms(margin, y, w, u, h):
     return loss
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr, s_rows, s_vals, rho,
                 max_row):
     """Cut a stream of candidate coordinates into rounds (STRADS Lasso's correlation checker).
@@ -253,7 +253,7 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
     return round_ptr[:r + 1], out[:total], pos
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
     """The weighted Gram matrix of columns ``coords`` over this worker's rows as
     unmerged entries ``(a * m + b, sum-part)`` with ``m = len(coords)``:
@@ -337,7 +337,7 @@ def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, l2, max_passe
     return updates
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def row_overlap(col_ptr, row_idx, coords, num_rows):
     """``omega[i]`` = how many of the columns ``coords`` have a non-zero in row i
     (coordinate ``J``, the intercept, counts in every row): the ESO weights of a

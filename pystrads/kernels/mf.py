@@ -24,14 +24,14 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def add_rank_one(residual, rating_user, rating_item, u, v, sign, out):
     """``out[n] = residual[n] + sign * u[user(n)] * v[item(n)]`` for every rating."""
     for n in range(residual.shape[0]):
         out[n] = residual[n] + sign * u[rating_user[n]] * v[rating_item[n]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def item_partials(item_ptr, item_ratings, rating_user, rhat, u, num, den):
     """Per local item j: ``num[j] = sum rhat * u_i``, ``den[j] = sum u_i^2`` over its ratings."""
     for j in range(item_ptr.shape[0] - 1):
@@ -46,7 +46,7 @@ def item_partials(item_ptr, item_ratings, rating_user, rhat, u, num, den):
         den[j] = b
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def user_update(user_ptr, user_ratings, rating_item, rhat, v, reg, u):
     """Per local user i: ``u[i] = sum rhat * v_j / (reg[i] + sum v_j^2)`` over its ratings
     (``reg[i]`` = lambda times the user's number of ratings, as ALS scales it)."""
@@ -61,7 +61,7 @@ def user_update(user_ptr, user_ratings, rating_item, rhat, v, reg, u):
         u[i] = a / b if b > 0.0 else 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def squared_error(residual):
     s = 0.0
     for n in range(residual.shape[0]):
@@ -90,7 +90,7 @@ def build_index(rating_local, n_groups):
 # block and inner iteration instead of one per feature.
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def add_block(residual, rating_user, rating_item, w, h, sign, out):
     """``out[n] = residual[n] + sign * w[user(n)] . h[item(n)]`` (w: users x b, h: items x b)."""
     b = w.shape[1]
@@ -103,7 +103,7 @@ def add_block(residual, rating_user, rating_item, w, h, sign, out):
         out[n] = residual[n] + sign * s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def item_block_partials(item_ptr, item_ratings, rating_user, rhat, w, out):
     """Per local item j: ``out[j, :b*b] = sum w_i w_i'`` (row-major), ``out[j, b*b:] = sum rhat w_i``."""
     b = w.shape[1]
@@ -124,7 +124,7 @@ def item_block_partials(item_ptr, item_ratings, rating_user, rhat, w, out):
                 out[j, d * b + c] = out[j, c * b + d]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cholesky_solve(a, x, b):
     """Solve ``a x = rhs`` in place (a: b x b SPD, overwritten by its factor; x holds rhs)."""
     for c in range(b):
@@ -153,7 +153,7 @@ def _cholesky_solve(a, x, b):
         x[c] = s / a[c, c]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def user_block_update(user_ptr, user_ratings, rating_item, rhat, h, reg, w):
     """Per local user i: ``w[i] = (reg[i] I + sum h_j h_j')^-1 sum rhat h_j`` over its ratings."""
     b = h.shape[1]
@@ -192,7 +192,7 @@ def user_block_update(user_ptr, user_ratings, rating_item, rhat, h, reg, w):
 #     w_i <- w_i + eta (e h_j - lambda w_i),   h_j <- h_j + eta (e w_i - lambda h_j)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sgd_block(order, rating_user, rating_row, ratings, w, h, eta, reg, nonnegative):
     """One SGD pass over the ratings ``order`` (in that order); ``w``: local users x rank,
     ``h``: the rows of the block's items (``rating_row`` indexes them).  Returns the sum of

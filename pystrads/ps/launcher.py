@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import ipaddress
 import json
 import logging
 import os
@@ -45,9 +46,8 @@ def _proc_stat(pid: int):
     return name, ppid
 
 
-def executor_identity() -> str:
-    """``host:pid`` of the JVM this Python worker serves (one per executor)."""
-    host = socket.gethostname()
+def executor_pid() -> int:
+    """Pid of the JVM this Python worker serves (one per executor; the driver's in local mode)."""
     pid = os.getpid()
     for _ in range(6):
         stat = _proc_stat(pid)
@@ -55,25 +55,86 @@ def executor_identity() -> str:
             break
         name, ppid = stat
         if name == "java":
-            return f"{host}:{pid}"
+            return pid
         if ppid <= 1:
             break
         pid = ppid
-    return f"{host}:{os.getppid()}"
+    return os.getppid()
 
 
-def default_bind_host(local_mode: bool, configured: str) -> str:
-    if configured:
-        return configured
-    if local_mode:
-        return "127.0.0.1"
-    env = os.environ.get("SPARK_LOCAL_IP")
-    if env:
-        return env
+def executor_identity() -> str:
+    """``host:pid`` of the JVM this Python worker serves (one per executor)."""
+    return f"{socket.gethostname()}:{executor_pid()}"
+
+
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def _is_loopback(host: str) -> bool:
     try:
-        return socket.gethostbyname(socket.getfqdn())
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def address_toward(peer: str) -> Optional[str]:
+    """The local address this host reaches ``peer`` from (the kernel's route choice: a UDP
+    socket's ``connect`` sends no packet), or None."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(peer, 9, socket.AF_INET, socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
     except OSError:
-        return socket.gethostbyname(socket.gethostname())
+        return None
+
+
+def shard_addresses(local_mode: bool, configured: str, driver_host: str = "") -> tuple:
+    """``(bind, advertise)``: the address a shard listens on and the one clients dial.
+
+    ``spark.pystrads.shard.bindHost`` wins; a wildcard there (``0.0.0.0``) binds every
+    interface but still advertises a routable address.  Otherwise: the loopback in local
+    mode; on a cluster the executor's ``SPARK_LOCAL_IP``, else the address through which
+    this host reaches the driver (the route Spark's own traffic takes), else the host
+    name's address -- never a loopback address when the driver is elsewhere (Debian and
+    Ubuntu map the host name to 127.0.1.1)."""
+    if configured and configured not in WILDCARDS:
+        return configured, configured
+    wildcard = configured if configured in WILDCARDS else ""
+    if local_mode:
+        return wildcard or "127.0.0.1", "127.0.0.1"
+    spark_local_ip = os.environ.get("SPARK_LOCAL_IP")
+    if spark_local_ip:  # the address Spark itself binds this executor to: the operator's choice
+        return wildcard or spark_local_ip, spark_local_ip
+    addr = None
+    remote_driver = bool(driver_host) and not _is_loopback(driver_host)
+    tried = []
+    if driver_host:
+        addr = address_toward(driver_host)
+        tried.append(f"the route to the driver at {driver_host} gave {addr}")
+    if addr is None or (remote_driver and _is_loopback(addr)):
+        try:
+            by_name = socket.gethostbyname(socket.getfqdn())
+        except OSError:
+            by_name = None
+        tried.append(f"host name {socket.getfqdn()!r} resolves to {by_name}")
+        if by_name and not (remote_driver and _is_loopback(by_name)):
+            addr = by_name
+        elif not remote_driver:
+            addr = addr or by_name
+        else:
+            addr = None
+    if addr is None:
+        raise ShardStartError(
+            f"no address of host {socket.gethostname()} that the driver at {driver_host or '?'} can reach "
+            f"({'; '.join(tried)}); set SPARK_LOCAL_IP on the executors or "
+            "spark.pystrads.shard.bindHost to this host's address on the cluster network")
+    return wildcard or addr, addr
+
+
+def default_bind_host(local_mode: bool, configured: str, driver_host: str = "") -> str:
+    """The address shards listen on (see :func:`shard_addresses`)."""
+    return shard_addresses(local_mode, configured, driver_host)[0]
 
 
 def _alive(pid: int) -> bool:
@@ -88,8 +149,11 @@ def _alive(pid: int) -> bool:
 
 def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
                        work_dir: str, start_timeout: float, malloc_retain: int = 0, tls_cert: str = "",
-                       tls_key: str = "") -> List[Dict[str, Any]]:
-    """Start ``count`` shards for ``run_id`` on this executor unless already running."""
+                       tls_key: str = "", advertise: str = "", port: int = 0,
+                       port_range: int = 1) -> List[Dict[str, Any]]:
+    """Start ``count`` shards for ``run_id`` on this executor unless already running
+    (listening on ``bind_host``, dialled at ``advertise``; ports ``port`` ..
+    ``port + port_range - 1``, or any free port when ``port`` is 0)."""
     executor = executor_identity()
     base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
     run_dir = os.path.join(base, run_id)
@@ -121,7 +185,9 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                 os.remove(info_file)
             with open(log_file, "ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "pystrads.ps.server", "--host", bind_host, "--port", "0",
+                    [sys.executable, "-m", "pystrads.ps.server", "--host", bind_host, "--port", str(int(port)),
+                     "--port-range", str(int(port_range)), "--advertise", advertise or bind_host,
+                     "--watch-pid", str(executor_pid()),
                      "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id,
                      "--malloc-retain", str(int(malloc_retain))]
                     + (["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert else []),
@@ -207,6 +273,8 @@ class ShardManager:
         run_id, token = self.run_id, self.token
         count = cfg["shard.perExecutor"]
         bind = cfg["shard.bindHost"]
+        port, port_range = cfg["shard.port"], cfg["shard.portRange"]
+        driver_host = self.spark.conf("spark.driver.host", "") or ""
         lease = cfg["shard.leaseSeconds"]
         work_dir = cfg["shard.workDir"]
         start_timeout = cfg["shard.startTimeoutSeconds"]
@@ -214,9 +282,9 @@ class ShardManager:
         tls_cert, tls_key, tls_roots = tls_files(cfg)
 
         def launch(_index):
-            host = default_bind_host(local_mode, bind)
+            host, advertise = shard_addresses(local_mode, bind, driver_host)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
-                                       malloc_retain, tls_cert, tls_key)
+                                       malloc_retain, tls_cert, tls_key, advertise, port, port_range)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}
@@ -231,6 +299,11 @@ class ShardManager:
             if len(executors) >= expected_executors:
                 break
             tasks *= 2
+        if len(executors) < expected_executors:
+            raise ShardStartError(
+                f"shards started on {len(executors)} of the {expected_executors} executors expected "
+                f"({sorted(executors)}); {self._missing_executors(found)}. Check those executors' logs, or "
+                "lower spark.executor.instances to the executors the cluster really gives")
         driver_version = tuple(sys.version_info[:2])
         if versions and versions != {driver_version}:
             raise ConfigurationError(
@@ -250,6 +323,22 @@ class ShardManager:
                  ", ".join(s.uri for s in self.group.shards))
         return self.group
 
+    def _missing_executors(self, found: Dict[str, Dict[str, Any]]) -> str:
+        """Which executors ran no shard, as far as Spark lists them (classic sessions)."""
+        sc = getattr(self.spark, "sc", None)
+        if sc is None:
+            return "Spark Connect does not list executors; the others ran no launch task"
+        try:
+            infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+            listed = [f"{i.host()}:{i.port()}" for i in infos]
+        except Exception:  # noqa: BLE001 - best effort, for the message only
+            return "the others ran no launch task"
+        hosts = {i["host"] for i in found.values()}
+        driver = self.spark.conf("spark.driver.host", "")
+        missing = [e for e in listed if e.rsplit(":", 1)[0] not in hosts and e.rsplit(":", 1)[0] != driver]
+        return (f"executors without a shard: {missing}" if missing else
+                f"Spark lists the executors {listed}; the others ran no launch task")
+
     def _beat(self, raise_errors: bool = False) -> None:
         for i in range(len(self.group.shards)):
             try:
@@ -262,6 +351,16 @@ class ShardManager:
     def _heartbeat_loop(self) -> None:
         period = self.config["shard.heartbeatSeconds"]
         while not self._stop.wait(period):
+            if not self.spark.alive():
+                # spark.stop() in a driver that lives on (a notebook): the shards go with the
+                # SparkContext, at once (those that cannot be told exit when their lease lapses)
+                log.info("the Spark application of %s stopped; shutting its shards down", self.run_id)
+                with _LOCK:
+                    for key, manager in list(_MANAGERS.items()):
+                        if manager is self:
+                            del _MANAGERS[key]
+                self.shutdown()
+                return
             try:
                 self._beat()
             except Exception:  # never let the heartbeat thread die silently

@@ -215,7 +215,7 @@ class _StepState:
 
 class ShardServer(flight.FlightServerBase):
     def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = "",
-                 tls_certificates: Optional[list] = None):
+                 tls_certificates: Optional[list] = None, watch_pid: int = 0):
         if tls_certificates:
             super().__init__(location, tls_certificates=tls_certificates)
         else:
@@ -243,6 +243,8 @@ class ShardServer(flight.FlightServerBase):
         self.timers: Dict[str, float] = {}  # seconds spent in handlers (stats)
         self._counter_lock = threading.Lock()
         self._stopping = False
+        self.watch_pid = int(watch_pid)
+        self._watch_start = _start_time(self.watch_pid) if self.watch_pid else None
         threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
 
     # ------------------------------------------------------------------ helpers
@@ -271,6 +273,11 @@ class ShardServer(flight.FlightServerBase):
                 log.warning("shard %s: no driver heartbeat for %.1f s (lease %.1f s); exiting",
                             self.shard_id, idle, self.lease_seconds)
                 os._exit(3)
+            if self.watch_pid and _start_time(self.watch_pid) != self._watch_start:
+                # the executor JVM that started this shard is gone (killed by its cluster manager,
+                # or lost with its host's worker): nobody will use this shard again
+                log.warning("shard %s: executor process %d is gone; exiting", self.shard_id, self.watch_pid)
+                os._exit(4)
 
     def _check_fence(self, header: Dict[str, Any], entering: bool = False) -> None:
         """Writes during a step must come from the worker's current task.
@@ -1017,19 +1024,47 @@ def tune_malloc(retain_bytes: int) -> bool:
     return mallopt(m_trim_threshold, int(min(retain_bytes, 2 ** 31 - 1))) == 1 and ok
 
 
-def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
-          shard_id: str = "", malloc_retain: int = 0, tls_cert: str = "", tls_key: str = "") -> None:
-    tuned = tune_malloc(malloc_retain)
+def _start_time(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` (/proc, clock ticks since boot), None when it does not
+    exist: a pid reused by another process has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            raw = fh.read()
+        return raw[raw.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _listen(host: str, port: int, port_range: int, token: str, lease_seconds: float, shard_id: str,
+            tls_cert: str, tls_key: str, watch_pid: int = 0) -> "ShardServer":
+    """A server on ``host`` at ``port`` (any free port if 0), or the first free one of
+    ``port .. port + port_range - 1``."""
+    kwargs: Dict[str, Any] = {"watch_pid": watch_pid}
+    scheme = "grpc"
     if tls_cert:
         with open(tls_cert, "rb") as fh:
             cert = fh.read()
         with open(tls_key, "rb") as fh:
             key = fh.read()
-        server = ShardServer(f"grpc+tls://{host}:{port}", token, lease_seconds, shard_id,
-                             tls_certificates=[flight.CertKeyPair(cert, key)])
-    else:
-        server = ShardServer(f"grpc://{host}:{port}", token, lease_seconds, shard_id)
-    info = {"host": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
+        kwargs["tls_certificates"] = [flight.CertKeyPair(cert, key)]
+        scheme = "grpc+tls"
+    ports = [0] if port == 0 else list(range(port, port + max(1, port_range)))
+    errors = []
+    for candidate in ports:
+        try:
+            return ShardServer(f"{scheme}://{host}:{candidate}", token, lease_seconds, shard_id, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises a generic error when the port is taken
+            errors.append(f"{candidate}: {str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}")
+    raise OSError(f"no free port for a shard on {host} in {ports[0]}..{ports[-1]} (spark.pystrads.shard.port / "
+                  f"portRange): {'; '.join(errors[-3:])}")
+
+
+def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
+          shard_id: str = "", malloc_retain: int = 0, tls_cert: str = "", tls_key: str = "",
+          advertise: str = "", port_range: int = 1, watch_pid: int = 0) -> None:
+    tuned = tune_malloc(malloc_retain)
+    server = _listen(host, port, port_range, token, lease_seconds, shard_id, tls_cert, tls_key, watch_pid)
+    info = {"host": advertise or host, "bind": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
             "python": sys.executable, "version": sys.version.split()[0], "tls": bool(tls_cert)}
     if info_file:
         tmp = info_file + ".tmp"
@@ -1043,7 +1078,11 @@ def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Opt
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="pystrads parameter-server shard")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0, help="first port to try (0 = any free port)")
+    parser.add_argument("--port-range", type=int, default=1, help="ports tried from --port upwards")
+    parser.add_argument("--advertise", default="", help="address clients dial (default: --host)")
+    parser.add_argument("--watch-pid", type=int, default=0,
+                        help="exit within a second when this process (the executor JVM) is gone")
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--info-file")
     parser.add_argument("--shard-id", default="")
@@ -1059,7 +1098,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not token:
         sys.exit(f"{TOKEN_ENV} is not set: a shard never runs without a run token")
     serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain,
-          args.tls_cert, args.tls_key)
+          args.tls_cert, args.tls_key, args.advertise, args.port_range, args.watch_pid)
 
 
 if __name__ == "__main__":
