@@ -166,8 +166,8 @@ class NetnsHosts:
         return [int(p) for p in out.split()]
 
 
-def wait_for_log(proc, text: str, timeout: float) -> None:
-    path = proc.log_path
+def wait_for(path: str, text: str, proc, timeout: float) -> None:
+    """Wait until ``text`` appears in the log ``path`` of ``proc`` (raise if it exits first)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -176,6 +176,10 @@ def wait_for_log(proc, text: str, timeout: float) -> None:
             return
         time.sleep(0.3)
     raise TimeoutError(f"{path}: no {text!r} within {timeout} s:\n{open(path).read()[-3000:]}")
+
+
+def wait_for_log(proc, text: str, timeout: float) -> None:
+    wait_for(proc.log_path, text, proc, timeout)
 
 
 class NetnsSparkCluster(NetnsHosts):

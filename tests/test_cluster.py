@@ -1,6 +1,8 @@
 """The distributed path on a real multi-executor cluster: a Spark standalone
 master and two workers on 127.0.0.1, started with pyspark's own
-``bin/spark-class``; a driver subprocess runs the four program shapes."""
+``bin/spark-class``; a driver subprocess runs the four program shapes.  The
+last test runs them, and the three estimators, on three hosts with their own
+addresses built out of network namespaces (``netns.py``)."""
 
 import contextlib
 import json
@@ -10,12 +12,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pyspark
 import pytest
 
+from netns import wait_for as _wait_for
 from shapes import run_block_lstsq, run_priority_lasso, run_rotation, run_sgd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,17 +27,6 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait_for(path, text, proc, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{path}: process exited with {proc.returncode}:\n{open(path).read()[-3000:]}")
-        if os.path.exists(path) and text in open(path, errors="replace").read():
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"{path}: no {text!r} within {timeout} s:\n{open(path).read()[-3000:]}")
 
 
 #: Workers beyond the two an application uses: each executor-loss test kills one (with its
