@@ -657,8 +657,10 @@ class LassoProgram(Program):
         p = p + self.eta * (top if top > 0 else 1.0)
         # `passes` passes of the working set per step (and min_rounds_per_step rounds' worth at
         # least): a resident worker's step costs milliseconds, so priorities refreshed from the
-        # sweep's gradient every few passes beat filling the step's time budget with stale ones
-        want = max(self.passes * len(ids), self.min_rounds_per_step * min(L, len(ids)))
+        # sweep's gradient every few passes beat filling the step's time budget with stale ones.
+        # But the step's closing sweep reads every column once: at least as many updates as
+        # live columns keep it at most about half of a step's work on wide problems
+        want = max(self.passes * len(ids), self.min_rounds_per_step * min(L, len(ids)), int(live.sum()))
         passes = int(np.ceil(want / max(len(ids), 1)))
         parts = []
         for _ in range(passes):  # a priority-weighted random order of the working set per pass
