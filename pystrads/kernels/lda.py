@@ -72,7 +72,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .random import randint, uniform
+from .random import STATE_SIZE, randint, seed_states, uniform
 
 #: Metropolis-Hastings cycles (one document proposal + one word proposal
 #: each) per token for the ``"mh"`` sampler; LDA*'s and WarpLDA's default.
@@ -1108,8 +1108,6 @@ def _as_states(rng_state):
 def doc_states(seed, streams):
     """One generator state per document, from ``seed`` and a stream per document (e.g. a hash of
     its content): a document's draws then depend on it alone, not on its neighbours or its order."""
-    from .random import STATE_SIZE, seed_states
-
     states = np.zeros((len(streams), STATE_SIZE), dtype=np.uint64)
     seed_states(states, np.uint64(int(seed) & ((1 << 64) - 1)), np.asarray(streams, dtype=np.uint64))
     return states

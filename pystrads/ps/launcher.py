@@ -132,11 +132,6 @@ def shard_addresses(local_mode: bool, configured: str, driver_host: str = "") ->
     return wildcard or addr, addr
 
 
-def default_bind_host(local_mode: bool, configured: str, driver_host: str = "") -> str:
-    """The address shards listen on (see :func:`shard_addresses`)."""
-    return shard_addresses(local_mode, configured, driver_host)[0]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
