@@ -151,3 +151,21 @@ def test_estimators_checkpoint_to_the_spark_checkpoint_dir_and_resume(tmp_path):
     again = run(4)
     assert again["fixed"]["resumed_from_step"] >= 1
     assert again["rmse"] == pytest.approx(first["rmse"], rel=1e-9)  # the history came back with it
+
+
+def test_a_bare_checkpoint_path_is_refused_when_the_fit_spans_hosts():
+    """A path without a scheme is each host's own disk: fine on one host, refused with the fix
+    named on several; URIs and file:/// (a mount shared at the same path) pass."""
+    from pystrads.engine.driver import check_checkpoint_storage
+    from pystrads.errors import ConfigurationError
+
+    two = {"10.0.0.2", "10.0.0.3"}
+    check_checkpoint_storage("/tmp/ckpt/pystrads-1", {"localhost"})  # one host
+    check_checkpoint_storage("/tmp/ckpt/pystrads-1", None)  # hosts unknown (checked again later)
+    for ok in ("hdfs://nn:8020/ckpt", "s3://bucket/ckpt", "file:///mnt/shared/ckpt", "file:/mnt/x",
+               "/dbfs/ckpt"):
+        check_checkpoint_storage(ok, two)
+    for bare in ("/tmp/ckpt/pystrads-1", "relative/ckpt"):
+        with pytest.raises(ConfigurationError, match=r"checkpoint\.dir='.*' is a path without a scheme.*2 hosts "
+                                                     r"\(10\.0\.0\.2, 10\.0\.0\.3\).*hdfs://.*file:///that/path"):
+            check_checkpoint_storage(bare, two)

@@ -215,6 +215,20 @@ def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] =
         raise _too_few_slots(U, slots)
 
 
+def check_checkpoint_storage(directory: Optional[str], hosts: Optional[set]) -> None:
+    """A bare checkpoint path names each host's own disk: refuse it when the fit spans hosts
+    (one host's snapshots would be invisible to the others when the fit resumes)."""
+    if not directory or hosts is None or len(hosts) <= 1 or storage.has_scheme(directory) \
+            or directory.startswith("/dbfs/"):
+        return
+    raise ConfigurationError(
+        f"spark.pystrads.checkpoint.dir={directory!r} is a path without a scheme, which names each host's own "
+        f"disk, but this fit runs on {len(hosts)} hosts ({', '.join(sorted(hosts))}): a checkpoint written on "
+        "one would be missing on the others when the fit resumes. Use a URI every host reaches (hdfs://..., "
+        "s3://..., gs://..., dbfs:/...) or, for a filesystem mounted at the same path on every host, write it "
+        "as file:///that/path (the scheme says it is shared)")
+
+
 def _too_few_slots(U: int, slots: int) -> ConfigurationError:
     return ConfigurationError(
         f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
@@ -567,8 +581,12 @@ class Engine:
         log.info("fit %s: program %r, %d workers, seed %d, settings %s", self.namespace, self.program,
                  self.num_workers, self.seed, dict(self.config))
         self._checkpoint_dir = self._resolve_checkpoint_dir()
+        if self._checkpoint_dir:
+            check_checkpoint_storage(self._checkpoint_dir, self.spark.hosts())
         self._program_initial = _program_attributes(self.program)
         self._start()
+        if self._checkpoint_dir and self.spark.connect:  # the hosts are known once the shards run
+            check_checkpoint_storage(self._checkpoint_dir, {s.host for s in self.group.shards})
         try:
             if self.resident:
                 self._launch_job()

@@ -58,6 +58,11 @@ class SparkHandle:
     def local_mode(self) -> bool:
         return self.master.startswith("local")
 
+    def hosts(self) -> Optional[set]:
+        """Hosts of the driver and the registered executors, or None where Spark does not say
+        (Spark Connect)."""
+        return None
+
 
 class ClassicHandle(SparkHandle):
     def __init__(self, sc):
@@ -83,6 +88,12 @@ class ClassicHandle(SparkHandle):
 
     def alive(self):
         return getattr(self.sc, "_jsc", None) is not None
+
+    def hosts(self):
+        if self.local_mode():
+            return {"localhost"}
+        infos = self.sc._jsc.sc().statusTracker().getExecutorInfos()
+        return {i.host() for i in infos}
 
 
 class ConnectHandle(SparkHandle):

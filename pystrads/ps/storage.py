@@ -19,12 +19,18 @@ import numpy as np
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # "hdfs:", "s3:", "file:" (Spark writes file:/x)
 
 
+def has_scheme(uri: str) -> bool:
+    """Whether ``uri`` names its filesystem (``hdfs://``, ``s3://``, ``file:///``...) rather than
+    being a bare path, which means each host's own disk."""
+    return bool(_SCHEME.match(uri))
+
+
 def filesystem(uri: str) -> Tuple[object, str]:
     """``(pyarrow FileSystem, path)`` for a URI (``file:/x``, ``file:///x``, ``hdfs://...``)
     or a local path."""
     from pyarrow import fs
 
-    if _SCHEME.match(uri):
+    if has_scheme(uri):
         return fs.FileSystem.from_uri(uri)
     return fs.LocalFileSystem(), os.path.abspath(uri)
 
