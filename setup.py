@@ -29,6 +29,9 @@ setup(
         "numba>=0.57",
         "pandas>=1.5,<3",  # pyspark 4.x warns it does not fully support pandas 3
         "pyarrow>=14",
+        # per-run TLS certificates for shards off the loopback (pystrads.ps.tls): the PyCA's
+        # well-kept X.509 builder instead of hand-written ASN.1; pyarrow cannot make certificates
+        "cryptography>=41",
     ],
     extras_require={
         # matplotlib: the tests check the summaries' plots too; pytest-timeout: a hung test fails

@@ -54,13 +54,17 @@ _SETTINGS = [
             "with blocks under 32 MiB served from the heap; received batches then land on warm "
             "pages (16 MiB puts measured 1.0 -> 1.7 GB/s); 0 = glibc's defaults", 0),
     Setting("shard.tls.certFile", "", str,
-            "PEM certificate the shards serve TLS (grpc+tls) with, for networks you do not trust; the path "
-            "must exist on every executor; it must name the shards' addresses (e.g. a SAN per host / IP, or a "
-            "wildcard). Empty = plain gRPC (the run token still authenticates every call)"),
+            "PEM certificate the shards serve TLS (grpc+tls) with; the path must exist on every executor; it "
+            "must name the shards' addresses (e.g. a SAN per host / IP, or a wildcard). Empty = shards off the "
+            "loopback make their own per-run key pair and certificate (the driver trusts exactly those), "
+            "shards on the loopback (local mode) serve plain gRPC"),
     Setting("shard.tls.keyFile", "", str, "PEM private key of shard.tls.certFile"),
     Setting("shard.tls.caFile", "", str,
             "PEM certificate(s) the driver and workers trust for the shards; empty = certFile itself "
             "(a self-signed certificate)"),
+    Setting("shard.tls.plaintext", False, bool,
+            "allow plain gRPC off the loopback when no certificate is configured (logs a warning: the run "
+            "token and program payloads then cross the network in clear); false = per-run TLS"),
     Setting("rpc.chunkBytes", 4 * 1024 * 1024 - 64 * 1024, int,
             "bytes per Arrow record batch in a get or put stream (kept under gRPC's "
             "4 MiB message limit)", 4096),

@@ -1,7 +1,9 @@
 """Shard processes during a fit: separate, loopback-only, token-protected, and
 gone within the lease after the driver is SIGKILLed, at once after ``spark.stop()``
 in a driver that lives on, and within seconds of their executor's death; alive
-through a long numba solve on the driver."""
+through a long numba solve on the driver.  Off the loopback they serve TLS with
+certificates of their own (or the operator's), and take program payloads only
+from the driver."""
 
 import json
 import os
@@ -142,9 +144,9 @@ from pystrads.programs.mf import MFProgram
 from pystrads.ps import launcher
 from pystrads.session import spark_session
 
-cert, key = sys.argv[1:3]
-spark = spark_session("local[2]", "pystrads-tls", {"spark.ui.enabled": "false",
-                      "spark.pystrads.shard.tls.certFile": cert, "spark.pystrads.shard.tls.keyFile": key})
+settings = {"spark.ui.enabled": "false"}
+settings.update(json.loads(sys.argv[1]))
+spark = spark_session("local[2]", "pystrads-tls", settings)
 sc = spark.sparkContext
 rng = np.random.default_rng(0)
 users, items = np.nonzero(rng.random((30, 20)) < 0.5)
@@ -159,6 +161,33 @@ print("RESULT " + json.dumps({"uris": [s.uri for s in manager.group.shards], "rm
 """
 
 
+def _run_tls_driver(settings):
+    proc = subprocess.run([sys.executable, "-c", _TLS_DRIVER, json.dumps(settings)], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(HERE), env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[0][len("RESULT "):]), proc.stderr
+
+
+@pytest.mark.slow
+def test_shards_off_the_loopback_serve_tls_by_default_and_plaintext_only_when_told():
+    """Shards bound to a network address (here through shard.bindHost in local mode) make their
+    own certificates without any setting and the fit runs over grpc+tls; plain gRPC there needs
+    shard.tls.plaintext=true and logs a warning."""
+    from pystrads.ps.launcher import address_toward, is_loopback
+
+    address = address_toward("192.0.2.1")  # the interface this host would route out of (no packet sent)
+    if address is None or is_loopback(address):
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    out, _ = _run_tls_driver({"spark.pystrads.shard.bindHost": address})
+    assert out["uris"] and all(u.startswith(f"grpc+tls://{address}:") for u in out["uris"]), out["uris"]
+    assert out["rmse"] < 0.1
+    out, log = _run_tls_driver({"spark.pystrads.shard.bindHost": address, "spark.pystrads.shard.tls.plaintext": "true"})
+    assert out["uris"] and all(u.startswith(f"grpc://{address}:") for u in out["uris"]), out["uris"]
+    assert "serve plaintext gRPC off the loopback" in log and address in log
+    assert out["rmse"] < 0.1
+
+
 @pytest.mark.slow
 def test_a_fit_runs_over_tls_shards(tmp_path):
     import shutil
@@ -169,10 +198,64 @@ def test_a_fit_runs_over_tls_shards(tmp_path):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
                     "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
                     str(cert)], check=True, capture_output=True)
-    proc = subprocess.run([sys.executable, "-c", _TLS_DRIVER, str(cert), str(key)], capture_output=True, text=True,
-                          timeout=300, cwd=os.path.dirname(HERE), env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[0][len("RESULT "):])
+    out, _ = _run_tls_driver({"spark.pystrads.shard.tls.certFile": str(cert),
+                              "spark.pystrads.shard.tls.keyFile": str(key)})
     assert out["uris"] and all(u.startswith("grpc+tls://127.0.0.1:") for u in out["uris"])
     assert out["rmse"] < 0.1
+
+
+def _start_shard(tmp_path, *args, env=None):
+    info = tmp_path / "shard.json"
+    shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", "600", "--info-file", str(info),
+                              *args], env=dict(os.environ, **(env or {})),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not info.exists() and time.time() < deadline and shard.poll() is None:
+        time.sleep(0.05)
+    assert info.exists(), shard.stderr.read() if shard.poll() is not None else "no port reported"
+    return shard, json.loads(info.read_text())
+
+
+def test_a_shard_makes_its_own_certificate_and_takes_payloads_only_from_the_driver(tmp_path):
+    """``--tls-auto`` (what the launcher asks for off the loopback): the shard serves grpc+tls with
+    a key pair it made, reports only the certificate, and only clients holding the run's trust
+    store get in; program payloads need the driver's admin token, which a pickled ShardGroup (what
+    tasks receive) does not carry."""
+    import base64
+    import pickle
+
+    from pystrads.ps.client import ShardGroup, ShardInfo
+    from pystrads.ps.tls import self_signed, trust_bundle
+
+    shard, info = _start_shard(tmp_path, "--tls-auto", "--advertise", "127.0.0.1",
+                               env={"PYSTRADS_SHARD_TOKEN": "run", "PYSTRADS_SHARD_ADMIN_TOKEN": "driver"})
+    try:
+        assert info["tls"] and info["cert"].startswith("-----BEGIN CERTIFICATE-----")
+        assert "PRIVATE KEY" not in json.dumps(info)  # the key stays in the shard's memory
+        uri = f"grpc+tls://127.0.0.1:{info['port']}"
+        other_run = self_signed("127.0.0.1")[0]
+        roots = trust_bundle([info["cert"]], other_run)  # a bundle of several roots works
+        assert ShardClient(uri, "run", tls_root_certs=roots).action("ping")["pid"] == info["pid"]
+        with pytest.raises(ShardUnavailableError, match="TLS handshake"):
+            ShardClient(uri, "run").action("ping")  # the system's roots: not the run's
+        with pytest.raises(ShardUnavailableError, match="TLS handshake"):
+            ShardClient(uri, "run", tls_root_certs=other_run).action("ping")  # another run's certificate
+        with pytest.raises(ShardUnavailableError):
+            ShardClient(f"grpc://127.0.0.1:{info['port']}", "run").action("ping")  # plaintext
+        group = ShardGroup([ShardInfo("127.0.0.1", info["port"], info["pid"], "e", "s", tls=True)], "run",
+                           tls_root_certs=roots, admin_token="driver")
+        payload = base64.b64encode(pickle.dumps({"a program": 1})).decode()
+        group.client(0).action("register_program", namespace="fit", payload=payload)  # the driver: accepted
+        in_task = pickle.loads(pickle.dumps(group))
+        assert in_task.admin_token is None and in_task.token == "run"
+        assert in_task.client(0).action("ping")["pid"] == info["pid"]  # tasks still reach the shard
+        for admin in (None, "guess"):
+            with pytest.raises(ShardUnavailableError, match="accepted only from the driver"):
+                ShardClient(uri, "run", tls_root_certs=roots, admin_token=admin).action(
+                    "register_program", namespace="fit", payload=payload)
+            with pytest.raises(ShardUnavailableError, match="accepted only from the driver"):
+                ShardClient(uri, "run", tls_root_certs=roots, admin_token=admin).action(
+                    "create_table", name="t", row_start=0, row_stop=2, width=1, initializer=payload)
+    finally:
+        shard.kill()
+        shard.wait(10)

@@ -499,12 +499,12 @@ def test_a_shard_takes_the_first_free_port_of_its_range():
     taken.bind(("127.0.0.1", base))
     taken.listen()
     try:
-        server = _listen("127.0.0.1", base, 8, "t", 1e9, "s", "", "")  # (a lease that never lapses here)
+        server = _listen("127.0.0.1", base, 8, "t", 1e9, "s", None)  # (a lease that never lapses here)
         try:
             assert base < server.port < base + 8
         finally:
             server.shutdown()
         with pytest.raises(OSError, match="shard.port"):
-            _listen("127.0.0.1", base, 1, "t", 1e9, "s", "", "")
+            _listen("127.0.0.1", base, 1, "t", 1e9, "s", None)
     finally:
         taken.close()

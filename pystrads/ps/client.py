@@ -25,7 +25,7 @@ from ..errors import RoundTimeoutError, ShardUnavailableError
 from . import protocol
 from .partition import TableLayout
 
-_CONNECTIONS: Dict[Tuple[str, str], "ShardClient"] = {}
+_CONNECTIONS: Dict[Tuple[Any, ...], "ShardClient"] = {}
 _CONNECTIONS_LOCK = threading.Lock()
 _POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
@@ -63,6 +63,11 @@ def _translate(exc: Exception, uri: str, what: str) -> Exception:
         return RoundTimeoutError(f"{what} on shard {uri}: {text}")
     if isinstance(exc, flight.FlightUnauthenticatedError):
         return ShardUnavailableError(f"{what} on shard {uri} was refused: {text}")
+    if isinstance(exc, flight.FlightUnavailableError) and ("Ssl" in text or "SSL" in text or "handshake" in text):
+        return ShardUnavailableError(
+            f"{what}: the TLS handshake with shard {uri} failed ({text}); the client must trust the shard's "
+            "certificate: the run's own certificates travel with the run, a configured certificate needs "
+            "spark.pystrads.shard.tls.caFile (or certFile) to name it and the address the client dials")
     if isinstance(exc, flight.FlightUnavailableError):
         return ShardUnavailableError(
             f"{what}: shard {uri} is unreachable ({text}); the shard process died or its lease "
@@ -76,7 +81,7 @@ class ShardClient:
     """One authenticated Flight connection to one shard."""
 
     def __init__(self, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
-                 tls_root_certs: Optional[bytes] = None):
+                 tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None):
         self.uri = uri
         self.chunk_bytes = chunk_bytes
         if uri.startswith("grpc+tls://"):
@@ -86,20 +91,24 @@ class ShardClient:
         else:
             self._client = flight.FlightClient(uri)
         self._token = token  # travels in every request header (see pystrads.ps.server)
+        self._admin = admin_token  # the driver's only: lets actions carry program payloads
         self._options = flight.FlightCallOptions()
 
     @classmethod
     def cached(cls, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
-               tls_root_certs: Optional[bytes] = None) -> "ShardClient":
-        key = (uri, token)
+               tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None) -> "ShardClient":
+        key = (uri, token, admin_token, tls_root_certs)
         with _CONNECTIONS_LOCK:
             client = _CONNECTIONS.get(key)
             if client is None:
-                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes, tls_root_certs)
+                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes, tls_root_certs, admin_token)
             return client
 
     def action(self, action_type: str, **body: Any) -> Dict[str, Any]:
-        payload = json.dumps(dict(body, token=self._token), separators=(",", ":")).encode()
+        body = dict(body, token=self._token)
+        if self._admin:
+            body["admin"] = self._admin
+        payload = json.dumps(body, separators=(",", ":")).encode()
         try:
             results = list(self._client.do_action(flight.Action(action_type, payload), self._options))
         except flight.FlightError as exc:
@@ -220,22 +229,32 @@ class ShardInfo:
 
 
 class ShardGroup:
-    """The shards of one run: addresses plus the run token. Small and picklable."""
+    """The shards of one run: addresses plus the run token. Small and picklable.
+
+    ``admin_token`` (the driver's credential for program payloads) stays in the process that
+    made the group: it is dropped when the group is pickled into tasks."""
 
     def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
-                 max_keys: int = 262144, tls_root_certs: Optional[bytes] = None):
+                 max_keys: int = 262144, tls_root_certs: Optional[bytes] = None,
+                 admin_token: Optional[str] = None):
         self.shards = tuple(shards)
         self.token = token
         self.chunk_bytes = chunk_bytes
         self.max_keys = max_keys
         self.tls_root_certs = tls_root_certs  # PEM the clients trust for grpc+tls shards
+        self.admin_token = admin_token
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["admin_token"] = None  # never shipped: tasks cannot install programs
+        return state
 
     def __len__(self) -> int:
         return len(self.shards)
 
     def client(self, index: int) -> ShardClient:
         return ShardClient.cached(self.shards[index].uri, self.token, self.chunk_bytes,
-                                  getattr(self, "tls_root_certs", None))
+                                  getattr(self, "tls_root_certs", None), getattr(self, "admin_token", None))
 
     def broadcast(self, action_type: str, **body: Any) -> List[Dict[str, Any]]:
         """Send one action to every shard at once; return their answers in shard order."""

@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
 from .client import ShardGroup, ShardInfo
-from .server import TOKEN_ENV
+from .server import ADMIN_TOKEN_ENV, TOKEN_ENV
+from .tls import trust_bundle
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ def executor_identity() -> str:
 WILDCARDS = ("0.0.0.0", "::")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name, resolved) is on the loopback."""
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     except (OSError, ValueError):
@@ -107,18 +109,18 @@ def shard_addresses(local_mode: bool, configured: str, driver_host: str = "") ->
     if spark_local_ip:  # the address Spark itself binds this executor to: the operator's choice
         return wildcard or spark_local_ip, spark_local_ip
     addr = None
-    remote_driver = bool(driver_host) and not _is_loopback(driver_host)
+    remote_driver = bool(driver_host) and not is_loopback(driver_host)
     tried = []
     if driver_host:
         addr = address_toward(driver_host)
         tried.append(f"the route to the driver at {driver_host} gave {addr}")
-    if addr is None or (remote_driver and _is_loopback(addr)):
+    if addr is None or (remote_driver and is_loopback(addr)):
         try:
             by_name = socket.gethostbyname(socket.getfqdn())
         except OSError:
             by_name = None
         tried.append(f"host name {socket.getfqdn()!r} resolves to {by_name}")
-        if by_name and not (remote_driver and _is_loopback(by_name)):
+        if by_name and not (remote_driver and is_loopback(by_name)):
             addr = by_name
         elif not remote_driver:
             addr = addr or by_name
@@ -145,10 +147,11 @@ def _alive(pid: int) -> bool:
 def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
                        work_dir: str, start_timeout: float, malloc_retain: int = 0, tls_cert: str = "",
                        tls_key: str = "", advertise: str = "", port: int = 0,
-                       port_range: int = 1) -> List[Dict[str, Any]]:
+                       port_range: int = 1, tls_auto: bool = False, admin_token: str = "") -> List[Dict[str, Any]]:
     """Start ``count`` shards for ``run_id`` on this executor unless already running
     (listening on ``bind_host``, dialled at ``advertise``; ports ``port`` ..
-    ``port + port_range - 1``, or any free port when ``port`` is 0)."""
+    ``port + port_range - 1``, or any free port when ``port`` is 0).  TLS with the
+    operator's ``tls_cert`` / ``tls_key``, or with ``tls_auto`` each shard's own key pair."""
     executor = executor_identity()
     base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
     run_dir = os.path.join(base, run_id)
@@ -166,6 +169,8 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
         infos, procs = [], []
         env = dict(os.environ)
         env[TOKEN_ENV] = token
+        if admin_token:
+            env[ADMIN_TOKEN_ENV] = admin_token
         # Spark's Python worker adds --py-files / addPyFile entries to sys.path, not to
         # PYTHONPATH: hand the worker's import path on so the shard finds the same pystrads.
         inherited = [str(p) for p in sys.path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -185,7 +190,8 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                      "--watch-pid", str(executor_pid()),
                      "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id,
                      "--malloc-retain", str(int(malloc_retain))]
-                    + (["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert else []),
+                    + (["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert else
+                       ["--tls-auto"] if tls_auto else []),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True, close_fds=True)
             procs.append((proc, info_file, log_file, shard_id))
@@ -256,7 +262,8 @@ class ShardManager:
         self.spark = handle_of(spark)  # a SparkContext's or a Spark Connect session's
         self.config = config
         self.run_id = "run-" + secrets.token_hex(8)
-        self.token = secrets.token_urlsafe(32)
+        self.token = secrets.token_urlsafe(32)  # every task holds it
+        self.admin_token = secrets.token_urlsafe(32)  # only this driver: program payloads
         self.group: Optional[ShardGroup] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -275,11 +282,16 @@ class ShardManager:
         start_timeout = cfg["shard.startTimeoutSeconds"]
         malloc_retain = cfg["shard.mallocRetainBytes"]
         tls_cert, tls_key, tls_roots = tls_files(cfg)
+        plaintext = cfg["shard.tls.plaintext"]
+        admin_token = self.admin_token
 
         def launch(_index):
             host, advertise = shard_addresses(local_mode, bind, driver_host)
+            # off the loopback, encrypted by default: each shard makes its own key pair
+            auto = not tls_cert and not plaintext and not is_loopback(advertise)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
-                                       malloc_retain, tls_cert, tls_key, advertise, port, port_range)
+                                       malloc_retain, tls_cert, tls_key, advertise, port, port_range, auto,
+                                       admin_token)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}
@@ -305,10 +317,16 @@ class ShardManager:
                 f"executors run Python {sorted(versions)} but the driver runs {driver_version}; "
                 f"set PYSPARK_PYTHON (or spark.pyspark.python) to the driver's interpreter {sys.executable}")
         shards = sorted(found.values(), key=lambda i: (i["executor"], i["shard"]))
+        exposed = sorted({i["host"] for i in shards if not i.get("tls") and not is_loopback(i["host"])})
+        if exposed:
+            log.warning("shards on %s serve plaintext gRPC off the loopback (spark.pystrads.shard.tls.plaintext="
+                        "true): the run token and program payloads cross the network in clear; anyone who "
+                        "reads them can run code on the executors", ", ".join(exposed))
         self.group = ShardGroup(
             [ShardInfo(i["host"], int(i["port"]), int(i["pid"]), i["executor"], i["shard"], i.get("python", ""),
                        bool(i.get("tls")))
-             for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"], tls_roots)
+             for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"],
+            trust_bundle([i.get("cert") for i in shards], tls_roots), admin_token)
         # The first heartbeat also proves every shard is reachable from the driver.
         self._beat(raise_errors=True)
         self._thread = threading.Thread(target=self._heartbeat_loop, name="pystrads-heartbeat", daemon=True)

@@ -52,11 +52,19 @@ from . import protocol
 log = logging.getLogger("pystrads.ps.server")
 
 TOKEN_ENV = "PYSTRADS_SHARD_TOKEN"
+#: the driver's own credential: program payloads (pickles) are accepted only with it
+ADMIN_TOKEN_ENV = "PYSTRADS_SHARD_ADMIN_TOKEN"
 
 
 def _refuse() -> None:
     raise flight.FlightUnauthenticatedError(
         "pystrads shard: missing or wrong run token; only the fit that started this shard may call it")
+
+
+def _refuse_payload() -> None:
+    raise flight.FlightUnauthenticatedError(
+        "pystrads shard: program payloads are accepted only from the driver that started this shard "
+        "(its admin token is missing or wrong)")
 
 
 _MISSING = object()
@@ -215,12 +223,15 @@ class _StepState:
 
 class ShardServer(flight.FlightServerBase):
     def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = "",
-                 tls_certificates: Optional[list] = None, watch_pid: int = 0):
+                 tls_certificates: Optional[list] = None, watch_pid: int = 0, admin_token: Optional[str] = None):
         if tls_certificates:
             super().__init__(location, tls_certificates=tls_certificates)
         else:
             super().__init__(location)
         self._token = token.encode()
+        # None: payloads come with the run token (a server embedded in a trusted process);
+        # "": no payloads at all; else only with this driver-held token (launched shards)
+        self._admin = None if admin_token is None else admin_token.encode()
         self.shard_id = shard_id
         self.tables: Dict[str, ShardTable] = {}
         self.programs: Dict[str, Any] = {}
@@ -414,6 +425,15 @@ class ShardServer(flight.FlightServerBase):
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._token):
             _refuse()
 
+    def _authorize_payload(self, req: "_Request") -> None:
+        """Program payloads are unpickled here: only the driver may send them, never a task
+        (tasks hold the run token, not the driver's admin token)."""
+        if self._admin is None:
+            return
+        given = req.get("admin")
+        if not self._admin or not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._admin):
+            _refuse_payload()
+
     def _decode(self, raw) -> Tuple[Dict[str, Any], bytes]:
         try:
             header, payload = protocol.decode_header(raw)
@@ -605,6 +625,7 @@ class ShardServer(flight.FlightServerBase):
                 f"available memory ({available / 2 ** 30:.1f} GiB); spread the model over more executors or "
                 "shards (spark.pystrads.shard.perExecutor) or give the executors more memoryOverhead")
         if req.get("initializer"):
+            self._authorize_payload(req)
             init = pickle.loads(base64.b64decode(req.str("initializer")))
             values = np.ascontiguousarray(init(start, stop), dtype=protocol.DTYPES[dtype][0])
             if values.shape != (stop - start, width):
@@ -731,6 +752,7 @@ class ShardServer(flight.FlightServerBase):
 
     def _action_register_program(self, req):
         """Install a fit's program object; its ``pull`` runs here."""
+        self._authorize_payload(req)
         program = pickle.loads(base64.b64decode(req.str("payload")))
         with self.cond:
             self.programs[req.str("namespace")] = program
@@ -1036,17 +1058,14 @@ def _start_time(pid: int) -> Optional[str]:
 
 
 def _listen(host: str, port: int, port_range: int, token: str, lease_seconds: float, shard_id: str,
-            tls_cert: str, tls_key: str, watch_pid: int = 0) -> "ShardServer":
+            tls: Optional[Tuple[bytes, bytes]], watch_pid: int = 0,
+            admin_token: Optional[str] = None) -> "ShardServer":
     """A server on ``host`` at ``port`` (any free port if 0), or the first free one of
-    ``port .. port + port_range - 1``."""
-    kwargs: Dict[str, Any] = {"watch_pid": watch_pid}
+    ``port .. port + port_range - 1``; ``grpc+tls`` with ``tls = (cert PEM, key PEM)``."""
+    kwargs: Dict[str, Any] = {"watch_pid": watch_pid, "admin_token": admin_token}
     scheme = "grpc"
-    if tls_cert:
-        with open(tls_cert, "rb") as fh:
-            cert = fh.read()
-        with open(tls_key, "rb") as fh:
-            key = fh.read()
-        kwargs["tls_certificates"] = [flight.CertKeyPair(cert, key)]
+    if tls:
+        kwargs["tls_certificates"] = [flight.CertKeyPair(*tls)]
         scheme = "grpc+tls"
     ports = [0] if port == 0 else list(range(port, port + max(1, port_range)))
     errors = []
@@ -1061,17 +1080,35 @@ def _listen(host: str, port: int, port_range: int, token: str, lease_seconds: fl
 
 def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
           shard_id: str = "", malloc_retain: int = 0, tls_cert: str = "", tls_key: str = "",
-          advertise: str = "", port_range: int = 1, watch_pid: int = 0) -> None:
+          advertise: str = "", port_range: int = 1, watch_pid: int = 0, tls_auto: bool = False,
+          admin_token: Optional[str] = None) -> None:
+    """Listen and serve until shutdown. TLS from ``tls_cert`` / ``tls_key`` files, or with
+    ``tls_auto`` a key pair made here for the advertised address (:mod:`pystrads.ps.tls`):
+    its certificate goes into the info file for the driver's trust store, the key nowhere."""
     tuned = tune_malloc(malloc_retain)
-    server = _listen(host, port, port_range, token, lease_seconds, shard_id, tls_cert, tls_key, watch_pid)
+    tls: Optional[Tuple[bytes, bytes]] = None
+    own_cert = ""
+    if tls_cert:
+        with open(tls_cert, "rb") as fh:
+            cert = fh.read()
+        with open(tls_key, "rb") as fh:
+            tls = (cert, fh.read())
+    elif tls_auto:
+        from .tls import self_signed
+
+        tls = self_signed(advertise or host)
+        own_cert = tls[0].decode()
+    server = _listen(host, port, port_range, token, lease_seconds, shard_id, tls, watch_pid, admin_token)
     info = {"host": advertise or host, "bind": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
-            "python": sys.executable, "version": sys.version.split()[0], "tls": bool(tls_cert)}
+            "python": sys.executable, "version": sys.version.split()[0], "tls": tls is not None,
+            "cert": own_cert}
     if info_file:
         tmp = info_file + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(info, fh)
         os.replace(tmp, info_file)
-    log.info("shard %s listening on %s:%d (malloc tuned: %s)", shard_id, host, server.port, tuned)
+    log.info("shard %s listening on %s:%d (%s; malloc tuned: %s)", shard_id, host, server.port,
+             "TLS, own certificate" if own_cert else "TLS" if tls else "plaintext", tuned)
     server.serve()
 
 
@@ -1090,15 +1127,21 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="bytes of freed heap to keep mapped (glibc; 0 = defaults)")
     parser.add_argument("--tls-cert", default="", help="PEM certificate: serve grpc+tls with it")
     parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-auto", action="store_true",
+                        help="serve grpc+tls with a key pair made here for --advertise (its certificate "
+                             "is written to --info-file)")
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         sys.exit("--tls-cert and --tls-key go together")
+    if args.tls_auto and args.tls_cert:
+        sys.exit("--tls-auto and --tls-cert exclude each other")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         sys.exit(f"{TOKEN_ENV} is not set: a shard never runs without a run token")
+    admin = os.environ.pop(ADMIN_TOKEN_ENV, "")  # empty: this shard takes no program payloads
     serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain,
-          args.tls_cert, args.tls_key, args.advertise, args.port_range, args.watch_pid)
+          args.tls_cert, args.tls_key, args.advertise, args.port_range, args.watch_pid, args.tls_auto, admin)
 
 
 if __name__ == "__main__":
