@@ -1,0 +1,243 @@
+"""The documentation's examples run, its links resolve and its generated pages are current.
+
+* Every ```python block of README.md and docs/*.md runs on the test session's ``local[2]``:
+  a page's blocks in order, in one namespace (like a notebook's cells), with ``spark`` already
+  defined. A block that cannot run here (it needs a cluster, a Connect server, ...) is marked
+  by an HTML comment on the line before its fence, ``<!-- no-run: why -->``, and there are
+  few. :data:`CHECKS` then tests what each page's examples print or compute.
+* The examples in the package's docstrings run as doctests, with ``spark`` and a tiny
+  ``df`` (label, features) defined.
+* Every relative link (and ``#anchor``) in README.md and docs/*.md points at a file or
+  heading that exists.
+* docs/configuration.md is the build of conf/pystrads-defaults.conf
+  (``python docs/build_configuration.py`` rewrites it).
+"""
+
+import contextlib
+import doctest
+import glob
+import importlib
+import importlib.util
+import io
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+NO_RUN = re.compile(r"^<!--\s*no-run:\s*\S.*-->\s*$")
+#: the no-run blocks stay the exception: raise this only with a reason
+MAX_NO_RUN = 4
+
+
+def code_blocks(text):
+    """``[(line number of the first code line, code, runnable)]`` for every ```python block."""
+    lines = text.split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            prev = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            end = lines.index("```", i + 1)
+            blocks.append((i + 2, "\n".join(lines[i + 1:end]) + "\n", not NO_RUN.match(prev.strip())))
+            i = end
+        elif lines[i].lstrip().startswith("```python"):
+            raise AssertionError(f"line {i + 1}: write python blocks as a bare ```python fence at the line start "
+                                 "(mark blocks that cannot run with <!-- no-run: why --> on the line before)")
+        i += 1
+    return blocks
+
+
+def page_blocks(page):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as fh:
+        return code_blocks(fh.read())
+
+
+RUNNABLE = [p for p in PAGES if any(run for _, _, run in page_blocks(p))]
+
+
+def run_page(page, spark):
+    """Runs the page's runnable blocks in order; returns (namespace, stdout of each block)."""
+    ns = {"__name__": "docs_example", "spark": spark}
+    outputs = []
+    for first_line, code, runnable in page_blocks(page):
+        if not runnable:
+            continue
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            # padded so a traceback names the line of the page itself
+            exec(compile("\n" * (first_line - 1) + code, os.path.join(ROOT, page), "exec"), ns)
+        outputs.append(out.getvalue())
+    return ns, outputs
+
+
+def _check_readme(ns, outputs):
+    lda, mf, lasso = outputs
+    assert len(re.findall(r"^topic \d+: \w+ \w+ \w+ \w+ \w+$", lda, re.M)) == 8, lda
+    assert "prediction" in mf and "recommendations" in mf, mf
+    nnz, r2 = re.search(r"^(\d+) non-zeros; r2 ([-\d.]+)$", lasso, re.M).groups()
+    assert 0 < int(nnz) < 2000 and float(r2) > 0.5, lasso
+    assert "probability" in lasso and ns["clf"].numClasses == 2
+
+
+def _check_lda(ns, outputs):
+    (out,) = outputs
+    assert out.rstrip().splitlines()[-1] == "True", out
+    lda = ns["lda"]
+    assert lda.summary.totalIterations == 15 and lda.getK() == 10
+    assert lda.topicsMatrix().toArray().sum() == lda.summary.numTokens
+
+
+def _check_mf(ns, outputs):
+    (out,) = outputs
+    rmse = float(out.splitlines()[0])
+    assert 0 < rmse < 1.0, out  # ratings on 0.5-5 from a rank-4 model with noise 0.25
+    assert ns["model"].rank == 10 and ns["model"].itemFactors.count() > 0
+
+
+def _check_lasso(ns, outputs):
+    (out,) = outputs
+    assert float(out.splitlines()[0]) > 0.5, out
+    assert 0 < sum(1 for c in ns["model"].coefficients if c) < 2000
+    assert "probability" in out
+
+
+def _check_programs(ns, outputs):
+    engine_rdd, engine_df = outputs
+    assert engine_rdd.splitlines()[0] == "[100. 100. 100. 100. 100.]", engine_rdd
+    assert engine_df.splitlines()[0] == "[100. 100. 100. 100. 100.]", engine_df
+
+
+def _check_user_guide(ns, outputs):
+    (out,) = outputs
+    assert out.splitlines()[0] == "2", out
+    assert "(3,[0,2],[0.5,2.0])" in out, out
+
+
+#: what each page's examples must print or compute (a page not listed only has to run)
+CHECKS = {
+    "README.md": _check_readme,
+    "docs/lda.md": _check_lda,
+    "docs/mf.md": _check_mf,
+    "docs/lasso.md": _check_lasso,
+    "docs/programs.md": _check_programs,
+    "docs/user-guide.md": _check_user_guide,
+}
+
+
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_page_examples_run(spark, page):
+    ns, outputs = run_page(page, spark)
+    if page in CHECKS:
+        CHECKS[page](ns, outputs)
+
+
+def test_every_checked_page_has_examples_and_no_run_blocks_are_few():
+    assert set(CHECKS) <= set(RUNNABLE), set(CHECKS) - set(RUNNABLE)
+    skipped = [(p, line) for p in PAGES for line, _, run in page_blocks(p) if not run]
+    assert len(skipped) <= MAX_NO_RUN, skipped
+
+
+def test_block_extraction_honours_no_run_markers():
+    text = ("x\n```python\na = 1\n```\n\n<!-- no-run: needs YARN -->\n```python\nb = 2\n```\n"
+            "<!-- no-run -->\n```python\nc = 3\n```\n```bash\nls\n```\n")
+    # a bare <!-- no-run --> (no reason) does not count: the block runs
+    assert code_blocks(text) == [(3, "a = 1\n", True), (8, "b = 2\n", False), (12, "c = 3\n", True)]
+
+
+def test_a_broken_example_fails_naming_its_page_and_line(spark, tmp_path):
+    page = tmp_path / "broken.md"
+    page.write_text("# broken\n\n```python\nx = 1\ny = x / 0\n```\n")
+    with pytest.raises(ZeroDivisionError) as info:
+        run_page(str(page), spark)
+    frames = [(f.filename, f.lineno) for f in __import__("traceback").extract_tb(info.tb)]
+    assert (str(page), 5) in frames
+
+
+# -- docstrings -------------------------------------------------------------------------------
+
+def _modules_with_examples():
+    found = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "pystrads", "**", "*.py"), recursive=True)):
+        if ">>>" in open(path, encoding="utf-8").read():
+            rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+            found.append(rel[: -len(".__init__")] if rel.endswith(".__init__") else rel)
+    return found
+
+
+@pytest.mark.parametrize("module", _modules_with_examples())
+def test_docstring_examples_run(spark, module):
+    from pyspark.ml.linalg import Vectors
+
+    df = spark.createDataFrame([(1.0, Vectors.sparse(3, [0], [1.0])), (0.0, Vectors.sparse(3, [1], [1.0])),
+                                (2.0, Vectors.sparse(3, [0, 2], [2.0, 1.0])), (0.5, Vectors.sparse(3, [2], [0.5]))],
+                               ["label", "features"])
+    mod = importlib.import_module(module)
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    tests = [t for t in finder.find(mod, module, globs={"spark": spark, "df": df}) if t.examples]
+    assert tests, f"{module} has '>>>' but no doctest was found"
+    out = io.StringIO()
+    for t in tests:
+        runner.run(t, out=out.write)
+    assert runner.failures == 0, out.getvalue()
+
+
+# -- links and generated pages ----------------------------------------------------------------
+
+def _anchors(path):
+    """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens."""
+    ids = set()
+    with open(path, encoding="utf-8") as fh:
+        in_code = False
+        for line in fh:
+            if line.startswith("```"):
+                in_code = not in_code
+            m = None if in_code else re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+            if m:
+                ids.add(re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", m.group(1).lower())))
+    return ids
+
+
+def test_relative_links_and_anchors_resolve():
+    broken = []
+    for page in PAGES:
+        text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file_part, _, anchor = target.partition("#")
+            path = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), file_part)) if file_part \
+                else os.path.join(ROOT, page)
+            if not os.path.exists(path):
+                broken.append(f"{page}: {target} (no such file)")
+            elif anchor and path.endswith(".md") and anchor not in _anchors(path):
+                broken.append(f"{page}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_configuration_reference_is_the_build_of_the_conf_file():
+    spec = importlib.util.spec_from_file_location("build_configuration",
+                                                  os.path.join(ROOT, "docs", "build_configuration.py"))
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert build.main(["--check"]) == 0, "docs/configuration.md is stale: run python docs/build_configuration.py"
+    page = open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8").read()
+    from pystrads.config import DEFAULTS, PREFIX
+
+    for key in DEFAULTS:
+        assert f"`{PREFIX}{key}`" in page, key
+
+
+
+def test_configuration_build_refuses_a_conf_file_that_misses_a_key(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("build_configuration",
+                                                  os.path.join(ROOT, "docs", "build_configuration.py"))
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    text = open(build.CONF, encoding="utf-8").read()
+    conf = tmp_path / "pystrads-defaults.conf"
+    conf.write_text(re.sub(r"(?m)^spark\.pystrads\.step\.maxRounds .*$", "", text))
+    monkeypatch.setattr(build, "CONF", str(conf))
+    with pytest.raises(ValueError, match=r"only in the registry \['step\.maxRounds'\]"):
+        build.build()
