@@ -1,6 +1,6 @@
 """Benchmark: StradsLasso vs MLlib LinearRegression (OWL-QN) vs scikit-learn / celer / skglm Lasso, one rule.
 
-    python3 jobs/bench_lasso.py --quick --repeats 3                # STRADS generator 20K x 200K (README)
+    python3 jobs/bench_lasso.py --quick --repeats 3                # STRADS generator 20K x 200K (docs/benchmarks.md)
     python3 jobs/bench_lasso.py --problems strads:2000x20000 --quick --repeats 1 --tight   # small check
     python3 jobs/bench_lasso.py --problems strads:20000x200000,uniform:50000x1000000x5000000
 
@@ -111,7 +111,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--problems", default="strads:20000x200000",
-                   help="comma-separated; add uniform:50000x1000000x5000000 for the second README problem")
+                   help="comma-separated; add uniform:50000x1000000x5000000 for the uniform design "
+                        "(docs/benchmarks.md)")
     p.add_argument("--reg-ratio", type=float, default=0.05)
     p.add_argument("--width", type=int, default=256, help="coefficients per round (L) for every schedule")
     p.add_argument("--rounds-max-iter", type=int, default=60,

@@ -6,8 +6,8 @@ the model and the workers' states holds, and MF's and Lasso's parameters equal t
 run's.  A deliberately broken run (one step's updates dropped) shows the checks fail.
 
 Each fit runs in its own driver process (tests/fault_driver.py) on local[2] with
-checkpoints every 2 steps.  The table of results goes to ``out/faults.json`` (the README's
-operations section shows it).
+checkpoints every 2 steps.  The table of results goes to ``out/faults.json`` (docs/operations.md
+shows it, under *The fault-injection suite*).
 """
 
 import json

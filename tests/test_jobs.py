@@ -1,4 +1,4 @@
-"""The spark-submit jobs run end to end (as the README runs them)."""
+"""The spark-submit jobs run end to end (as the README and docs/user-guide.md run them)."""
 
 import json
 import os

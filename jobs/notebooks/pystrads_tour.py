@@ -9,7 +9,7 @@
 # MAGIC
 # MAGIC It uses the notebook's existing `spark` session (Databricks, or a Jupyter kernel started with
 # MAGIC pyspark) and creates a local one only when there is none. The executors need pystrads installed
-# MAGIC (a cluster library) -- see the README's *Notebooks and clusters* section.
+# MAGIC (a cluster library) -- see docs/deployment.md (*Installing* and *Databricks*).
 # MAGIC This file is the source of `pystrads_tour.ipynb` (`python jobs/notebooks/build.py` regenerates it).
 
 # COMMAND ----------
