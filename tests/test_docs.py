@@ -10,7 +10,9 @@
 * Every relative link (and ``#anchor``) in README.md and docs/*.md points at a file or
   heading that exists.
 * docs/configuration.md is the build of conf/pystrads-defaults.conf
-  (``python docs/build_configuration.py`` rewrites it).
+  (``python docs/build_configuration.py`` rewrites it), and the marked tables of
+  docs/benchmarks.md are the build of the benchmark JSON in docs/bench-data/
+  (``python docs/build_benchmarks.py``).
 """
 
 import contextlib
@@ -183,6 +185,13 @@ def test_docstring_examples_run(spark, module):
 
 
 # -- links and generated pages ----------------------------------------------------------------
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "docs", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 
 def _anchors(path):
     """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens."""
@@ -217,10 +226,7 @@ def test_relative_links_and_anchors_resolve():
 
 
 def test_configuration_reference_is_the_build_of_the_conf_file():
-    spec = importlib.util.spec_from_file_location("build_configuration",
-                                                  os.path.join(ROOT, "docs", "build_configuration.py"))
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = _load_script("build_configuration")
     assert build.main(["--check"]) == 0, "docs/configuration.md is stale: run python docs/build_configuration.py"
     page = open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8").read()
     from pystrads.config import DEFAULTS, PREFIX
@@ -231,13 +237,21 @@ def test_configuration_reference_is_the_build_of_the_conf_file():
 
 
 def test_configuration_build_refuses_a_conf_file_that_misses_a_key(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("build_configuration",
-                                                  os.path.join(ROOT, "docs", "build_configuration.py"))
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = _load_script("build_configuration")
     text = open(build.CONF, encoding="utf-8").read()
     conf = tmp_path / "pystrads-defaults.conf"
     conf.write_text(re.sub(r"(?m)^spark\.pystrads\.step\.maxRounds .*$", "", text))
     monkeypatch.setattr(build, "CONF", str(conf))
     with pytest.raises(ValueError, match=r"only in the registry \['step\.maxRounds'\]"):
         build.build()
+
+
+def test_benchmark_tables_are_the_build_of_their_json():
+    build = _load_script("build_benchmarks")
+    assert build.main(["--check"]) == 0, "docs/benchmarks.md is stale: run python docs/build_benchmarks.py"
+    page = open(build.PAGE, encoding="utf-8").read()
+    marked = build.MARKED.findall(page)
+    assert {name for _, name, _, _ in marked} == set(build.RENDERERS)
+    assert all(table.count("\n") >= 3 for _, _, table, _ in marked)  # header, rule, at least one row
+    # an edited figure is caught
+    assert build.build(page.replace("| 1340.7 |", "| 1234.5 |")) == page
