@@ -3,8 +3,11 @@ against a Spark master given on the command line and print one JSON line.
 
     python tests/cluster_driver.py spark://127.0.0.1:7077 2 [SHAPES]
 
-SHAPES: comma-separated subset of rotation,block_lstsq,priority_lasso,sgd,estimators (default:
-the four shapes; ``estimators`` fits StradsLDA, StradsMF and StradsLasso).
+SHAPES: comma-separated subset of rotation,block_lstsq,priority_lasso,sgd,estimators,checkpoint_refusal
+(default: the four shapes; ``estimators`` fits StradsLDA, StradsMF and StradsLasso;
+``checkpoint_refusal`` tries a fit with a bare checkpoint path). Extra Spark settings come as JSON
+in ``CLUSTER_DRIVER_CONF``; with ``CLUSTER_DRIVER_HOLD`` set the driver waits for a line on stdin
+after its result, before ``spark.stop()``.
 Besides each result, it reports every shard's advertised address and the addresses its
 port listens on (read from /proc/<shard pid>/net/tcp: the shards run on this machine, if
 perhaps in another network namespace).
@@ -59,11 +62,28 @@ SHAPES = {"rotation": run_rotation, "block_lstsq": run_block_lstsq, "priority_la
           "sgd": run_sgd}
 
 
+def refuse_bare_checkpoint_path(sc):
+    """A fit with a scheme-less checkpoint.dir on this multi-host cluster: the error, and the
+    Spark jobs started on the way (none)."""
+    from pystrads.engine import Engine
+    from pystrads.errors import ConfigurationError
+    from pystrads.programs.examples import EmptyProgram
+
+    jobs = len(sc.statusTracker().getJobIdsForGroup())
+    try:
+        Engine(EmptyProgram(4), sc.parallelize(range(4), 2),
+               config={"checkpoint.dir": "/tmp/pystrads-ckpt", "checkpoint.interval": 1}).fit()
+        error = None
+    except ConfigurationError as exc:
+        error = str(exc)
+    return {"error": error, "jobs": len(sc.statusTracker().getJobIdsForGroup()) - jobs}
+
+
 def main(master, executors, shapes=None):
-    spark = spark_session(master, "pystrads-cluster-test", {
-        "spark.executor.cores": "1", "spark.cores.max": str(executors), "spark.executor.memory": "1g",
-        "spark.ui.enabled": "false", "spark.pystrads.executor.waitSeconds": "120",
-    })
+    conf = {"spark.executor.cores": "1", "spark.cores.max": str(executors), "spark.executor.memory": "1g",
+            "spark.ui.enabled": "false", "spark.pystrads.executor.waitSeconds": "120"}
+    conf.update(json.loads(os.environ.get("CLUSTER_DRIVER_CONF", "{}")))  # e.g. Spark's own authentication
+    spark = spark_session(master, "pystrads-cluster-test", conf)
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     deadline = time.time() + 120
@@ -75,17 +95,23 @@ def main(master, executors, shapes=None):
         if name == "estimators":
             out[name] = run_estimators(spark)
             continue
+        if name == "checkpoint_refusal":
+            out[name] = refuse_bare_checkpoint_path(sc)
+            continue
         got, expected, summary = SHAPES[name](sc)[:3]
         out[name] = {"result": np.asarray(got).tolist(), "expected": np.asarray(expected).tolist(),
                      "rounds": summary.total_rounds}
     from pystrads.ps import launcher
 
     manager = next(iter(launcher._MANAGERS.values()))
-    out["shards"] = [{"executor": s.executor, "host": s.host, "port": s.port, "pid": s.pid,
+    out["token"], out["admin_token"] = manager.token, manager.admin_token  # to look for on the wire
+    out["shards"] = [{"executor": s.executor, "host": s.host, "port": s.port, "pid": s.pid, "uri": s.uri,
                       "listen": listen_addresses(s.port, s.pid), "loopback_connects": connects("127.0.0.1", s.port),
                       "host_connects": connects(s.host, s.port)}
                      for s in manager.group.shards]
     print("RESULT " + json.dumps(out), flush=True)
+    if os.environ.get("CLUSTER_DRIVER_HOLD"):  # the test kills an executor meanwhile
+        sys.stdin.readline()
     spark.stop()
 
 

@@ -192,10 +192,18 @@ class NetnsSparkCluster(NetnsHosts):
 
     MASTER_PORT = 7077
 
-    def __init__(self, workers: int = 2, loopback_workers: Iterable[int] = ()):
+    def __init__(self, workers: int = 2, loopback_workers: Iterable[int] = (), secure: bool = False):
         names = ["driver"] + [f"w{i + 1}" for i in range(workers)]
         super().__init__(names, [f"w{i + 1}" for i in loopback_workers])
         self.worker_names = names[1:]
+        # secure: Spark's own traffic (which carries the tasks, and so the run token) authenticated
+        # and encrypted, as a cluster on an untrusted network must run it
+        self.spark_conf: Dict[str, str] = {}
+        if secure:
+            import secrets
+
+            self.spark_conf = {"spark.authenticate": "true", "spark.authenticate.secret": secrets.token_hex(16),
+                               "spark.network.crypto.enabled": "true"}
         self.spark_home = os.path.dirname(pyspark.__file__)
         self.url = f"spark://{self.address['driver']}:{self.MASTER_PORT}"
 
@@ -205,6 +213,9 @@ class NetnsSparkCluster(NetnsHosts):
                    SPARK_WORKER_DIR=os.path.join(self.work, host), NO_PROXY="*", no_proxy="*")
         if host not in self.loopback_names:
             env["SPARK_LOCAL_IP"] = self.address[host]
+        if self.spark_conf:
+            opts = " ".join(f"-D{k}={v}" for k, v in self.spark_conf.items())
+            env.update(SPARK_MASTER_OPTS=opts, SPARK_WORKER_OPTS=opts)
         return env
 
     def __enter__(self) -> "NetnsSparkCluster":
@@ -226,3 +237,64 @@ class NetnsSparkCluster(NetnsHosts):
             self.close()
             raise
         return self
+
+
+class Capture:
+    """Every frame that crosses the bridge of ``hosts`` while the ``with`` block runs, read with a
+    raw ``AF_PACKET`` socket on the hosts' veth ends (no tcpdump needed; root only).
+
+    ``payloads(ports)`` is the TCP payload bytes of the frames from or to any of ``ports``
+    (all TCP frames when ``ports`` is None), in capture order."""
+
+    def __init__(self, hosts: NetnsHosts, limit_bytes: int = 1 << 30):
+        import socket
+        import threading
+
+        self._ifnames = {f"pst{hosts.tag}{i}a" for i in range(len(hosts.names))}
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # ETH_P_ALL
+        self._sock.settimeout(0.2)
+        self._frames: List[tuple] = []  # (src port, dst port, payload)
+        self._stored = 0
+        self._limit = limit_bytes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.frames_seen = 0
+
+    def __enter__(self) -> "Capture":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._sock.close()
+
+    def _run(self) -> None:
+        import socket
+
+        while not self._stop.is_set():
+            try:
+                frame, addr = self._sock.recvfrom(262144)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if addr[0] not in self._ifnames or len(frame) < 34 or frame[12:14] != b"\x08\x00":
+                continue  # not the fixture's, or not IPv4
+            self.frames_seen += 1
+            ip = frame[14:]
+            ihl = (ip[0] & 0x0F) * 4
+            total = int.from_bytes(ip[2:4], "big")
+            if ip[9] != 6 or len(ip) < ihl + 20:
+                continue  # not TCP
+            tcp = ip[ihl:total]
+            offset = (tcp[12] >> 4) * 4
+            payload = bytes(tcp[offset:])
+            if payload and self._stored < self._limit:
+                self._frames.append((int.from_bytes(tcp[0:2], "big"), int.from_bytes(tcp[2:4], "big"), payload))
+                self._stored += len(payload)
+
+    def payloads(self, ports: Optional[Iterable[int]] = None) -> bytes:
+        wanted = None if ports is None else set(ports)
+        return b"".join(p for src, dst, p in list(self._frames)
+                        if wanted is None or src in wanted or dst in wanted)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pyspark
@@ -166,7 +167,9 @@ def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
     name, meeting only over a bridge. Worker w2 has no SPARK_LOCAL_IP and its host name resolves
     to 127.0.1.1 (a Debian/Ubuntu hosts file). The four program shapes give local mode's results,
     and so do StradsMF and StradsLasso (to rounding) and StradsLDA (exact counts, the same quality);
-    every shard listens on its own host's address only."""
+    every shard listens on its own host's address only, serves TLS, and exits within 10 s of its
+    executor JVM; a packet capture of it all holds no secret or pickle in clear; a bare checkpoint
+    path is refused."""
     import netns
     from shapes import run_estimators
 
@@ -177,17 +180,58 @@ def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
     local = {"rotation": run_rotation(sc), "block_lstsq": run_block_lstsq(sc),
              "priority_lasso": run_priority_lasso(sc), "sgd": run_sgd(sc)}
     local_fits = run_estimators(spark)
-    with netns.NetnsSparkCluster(workers=2, loopback_workers=[1]) as cluster:
+    with netns.NetnsSparkCluster(workers=2, loopback_workers=[1], secure=True) as cluster:
         resolved = cluster.run("w2", [sys.executable, "-c", "import socket; print(socket.gethostbyname("
                                       "socket.getfqdn()))"], env=cluster.env("w2"))
         assert resolved.stdout.strip() == "127.0.1.1", resolved  # the trap is set
-        proc = cluster.run("driver", [sys.executable, os.path.join(HERE, "cluster_driver.py"), cluster.url, "2",
-                                      ",".join(list(local) + ["estimators"])],
-                           env=cluster.env("driver"), cwd=os.path.dirname(HERE))
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        out = json.loads(lines[0][len("RESULT "):])
+        env = dict(cluster.env("driver"), CLUSTER_DRIVER_CONF=json.dumps(cluster.spark_conf), CLUSTER_DRIVER_HOLD="1")
+        stderr_path = os.path.join(cluster.work, "driver.err")
+        with netns.Capture(cluster) as capture, open(stderr_path, "w") as stderr:
+            proc = subprocess.Popen(cluster.command("driver", [
+                sys.executable, os.path.join(HERE, "cluster_driver.py"), cluster.url, "2",
+                ",".join(list(local) + ["estimators", "checkpoint_refusal"])]),
+                env=env, cwd=os.path.dirname(HERE), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=stderr, text=True, start_new_session=True)
+            try:
+                line = ""
+                while not line.startswith("RESULT "):  # (the driver then waits on stdin)
+                    line = proc.stdout.readline()
+                    assert line, f"driver failed ({proc.wait()}):\n{open(stderr_path).read()[-5000:]}"
+                out = json.loads(line[len("RESULT "):])
+                # the driver holds its application open: kill worker w1's executor JVM, which the
+                # shard on w1 watches (--watch-pid)
+                shard = next(s for s in out["shards"] if s["host"] == cluster.address["w1"])
+                argv = open(f"/proc/{shard['pid']}/cmdline").read().split("\0")
+                jvm = int(argv[argv.index("--watch-pid") + 1])
+                assert open(f"/proc/{jvm}/comm").read().strip() == "java" and jvm in cluster.pids("w1")
+                os.kill(jvm, signal.SIGKILL)
+                killed = time.time()
+                while time.time() - killed < 15 and os.path.exists(f"/proc/{shard['pid']}") and \
+                        open(f"/proc/{shard['pid']}/stat").read().split(")")[1].split()[0] != "Z":
+                    time.sleep(0.1)
+                shard_exit_s = time.time() - killed
+                proc.stdin.write("done\n")
+                proc.stdin.flush()
+                assert proc.wait(120) == 0, open(stderr_path).read()[-5000:]
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
         workers = {cluster.address[w] for w in cluster.worker_names}
+    assert shard_exit_s <= 10, f"the shard outlived its executor JVM by {shard_exit_s:.1f} s"
+    # the wire: shards off the loopback serve TLS with the run's own certificates, and with Spark's
+    # own traffic authenticated and encrypted (spark.authenticate, spark.network.crypto.enabled) no
+    # frame on the bridge carries the run token, the driver's admin token or a pickle in clear
+    assert all(s["uri"].startswith(f"grpc+tls://{s['host']}:") for s in out["shards"]), out["shards"]
+    shard_bytes = capture.payloads({s["port"] for s in out["shards"]})
+    wire = capture.payloads()
+    assert len(shard_bytes) > 100_000, len(shard_bytes)  # the capture saw the fits' shard traffic
+    for secret in (out["token"], out["admin_token"]):
+        assert secret.encode() not in wire
+    for marker in (b"\x80\x04\x95", b"\x80\x05\x95", b"gASV", b"gAWV", b"cloudpickle", b"pystrads.programs"):
+        assert marker not in wire, marker  # pickles (raw or base64) of programs and tasks
+    # checkpoints: a bare path names each host's own disk: refused, before any Spark job
+    refusal = out["checkpoint_refusal"]
+    assert refusal["error"] and "is a path without a scheme" in refusal["error"] and refusal["jobs"] == 0, refusal
     assert out["executors"] == 2, out
     assert out["driver_host"] in (cluster.address["driver"], cluster.hostname["driver"]), out["driver_host"]
     tolerances = {"rotation": 1e-9, "block_lstsq": 1e-8, "priority_lasso": 1e-6, "sgd": 1e-6}
