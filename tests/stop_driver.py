@@ -1,10 +1,10 @@
 """A driver process that outlives its Spark application, for the lifecycle test.
 
-    python tests/stop_driver.py LEASE_SECONDS
+    python tests/stop_driver.py LEASE_SECONDS [SOLVE_SECONDS]
 
-1. fits a small Lasso (the shards start, with a lease of LEASE_SECONDS);
-2. runs the working-set solver's numba kernel on the driver for at least four leases
-   (calibrated here), then checks the same shards still answer;
+1. fits a small program (the shards start, with a lease of LEASE_SECONDS);
+2. runs the working-set solver's numba kernel on the driver for SOLVE_SECONDS (default four
+   leases; the pass count is calibrated here), then checks the same shards still answer;
 3. calls ``spark.stop()`` and stays alive, timing how long the shards take to exit.
 
 Prints ``RESULT {json}``.
@@ -58,7 +58,7 @@ def alive(pid):
         return False
 
 
-def main(lease):
+def main(lease, solve_seconds):
     from pystrads.programs.examples import EmptyProgram
     from pystrads.engine import Engine
 
@@ -68,7 +68,7 @@ def main(lease):
     Engine(EmptyProgram(4, rounds_per_step=4), spark.sparkContext.parallelize(range(4), 2)).fit()
     manager = next(iter(launcher._MANAGERS.values()))
     before = shard_pids(manager)
-    solve_s = long_solve(4 * lease)
+    solve_s = long_solve(solve_seconds)
     out = {"lease": lease, "solve_s": solve_s, "pids": before,
            "survived": all(alive(p) for p in before) and manager.alive() and shard_pids(manager) == before}
     spark.stop()
@@ -81,4 +81,4 @@ def main(lease):
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]))
+    main(float(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 4 * float(sys.argv[1]))
