@@ -105,6 +105,7 @@ def main(master, executors, shapes=None):
 
     manager = next(iter(launcher._MANAGERS.values()))
     out["token"], out["admin_token"] = manager.token, manager.admin_token  # to look for on the wire
+    out["trust"] = (manager.group.tls_root_certs or b"").decode()  # the run's certificates (public)
     out["shards"] = [{"executor": s.executor, "host": s.host, "port": s.port, "pid": s.pid, "uri": s.uri,
                       "listen": listen_addresses(s.port, s.pid), "loopback_connects": connects("127.0.0.1", s.port),
                       "host_connects": connects(s.host, s.port)}

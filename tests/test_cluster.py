@@ -7,6 +7,7 @@ addresses built out of network namespaces (``netns.py``)."""
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -173,6 +174,9 @@ def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
     import netns
     from shapes import run_estimators
 
+    from pystrads.errors import ShardUnavailableError
+    from pystrads.ps.client import ShardClient
+
     why = netns.available()
     if why:
         pytest.skip(why)
@@ -198,9 +202,16 @@ def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
                     line = proc.stdout.readline()
                     assert line, f"driver failed ({proc.wait()}):\n{open(stderr_path).read()[-5000:]}"
                 out = json.loads(line[len("RESULT "):])
-                # the driver holds its application open: kill worker w1's executor JVM, which the
-                # shard on w1 watches (--watch-pid)
+                # the driver holds its application open. From outside the cluster (this host, over
+                # the bridge): only a client holding the run's certificates gets in
                 shard = next(s for s in out["shards"] if s["host"] == cluster.address["w1"])
+                assert ShardClient(shard["uri"], out["token"], tls_root_certs=out["trust"].encode()).action(
+                    "ping")["pid"] == shard["pid"]
+                with pytest.raises(ShardUnavailableError, match="TLS handshake"):
+                    ShardClient(shard["uri"], "not-the-token").action("ping")  # the system's CAs
+                with pytest.raises(ShardUnavailableError):
+                    ShardClient(shard["uri"].replace("grpc+tls://", "grpc://"), "not-the-token").action("ping")
+                # kill worker w1's executor JVM, which the shard on w1 watches (--watch-pid)
                 argv = open(f"/proc/{shard['pid']}/cmdline").read().split("\0")
                 jvm = int(argv[argv.index("--watch-pid") + 1])
                 assert open(f"/proc/{jvm}/comm").read().strip() == "java" and jvm in cluster.pids("w1")
@@ -227,8 +238,13 @@ def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
     assert len(shard_bytes) > 100_000, len(shard_bytes)  # the capture saw the fits' shard traffic
     for secret in (out["token"], out["admin_token"]):
         assert secret.encode() not in wire
-    for marker in (b"\x80\x04\x95", b"\x80\x05\x95", b"gASV", b"gAWV", b"cloudpickle", b"pystrads.programs"):
-        assert marker not in wire, marker  # pickles (raw or base64) of programs and tasks
+    # pickles (raw or base64) of programs and tasks: a protocol 4/5 header with its 8-byte frame
+    # length (< 4 GiB, so four zero bytes) -- long enough never to occur by chance in 20 MB of
+    # ciphertext, as a bare 3-byte header does -- and names only pickles spell out
+    pickles = re.compile(rb"\x80[\x04\x05]\x95.{4}\x00{4}|gA[SW]V[A-Za-z0-9+/]{4}AAAAAA|cloudpickle|"
+                         rb"pystrads\.programs", re.DOTALL)
+    found = pickles.findall(wire)
+    assert not found, found[:5]
     # checkpoints: a bare path names each host's own disk: refused, before any Spark job
     refusal = out["checkpoint_refusal"]
     assert refusal["error"] and "is a path without a scheme" in refusal["error"] and refusal["jobs"] == 0, refusal
