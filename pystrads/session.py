@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Mapping, Optional
 
-from .engine.driver import check_java
+from .engine.preflight import check_java
 
 
 def spark_session(master: Optional[str] = None, app_name: str = "pystrads",

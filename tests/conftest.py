@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from pystrads.engine.driver import check_java
+from pystrads.engine import check_java
 from pystrads.errors import ConfigurationError
 
 

@@ -286,9 +286,9 @@ def test_a_fit_whose_tasks_get_no_slots_fails_clearly_instead_of_waiting(sc, mon
     (warning, then failing after round.timeoutSeconds) instead of waiting for ever."""
     import threading
 
-    from pystrads.engine import driver
+    from pystrads.engine import resident_driver
 
-    monkeypatch.setattr(driver, "SLOT_WAIT_WARN_SECONDS", 0.5)
+    monkeypatch.setattr(resident_driver, "SLOT_WAIT_WARN_SECONDS", 0.5)
     release = threading.Event()
 
     def hog():

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..engine import Engine
-from ..engine.driver import check_cluster, default_num_workers
+from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..engine.spark import handle_of, is_dataframe
 from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample, RowBlock
@@ -469,7 +469,7 @@ def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
         raise InputError(f"featuresCol {fcol!r}: vectors have size 0; there is nothing to fit")
     scan_s = time.perf_counter() - t_start
     sample = ColumnSample(stats["sample"], num_features)
-    seed = int(estimator.getOrDefault(estimator.seed)) if estimator.isDefined(estimator.seed) else 0
+    seed = int(estimator.getOrDefault(estimator.seed))  # HasSeed always has a default
     program = program_cls(
         num_features, estimator.getRegParam(), fit_intercept=estimator.getFitIntercept(),
         elastic_net=estimator.getElasticNetParam(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from ..engine.driver import _slots
+from ..engine.preflight import _slots
 from ..errors import ConfigurationError, InputError
 
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
@@ -16,7 +16,7 @@ def check_num_workers(sc, requested: Optional[int]) -> None:
     """``numWorkers`` against the task slots known without a job (local masters); no Spark job.
 
     Clusters whose slots are only known once executors register are checked
-    later by :func:`~pystrads.engine.driver.check_cluster`.
+    later by :func:`~pystrads.engine.preflight.check_cluster`.
     """
     if not requested:
         return

@@ -22,7 +22,7 @@ from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMa
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from ..engine import Engine
-from ..engine.driver import check_cluster, default_num_workers
+from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, choose_sampler
 from ._persistence import PersistentModel, metadata_context
@@ -365,7 +365,7 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
         sampler = self.getSampler()
         if sampler == "auto":
             sampler = choose_sampler(k, stats["tokens"] / stats["docs"])
-        seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
+        seed = int(self.getOrDefault(self.seed))  # HasSeed always has a default
         bounds = range_bounds(vocab, U, freq)
         program = LDAProgram(k, vocab, U, bounds, alpha, beta, self.getMaxIter(), sampler, seed,
                              word_weights=freq.astype(np.float64), log_likelihood_every=self.getLogLikelihoodEvery())

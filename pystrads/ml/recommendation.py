@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..engine import Engine
-from ..engine.driver import check_cluster, default_num_workers
+from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..programs.mf import MFProgram, MFSGDProgram
 from ._persistence import PersistentModel, metadata_context
@@ -346,7 +346,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
 
         # each worker holds whole users: its partition of a hash partitioning by user
         records = triples.repartition(U, "u")
-        seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
+        seed = int(self.getOrDefault(self.seed))  # HasSeed always has a default
         rank = self.getRank()
         if self.getAlgorithm() == "sgd":
             for name in ("featureBlockSize", "innerIterations"):

@@ -1,0 +1,169 @@
+"""Pre-flight checks: what must hold before a fit starts any Spark job.
+
+Java on the driver, the cluster's task slots for every worker at once
+(barrier stages), dynamic allocation off, the executors registered and
+running the driver's Python, checkpoint storage that every host reaches; and
+the default number of workers.  Each error names the setting and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from typing import Any, Mapping, Optional
+
+from ..config import Config
+from ..errors import ConfigurationError
+from ..ps import launcher, storage
+from .spark import handle_of, is_dataframe, slots_from_master
+
+log = logging.getLogger("pystrads.engine.driver")
+
+
+def _slots(spark) -> Optional[int]:
+    """Task slots known without a job (local masters, or a cluster's fixed executor count and
+    cores); None when only the running application can tell."""
+    h = handle_of(spark)
+    cpus = int(h.conf("spark.task.cpus", "1") or 1)
+    slots = slots_from_master(h.master, cpus)
+    if slots is None and h.connect:
+        instances, cores = h.conf("spark.executor.instances"), h.conf("spark.executor.cores")
+        if instances and cores:
+            slots = int(instances) * int(cores) // cpus
+    return slots
+
+
+def default_num_workers(data, requested: Optional[int] = None) -> int:
+    """Workers an :class:`Engine` over ``data`` (an RDD or a DataFrame) uses: ``requested``,
+    else its partitions capped by the task slots known without a job."""
+    if requested:
+        return int(requested)
+    h = handle_of(data)
+    slots = _slots(h)
+    if h.connect:  # a Connect DataFrame's partitions are only known by running a job
+        if slots:
+            return slots
+        raise ConfigurationError(
+            "under Spark Connect the number of workers cannot be inferred on this cluster; set num_workers "
+            "(numWorkers on the estimators) to at most the task slots the cluster offers")
+    parts = (data.rdd if is_dataframe(data) else data).getNumPartitions()
+    return min(parts, slots) if slots else parts
+
+
+def _python_cause(exc: BaseException) -> str:
+    """The last Python exception line inside a Py4J error (what the user needs)."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines()
+             if re.match(r"^\s*[\w.]+(Error|Exception|Warning)\b.*:", ln)]
+    python_lines = [ln for ln in lines if not ln.startswith(("org.apache", "java.", "py4j", "scala."))]
+    chosen = (python_lines or lines or [text.splitlines()[0] if text else repr(exc)])[-1]
+    return chosen[:2000]
+
+
+def check_java() -> None:
+    """Raise :class:`ConfigurationError` unless a Java 17+ runtime is available."""
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise ConfigurationError(
+            "Spark needs Java 17 or newer and none was found (JAVA_HOME unset and no java on PATH); "
+            "install OpenJDK 17 (e.g. apt-get install openjdk-17-jre-headless) and retry")
+    import subprocess
+
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(m.group(1)) if m else 0
+    if major == 1 and m and m.group(2):
+        major = int(m.group(2))
+    if major < 17:
+        raise ConfigurationError(f"Spark needs Java 17 or newer; {java} is version {major or out!r}. "
+                                 "Install OpenJDK 17 and point JAVA_HOME at it")
+
+
+def expected_executors(spark) -> int:
+    """Executors this application should have: 1 in local mode, n for
+    ``local-cluster[n,c,m]``, ``spark.executor.instances`` when set, else as
+    many as have registered (classic) or 1 (Spark Connect: the shard launcher
+    then starts shards on every executor its tasks reach)."""
+    h = handle_of(spark)
+    master = h.master
+    if master.startswith("local["):
+        return 1
+    m = re.match(r"local-cluster\[(\d+),", master)
+    if m:
+        return int(m.group(1))
+    instances = h.conf("spark.executor.instances", None)
+    if instances:
+        return int(instances)
+    if h.connect:
+        return 1
+    return max(1, launcher._count_executors(h.sc))
+
+
+def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] = None) -> None:
+    """Pre-flight checks of the cluster for ``num_workers`` barrier tasks (no Spark job):
+    dynamic allocation off, enough task slots, executors' Python; each error says what to change."""
+    h = handle_of(spark)
+    config = config if isinstance(config, Config) else Config.from_spark(h, config)
+    U = num_workers
+    if (h.conf("spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
+        raise ConfigurationError(
+            "spark.dynamicAllocation.enabled=true: pystrads runs barrier stages whose tasks must all "
+            "run at once on fixed executors; set spark.dynamicAllocation.enabled=false")
+    slots = _slots(h)
+    if h.connect:
+        # no executor registry and no default parallelism through Connect: the slots known from
+        # the master or spark.executor.instances/cores are checked; otherwise Spark's own barrier
+        # check refuses a stage larger than the cluster when the fit starts
+        if slots is not None and slots < U:
+            raise _too_few_slots(U, slots)
+        return
+    sc = h.sc
+    python = getattr(sc, "pythonExec", None) or sys.executable
+    resolved = shutil.which(python) or python
+    if os.path.realpath(resolved) != os.path.realpath(sys.executable):
+        log.warning("executors use Python %r, the driver %r; set PYSPARK_PYTHON=%s if the "
+                    "executors lack pystrads or its dependencies", python, sys.executable, sys.executable)
+    wanted = expected_executors(h)
+    deadline = time.monotonic() + config["executor.waitSeconds"]
+    while launcher._count_executors(sc) < wanted and time.monotonic() < deadline:
+        time.sleep(0.2)  # executors still registering (shards go one per executor)
+    if launcher._count_executors(sc) < wanted:
+        raise ConfigurationError(
+            f"only {launcher._count_executors(sc)} of {wanted} executors registered within "
+            f"spark.pystrads.executor.waitSeconds={config['executor.waitSeconds']}; raise it or check the "
+            "cluster manager")
+    if slots is None:
+        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        while True:
+            executors = launcher._count_executors(sc)
+            slots = sc.defaultParallelism // cpus if executors else 0
+            if slots >= U or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    if slots < U:
+        raise _too_few_slots(U, slots)
+
+
+def check_checkpoint_storage(directory: Optional[str], hosts: Optional[set]) -> None:
+    """A bare checkpoint path names each host's own disk: refuse it when the fit spans hosts
+    (one host's snapshots would be invisible to the others when the fit resumes)."""
+    if not directory or hosts is None or len(hosts) <= 1 or storage.has_scheme(directory) \
+            or directory.startswith("/dbfs/"):
+        return
+    raise ConfigurationError(
+        f"spark.pystrads.checkpoint.dir={directory!r} is a path without a scheme, which names each host's own "
+        f"disk, but this fit runs on {len(hosts)} hosts ({', '.join(sorted(hosts))}): a checkpoint written on "
+        "one would be missing on the others when the fit resumes. Use a URI every host reaches (hdfs://..., "
+        "s3://..., gs://..., dbfs:/...) or, for a filesystem mounted at the same path on every host, write it "
+        "as file:///that/path (the scheme says it is shared)")
+
+
+def _too_few_slots(U: int, slots: int) -> ConfigurationError:
+    return ConfigurationError(
+        f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
+        f"offers {slots}; lower num_workers to {max(1, slots)} or give Spark more executor cores "
+        "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
