@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from .errors import ConfigurationError
+from .ps.protocol import CHUNK_BYTES
 
 PREFIX = "spark.pystrads."
 
@@ -65,7 +66,7 @@ _SETTINGS = [
     Setting("shard.tls.plaintext", False, bool,
             "allow plain gRPC off the loopback when no certificate is configured (logs a warning: the run "
             "token and program payloads then cross the network in clear); false = per-run TLS"),
-    Setting("rpc.chunkBytes", 4 * 1024 * 1024 - 64 * 1024, int,
+    Setting("rpc.chunkBytes", CHUNK_BYTES, int,
             "bytes per Arrow record batch in a get or put stream (kept under gRPC's "
             "4 MiB message limit)", 4096),
     Setting("rpc.maxKeysPerRequest", 262144, int,

@@ -47,6 +47,3 @@ class RoundTimeoutError(PystradsError, TimeoutError):
     """A worker waited longer than ``spark.pystrads.round.timeoutSeconds`` for
     the other workers to finish a round."""
 
-
-class ConvergenceWarning(UserWarning):
-    """A fit stopped at its iteration limit before reaching its tolerance."""

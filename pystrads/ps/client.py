@@ -58,7 +58,6 @@ def fan_out(calls: Sequence[Any]) -> List[Any]:
 
 def _translate(exc: Exception, uri: str, what: str) -> Exception:
     text = str(exc).split("\n")[0]
-    detail = getattr(exc, "extra_info", None)
     if isinstance(exc, flight.FlightTimedOutError) or "round timeout" in text:
         return RoundTimeoutError(f"{what} on shard {uri}: {text}")
     if isinstance(exc, flight.FlightUnauthenticatedError):
@@ -73,14 +72,13 @@ def _translate(exc: Exception, uri: str, what: str) -> Exception:
             f"{what}: shard {uri} is unreachable ({text}); the shard process died or its lease "
             "expired (see spark.pystrads.shard.leaseSeconds), or the network between executors "
             "blocks its port")
-    del detail
     return ShardUnavailableError(f"{what} on shard {uri} failed: {text}")
 
 
 class ShardClient:
     """One authenticated Flight connection to one shard."""
 
-    def __init__(self, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
+    def __init__(self, uri: str, token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
                  tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None):
         self.uri = uri
         self.chunk_bytes = chunk_bytes
@@ -95,7 +93,7 @@ class ShardClient:
         self._options = flight.FlightCallOptions()
 
     @classmethod
-    def cached(cls, uri: str, token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
+    def cached(cls, uri: str, token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
                tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None) -> "ShardClient":
         key = (uri, token, admin_token, tls_root_certs)
         with _CONNECTIONS_LOCK:
@@ -234,7 +232,7 @@ class ShardGroup:
     ``admin_token`` (the driver's credential for program payloads) stays in the process that
     made the group: it is dropped when the group is pickled into tasks."""
 
-    def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = (4 << 20) - (64 << 10),
+    def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
                  max_keys: int = 262144, tls_root_certs: Optional[bytes] = None,
                  admin_token: Optional[str] = None):
         self.shards = tuple(shards)

@@ -27,6 +27,9 @@ DTYPES = {
 
 #: A stored byte string (a worker's pickled state) travels as binary chunks of this size.
 BLOB_CHUNK = 2 << 20
+#: default bytes per Arrow record batch in a get / put stream: under gRPC's 4 MiB message
+#: limit with room for the batch's metadata (``spark.pystrads.rpc.chunkBytes``)
+CHUNK_BYTES = (4 << 20) - (64 << 10)
 BLOB_SCHEMA = pa.schema([pa.field("chunk", pa.binary())])
 
 
