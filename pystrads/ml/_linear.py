@@ -28,14 +28,16 @@ from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..engine.spark import handle_of, is_dataframe
 from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample, RowBlock
+from ._params import HasNumWorkers, check_common_params
 from ._persistence import metadata_context
+from ._summary import FitSummary, HasTrainingSummary
 from ._validation import check_num_workers
 
 log = logging.getLogger(__name__)
 
 
 class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol, HasRegParam, HasMaxIter,
-                          HasTol, HasFitIntercept, HasStandardization, HasSeed):
+                          HasTol, HasFitIntercept, HasStandardization, HasSeed, HasNumWorkers):
     """Params shared by the L1 estimators (MLlib's names, defaults and meaning, plus the schedule)."""
 
     elasticNetParam: Param[float] = Param(
@@ -74,16 +76,13 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
         "from the first sweep on, while the non-zeros number at most 3/4 of it, the problem restricted to the "
         "non-zeros and the worst KKT violators is solved on the driver; beyond, parallel rounds",
         typeConverter=TypeConverters.toInt)
-    numWorkers: Param[int] = Param(
-        Params._dummy(), "numWorkers", "data partitions (workers) updating the model in parallel; 0 = one per "
-        "task slot", typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(regParam=0.0, elasticNetParam=1.0, maxIter=100, tol=1e-6, fitIntercept=True,
                          standardization=True, schedule="dynamic", priority="gradient", coordinatesPerRound=256,
                          candidatesPerRound=512, correlationThreshold=0.3, correlationSampleSize=10000,
-                         workingSetLimit=4096, numWorkers=0, featuresCol="features", labelCol="label",
+                         workingSetLimit=4096, featuresCol="features", labelCol="label",
                          predictionCol="prediction")
 
     def getElasticNetParam(self) -> float:
@@ -110,9 +109,6 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
     def getWorkingSetLimit(self) -> int:
         return self.getOrDefault(self.workingSetLimit)
 
-    def getNumWorkers(self) -> int:
-        return self.getOrDefault(self.numWorkers)
-
     # -- checks that need no Spark job
     def _check_params(self) -> None:
         def bad(name, why):
@@ -122,8 +118,7 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
             bad("regParam", "must be a finite number >= 0")
         if not 0.0 <= self.getElasticNetParam() <= 1.0:
             bad("elasticNetParam", "must be in [0, 1] (1 is the lasso, 0 ridge)")
-        if self.getMaxIter() < 1:
-            bad("maxIter", "must be >= 1")
+        check_common_params(self)
         if not (self.getTol() > 0 and math.isfinite(self.getTol())):
             bad("tol", "must be a finite number > 0")
         if self.getSchedule() not in SCHEDULES:
@@ -140,8 +135,6 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
             bad("correlationSampleSize", "must be >= 1")
         if not 0 <= self.getWorkingSetLimit() <= 16384:
             bad("workingSetLimit", "must be in [0, 16384] (its Gram matrix lives on the shards)")
-        if self.getNumWorkers() < 0:
-            bad("numWorkers", "must be >= 0 (0 = one per task slot)")
 
     def _check_schema(self, dataset) -> None:
         fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
@@ -553,7 +546,7 @@ class _SparseLinearSetters:
         return self._set(numWorkers=value)
 
 
-class LinearTrainingSummary:
+class LinearTrainingSummary(FitSummary):
     """Training history of an L1 fit.
 
     ``objectiveHistory``: the objective (MLlib's scaling) at the start and after
@@ -565,48 +558,34 @@ class LinearTrainingSummary:
     """
 
     def __init__(self, engine_summary, stop_reason, program, scan_s, read_s, stats):
-        import pandas as pd
-
-        self.iterations = pd.DataFrame(engine_summary.iterations)
-        self.steps = pd.DataFrame(engine_summary.rows)
-        self.timings = dict(engine_summary.fixed, scan_s=scan_s, read_model_s=read_s)
+        super().__init__(engine_summary, scan_s=scan_s, read_model_s=read_s)
         self.stopReason = stop_reason or "maxIter"
         self.numInstances = int(stats["rows"])
         self.numNonZeros = int(stats["nnz"])
 
-    def _col(self, name) -> List[float]:
-        return [float(v) for v in self.iterations[name]] if name in self.iterations else []
-
     @property
     def objectiveHistory(self) -> List[float]:
-        return self._col("objective")
+        return self._history("objective")
 
     @property
     def updatesHistory(self) -> List[int]:
-        return [int(v) for v in self._col("updates")]
+        return [int(v) for v in self._history("updates")]
 
     @property
     def roundUpdatesHistory(self) -> List[int]:
-        return [int(v) for v in self._col("round_updates")]
+        return [int(v) for v in self._history("round_updates")]
 
     @property
     def gapHistory(self) -> List[float]:
-        return self._col("gap")
+        return self._history("gap")
 
     @property
     def totalIterations(self) -> int:
         return max(0, len(self.iterations) - 1)
 
-    def to_pandas(self):
-        """The per-iteration history (iteration, objective, updates, gap) as a pandas DataFrame."""
-        return self.iterations.copy()
-
     def plot(self, ax=None, x: str = "updates"):
         """Convergence plot (objective minus its last value, log scale) with matplotlib."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(6, 4))
+        ax = self._axes(ax)
         obj = np.asarray(self.objectiveHistory)
         best = obj.min() if len(obj) else 0.0
         ax.semilogy(self.iterations[x], np.maximum(obj - best, 1e-16 * max(abs(best), 1e-300)), marker="o")
@@ -615,7 +594,7 @@ class LinearTrainingSummary:
         return ax
 
 
-class SparseLinearModelMixin:
+class SparseLinearModelMixin(HasTrainingSummary):
     """Coefficients, intercept, persistence, the column setters; subclasses define ``transform``."""
 
     def setFeaturesCol(self, value: str):
@@ -641,17 +620,6 @@ class SparseLinearModelMixin:
     @property
     def numFeatures(self) -> int:
         return int(len(self._coef))
-
-    @property
-    def hasSummary(self) -> bool:
-        return self._summary is not None
-
-    @property
-    def summary(self):
-        if self._summary is None:
-            raise RuntimeError(f"No training summary available for this {type(self).__name__} "
-                               f"(a loaded model has none)")
-        return self._summary
 
     def _margin_udf(self):
         coef, intercept = self._coef, self._intercept

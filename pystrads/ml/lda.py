@@ -25,7 +25,9 @@ from ..engine import Engine
 from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, choose_sampler
+from ._params import HasNumWorkers, check_common_params
 from ._persistence import PersistentModel, metadata_context
+from ._summary import FitSummary, HasTrainingSummary
 from ._validation import check_num_workers
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 LARGE_MODEL_CELLS = 50_000_000
 
 
-class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterval):
+class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterval, HasNumWorkers):
     """Params shared by :class:`StradsLDA` and :class:`StradsLDAModel`."""
 
     k: Param[int] = Param(Params._dummy(), "k", "number of topics (clusters) to infer; must be > 1.",
@@ -57,10 +59,6 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         "output column with estimates of the topic mixture distribution for each document (often called "
         "'theta' in the literature); documents without terms get a zero vector, as in MLlib.",
         typeConverter=TypeConverters.toString)
-    numWorkers: Param[int] = Param(
-        Params._dummy(), "numWorkers",
-        "data partitions (workers) updating the model in parallel; they must all run at once. 0 = one per "
-        "Spark task slot.", typeConverter=TypeConverters.toInt)
     sampler: Param[str] = Param(
         Params._dummy(), "sampler",
         "collapsed Gibbs sampler: 'auto' (chosen by k and mean document length), 'dense', 'sparse' "
@@ -78,7 +76,7 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
-                         numWorkers=0, sampler="auto", logLikelihoodEvery=1, foldInIterations=20)
+                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20)
 
     def getK(self) -> int:
         return self.getOrDefault(self.k)
@@ -91,9 +89,6 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
 
     def getTopicDistributionCol(self) -> str:
         return self.getOrDefault(self.topicDistributionCol)
-
-    def getNumWorkers(self) -> int:
-        return self.getOrDefault(self.numWorkers)
 
     def getSampler(self) -> str:
         return self.getOrDefault(self.sampler)
@@ -120,18 +115,15 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         return float(self.getTopicConcentration()) if self.isDefined(self.topicConcentration) else 0.1
 
     def _validate_params(self) -> None:
-        k, max_iter = self.getK(), self.getMaxIter()
+        k = self.getK()
         if k < 2:
             raise ConfigurationError(f"k={k}: LDA needs at least 2 topics; set k >= 2")
-        if max_iter < 1:
-            raise ConfigurationError(f"maxIter={max_iter} must be >= 1")
+        check_common_params(self)
         alpha, beta = self._alpha(), self._beta()
         if not alpha > 0 or not math.isfinite(alpha):
             raise ConfigurationError(f"docConcentration={alpha} must be a finite value > 0 (e.g. {50.0 / k:.4g})")
         if not beta > 0 or not math.isfinite(beta):
             raise ConfigurationError(f"topicConcentration={beta} must be a finite value > 0 (e.g. 0.1)")
-        if self.getNumWorkers() < 0:
-            raise ConfigurationError(f"numWorkers={self.getNumWorkers()} must be >= 0 (0 = one per task slot)")
         sampler = self.getSampler()
         if sampler != "auto" and sampler not in SAMPLERS:
             raise ConfigurationError(f"sampler={sampler!r} is not one of 'auto', " + ", ".join(
@@ -140,10 +132,6 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
             raise ConfigurationError(f"logLikelihoodEvery={self.getLogLikelihoodEvery()} must be >= 0")
         if self.getFoldInIterations() < 2:
             raise ConfigurationError(f"foldInIterations={self.getFoldInIterations()} must be >= 2")
-        interval = self.getCheckpointInterval()
-        if interval != -1 and interval < 1:
-            raise ConfigurationError(f"checkpointInterval={interval} must be >= 1, or -1 to disable "
-                                     "checkpoints (MLlib's rule)")
 
     def _validate_schema(self, dataset) -> None:
         col = self.getFeaturesCol()
@@ -393,27 +381,19 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
         return DefaultParamsReader(cls)
 
 
-class StradsLDASummary:
-    """Training history of a :class:`StradsLDAModel` fit.
+class StradsLDASummary(FitSummary):
+    """Training history of a :class:`StradsLDAModel` fit (:class:`~pystrads.ml._summary.FitSummary`).
 
-    ``iterations`` (pandas DataFrame): one row per iteration with
-    ``log_likelihood`` (log p(w, z)), ``log_perplexity`` (−log p(w, z) / tokens),
-    ``s_error`` (the STRADS supplement's Δt) and ``tokens``; ``steps``: one
-    row per Spark step with rounds, seconds, tokens/s and the time split
-    (``compute_s``, ``sync_s``, ``spark_s``, ``schedule_s``); ``fixed``:
-    one-off costs in seconds (input scan, shard start, data load, init,
-    reading the model back).
+    ``iterations``: one row per iteration with ``log_likelihood`` (log p(w, z)),
+    ``log_perplexity`` (−log p(w, z) / tokens), ``s_error`` (the STRADS
+    supplement's Δt) and ``tokens``; ``steps`` adds tokens/s to the time split
+    (``compute_s``, ``sync_s``, ``spark_s``, ``schedule_s``).
     """
 
     def __init__(self, engine_summary, stats, scan_s, read_s, sampler, workers):
-        import pandas as pd
-
-        self.iterations = pd.DataFrame(engine_summary.iterations)
-        steps = pd.DataFrame(engine_summary.rows)
-        if len(steps):
-            steps["tokens_per_s"] = steps["tokens"] / steps["job_s"]
-        self.steps = steps
-        self.fixed = dict(engine_summary.fixed, scan_s=scan_s, read_model_s=read_s)
+        super().__init__(engine_summary, scan_s=scan_s, read_model_s=read_s)
+        if len(self.steps):
+            self.steps["tokens_per_s"] = self.steps["tokens"] / self.steps["job_s"]
         self.shards = engine_summary.shards  # per shard: table bytes, resident memory, traffic
         self.numDocuments = int(stats["docs"])
         self.numEmptyDocuments = int(stats["empty"])  # all-zero vectors: skipped
@@ -424,12 +404,7 @@ class StradsLDASummary:
 
     @property
     def logLikelihoodHistory(self) -> List[float]:
-        col = self.iterations.get("log_likelihood")
-        return [] if col is None else [float(v) for v in col.dropna()]
-
-    @property
-    def totalIterations(self) -> int:
-        return int(self.iterations["iteration"].max()) if len(self.iterations) else 0
+        return self._history("log_likelihood")
 
     @property
     def tokensPerSecond(self) -> float:
@@ -440,16 +415,9 @@ class StradsLDASummary:
     def trainingSeconds(self) -> float:
         return float(self.steps["seconds"].sum()) if len(self.steps) else 0.0
 
-    def to_pandas(self):
-        """The per-iteration history (log-likelihood, log-perplexity, s-error, tokens) as pandas."""
-        return self.iterations.copy()
-
     def plot(self, ax=None):
         """Training log-likelihood per iteration (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(6, 4))
+        ax = self._axes(ax)
         it = self.iterations.dropna(subset=["log_likelihood"]) if "log_likelihood" in self.iterations else self.iterations
         ax.plot(it["iteration"], it.get("log_likelihood", []), marker=".")
         ax.set_xlabel("iteration")
@@ -458,7 +426,7 @@ class StradsLDASummary:
         return ax
 
 
-class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
+class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentModel):
     """A fitted :class:`StradsLDA` model: word-topic counts and the priors."""
 
     def __init__(self, word_topic: Optional[np.ndarray] = None, alpha: float = 0.0, beta: float = 0.0):
@@ -524,16 +492,6 @@ class StradsLDAModel(Model, _StradsLDAParams, PersistentModel):
                              StructField("termIndices", ArrayType(IntegerType(), False), False),
                              StructField("termWeights", ArrayType(DoubleType(), False), False)])
         return SparkSession.active().createDataFrame(rows, schema)
-
-    @property
-    def hasSummary(self) -> bool:
-        return self._summary is not None
-
-    @property
-    def summary(self) -> StradsLDASummary:
-        if self._summary is None:
-            raise RuntimeError("no training summary: this model was loaded, not fitted in this session")
-        return self._summary
 
     # -- inference
     def _fold_in(self, dataset):

@@ -28,7 +28,9 @@ from ..engine import Engine
 from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..programs.mf import MFProgram, MFSGDProgram
+from ._params import HasNumWorkers, check_common_params
 from ._persistence import PersistentModel, metadata_context
+from ._summary import FitSummary, HasTrainingSummary
 from ._validation import check_num_workers, check_ratings
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,8 @@ class _StradsMFModelParams(HasPredictionCol):
                                     if param != "ratingCol" else "(cast it, e.g. F.col(...).cast('double'))"))
 
 
-class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpointInterval, HasSeed, HasStepSize):
+class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpointInterval, HasSeed, HasStepSize,
+                      HasNumWorkers):
     """Params of StradsMF (as pyspark's _ALSParams)."""
 
     rank: Param[int] = Param(Params._dummy(), "rank", "rank of the factorization (>= 1)",
@@ -126,9 +129,6 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
     nonnegative: Param[bool] = Param(Params._dummy(), "nonnegative",
                                      "whether to use nonnegative constraint for least squares",
                                      typeConverter=TypeConverters.toBoolean)
-    numWorkers: Param[int] = Param(Params._dummy(), "numWorkers",
-                                   "data partitions (workers) updating the model in parallel; 0 = one per task slot",
-                                   typeConverter=TypeConverters.toInt)
     innerIterations: Param[int] = Param(
         Params._dummy(), "innerIterations",
         "alternations per feature block in each iteration (>= 1; 0 = automatic: 1 with blocks of several "
@@ -147,7 +147,7 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(rank=10, maxIter=10, regParam=0.1, implicitPrefs=False, alpha=1.0, ratingCol="rating",
-                         nonnegative=False, checkpointInterval=10, numWorkers=0, innerIterations=0, featureBlockSize=0,
+                         nonnegative=False, checkpointInterval=10, innerIterations=0, featureBlockSize=0,
                          algorithm="cd", stepSize=0.05)
 
     def getAlgorithm(self) -> str:
@@ -167,9 +167,6 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
 
     def getNonnegative(self) -> bool:
         return self.getOrDefault(self.nonnegative)
-
-    def getNumWorkers(self) -> int:
-        return self.getOrDefault(self.numWorkers)
 
     def getInnerIterations(self) -> int:
         return self.getOrDefault(self.innerIterations)
@@ -291,8 +288,7 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                                      "pyspark.ml.recommendation.ALS for implicit feedback")
         if self.getRank() < 1:
             raise ConfigurationError(f"rank={self.getRank()} must be >= 1")
-        if self.getMaxIter() < 1:
-            raise ConfigurationError(f"maxIter={self.getMaxIter()} must be >= 1")
+        check_common_params(self, "ALS's")
         if not (self.getRegParam() >= 0 and np.isfinite(self.getRegParam())):
             raise ConfigurationError(f"regParam={self.getRegParam()} must be a finite number >= 0")
         if not (self.getAlpha() >= 0 and np.isfinite(self.getAlpha())):
@@ -300,12 +296,6 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
                                      "with explicit ratings)")
         if self.getInnerIterations() < 0:
             raise ConfigurationError(f"innerIterations={self.getInnerIterations()} must be >= 1 (or 0 = automatic)")
-        if self.getNumWorkers() < 0:
-            raise ConfigurationError(f"numWorkers={self.getNumWorkers()} must be >= 0 (0 = one per task slot)")
-        interval = self.getCheckpointInterval()
-        if interval != -1 and interval < 1:
-            raise ConfigurationError(f"checkpointInterval={interval} must be >= 1, or -1 to disable "
-                                     "checkpoints (ALS's rule)")
         if self.getFeatureBlockSize() < 0:
             raise ConfigurationError(f"featureBlockSize={self.getFeatureBlockSize()} must be >= 0 (0 = automatic)")
         if self.getNonnegative() and self.getFeatureBlockSize() > 1:
@@ -413,35 +403,20 @@ def _ids_and_item_counts(triples):
     return users, items, item_counts
 
 
-class StradsMFSummary:
-    """Training history: ``iterations`` (pandas: train_rmse per iteration), ``steps`` (rounds,
-    seconds, time split) and ``fixed`` (one-off costs in seconds)."""
+class StradsMFSummary(FitSummary):
+    """Training history (:class:`~pystrads.ml._summary.FitSummary`): ``iterations`` has
+    train_rmse, sse and the regularisation per iteration."""
 
     def __init__(self, engine_summary, scan_s, program):
-        import pandas as pd
-
-        self.iterations = pd.DataFrame(engine_summary.iterations)
-        self.steps = pd.DataFrame(engine_summary.rows)
-        self.fixed = dict(engine_summary.fixed, scan_s=scan_s)
+        super().__init__(engine_summary, scan_s=scan_s)
 
     @property
     def trainRmseHistory(self) -> List[float]:
-        return [] if "train_rmse" not in self.iterations else [float(x) for x in self.iterations["train_rmse"]]
-
-    @property
-    def totalIterations(self) -> int:
-        return int(self.iterations["iteration"].max()) if len(self.iterations) else 0
-
-    def to_pandas(self):
-        """The per-iteration history (train_rmse, sse, regularisation) as a pandas DataFrame."""
-        return self.iterations.copy()
+        return self._history("train_rmse")
 
     def plot(self, ax=None):
         """Training RMSE per iteration (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(6, 4))
+        ax = self._axes(ax)
         ax.plot(self.iterations["iteration"], self.iterations["train_rmse"], marker="o")
         ax.set_xlabel("iteration")
         ax.set_ylabel("training RMSE")
@@ -455,7 +430,7 @@ def _factors_df(spark, ids: np.ndarray, factors: np.ndarray):
     return spark.createDataFrame(rows, schema)
 
 
-class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
+class StradsMFModel(HasTrainingSummary, Model, _StradsMFModelParams, PersistentModel):
     """A fitted :class:`StradsMF`: user and item factors, predictions, recommendations."""
 
     def __init__(self, rank: int = 0, user_ids=None, user_factors=None, item_ids=None, item_factors=None):
@@ -483,16 +458,6 @@ class StradsMFModel(Model, _StradsMFModelParams, PersistentModel):
         from pyspark.sql import SparkSession
 
         return _factors_df(SparkSession.active(), self._item_ids, self._h)
-
-    @property
-    def hasSummary(self) -> bool:
-        return self._summary is not None
-
-    @property
-    def summary(self) -> StradsMFSummary:
-        if self._summary is None:
-            raise RuntimeError("no training summary: this model was loaded, not fitted in this session")
-        return self._summary
 
     def _transform(self, dataset):
         from pyspark.sql.functions import pandas_udf
