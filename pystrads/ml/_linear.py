@@ -19,7 +19,6 @@ from pyspark.ml.linalg import DenseVector, SparseVector, Vectors, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasFitIntercept, HasLabelCol, HasMaxIter, HasPredictionCol,
                                      HasRegParam, HasSeed, HasStandardization, HasTol, HasWeightCol)
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -29,7 +28,6 @@ from ..errors import ConfigurationError, InputError
 from ..engine.spark import handle_of, is_dataframe
 from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample, RowBlock
 from ._params import HasNumWorkers, check_common_params
-from ._persistence import metadata_context
 from ._summary import FitSummary, HasTrainingSummary
 from ._validation import check_num_workers
 
@@ -641,19 +639,16 @@ class SparseLinearModelMixin(HasTrainingSummary):
             raise InputError(f"featuresCol {col!r} has type {dataset.schema[col].dataType.simpleString()}; "
                              f"expected a vector column")
 
-    def _save(self, path: str, spark) -> None:
-        DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark),
-                                         extraMetadata={"numFeatures": self.numFeatures})
+    def _extra_metadata(self) -> dict:
+        return {"numFeatures": self.numFeatures}
+
+    def _save_data(self, path: str, spark) -> None:
         schema = T.StructType([T.StructField("intercept", T.DoubleType(), False),
                                T.StructField("coefficients", T.ArrayType(T.DoubleType(), False), False)])
         spark.createDataFrame([(self._intercept, self._coef.tolist())], schema).write.parquet(
             os.path.join(path, "data"))
 
     @classmethod
-    def _load(cls, path: str, spark):
-        metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
+    def _from_data(cls, path: str, spark, metadata):
         row = spark.read.parquet(os.path.join(path, "data")).first()
-        model = cls(np.asarray(row["coefficients"], dtype=np.float64), float(row["intercept"]))
-        model._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(model, metadata)
-        return model
+        return cls(np.asarray(row["coefficients"], dtype=np.float64), float(row["intercept"]))

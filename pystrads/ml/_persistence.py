@@ -1,4 +1,5 @@
-"""Shared persistence plumbing for pystrads models: pyspark metadata plus data written by Spark."""
+"""Shared persistence for pystrads models: pyspark's params metadata plus data written by Spark
+(:class:`PersistentModel`), with an overwrite that also works under Spark Connect."""
 
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ class ModelReader(MLReader):
 
 
 class PersistentModel(MLReadable, MLWritable):
-    """Mixin: a model implementing ``_save(path, spark)`` and classmethod ``_load(path, spark)``."""
+    """Mixin: MLlib's layout -- pyspark's params metadata (uid, params, ``_extra_metadata()``) in
+    ``path/metadata`` plus the model's data, written and read by Spark so that any Hadoop / DBFS
+    path works. A model implements ``_extra_metadata()``, ``_save_data(path, spark)`` and the
+    classmethod ``_from_data(path, spark, metadata)``, which returns a model without its params."""
 
     def write(self) -> MLWriter:
         return ModelWriter(self)
@@ -57,3 +61,22 @@ class PersistentModel(MLReadable, MLWritable):
     @classmethod
     def read(cls) -> MLReader:
         return ModelReader(cls)
+
+    def _extra_metadata(self) -> dict:
+        return {}
+
+    def _save(self, path: str, spark) -> None:
+        from pyspark.ml.util import DefaultParamsWriter
+
+        DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark), extraMetadata=self._extra_metadata())
+        self._save_data(path, spark)
+
+    @classmethod
+    def _load(cls, path: str, spark):
+        from pyspark.ml.util import DefaultParamsReader
+
+        metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
+        model = cls._from_data(path, spark, metadata)
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        return model

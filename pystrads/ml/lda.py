@@ -19,14 +19,14 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.linalg import DenseMatrix, DenseVector, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMaxIter, HasSeed
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
 from ..engine import Engine
 from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, choose_sampler
 from ._params import HasNumWorkers, check_common_params
-from ._persistence import PersistentModel, metadata_context
+from ._persistence import PersistentModel
 from ._summary import FitSummary, HasTrainingSummary
 from ._validation import check_num_workers
 from ..programs.lda import LDAProgram
@@ -243,7 +243,7 @@ def _doc_records(dataset, features_col: str):
     return frame.mapInArrow(keep, DOC_RECORD_SCHEMA), stats
 
 
-class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
+class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParamsWritable):
     """Latent Dirichlet Allocation by model-parallel collapsed Gibbs sampling (STRADS LDA).
 
     Objective: samples the posterior of LDA's topic assignments z (collapsed
@@ -372,13 +372,6 @@ class StradsLDA(Estimator, _StradsLDAParams, MLReadable, MLWritable):
         model = StradsLDAModel(word_topic, alpha, beta)
         model._summary = summary
         return self._copyValues(model)
-
-    def write(self) -> MLWriter:
-        return DefaultParamsWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return DefaultParamsReader(cls)
 
 
 class StradsLDASummary(FitSummary):
@@ -598,28 +591,23 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
         return float(-ll / tokens) if tokens else float("nan")
 
     # -- persistence
-    def _save(self, path: str, spark) -> None:
+    def _extra_metadata(self) -> dict:
+        return {"alpha": self._alpha_value, "beta": self._beta_value, "vocabSize": self.vocabSize(),
+                "k": int(self._word_topic.shape[1])}
+
+    def _save_data(self, path: str, spark) -> None:
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
 
-        model = self
-        DefaultParamsWriter.saveMetadata(model, path, metadata_context(spark), extraMetadata={
-            "alpha": model._alpha_value, "beta": model._beta_value, "vocabSize": model.vocabSize(),
-            "k": int(model._word_topic.shape[1])})
-        # one row per term, written by Spark so any Hadoop/DBFS path works
-        wt = model._word_topic
+        wt = self._word_topic  # one row per term that has tokens
         schema = StructType([StructField("term", IntegerType(), False),
                              StructField("counts", ArrayType(IntegerType(), False), False)])
         rows = [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))]
         spark.createDataFrame(rows, schema).write.parquet(os.path.join(path, "data"))
 
     @classmethod
-    def _load(cls, path: str, spark) -> "StradsLDAModel":
-        metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
+    def _from_data(cls, path: str, spark, metadata) -> "StradsLDAModel":
         v, k = int(metadata["vocabSize"]), int(metadata["k"])
         word_topic = np.zeros((v, k), dtype=np.int32)
         for row in spark.read.parquet(os.path.join(path, "data")).toLocalIterator():
             word_topic[row["term"]] = row["counts"]
-        model = cls(word_topic, metadata["alpha"], metadata["beta"])
-        model._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(model, metadata)
-        return model
+        return cls(word_topic, metadata["alpha"], metadata["beta"])

@@ -20,7 +20,7 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed,
                                      HasStepSize)
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -29,7 +29,7 @@ from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..programs.mf import MFProgram, MFSGDProgram
 from ._params import HasNumWorkers, check_common_params
-from ._persistence import PersistentModel, metadata_context
+from ._persistence import PersistentModel
 from ._summary import FitSummary, HasTrainingSummary
 from ._validation import check_num_workers, check_ratings
 
@@ -190,7 +190,7 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         return -(-self.getRank() // blocks)
 
 
-class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
+class StradsMF(Estimator, _StradsMFParams, DefaultParamsReadable, DefaultParamsWritable):
     """Matrix factorisation for explicit ratings by scheduled model-parallel coordinate descent.
 
     Objective (exactly ALS's for explicit feedback)::
@@ -362,13 +362,6 @@ class StradsMF(Estimator, _StradsMFParams, MLReadable, MLWritable):
         model = StradsMFModel(rank, users, w, items, h)
         model._summary = summary
         return self._copyValues(model)
-
-    def write(self) -> MLWriter:
-        return DefaultParamsWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return DefaultParamsReader(cls)
 
 
 def _ids_and_item_counts(triples):
@@ -567,9 +560,11 @@ class StradsMFModel(HasTrainingSummary, Model, _StradsMFModelParams, PersistentM
                                self.getUserCol(), subset=ids)
 
     # -- persistence
-    def _save(self, path: str, spark) -> None:
+    def _extra_metadata(self) -> dict:
+        return {"rank": self.rank}
+
+    def _save_data(self, path: str, spark) -> None:
         m = self
-        DefaultParamsWriter.saveMetadata(m, path, metadata_context(spark), extraMetadata={"rank": m.rank})
         schema = T.StructType([T.StructField("id", T.LongType(), False),
                                T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
         for name, ids, f in (("userFactors", m._user_ids, m._w), ("itemFactors", m._item_ids, m._h)):
@@ -577,16 +572,12 @@ class StradsMFModel(HasTrainingSummary, Model, _StradsMFModelParams, PersistentM
             spark.createDataFrame(rows, schema).write.parquet(os.path.join(path, name))
 
     @classmethod
-    def _load(cls, path: str, spark) -> "StradsMFModel":
-        metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
+    def _from_data(cls, path: str, spark, metadata) -> "StradsMFModel":
         parts = {}
         for name in ("userFactors", "itemFactors"):
             rows = sorted((r["id"], r["features"]) for r in spark.read.parquet(
                 os.path.join(path, name)).collect())
             parts[name] = (np.array([r[0] for r in rows], dtype=np.int64),
                            np.array([r[1] for r in rows], dtype=np.float64).reshape(len(rows), -1))
-        model = cls(int(metadata["rank"]), parts["userFactors"][0], parts["userFactors"][1],
-                         parts["itemFactors"][0], parts["itemFactors"][1])
-        model._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(model, metadata)
-        return model
+        return cls(int(metadata["rank"]), parts["userFactors"][0], parts["userFactors"][1],
+                   parts["itemFactors"][0], parts["itemFactors"][1])
