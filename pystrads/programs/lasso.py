@@ -58,22 +58,11 @@ import numpy as np
 
 from ..engine.program import Program, Schedule, Table
 from ..kernels import cd as K
+from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, eso_factor, soft_step, stepped
 from ._rows import ColumnSample, RowBlock, canonical_order, rows_to_arrays  # noqa: F401 -- re-exported
 
-BETA, DELTA, CURV, PEN, MEAN, L2 = range(6)
-COEF_WIDTH = 6
 SCHEDULES = ("dynamic", "shotgun", "roundrobin")
 PRIORITIES = ("gradient", "delta")
-
-
-def soft_step(beta, grad, curv, pen):
-    """The coordinate minimiser's change: ``S(curv beta - grad, pen) / curv - beta``
-    (``grad``: derivative of the smooth part; ``pen < 0`` or ``curv <= 0``: frozen)."""
-    live = (curv > 0) & (pen >= 0)
-    c = np.where(live, curv, 1.0)
-    z = c * beta - grad
-    new = np.sign(z) * np.maximum(np.abs(z) - np.maximum(pen, 0.0), 0.0) / c
-    return np.where(live, new - beta, 0.0)
 
 
 class LassoProgram(Program):
@@ -248,19 +237,14 @@ class LassoProgram(Program):
     def pull(self, table, keys, partials, current):
         if table == "grad":
             return partials
-        new = current.copy()
         l2 = current[:, L2]
         grad = self._coord_gradient(partials, current) + l2 * current[:, BETA]
         # ESO damping: a coefficient whose rows other coefficients of the round also touch
         # takes a proportionally shorter step, so the parallel round cannot overshoot
         # (sum_j x_ij d_j)^2 <= omega_i sum_j x_ij^2 d_j^2 (the separable L2 part needs none)
-        plain = partials[:, 3]
-        factor = np.where(plain > 0, np.maximum(partials[:, 2] / np.where(plain > 0, plain, 1.0), 1.0), 1.0)
+        factor = eso_factor(partials[:, 2], partials[:, 3])
         curv = np.where(current[:, CURV] > 0, current[:, CURV] * factor + l2, 0.0)
-        step = soft_step(current[:, BETA], grad, curv, current[:, PEN])
-        new[:, BETA] += step
-        new[:, DELTA] = step
-        return new
+        return stepped(current, grad, curv)
 
     def _coord_gradient(self, partials, current):
         """Derivative of the smooth part along each coefficient, from the summed partials
@@ -664,18 +648,13 @@ class L1LogisticProgram(LassoProgram):
     def pull(self, table, keys, partials, current):
         if table == "grad":
             return partials
-        new = current.copy()
         mu = current[:, MEAN]
         l2 = current[:, L2]
         grad = partials[:, 0] - mu * partials[:, 1] + l2 * current[:, BETA]
         curv = partials[:, 2] - 2 * mu * partials[:, 3] + mu * mu * partials[:, 4]
-        plain = partials[:, 2]
-        factor = np.where(plain > 0, np.maximum(partials[:, 5] / np.where(plain > 0, plain, 1.0), 1.0), 1.0)
+        factor = eso_factor(partials[:, 5], partials[:, 2])
         curv = np.where(current[:, PEN] >= 0, np.maximum(curv, 1e-12) * factor + l2, 0.0)
-        step = soft_step(current[:, BETA], grad, curv, current[:, PEN])
-        new[:, BETA] += step
-        new[:, DELTA] = step
-        return new
+        return stepped(current, grad, curv)
 
     def _extra_prepare(self, coef):
         if self.fit_intercept:
