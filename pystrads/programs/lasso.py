@@ -1,5 +1,13 @@
 """Sparse L1 / elastic-net linear models by scheduled parallel coordinate descent (STRADS Lasso).
 
+This module holds :class:`LassoProgram` (squared loss).  Around it:
+:mod:`pystrads.programs.logistic` (:class:`L1LogisticProgram`, the log-loss on
+the same schedule), :mod:`pystrads.programs._rows` (the row structures:
+:class:`RowBlock`, :func:`rows_to_arrays`, :func:`canonical_order`,
+:class:`ColumnSample`), :mod:`pystrads.programs._coef` (the ``coef`` table's
+columns and :func:`soft_step`) and :mod:`pystrads.programs._working_set` (the
+driver's Gram solver); every one of these names can be imported from here.
+
 Objective (MLlib's ``LinearRegression`` / ``LogisticRegression``, in the
 original units of the features)::
 
@@ -60,12 +68,13 @@ from ..engine.program import Program, Schedule, Table
 from ..kernels import cd as K
 from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, eso_factor, soft_step, stepped
 from ._rows import ColumnSample, RowBlock, canonical_order, rows_to_arrays  # noqa: F401 -- re-exported
+from ._working_set import WorkingSetSolver
 
 SCHEDULES = ("dynamic", "shotgun", "roundrobin")
 PRIORITIES = ("gradient", "delta")
 
 
-class LassoProgram(Program):
+class LassoProgram(WorkingSetSolver, Program):
     """Lasso (squared loss) by STRADS's dynamic, prioritised, dependency-checked parallel CD.
 
     Parameters
@@ -403,72 +412,6 @@ class LassoProgram(Program):
             ctx.stop("maxIter")
         elif self._uses_working_set():
             self._working_set(ctx, step, objective)
-
-    # ------------------------------------------------------------------ the Gram tail
-    def _working_set(self, ctx, step, objective) -> None:
-        """Working-set solver on the driver (celer / blitz style): while the non-zeros
-        number at most ``3/4 gram_limit``, solve the Lasso restricted to a working
-        set exactly on the driver from its Gram matrix (the workers send
-        ``X_A' W X_A`` once per working set); the next sweep's gradient checks the
-        rest and grows the set.  The set is the non-zeros plus the coefficients
-        that violate the optimality conditions most (``|grad| / pen``), at least
-        ``gram_limit / 2`` and twice the non-zeros, at most ``gram_limit``; it is
-        taken right after the first sweep, and the inner solve stops well inside
-        the whole problem's duality gap.  The parallel rounds run when the
-        non-zeros exceed ``3/4 gram_limit`` (``workingSetLimit``)."""
-        d = self._d
-        coef = d["coef"]
-        J = self.num_features
-        live = coef[:J, PEN] >= 0
-        nonzero = live & (coef[:J, BETA] != 0)
-        active = np.flatnonzero(nonzero | (live & (step[:J] != 0)))
-        fresh = "gram_rows" in d
-        if fresh:  # a step just summed the Gram matrix of d["gram_set"] into the table: solve on it
-            m = len(d["gram_set"])
-            flat = ctx.table("gram").get_range(0, m * m)[:, 0]
-            keys = np.flatnonzero(flat)
-            ctx.table("gram").put(keys, np.zeros(len(keys)))  # clean for the next working set
-            rows, cols = np.divmod(keys, m)
-            indptr = np.zeros(m + 1, dtype=np.int64)
-            np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-            d["gram"] = (indptr, cols.astype(np.int64), flat[keys])
-            del d["gram_rows"]
-        if np.count_nonzero(nonzero) > (3 * self.gram_limit) // 4 or len(active) == 0:
-            d.pop("gram_set", None)
-            d.pop("gram", None)
-            return
-        stale = d.get("gram_set") is None or "gram" not in d or not np.all(np.isin(active, d["gram_set"]))
-        if stale and not fresh:  # (a fresh Gram is solved on first: the set was chosen from this gradient)
-            nz = np.flatnonzero(nonzero)
-            size = min(self.gram_limit, max(self.gram_limit // 2, 2 * len(nz), len(active) + len(active) // 4 + 64))
-            rest = np.flatnonzero(live & ~nonzero)
-            order = np.argsort(-np.abs(d["grad"][rest]) / np.maximum(coef[rest, PEN], 1e-300), kind="stable")
-            d["gram_set"] = np.union1d(nz, rest[order[:max(size - len(nz), 0)]]).astype(np.int64)
-            d["need_gram"] = d["gram_set"]
-            d.pop("gram", None)
-            return
-        gs = d["gram_set"]
-        beta = coef[gs, BETA].copy()
-        grad = d["grad"][gs].copy()
-        # stop the inner solve well inside the outer test; while the whole problem's duality
-        # gap is still large (the set will change), well inside that gap (celer's rule)
-        gap = self.duality_gap(coef, d["grad"], d["sums"])
-        tol = 1e-6 * np.sqrt(self.tol * max(abs(objective), 1e-300))
-        if np.isfinite(gap) and gap > 1e3 * self.tol * max(abs(objective), 1e-300):
-            tol = max(tol, 1e-3 * np.sqrt(gap / len(gs)))
-        indptr, cols, vals = d["gram"]
-        l2 = coef[gs, L2].copy()
-        curv = np.where(coef[gs, CURV] > 0, coef[gs, CURV] + l2, 0.0)
-        d["updates"] += int(K.gram_lasso(indptr, cols, vals, curv, coef[gs, MEAN].copy(), grad, beta,
-                                         coef[gs, PEN].copy(), l2, 100000, tol))
-        rows = coef[gs].copy()
-        rows[:, DELTA] = beta - rows[:, BETA]
-        rows[:, BETA] = beta
-        ctx.table("coef").put(gs, rows)
-        d["pending"] = gs
-
-    def _uses_working_set(self) -> bool:
-        return bool(self.gram_limit) and self.schedule_name == "dynamic" and self.priority == "gradient"
 
     # ------------------------------------------------------------------ the schedule
     def schedule(self, ctx):
