@@ -30,12 +30,8 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
-import ctypes
-import ctypes.util
-import hmac
 import json
 import logging
-import math
 import os
 import pickle
 import sys
@@ -48,6 +44,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from . import protocol
+from .memory import _mem_available, _rss_bytes, tune_malloc
+from .request import _refuse, authorize_payload, decode_action, decode_request
+from .table import ShardTable
 
 log = logging.getLogger("pystrads.ps.server")
 
@@ -56,19 +55,6 @@ TOKEN_ENV = "PYSTRADS_SHARD_TOKEN"
 ADMIN_TOKEN_ENV = "PYSTRADS_SHARD_ADMIN_TOKEN"
 
 
-def _refuse() -> None:
-    raise flight.FlightUnauthenticatedError(
-        "pystrads shard: missing or wrong run token; only the fit that started this shard may call it")
-
-
-def _refuse_payload() -> None:
-    raise flight.FlightUnauthenticatedError(
-        "pystrads shard: program payloads are accepted only from the driver that started this shard "
-        "(its admin token is missing or wrong)")
-
-
-_MISSING = object()
-
 #: how many ended fits a shard remembers, so that their late workers end instead of waiting
 CLOSED_FITS_KEPT = 4096
 
@@ -76,131 +62,6 @@ CLOSED_FITS_KEPT = 4096
 def _in_fit(name: str, fit: str) -> bool:
     """Whether a namespace (or key) belongs to the fit ``fit``."""
     return name == fit or name.startswith(fit + "/")
-
-
-_INT64 = 2 ** 63
-
-
-class _Request(dict):
-    """A decoded request header or action body whose fields are read with clear errors
-    (a missing or mistyped field is the caller's mistake, never a crash of the shard)."""
-
-    def __missing__(self, key):
-        raise flight.FlightServerError(f"malformed request: field {key!r} is missing")
-
-    def _get(self, key, default):
-        if key in self:
-            return self[key]
-        if default is _MISSING:
-            raise flight.FlightServerError(f"malformed request: field {key!r} is missing")
-        return default
-
-    def int(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._get(key, default)
-        if value is default and default is not _MISSING:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 <= value < _INT64:
-            raise flight.FlightServerError(
-                f"malformed request: field {key!r} must be a 64-bit integer, got {str(value)[:40]!r}")
-        return value
-
-    def num(self, key: str, default: Any = _MISSING) -> float:
-        value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise flight.FlightServerError(
-                f"malformed request: field {key!r} must be a finite number, got {str(value)[:40]!r}")
-        return float(value)
-
-    def str(self, key: str, default: Any = _MISSING) -> str:
-        value = self._get(key, default)
-        if not isinstance(value, str):
-            raise flight.FlightServerError(
-                f"malformed request: field {key!r} must be a string, got {str(value)[:40]!r}")
-        return value
-
-    def dict(self, key: str, default: Any = _MISSING) -> Dict[str, Any]:
-        value = self._get(key, default)
-        if value is None and default is not _MISSING:  # an explicit null: the default
-            return default
-        if not isinstance(value, dict):
-            raise flight.FlightServerError(
-                f"malformed request: field {key!r} must be an object, got {str(value)[:40]!r}")
-        return value
-
-
-def _mem_available() -> int:
-    """Bytes the kernel says can be allocated without swapping (0 when unknown)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-class ShardTable:
-    """The rows ``[row_start, row_stop)`` of one table, with an undo log."""
-
-    def __init__(self, name: str, row_start: int, row_stop: int, width: int, dtype: str,
-                 values: np.ndarray, contrib_width: int):
-        self.name = name
-        self.row_start = row_start
-        self.row_stop = row_stop
-        self.width = width
-        self.dtype = dtype
-        self.values = values
-        self.contrib_width = contrib_width
-        self.lock = threading.Lock()
-        self._saved = np.zeros(row_stop - row_start, dtype=bool)
-        self._undo: List[Tuple[Any, np.ndarray]] = []
-
-    def local(self, keys: Any) -> Any:
-        """Global keys (or a slice of them) -> local row index (a slice when they are
-        one contiguous run)."""
-        if isinstance(keys, slice):
-            if not self.row_start <= keys.start <= keys.stop <= self.row_stop:
-                raise flight.FlightServerError(
-                    f"table {self.name!r}: rows [{keys.start}, {keys.stop}) are outside this shard's rows "
-                    f"[{self.row_start}, {self.row_stop}); the client's table layout is stale")
-            return slice(keys.start - self.row_start, keys.stop - self.row_start)
-        n = len(keys)
-        if n == 0:
-            return slice(0, 0)
-        lo, hi = int(keys[0]), int(keys[-1])
-        if lo < self.row_start or hi >= self.row_stop or (n > 1 and (keys.min() < self.row_start
-                                                                    or keys.max() >= self.row_stop)):
-            bad = keys[(keys < self.row_start) | (keys >= self.row_stop)][:5]
-            raise flight.FlightServerError(
-                f"table {self.name!r}: keys {bad.tolist()} are outside this shard's rows "
-                f"[{self.row_start}, {self.row_stop}); the client's table layout is stale")
-        if hi - lo + 1 == n and (n == 1 or bool(np.all(np.diff(keys) == 1))):
-            return slice(lo - self.row_start, hi - self.row_start + 1)
-        return keys - self.row_start
-
-    def remember(self, index: Any) -> None:
-        """Save the pre-step value of rows about to change (first touch only)."""
-        if isinstance(index, slice):
-            index = np.arange(index.start, index.stop)
-        fresh = index[~self._saved[index]]
-        if fresh.size:
-            fresh = np.unique(fresh)
-            self._undo.append((fresh, self.values[fresh].copy()))
-            self._saved[fresh] = True
-
-    def rollback(self) -> int:
-        restored = 0
-        for index, rows in reversed(self._undo):
-            self.values[index] = rows
-            restored += len(index)
-        self.forget()
-        return restored
-
-    def forget(self) -> None:
-        for index, _ in self._undo:
-            self._saved[index] = False
-        self._undo = []
 
 
 class _StepState:
@@ -289,6 +150,226 @@ class ShardServer(flight.FlightServerBase):
                 # or lost with its host's worker): nobody will use this shard again
                 log.warning("shard %s: executor process %d is gone; exiting", self.shard_id, self.watch_pid)
                 os._exit(4)
+
+    # ------------------------------------------------------------------ reads
+    def do_get(self, context, ticket):
+        header, payload = decode_request(ticket.ticket, self._token)
+        if "blob" in header:  # a stored byte string (no chunks: none stored under that key)
+            with self.cond:
+                blob = self.blobs.get(header.str("blob"))
+            chunks = [] if blob is None else [blob[i:i + protocol.BLOB_CHUNK]
+                                              for i in range(0, max(len(blob), 1), protocol.BLOB_CHUNK)]
+            self._count(requests=1, bytes_out=len(blob or b""))
+            return flight.RecordBatchStream(pa.Table.from_arrays([pa.array(chunks, pa.binary())],
+                                                                 schema=protocol.BLOB_SCHEMA))
+        table = self._table(header.str("table", ""))
+        chunk_bytes = header.int("chunk", (4 << 20) - (64 << 10))
+        with table.lock:
+            if "start" in header:
+                start, stop = header.int("start"), header.int("stop")
+                if not (table.row_start <= start <= stop <= table.row_stop):
+                    raise flight.FlightServerError(
+                        f"table {table.name!r}: range [{start}, {stop}) is outside this shard's rows "
+                        f"[{table.row_start}, {table.row_stop})")
+                rows = table.values[start - table.row_start:stop - table.row_start]  # zero-copy view
+            else:
+                if len(payload) % 8:
+                    raise flight.FlightServerError(
+                        f"malformed request: a key list of {len(payload)} bytes is not int64 keys")
+                keys = np.frombuffer(payload, dtype="<i8")
+                rows = table.values[table.local(keys)].copy()
+        chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
+        schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
+        self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
+        # One zero-copy table of chunk-sized batches, streamed by C++ (no Python per batch).
+        batches = [pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
+                   for start in range(0, max(len(rows), 1), chunk)]
+        return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
+
+    # ------------------------------------------------------------------ writes
+    def do_put(self, context, descriptor, reader, writer):
+        t_start = time.perf_counter()
+        header, _ = decode_request(descriptor.command, self._token)
+        op = header.get("op")
+        if op == "blob":
+            self._put_blob(header, reader)
+            self._count_time("put_s", time.perf_counter() - t_start)
+            return
+        if op not in ("put", "inc", "contribute"):
+            raise flight.FlightServerError(f"unknown write op {op!r}; expected put, inc or contribute")
+        table = self._table(header.str("table", ""))
+        width = table.contrib_width if op == "contribute" else table.width
+        dtype = "float64" if op == "contribute" else table.dtype
+        nbytes = nrows = 0
+        start = header.int("start", None)  # a contiguous row run: no key column
+        round_index = header.int("round") if op == "contribute" else None
+        expected = protocol.value_schema(dtype, width, with_keys=start is None)
+        if not reader.schema.equals(expected):
+            raise flight.FlightServerError(
+                f"table {table.name!r}: a {op} stream must have the schema {expected.to_string(show_schema_metadata=False)!r}"
+                f", got {reader.schema.to_string(show_schema_metadata=False)!r}")
+        for chunk in reader:  # apply batch by batch: received buffers are freed as we go
+            batch = chunk.data
+            if start is not None:
+                if batch.num_columns != 1:
+                    raise flight.FlightServerError("a range write batch has exactly one column, value")
+                rows = protocol.array_to_rows(batch.column(0), width, dtype)
+                keys = slice(int(start) + nrows, int(start) + nrows + len(rows))
+            else:
+                if batch.num_columns != 2:
+                    raise flight.FlightServerError("a write batch needs the columns key and value")
+                keys = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                rows = protocol.array_to_rows(batch.column(1), width, dtype)
+                if rows.shape[0] != len(keys):
+                    raise flight.FlightServerError(
+                        f"table {table.name!r}: value width does not match the table's ({width})")
+            nbytes += rows.nbytes + (0 if start is not None else keys.nbytes)
+            nrows += len(rows)
+            # The fence check and the write happen under one lock, so a retried step's
+            # rollback can never be followed by a zombie's write.
+            with self.cond:
+                self._check_fence(header)
+                if op == "contribute":
+                    if isinstance(keys, slice):
+                        keys = np.arange(keys.start, keys.stop, dtype=np.int64)
+                    table.local(keys)  # range check
+                    self.step.contrib.setdefault((table.name, round_index), []).append(
+                        (keys.copy(), rows.copy()))
+                    continue
+                with table.lock:
+                    index = table.local(keys)
+                    if self.step.open:
+                        table.remember(index)
+                    if op == "put":
+                        table.values[index] = rows
+                    elif isinstance(index, slice):
+                        table.values[index] += rows
+                    else:
+                        np.add.at(table.values, index, rows)
+        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
+        self._count_time("put_s", time.perf_counter() - t_start)
+
+    def _put_blob(self, header, reader) -> None:
+        """Store the byte string a stream of binary chunks carries under ``key``; with a
+        step fence, only the worker's current task may write (as for table writes), and the
+        worker's snapshots older than ``keep_after`` are dropped."""
+        key = header.str("key")
+        if not reader.schema.equals(protocol.BLOB_SCHEMA):
+            raise flight.FlightServerError("a blob stream has one binary column, chunk")
+        parts = [c.as_py() for chunk in reader for c in chunk.data.column(0)]
+        blob = b"".join(parts)
+        with self.cond:
+            if "step" in header:
+                self._check_fence(header)
+            self.blobs[key] = blob
+            self.cond.notify_all()
+            prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
+            if isinstance(prefix, str) and isinstance(keep_after, int):
+                for old in [k for k in self.blobs if k.startswith(prefix)]:
+                    tail = old[len(prefix):]
+                    if tail.isdigit() and int(tail) < keep_after:
+                        del self.blobs[old]
+        self._count(requests=1, bytes_in=len(blob))
+
+    # ------------------------------------------------------------------ actions
+    def list_actions(self, context):
+        _refuse()  # nothing is served without a token, and this call cannot carry one
+
+    def list_flights(self, context, criteria):
+        _refuse()
+
+    def get_flight_info(self, context, descriptor):
+        _refuse()
+
+    def get_schema(self, context, descriptor):
+        _refuse()
+
+    def do_exchange(self, context, descriptor, reader, writer):
+        _refuse()
+
+    def do_action(self, context, action):
+        body = action.body.to_pybytes() if action.body is not None else b""
+        request = decode_action(body, self._token)
+        handler = getattr(self, "_action_" + action.type, None)
+        if handler is None:
+            raise flight.FlightServerError(
+                f"unknown action {action.type!r}; known: "
+                + ", ".join(n[len("_action_"):] for n in sorted(dir(self)) if n.startswith("_action_")))
+        self._count(requests=1, bytes_in=len(body))
+        answer = handler(request)
+        return [json.dumps(answer if answer is not None else {}).encode()]
+
+    def _action_ping(self, req):
+        """Liveness and identity."""
+        return {"pid": os.getpid(), "shard": self.shard_id, "tables": len(self.tables),
+                "python": sys.version.split()[0], "uptime": time.time() - self.started}
+
+    def _action_heartbeat(self, req):
+        """Renew the driver's lease."""
+        self.last_heartbeat = time.monotonic()
+        return {}
+
+    def _action_create_table(self, req):
+        """Create (or replace) this shard's slice of a table."""
+        name = req.str("name")
+        start, stop, width = req.int("row_start"), req.int("row_stop"), req.int("width")
+        try:
+            dtype = protocol.check_dtype(req.str("dtype", "float64"))
+        except ValueError as exc:
+            raise flight.FlightServerError(str(exc)) from None
+        if not 0 <= start <= stop or width < 1:
+            raise flight.FlightServerError(f"table {name!r}: bad shape rows [{start}, {stop}) x {width}")
+        nbytes = (stop - start) * width * np.dtype(protocol.DTYPES[dtype][0]).itemsize
+        available = _mem_available()
+        if available and nbytes > available:
+            raise flight.FlightServerError(
+                f"table {name!r}: its {nbytes / 2 ** 30:.1f} GiB slice does not fit in shard {self.shard_id}'s "
+                f"available memory ({available / 2 ** 30:.1f} GiB); spread the model over more executors or "
+                "shards (spark.pystrads.shard.perExecutor) or give the executors more memoryOverhead")
+        if req.get("initializer"):
+            authorize_payload(req, self._admin)
+            init = pickle.loads(base64.b64decode(req.str("initializer")))
+            values = np.ascontiguousarray(init(start, stop), dtype=protocol.DTYPES[dtype][0])
+            if values.shape != (stop - start, width):
+                raise flight.FlightServerError(
+                    f"table {name!r}: initializer returned shape {values.shape}, "
+                    f"expected {(stop - start, width)}")
+        else:
+            values = np.full((stop - start, width), req.num("fill", 0), dtype=protocol.DTYPES[dtype][0])
+        with self.cond:
+            self.tables[name] = ShardTable(name, start, stop, width, dtype, values,
+                                           req.int("contrib_width", width))
+        return {"rows": stop - start, "bytes": int(values.nbytes)}
+
+    def _action_drop_tables(self, req):
+        """Drop every table whose name starts with ``prefix`` (and its program)."""
+        prefix = req.str("prefix")
+        with self.cond:
+            names = [n for n in self.tables if n.startswith(prefix)]
+            for n in names:
+                del self.tables[n]
+            self.programs.pop(prefix.rstrip("/"), None)
+            for key in [k for k in self.blobs if k.startswith(prefix)]:
+                del self.blobs[key]
+            fit = prefix.rstrip("/")
+            for ns in [n for n in list(self.mailbox) + list(self.hellos) if _in_fit(n, fit)]:
+                self.mailbox.pop(ns, None)
+                self.hellos.pop(ns, None)
+            if self.step.namespace and _in_fit(self.step.namespace, fit):
+                self.step = _StepState()
+            self.closed[fit] = None
+            while len(self.closed) > CLOSED_FITS_KEPT:
+                self.closed.popitem(last=False)
+            self.cond.notify_all()  # wake the fit's workers waiting in ``next``
+        return {"dropped": names}
+
+    def _action_register_program(self, req):
+        """Install a fit's program object; its ``pull`` runs here."""
+        authorize_payload(req, self._admin)
+        program = pickle.loads(base64.b64decode(req.str("payload")))
+        with self.cond:
+            self.programs[req.str("namespace")] = program
+        return {}
 
     def _check_fence(self, header: Dict[str, Any], entering: bool = False) -> None:
         """Writes during a step must come from the worker's current task.
@@ -420,345 +501,145 @@ class ShardServer(flight.FlightServerBase):
                 table.remember(index)
             table.values[index] = new
 
-    def _authorize(self, header: Dict[str, Any]) -> None:
-        given = header.get("token")
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._token):
-            _refuse()
-
-    def _authorize_payload(self, req: "_Request") -> None:
-        """Program payloads are unpickled here: only the driver may send them, never a task
-        (tasks hold the run token, not the driver's admin token)."""
-        if self._admin is None:
-            return
-        given = req.get("admin")
-        if not self._admin or not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._admin):
-            _refuse_payload()
-
-    def _decode(self, raw) -> Tuple[Dict[str, Any], bytes]:
-        try:
-            header, payload = protocol.decode_header(raw)
-        except ValueError:
-            _refuse()  # no readable header: no token
-        self._authorize(header)
-        return _Request(header), payload
-
-    # ------------------------------------------------------------------ reads
-    def do_get(self, context, ticket):
-        header, payload = self._decode(ticket.ticket)
-        if "blob" in header:  # a stored byte string (no chunks: none stored under that key)
-            with self.cond:
-                blob = self.blobs.get(header.str("blob"))
-            chunks = [] if blob is None else [blob[i:i + protocol.BLOB_CHUNK]
-                                              for i in range(0, max(len(blob), 1), protocol.BLOB_CHUNK)]
-            self._count(requests=1, bytes_out=len(blob or b""))
-            return flight.RecordBatchStream(pa.Table.from_arrays([pa.array(chunks, pa.binary())],
-                                                                 schema=protocol.BLOB_SCHEMA))
-        table = self._table(header.str("table", ""))
-        chunk_bytes = header.int("chunk", (4 << 20) - (64 << 10))
-        with table.lock:
-            if "start" in header:
-                start, stop = header.int("start"), header.int("stop")
-                if not (table.row_start <= start <= stop <= table.row_stop):
-                    raise flight.FlightServerError(
-                        f"table {table.name!r}: range [{start}, {stop}) is outside this shard's rows "
-                        f"[{table.row_start}, {table.row_stop})")
-                rows = table.values[start - table.row_start:stop - table.row_start]  # zero-copy view
-            else:
-                if len(payload) % 8:
-                    raise flight.FlightServerError(
-                        f"malformed request: a key list of {len(payload)} bytes is not int64 keys")
-                keys = np.frombuffer(payload, dtype="<i8")
-                rows = table.values[table.local(keys)].copy()
-        chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
-        schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
-        self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
-        # One zero-copy table of chunk-sized batches, streamed by C++ (no Python per batch).
-        batches = [pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
-                   for start in range(0, max(len(rows), 1), chunk)]
-        return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
-
-    # ------------------------------------------------------------------ writes
-    def do_put(self, context, descriptor, reader, writer):
-        t_start = time.perf_counter()
-        header, _ = self._decode(descriptor.command)
-        op = header.get("op")
-        if op == "blob":
-            self._put_blob(header, reader)
-            self._count_time("put_s", time.perf_counter() - t_start)
-            return
-        if op not in ("put", "inc", "contribute"):
-            raise flight.FlightServerError(f"unknown write op {op!r}; expected put, inc or contribute")
-        table = self._table(header.str("table", ""))
-        width = table.contrib_width if op == "contribute" else table.width
-        dtype = "float64" if op == "contribute" else table.dtype
-        nbytes = nrows = 0
-        start = header.int("start", None)  # a contiguous row run: no key column
-        round_index = header.int("round") if op == "contribute" else None
-        expected = protocol.value_schema(dtype, width, with_keys=start is None)
-        if not reader.schema.equals(expected):
-            raise flight.FlightServerError(
-                f"table {table.name!r}: a {op} stream must have the schema {expected.to_string(show_schema_metadata=False)!r}"
-                f", got {reader.schema.to_string(show_schema_metadata=False)!r}")
-        for chunk in reader:  # apply batch by batch: received buffers are freed as we go
-            batch = chunk.data
-            if start is not None:
-                if batch.num_columns != 1:
-                    raise flight.FlightServerError("a range write batch has exactly one column, value")
-                rows = protocol.array_to_rows(batch.column(0), width, dtype)
-                keys = slice(int(start) + nrows, int(start) + nrows + len(rows))
-            else:
-                if batch.num_columns != 2:
-                    raise flight.FlightServerError("a write batch needs the columns key and value")
-                keys = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-                rows = protocol.array_to_rows(batch.column(1), width, dtype)
-                if rows.shape[0] != len(keys):
-                    raise flight.FlightServerError(
-                        f"table {table.name!r}: value width does not match the table's ({width})")
-            nbytes += rows.nbytes + (0 if start is not None else keys.nbytes)
-            nrows += len(rows)
-            # The fence check and the write happen under one lock, so a retried step's
-            # rollback can never be followed by a zombie's write.
-            with self.cond:
-                self._check_fence(header)
-                if op == "contribute":
-                    if isinstance(keys, slice):
-                        keys = np.arange(keys.start, keys.stop, dtype=np.int64)
-                    table.local(keys)  # range check
-                    self.step.contrib.setdefault((table.name, round_index), []).append(
-                        (keys.copy(), rows.copy()))
-                    continue
-                with table.lock:
-                    index = table.local(keys)
-                    if self.step.open:
-                        table.remember(index)
-                    if op == "put":
-                        table.values[index] = rows
-                    elif isinstance(index, slice):
-                        table.values[index] += rows
-                    else:
-                        np.add.at(table.values, index, rows)
-        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
-        self._count_time("put_s", time.perf_counter() - t_start)
-
-    def _put_blob(self, header, reader) -> None:
-        """Store the byte string a stream of binary chunks carries under ``key``; with a
-        step fence, only the worker's current task may write (as for table writes), and the
-        worker's snapshots older than ``keep_after`` are dropped."""
-        key = header.str("key")
-        if not reader.schema.equals(protocol.BLOB_SCHEMA):
-            raise flight.FlightServerError("a blob stream has one binary column, chunk")
-        parts = [c.as_py() for chunk in reader for c in chunk.data.column(0)]
-        blob = b"".join(parts)
+    def _action_begin_step(self, req):
+        """Open a step: clocks reset, writes from now on are undoable (``command``: the
+        resident workers' command for this step, posted to the fit's mailbox)."""
         with self.cond:
-            if "step" in header:
-                self._check_fence(header)
-            self.blobs[key] = blob
-            self.cond.notify_all()
-            prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
-            if isinstance(prefix, str) and isinstance(keep_after, int):
-                for old in [k for k in self.blobs if k.startswith(prefix)]:
-                    tail = old[len(prefix):]
-                    if tail.isdigit() and int(tail) < keep_after:
-                        del self.blobs[old]
-        self._count(requests=1, bytes_in=len(blob))
-
-    # ------------------------------------------------------------------ actions
-    def list_actions(self, context):
-        _refuse()  # nothing is served without a token, and this call cannot carry one
-
-    def list_flights(self, context, criteria):
-        _refuse()
-
-    def get_flight_info(self, context, descriptor):
-        _refuse()
-
-    def get_schema(self, context, descriptor):
-        _refuse()
-
-    def do_exchange(self, context, descriptor, reader, writer):
-        _refuse()
-
-    def do_action(self, context, action):
-        body = action.body.to_pybytes() if action.body is not None else b""
-        try:
-            request = json.loads(body.decode()) if body else {}
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            _refuse()
-        if not isinstance(request, dict):
-            _refuse()
-        request = _Request(request)
-        self._authorize(request)
-        handler = getattr(self, "_action_" + action.type, None)
-        if handler is None:
-            raise flight.FlightServerError(
-                f"unknown action {action.type!r}; known: "
-                + ", ".join(n[len("_action_"):] for n in sorted(dir(self)) if n.startswith("_action_")))
-        self._count(requests=1, bytes_in=len(body))
-        answer = handler(request)
-        return [json.dumps(answer if answer is not None else {}).encode()]
-
-    def _action_ping(self, req):
-        """Liveness and identity."""
-        return {"pid": os.getpid(), "shard": self.shard_id, "tables": len(self.tables),
-                "python": sys.version.split()[0], "uptime": time.time() - self.started}
-
-    def _action_heartbeat(self, req):
-        """Renew the driver's lease."""
-        self.last_heartbeat = time.monotonic()
+            if self.step.open:
+                raise flight.FlightServerError(
+                    f"step {self.step.step} is still open; commit or abort it first")
+            for table in self.tables.values():
+                table.forget()
+            num_workers = req.int("num_workers")
+            if not 1 <= num_workers <= 1 << 20:
+                raise flight.FlightServerError(f"malformed request: num_workers={num_workers} out of range")
+            self.step = _StepState(req.int("step"), num_workers, req.str("namespace", ""),
+                                   req.int("round_offset", 0))
+            if req.get("command") is not None:
+                self._post(req.str("namespace"), req.dict("command"))
         return {}
 
-    def _action_create_table(self, req):
-        """Create (or replace) this shard's slice of a table."""
-        name = req.str("name")
-        start, stop, width = req.int("row_start"), req.int("row_stop"), req.int("width")
-        try:
-            dtype = protocol.check_dtype(req.str("dtype", "float64"))
-        except ValueError as exc:
-            raise flight.FlightServerError(str(exc)) from None
-        if not 0 <= start <= stop or width < 1:
-            raise flight.FlightServerError(f"table {name!r}: bad shape rows [{start}, {stop}) x {width}")
-        nbytes = (stop - start) * width * np.dtype(protocol.DTYPES[dtype][0]).itemsize
-        available = _mem_available()
-        if available and nbytes > available:
-            raise flight.FlightServerError(
-                f"table {name!r}: its {nbytes / 2 ** 30:.1f} GiB slice does not fit in shard {self.shard_id}'s "
-                f"available memory ({available / 2 ** 30:.1f} GiB); spread the model over more executors or "
-                "shards (spark.pystrads.shard.perExecutor) or give the executors more memoryOverhead")
-        if req.get("initializer"):
-            self._authorize_payload(req)
-            init = pickle.loads(base64.b64decode(req.str("initializer")))
-            values = np.ascontiguousarray(init(start, stop), dtype=protocol.DTYPES[dtype][0])
-            if values.shape != (stop - start, width):
-                raise flight.FlightServerError(
-                    f"table {name!r}: initializer returned shape {values.shape}, "
-                    f"expected {(stop - start, width)}")
-        else:
-            values = np.full((stop - start, width), req.num("fill", 0), dtype=protocol.DTYPES[dtype][0])
+    def _action_enter(self, req):
+        """A worker task starts an attempt of the open step (a newer attempt rolls back)."""
         with self.cond:
-            self.tables[name] = ShardTable(name, start, stop, width, dtype, values,
-                                           req.int("contrib_width", width))
-        return {"rows": stop - start, "bytes": int(values.nbytes)}
+            self._check_fence(req, entering=True)
+        return {"epoch": self.step.epoch}
 
-    def _action_drop_tables(self, req):
-        """Drop every table whose name starts with ``prefix`` (and its program)."""
-        prefix = req.str("prefix")
+    def _action_tick(self, req):
+        """Advance a worker's round clock, then wait until every worker reached ``wait_for``."""
+        worker, rnd = req.int("worker"), req.int("round")
+        wait_for = req.int("wait_for", rnd)
+        timeout = req.num("timeout", 600.0)
+        deadline = time.monotonic() + timeout
         with self.cond:
-            names = [n for n in self.tables if n.startswith(prefix)]
-            for n in names:
-                del self.tables[n]
-            self.programs.pop(prefix.rstrip("/"), None)
-            for key in [k for k in self.blobs if k.startswith(prefix)]:
-                del self.blobs[key]
-            fit = prefix.rstrip("/")
-            for ns in [n for n in list(self.mailbox) + list(self.hellos) if _in_fit(n, fit)]:
-                self.mailbox.pop(ns, None)
-                self.hellos.pop(ns, None)
-            if self.step.namespace and _in_fit(self.step.namespace, fit):
-                self.step = _StepState()
-            self.closed[fit] = None
-            while len(self.closed) > CLOSED_FITS_KEPT:
-                self.closed.popitem(last=False)
-            self.cond.notify_all()  # wake the fit's workers waiting in ``next``
-        return {"dropped": names}
+            self._check_fence(req)
+            st = self.step
+            epoch = st.epoch
+            if rnd > st.clocks[worker]:
+                st.clocks[worker] = rnd
+            for key, value in req.dict("metrics", {}).items():
+                bucket = st.metrics.setdefault(rnd, {})
+                bucket[key] = bucket.get(key, 0.0) + float(value)
+            if req.get("late"):  # reported after the previous round's tick (by apply)
+                bucket = st.metrics.setdefault(req.int("late_round"), {})
+                for key, value in req.dict("late").items():
+                    bucket[key] = bucket.get(key, 0.0) + float(value)
+            low = int(st.clocks.min())
+            if low > st.committed:
+                self._commit_rounds(low)
+                self.cond.notify_all()
+            while True:
+                if st is not self.step or st.epoch != epoch or not st.open:
+                    raise flight.FlightServerError(
+                        f"step {st.step} was retried or closed while worker {worker} waited")
+                if st.error:
+                    raise flight.FlightServerError(st.error)
+                if st.committed >= wait_for:
+                    return {"committed": st.committed}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    lagging = np.flatnonzero(st.clocks < wait_for).tolist()
+                    raise flight.FlightTimedOutError(
+                        f"round timeout: worker {worker} waited {timeout:.0f} s for round {wait_for}; "
+                        f"workers {lagging} did not finish it. Raise spark.pystrads.round.timeoutSeconds "
+                        "if rounds are legitimately this slow")
+                self.cond.wait(min(left, 1.0))
 
+    def _action_step_done(self, req):
+        """A resident worker finished its part of the open step (fenced; ``late``: metrics of
+        its last round reported after that round's tick)."""
+        worker = req.int("worker")
+        with self.cond:
+            self._check_fence(req)
+            st = self.step
+            if req.get("late"):
+                bucket = st.metrics.setdefault(req.int("late_round"), {})
+                for key, value in req.dict("late").items():
+                    bucket[key] = bucket.get(key, 0.0) + float(value)
+            st.done[worker] = req.int("task")
+            self.cond.notify_all()
+        return {}
+
+    def _action_wait_step(self, req):
+        """The driver waits (up to ``timeout``) until every worker finished the open step;
+        the answer carries the step's per-round metrics when it did."""
+        step = req.int("step")
+        deadline = time.monotonic() + req.num("timeout", 1.0)
+        with self.cond:
+            while True:
+                st = self.step
+                if not st.open or st.step != step:
+                    raise flight.FlightServerError(
+                        f"shard {self.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
+                if st.error:
+                    return {"done": False, "error": st.error, "epoch": st.epoch}
+                if len(st.done) >= st.num_workers:
+                    return {"done": True, "epoch": st.epoch,
+                            "rounds": {str(k): v for k, v in sorted(st.metrics.items())}}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"done": False, "epoch": st.epoch, "finished": sorted(st.done),
+                            "clocks": st.clocks.tolist()}
+                self.cond.wait(min(left, 1.0))
+
+    def _action_commit_step(self, req):
+        """Close the step and keep its writes."""
+        with self.cond:
+            st = self.step
+            if st.open and st.step == req.int("step"):
+                for table in self.tables.values():
+                    with table.lock:
+                        table.forget()
+                st.open = False
+                self.cond.notify_all()
+        with self._counter_lock:
+            return dict(self.counters)
+
+    def _action_abort_step(self, req):
+        """Close the step and roll back every write it made."""
+        restored = 0
+        with self.cond:
+            st = self.step
+            if st.open and st.step == req.int("step"):
+                for table in self.tables.values():
+                    with table.lock:
+                        restored += table.rollback()
+                st.open = False  # fences out any straggler
+                self.cond.notify_all()
+        return {"restored_rows": restored}
+
+    def _action_metrics(self, req):
+        """Per-round metric sums reported by the workers of the current step."""
+        with self.cond:
+            st = self.step
+            return {"step": st.step, "open": st.open, "epoch": st.epoch,
+                    "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
+                    "clocks": st.clocks.tolist()}
+
+    # ------------------------------------------------------------------ resident workers
     def _is_closed(self, namespace: str) -> bool:
         return namespace in self.closed  # a fit's mailbox is keyed by its namespace, dropped as "<ns>/"
 
-    def _action_snapshot(self, req):
-        """Write this shard's rows of every table under ``prefix`` to ``dir`` (between steps):
-        one ``<table>.<row_start>-<row_stop>.npy`` per table, named by the part after the prefix."""
-        from . import storage
-
-        prefix, target = req.str("prefix"), req.str("dir")
-        written = {}
-        with self.cond:
-            if self.step.open:
-                raise flight.FlightServerError(
-                    f"shard {self.shard_id}: snapshot while step {self.step.step} is open; snapshots are taken "
-                    "between steps")
-            tables = [t for n, t in self.tables.items() if n.startswith(prefix)]
-            for t in tables:
-                short = t.name[len(prefix):]
-                with t.lock:
-                    written[short] = storage.save_array(
-                        storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
-            states = self._state_blobs(req)
-        states_dir = req.str("states_dir", target)
-        for worker, blob in states.items():  # resident workers' snapshots of that step
-            storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob)
-            written[f"state-{worker:05d}"] = len(blob)
-        return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states)}
-
-    def _state_blobs(self, req) -> Dict[int, bytes]:
-        """With ``self.cond`` held: the state snapshots of step ``states_step`` kept here under
-        ``states_prefix`` (``<prefix><worker>/<step>``), by worker."""
-        prefix, step = req.get("states_prefix"), req.get("states_step")
-        if not isinstance(prefix, str) or not isinstance(step, int):
-            return {}
-        out = {}
-        for key, blob in self.blobs.items():
-            if key.startswith(prefix):
-                worker, _, at = key[len(prefix):].partition("/")
-                if worker.isdigit() and at == str(step):
-                    out[int(worker)] = blob
-        return out
-
-    def _action_restore(self, req):
-        """Fill this shard's rows of every table under ``prefix`` from a snapshot in ``dir``
-        (written by any number of shards: the files overlapping this shard's rows are read)."""
-        from . import storage
-
-        prefix, source = req.str("prefix"), req.str("dir")
-        names = storage.list_names(source)
-        restored = {}
-        with self.cond:
-            if self.step.open:
-                raise flight.FlightServerError(
-                    f"shard {self.shard_id}: restore while step {self.step.step} is open")
-            for t in [t for n, t in self.tables.items() if n.startswith(prefix)]:
-                short = t.name[len(prefix):]
-                covered = np.zeros(t.row_stop - t.row_start, dtype=bool)
-                for fname in names:
-                    stem, _, ext = fname.rpartition(".")
-                    table_name, _, rows = stem.rpartition(".")
-                    if ext != "npy" or table_name != short or "-" not in rows:
-                        continue
-                    lo, hi = (int(x) for x in rows.split("-"))
-                    a, b = max(lo, t.row_start), min(hi, t.row_stop)
-                    if a >= b:
-                        continue
-                    values = storage.load_array(storage.join(source, fname))
-                    if values.shape != (hi - lo, t.width):
-                        raise flight.FlightServerError(
-                            f"snapshot {fname} in {source} has shape {values.shape}, expected {(hi - lo, t.width)}")
-                    with t.lock:
-                        t.values[a - t.row_start:b - t.row_start] = values[a - lo:b - lo]
-                    covered[a - t.row_start:b - t.row_start] = True
-                if not covered.all():
-                    missing = int(np.flatnonzero(~covered)[0]) + t.row_start
-                    raise flight.FlightServerError(
-                        f"snapshot in {source} lacks rows of table {short!r} from row {missing}; the checkpoint "
-                        "is incomplete or belongs to another model")
-                restored[short] = t.row_stop - t.row_start
-        prefix, step = req.get("states_prefix"), req.get("states_step")
-        loaded = []
-        if isinstance(prefix, str) and isinstance(step, int):  # resident workers' snapshots
-            for worker in req.get("states_workers") or []:
-                blob = storage.read_bytes(storage.join(req.str("states_dir", source), f"state-{int(worker):05d}.pkl"))
-                with self.cond:
-                    self.blobs[f"{prefix}{int(worker)}/{step}"] = blob
-                loaded.append(int(worker))
-        return {"rows": restored, "states": loaded}
-
-    def _action_register_program(self, req):
-        """Install a fit's program object; its ``pull`` runs here."""
-        self._authorize_payload(req)
-        program = pickle.loads(base64.b64decode(req.str("payload")))
-        with self.cond:
-            self.programs[req.str("namespace")] = program
-        return {}
-
-    # ------------------------------------------------------------------ resident workers
     def _action_post(self, req):
         """The driver leaves a command for a fit's resident workers (``begin_step`` can carry
         one too, so a step's schedule costs no extra call)."""
@@ -852,140 +733,91 @@ class ShardServer(flight.FlightServerBase):
                     return {"kind": "wait"}
                 self.cond.wait(min(left, 1.0))
 
-    def _action_step_done(self, req):
-        """A resident worker finished its part of the open step (fenced; ``late``: metrics of
-        its last round reported after that round's tick)."""
-        worker = req.int("worker")
-        with self.cond:
-            self._check_fence(req)
-            st = self.step
-            if req.get("late"):
-                bucket = st.metrics.setdefault(req.int("late_round"), {})
-                for key, value in req.dict("late").items():
-                    bucket[key] = bucket.get(key, 0.0) + float(value)
-            st.done[worker] = req.int("task")
-            self.cond.notify_all()
-        return {}
+    def _action_snapshot(self, req):
+        """Write this shard's rows of every table under ``prefix`` to ``dir`` (between steps):
+        one ``<table>.<row_start>-<row_stop>.npy`` per table, named by the part after the prefix."""
+        from . import storage
 
-    def _action_wait_step(self, req):
-        """The driver waits (up to ``timeout``) until every worker finished the open step;
-        the answer carries the step's per-round metrics when it did."""
-        step = req.int("step")
-        deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
-            while True:
-                st = self.step
-                if not st.open or st.step != step:
-                    raise flight.FlightServerError(
-                        f"shard {self.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
-                if st.error:
-                    return {"done": False, "error": st.error, "epoch": st.epoch}
-                if len(st.done) >= st.num_workers:
-                    return {"done": True, "epoch": st.epoch,
-                            "rounds": {str(k): v for k, v in sorted(st.metrics.items())}}
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return {"done": False, "epoch": st.epoch, "finished": sorted(st.done),
-                            "clocks": st.clocks.tolist()}
-                self.cond.wait(min(left, 1.0))
-
-    def _action_begin_step(self, req):
-        """Open a step: clocks reset, writes from now on are undoable (``command``: the
-        resident workers' command for this step, posted to the fit's mailbox)."""
+        prefix, target = req.str("prefix"), req.str("dir")
+        written = {}
         with self.cond:
             if self.step.open:
                 raise flight.FlightServerError(
-                    f"step {self.step.step} is still open; commit or abort it first")
-            for table in self.tables.values():
-                table.forget()
-            num_workers = req.int("num_workers")
-            if not 1 <= num_workers <= 1 << 20:
-                raise flight.FlightServerError(f"malformed request: num_workers={num_workers} out of range")
-            self.step = _StepState(req.int("step"), num_workers, req.str("namespace", ""),
-                                   req.int("round_offset", 0))
-            if req.get("command") is not None:
-                self._post(req.str("namespace"), req.dict("command"))
-        return {}
+                    f"shard {self.shard_id}: snapshot while step {self.step.step} is open; snapshots are taken "
+                    "between steps")
+            tables = [t for n, t in self.tables.items() if n.startswith(prefix)]
+            for t in tables:
+                short = t.name[len(prefix):]
+                with t.lock:
+                    written[short] = storage.save_array(
+                        storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
+            states = self._state_blobs(req)
+        states_dir = req.str("states_dir", target)
+        for worker, blob in states.items():  # resident workers' snapshots of that step
+            storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob)
+            written[f"state-{worker:05d}"] = len(blob)
+        return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states)}
 
-    def _action_enter(self, req):
-        """A worker task starts an attempt of the open step (a newer attempt rolls back)."""
-        with self.cond:
-            self._check_fence(req, entering=True)
-        return {"epoch": self.step.epoch}
+    def _state_blobs(self, req) -> Dict[int, bytes]:
+        """With ``self.cond`` held: the state snapshots of step ``states_step`` kept here under
+        ``states_prefix`` (``<prefix><worker>/<step>``), by worker."""
+        prefix, step = req.get("states_prefix"), req.get("states_step")
+        if not isinstance(prefix, str) or not isinstance(step, int):
+            return {}
+        out = {}
+        for key, blob in self.blobs.items():
+            if key.startswith(prefix):
+                worker, _, at = key[len(prefix):].partition("/")
+                if worker.isdigit() and at == str(step):
+                    out[int(worker)] = blob
+        return out
 
-    def _action_tick(self, req):
-        """Advance a worker's round clock, then wait until every worker reached ``wait_for``."""
-        worker, rnd = req.int("worker"), req.int("round")
-        wait_for = req.int("wait_for", rnd)
-        timeout = req.num("timeout", 600.0)
-        deadline = time.monotonic() + timeout
+    def _action_restore(self, req):
+        """Fill this shard's rows of every table under ``prefix`` from a snapshot in ``dir``
+        (written by any number of shards: the files overlapping this shard's rows are read)."""
+        from . import storage
+
+        prefix, source = req.str("prefix"), req.str("dir")
+        names = storage.list_names(source)
+        restored = {}
         with self.cond:
-            self._check_fence(req)
-            st = self.step
-            epoch = st.epoch
-            if rnd > st.clocks[worker]:
-                st.clocks[worker] = rnd
-            for key, value in req.dict("metrics", {}).items():
-                bucket = st.metrics.setdefault(rnd, {})
-                bucket[key] = bucket.get(key, 0.0) + float(value)
-            if req.get("late"):  # reported after the previous round's tick (by apply)
-                bucket = st.metrics.setdefault(req.int("late_round"), {})
-                for key, value in req.dict("late").items():
-                    bucket[key] = bucket.get(key, 0.0) + float(value)
-            low = int(st.clocks.min())
-            if low > st.committed:
-                self._commit_rounds(low)
-                self.cond.notify_all()
-            while True:
-                if st is not self.step or st.epoch != epoch or not st.open:
+            if self.step.open:
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: restore while step {self.step.step} is open")
+            for t in [t for n, t in self.tables.items() if n.startswith(prefix)]:
+                short = t.name[len(prefix):]
+                covered = np.zeros(t.row_stop - t.row_start, dtype=bool)
+                for fname in names:
+                    stem, _, ext = fname.rpartition(".")
+                    table_name, _, rows = stem.rpartition(".")
+                    if ext != "npy" or table_name != short or "-" not in rows:
+                        continue
+                    lo, hi = (int(x) for x in rows.split("-"))
+                    a, b = max(lo, t.row_start), min(hi, t.row_stop)
+                    if a >= b:
+                        continue
+                    values = storage.load_array(storage.join(source, fname))
+                    if values.shape != (hi - lo, t.width):
+                        raise flight.FlightServerError(
+                            f"snapshot {fname} in {source} has shape {values.shape}, expected {(hi - lo, t.width)}")
+                    with t.lock:
+                        t.values[a - t.row_start:b - t.row_start] = values[a - lo:b - lo]
+                    covered[a - t.row_start:b - t.row_start] = True
+                if not covered.all():
+                    missing = int(np.flatnonzero(~covered)[0]) + t.row_start
                     raise flight.FlightServerError(
-                        f"step {st.step} was retried or closed while worker {worker} waited")
-                if st.error:
-                    raise flight.FlightServerError(st.error)
-                if st.committed >= wait_for:
-                    return {"committed": st.committed}
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    lagging = np.flatnonzero(st.clocks < wait_for).tolist()
-                    raise flight.FlightTimedOutError(
-                        f"round timeout: worker {worker} waited {timeout:.0f} s for round {wait_for}; "
-                        f"workers {lagging} did not finish it. Raise spark.pystrads.round.timeoutSeconds "
-                        "if rounds are legitimately this slow")
-                self.cond.wait(min(left, 1.0))
-
-    def _action_commit_step(self, req):
-        """Close the step and keep its writes."""
-        with self.cond:
-            st = self.step
-            if st.open and st.step == req.int("step"):
-                for table in self.tables.values():
-                    with table.lock:
-                        table.forget()
-                st.open = False
-                self.cond.notify_all()
-        with self._counter_lock:
-            return dict(self.counters)
-
-    def _action_abort_step(self, req):
-        """Close the step and roll back every write it made."""
-        restored = 0
-        with self.cond:
-            st = self.step
-            if st.open and st.step == req.int("step"):
-                for table in self.tables.values():
-                    with table.lock:
-                        restored += table.rollback()
-                st.open = False  # fences out any straggler
-                self.cond.notify_all()
-        return {"restored_rows": restored}
-
-    def _action_metrics(self, req):
-        """Per-round metric sums reported by the workers of the current step."""
-        with self.cond:
-            st = self.step
-            return {"step": st.step, "open": st.open, "epoch": st.epoch,
-                    "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
-                    "clocks": st.clocks.tolist()}
+                        f"snapshot in {source} lacks rows of table {short!r} from row {missing}; the checkpoint "
+                        "is incomplete or belongs to another model")
+                restored[short] = t.row_stop - t.row_start
+        prefix, step = req.get("states_prefix"), req.get("states_step")
+        loaded = []
+        if isinstance(prefix, str) and isinstance(step, int):  # resident workers' snapshots
+            for worker in req.get("states_workers") or []:
+                blob = storage.read_bytes(storage.join(req.str("states_dir", source), f"state-{int(worker):05d}.pkl"))
+                with self.cond:
+                    self.blobs[f"{prefix}{int(worker)}/{step}"] = blob
+                loaded.append(int(worker))
+        return {"rows": restored, "states": loaded}
 
     def _action_stats(self, req):
         """Rows, bytes and requests served, and resident memory."""
@@ -1014,36 +846,6 @@ class ShardServer(flight.FlightServerBase):
 
         threading.Thread(target=stop, daemon=True).start()
         return {}
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def tune_malloc(retain_bytes: int) -> bool:
-    """Keep freed heap memory mapped (glibc): gRPC's receive buffers and Arrow's decoded
-    batches are freed after every write, and with glibc's defaults the next request
-    faults fresh zeroed pages in again (measured: page faults were a third of a shard's
-    time on 16 MiB puts).  Blocks under 32 MiB (glibc's largest mmap threshold) come from
-    the heap, and up to ``retain_bytes`` of free heap stays mapped.  Returns whether the
-    allocator took the settings (False off glibc)."""
-    if retain_bytes <= 0:
-        return False
-    try:
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-        except OSError:
-            libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    ok = mallopt(m_mmap_threshold, 32 * 1024 * 1024) == 1
-    return mallopt(m_trim_threshold, int(min(retain_bytes, 2 ** 31 - 1))) == 1 and ok
 
 
 def _start_time(pid: int) -> Optional[str]:

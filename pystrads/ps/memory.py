@@ -1,0 +1,54 @@
+"""A shard process's memory: what the kernel says is available and resident, and glibc's malloc tuning.
+
+:func:`_mem_available` (``MemAvailable``: a table slice that does not fit is
+refused), :func:`_rss_bytes` (the ``stats`` action) and :func:`tune_malloc`
+(keep freed heap mapped between requests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+
+def _mem_available() -> int:
+    """Bytes the kernel says can be allocated without swapping (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tune_malloc(retain_bytes: int) -> bool:
+    """Keep freed heap memory mapped (glibc): gRPC's receive buffers and Arrow's decoded
+    batches are freed after every write, and with glibc's defaults the next request
+    faults fresh zeroed pages in again (measured: page faults were a third of a shard's
+    time on 16 MiB puts).  Blocks under 32 MiB (glibc's largest mmap threshold) come from
+    the heap, and up to ``retain_bytes`` of free heap stays mapped.  Returns whether the
+    allocator took the settings (False off glibc)."""
+    if retain_bytes <= 0:
+        return False
+    try:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+        except OSError:
+            libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    ok = mallopt(m_mmap_threshold, 32 * 1024 * 1024) == 1
+    return mallopt(m_trim_threshold, int(min(retain_bytes, 2 ** 31 - 1))) == 1 and ok
