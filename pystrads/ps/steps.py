@@ -1,0 +1,310 @@
+"""A shard's steps: step state, write fences, round clocks and the commit of rounds.
+
+:class:`_StepState` is the open step (its workers, their task ids and round
+clocks, the pending contributions and the per-round metrics);
+:class:`StepFences` is the part of :class:`~pystrads.ps.server.ShardServer`
+that runs it: the fence that admits only the workers' current tasks (a newer
+attempt rolls the step back), the commit of a round's contributions through
+the program's ``pull``, and the actions ``begin_step``, ``enter``, ``tick``,
+``step_done``, ``wait_step``, ``commit_step``, ``abort_step`` and ``metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow.flight as flight
+
+log = logging.getLogger("pystrads.ps.server")
+
+
+class _StepState:
+    def __init__(self, step: int = -1, num_workers: int = 0, namespace: str = "", round_offset: int = 0):
+        self.step = step
+        self.round_offset = round_offset  # global index of the step's round 0
+        self.epoch = 0
+        self.registered: Dict[int, int] = {}  # worker -> task attempt id of the current epoch
+        self.retired = -1  # task ids up to this one belong to failed attempts
+        self.open = step >= 0
+        self.num_workers = num_workers
+        self.namespace = namespace
+        self.clocks = np.full(max(num_workers, 0), -1, dtype=np.int64)
+        self.committed = -1  # highest round whose contributions are applied
+        self.contrib: Dict[Tuple[str, int], List[Tuple[np.ndarray, np.ndarray]]] = {}
+        self.metrics: Dict[int, Dict[str, float]] = {}
+        self.error: Optional[str] = None
+        self.done: Dict[int, int] = {}  # resident workers that finished the step -> their task id
+
+
+class StepFences:
+    """Steps and rounds of :class:`~pystrads.ps.server.ShardServer` (a mixin: it uses the
+    server's ``cond``, ``step``, ``tables``, ``programs``, ``newest_task``, ``shard_id``,
+    ``_table`` and ``_counter_lock`` / ``counters``, and the mailbox's ``_post``)."""
+
+    def _check_fence(self, header: Dict[str, Any], entering: bool = False) -> None:
+        """Writes during a step must come from the worker's current task.
+
+        Python tasks cannot see Spark's stage attempt number, so attempts are
+        told apart by task attempt ids (unique and increasing in an
+        application): when a worker enters again with a newer task id, the
+        stage was retried -- roll back to the pre-step state and start a new
+        epoch; tasks of older epochs (zombies) are refused from then on.
+        """
+        st = self.step
+        step = header.get("step")
+        if step is None:
+            if st.open:
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: unfenced write while step {st.step} is open")
+            return
+        if not st.open or step != st.step:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: request for step {step} but the open step is "
+                f"{st.step if st.open else 'none'} (a task from a finished step?)")
+        worker, task = header.int("worker", -1), header.int("task", -1)
+        if not 0 <= worker < st.num_workers:
+            raise flight.FlightServerError(f"worker {worker} out of range [0, {st.num_workers})")
+        current = st.registered.get(worker)
+        if current == task:
+            return
+        newest = self.newest_task.get((st.namespace, worker), -1)
+        if task <= st.retired or (current is not None and task < current) or task < newest:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: task {task} of worker {worker} belongs to a failed attempt of "
+                f"step {step}; refusing a zombie task's request")
+        if not entering:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: task {task} of worker {worker} did not enter step {step}")
+        if current is not None:  # the same worker again with a newer task: the stage was retried
+            self._new_epoch()
+        st.registered[worker] = task
+        self.newest_task[(st.namespace, worker)] = task
+
+    def _new_epoch(self) -> None:
+        """Called with ``self.cond`` held: roll back to the pre-step state."""
+        st = self.step
+        restored = 0
+        for table in self.tables.values():
+            with table.lock:
+                restored += table.rollback()
+        log.warning("shard %s: step %d was retried (epoch %d); rolled back %d rows",
+                    self.shard_id, st.step, st.epoch + 1, restored)
+        st.retired = max([st.retired] + list(st.registered.values()))
+        st.registered = {}
+        st.epoch += 1
+        st.clocks[:] = -1
+        st.committed = -1
+        st.contrib.clear()
+        st.metrics.clear()
+        st.done.clear()
+        st.error = None
+        self.cond.notify_all()
+
+    def _commit_rounds(self, upto: int) -> None:
+        """With ``self.cond`` held: apply the contributions of rounds up to ``upto``."""
+        st = self.step
+        while st.committed < upto:
+            rnd = st.committed + 1
+            for (name, r) in sorted(k for k in st.contrib if k[1] == rnd):
+                parts = st.contrib.pop((name, r))
+                try:
+                    self._apply_pull(name, parts)
+                except Exception as exc:  # the program's pull failed: fail the round for all
+                    st.error = f"pull of table {name!r} in round {rnd} failed: {exc!r}"
+                    log.exception("shard %s: %s", self.shard_id, st.error)
+            self._shard_metrics(rnd)
+            st.committed = rnd
+
+    def _shard_metrics(self, rnd: int) -> None:
+        """The program's ``shard_metrics`` over this shard's rows, every
+        ``shard_metrics_every`` rounds: a consistent snapshot, since no worker
+        passes the round's clock until this returns."""
+        st = self.step
+        program = self.programs.get(st.namespace)
+        every = int(getattr(program, "shard_metrics_every", 0) or 0) if program is not None else 0
+        if not every or (st.round_offset + rnd + 1) % every:
+            return
+        bucket = st.metrics.setdefault(rnd, {})
+        prefix = st.namespace + "/"
+        for name, table in list(self.tables.items()):
+            if not name.startswith(prefix) or table.row_stop == table.row_start:
+                continue
+            try:
+                with table.lock:
+                    values = program.shard_metrics(name[len(prefix):], table.values, table.row_start) or {}
+            except Exception as exc:
+                st.error = f"shard_metrics of table {name!r} in round {rnd} failed: {exc!r}"
+                log.exception("shard %s: %s", self.shard_id, st.error)
+                return
+            for key, value in values.items():
+                bucket[key] = bucket.get(key, 0.0) + float(value)
+
+    def _apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+        table = self._table(name)
+        keys = np.concatenate([k for k, _ in parts])
+        vals = np.concatenate([v for _, v in parts])
+        lo, hi = int(keys.min()), int(keys.max())
+        span = hi - lo + 1
+        if span <= 4 * len(keys):  # dense key range (e.g. one factor column): O(n) bincount
+            offsets = keys - lo
+            present = np.bincount(offsets, minlength=span) > 0
+            uniq = lo + np.flatnonzero(present)
+            sums = np.stack([np.bincount(offsets, weights=vals[:, c], minlength=span)[present]
+                             for c in range(vals.shape[1])], axis=1)
+        else:
+            order = np.argsort(keys, kind="stable")
+            keys, vals = keys[order], vals[order]
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+            uniq = keys[starts]
+            sums = np.add.reduceat(vals, starts, axis=0)
+        namespace, _, short = name.partition("/")
+        program = self.programs.get(namespace)
+        if program is None:
+            raise RuntimeError(f"no program registered for {namespace!r}")
+        with table.lock:
+            index = table.local(uniq)
+            current = table.values[index].copy()
+            new = np.asarray(program.pull(short, uniq, sums, current))
+            if new.shape != current.shape:
+                raise ValueError(f"pull returned shape {new.shape}, expected {current.shape}")
+            if self.step.open:
+                table.remember(index)
+            table.values[index] = new
+
+    def _action_begin_step(self, req):
+        """Open a step: clocks reset, writes from now on are undoable (``command``: the
+        resident workers' command for this step, posted to the fit's mailbox)."""
+        with self.cond:
+            if self.step.open:
+                raise flight.FlightServerError(
+                    f"step {self.step.step} is still open; commit or abort it first")
+            for table in self.tables.values():
+                table.forget()
+            num_workers = req.int("num_workers")
+            if not 1 <= num_workers <= 1 << 20:
+                raise flight.FlightServerError(f"malformed request: num_workers={num_workers} out of range")
+            self.step = _StepState(req.int("step"), num_workers, req.str("namespace", ""),
+                                   req.int("round_offset", 0))
+            if req.get("command") is not None:
+                self._post(req.str("namespace"), req.dict("command"))
+        return {}
+
+    def _action_enter(self, req):
+        """A worker task starts an attempt of the open step (a newer attempt rolls back)."""
+        with self.cond:
+            self._check_fence(req, entering=True)
+        return {"epoch": self.step.epoch}
+
+    def _action_tick(self, req):
+        """Advance a worker's round clock, then wait until every worker reached ``wait_for``."""
+        worker, rnd = req.int("worker"), req.int("round")
+        wait_for = req.int("wait_for", rnd)
+        timeout = req.num("timeout", 600.0)
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            self._check_fence(req)
+            st = self.step
+            epoch = st.epoch
+            if rnd > st.clocks[worker]:
+                st.clocks[worker] = rnd
+            for key, value in req.dict("metrics", {}).items():
+                bucket = st.metrics.setdefault(rnd, {})
+                bucket[key] = bucket.get(key, 0.0) + float(value)
+            if req.get("late"):  # reported after the previous round's tick (by apply)
+                bucket = st.metrics.setdefault(req.int("late_round"), {})
+                for key, value in req.dict("late").items():
+                    bucket[key] = bucket.get(key, 0.0) + float(value)
+            low = int(st.clocks.min())
+            if low > st.committed:
+                self._commit_rounds(low)
+                self.cond.notify_all()
+            while True:
+                if st is not self.step or st.epoch != epoch or not st.open:
+                    raise flight.FlightServerError(
+                        f"step {st.step} was retried or closed while worker {worker} waited")
+                if st.error:
+                    raise flight.FlightServerError(st.error)
+                if st.committed >= wait_for:
+                    return {"committed": st.committed}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    lagging = np.flatnonzero(st.clocks < wait_for).tolist()
+                    raise flight.FlightTimedOutError(
+                        f"round timeout: worker {worker} waited {timeout:.0f} s for round {wait_for}; "
+                        f"workers {lagging} did not finish it. Raise spark.pystrads.round.timeoutSeconds "
+                        "if rounds are legitimately this slow")
+                self.cond.wait(min(left, 1.0))
+
+    def _action_step_done(self, req):
+        """A resident worker finished its part of the open step (fenced; ``late``: metrics of
+        its last round reported after that round's tick)."""
+        worker = req.int("worker")
+        with self.cond:
+            self._check_fence(req)
+            st = self.step
+            if req.get("late"):
+                bucket = st.metrics.setdefault(req.int("late_round"), {})
+                for key, value in req.dict("late").items():
+                    bucket[key] = bucket.get(key, 0.0) + float(value)
+            st.done[worker] = req.int("task")
+            self.cond.notify_all()
+        return {}
+
+    def _action_wait_step(self, req):
+        """The driver waits (up to ``timeout``) until every worker finished the open step;
+        the answer carries the step's per-round metrics when it did."""
+        step = req.int("step")
+        deadline = time.monotonic() + req.num("timeout", 1.0)
+        with self.cond:
+            while True:
+                st = self.step
+                if not st.open or st.step != step:
+                    raise flight.FlightServerError(
+                        f"shard {self.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
+                if st.error:
+                    return {"done": False, "error": st.error, "epoch": st.epoch}
+                if len(st.done) >= st.num_workers:
+                    return {"done": True, "epoch": st.epoch,
+                            "rounds": {str(k): v for k, v in sorted(st.metrics.items())}}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"done": False, "epoch": st.epoch, "finished": sorted(st.done),
+                            "clocks": st.clocks.tolist()}
+                self.cond.wait(min(left, 1.0))
+
+    def _action_commit_step(self, req):
+        """Close the step and keep its writes."""
+        with self.cond:
+            st = self.step
+            if st.open and st.step == req.int("step"):
+                for table in self.tables.values():
+                    with table.lock:
+                        table.forget()
+                st.open = False
+                self.cond.notify_all()
+        with self._counter_lock:
+            return dict(self.counters)
+
+    def _action_abort_step(self, req):
+        """Close the step and roll back every write it made."""
+        restored = 0
+        with self.cond:
+            st = self.step
+            if st.open and st.step == req.int("step"):
+                for table in self.tables.values():
+                    with table.lock:
+                        restored += table.rollback()
+                st.open = False  # fences out any straggler
+                self.cond.notify_all()
+        return {"restored_rows": restored}
+
+    def _action_metrics(self, req):
+        """Per-round metric sums reported by the workers of the current step."""
+        with self.cond:
+            st = self.step
+            return {"step": st.step, "open": st.open, "epoch": st.epoch,
+                    "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
+                    "clocks": st.clocks.tolist()}
