@@ -23,6 +23,14 @@ seconds, so a killed driver leaves nothing running.
 
 Run as ``python -m pystrads.ps.server --host 127.0.0.1 --info-file F``; the
 token comes from the environment variable ``PYSTRADS_SHARD_TOKEN``.
+
+This module holds :class:`ShardServer` (reads, writes, table management,
+lease and stats) and the process around it (:func:`serve`, :func:`main`).
+The rest of a shard: :mod:`~pystrads.ps.table` (a table slice and its undo
+log), :mod:`~pystrads.ps.steps` (step state, fences, round clocks),
+:mod:`~pystrads.ps.mailbox` (resident workers), :mod:`~pystrads.ps.snapshots`
+(checkpoints), :mod:`~pystrads.ps.request` (token checks and request
+decoding) and :mod:`~pystrads.ps.memory` (available memory, malloc tuning).
 """
 
 from __future__ import annotations
@@ -44,8 +52,10 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from . import protocol
+from .mailbox import ResidentMailbox
 from .memory import _mem_available, _rss_bytes, tune_malloc
 from .request import _refuse, authorize_payload, decode_action, decode_request
+from .snapshots import TableSnapshots
 from .steps import StepFences, _StepState
 from .table import ShardTable
 
@@ -65,7 +75,10 @@ def _in_fit(name: str, fit: str) -> bool:
     return name == fit or name.startswith(fit + "/")
 
 
-class ShardServer(StepFences, flight.FlightServerBase):
+class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServerBase):
+    """One shard: tables, reads and writes, and the actions (see the module docstring;
+    steps, resident workers and checkpoints are in the mixins)."""
+
     def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = "",
                  tls_certificates: Optional[list] = None, watch_pid: int = 0, admin_token: Optional[str] = None):
         if tls_certificates:
@@ -353,189 +366,6 @@ class ShardServer(StepFences, flight.FlightServerBase):
         with self.cond:
             self.programs[req.str("namespace")] = program
         return {}
-
-    # ------------------------------------------------------------------ resident workers
-    def _is_closed(self, namespace: str) -> bool:
-        return namespace in self.closed  # a fit's mailbox is keyed by its namespace, dropped as "<ns>/"
-
-    def _action_post(self, req):
-        """The driver leaves a command for a fit's resident workers (``begin_step`` can carry
-        one too, so a step's schedule costs no extra call)."""
-        with self.cond:
-            self._post(req.str("namespace"), req.dict("command"))
-        return {}
-
-    def _post(self, namespace: str, command: Dict[str, Any]) -> None:
-        box = self.mailbox.setdefault(namespace, {"seq": 0})
-        program = command.get("program")
-        if program is not None:  # kept: a restarted task asks for it without knowing its hash
-            box["program"], box["program_hash"] = program, command.get("program_hash")
-        box["seq"] += 1
-        box["command"] = {k: v for k, v in command.items() if k != "program"}
-        self.cond.notify_all()
-
-    def _action_hello(self, req):
-        """A resident worker's task started (a newer task id retires the worker's older ones)."""
-        namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
-        with self.cond:
-            key = (namespace, worker)
-            if task < self.newest_task.get(key, -1):
-                raise flight.FlightServerError(
-                    f"shard {self.shard_id}: task {task} of worker {worker} is older than task "
-                    f"{self.newest_task[key]}; refusing a zombie task")
-            if self._is_closed(namespace):
-                raise flight.FlightServerError(
-                    f"shard {self.shard_id}: fit {namespace!r} has ended (its tables were dropped); "
-                    f"task {task} of worker {worker} has nothing to do")
-            self.newest_task[key] = task
-            self.hellos.setdefault(namespace, {})[worker] = {"task": task, "fingerprint": req.get("fingerprint"),
-                                                             "load_s": req.get("load_s"), "time": time.time()}
-            self.cond.notify_all()
-        return {}
-
-    def _action_wait_hellos(self, req):
-        """Block until ``num_workers`` workers of a fit said hello (or ``timeout``); their hellos."""
-        namespace, n = req.str("namespace"), req.int("num_workers")
-        deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
-            while len(self.hellos.get(namespace, {})) < n and time.monotonic() < deadline:
-                self.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
-            hellos = self.hellos.get(namespace, {})
-            return {"hellos": {str(w): h for w, h in hellos.items()}, "complete": len(hellos) >= n}
-
-    def _action_wait_blobs(self, req):
-        """Block until every blob of ``keys`` is stored here (or ``timeout``); the ones still missing."""
-        keys = req.get("keys")
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            raise flight.FlightServerError("malformed request: field 'keys' must be a list of strings")
-        deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
-            while True:
-                missing = [k for k in keys if k not in self.blobs]
-                left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    return {"missing": missing}
-                self.cond.wait(min(left, 1.0))
-
-    def _action_next(self, req):
-        """A resident worker waits (up to ``timeout``) for a command it has not carried out:
-        the open step when it is newer than ``done_step``, or ``finish``.  The program's bytes
-        come along unless the worker already has them (``program_hash``)."""
-        namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
-        done_step = req.int("done_step", -1)
-        deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
-            while True:
-                if task < self.newest_task.get((namespace, worker), -1):
-                    raise flight.FlightServerError(
-                        f"shard {self.shard_id}: task {task} of worker {worker} was replaced by a newer "
-                        "attempt; refusing a zombie task")
-                if self._is_closed(namespace):  # released before this worker read ``finish``
-                    return {"kind": "closed"}
-                box = self.mailbox.get(namespace)
-                command = box.get("command") if box else None
-                if command is not None:
-                    kind = command.get("kind")
-                    st = self.step
-                    actionable = kind == "finish" or (
-                        kind == "step" and st.open and st.namespace == namespace
-                        and st.step == command.get("step") and command.get("step") > done_step
-                        and worker not in st.done)
-                    if actionable:
-                        out = dict(command, seq=box["seq"])
-                        if box.get("program_hash") != req.get("program_hash"):
-                            out["program"], out["program_hash"] = box.get("program"), box.get("program_hash")
-                        return out
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return {"kind": "wait"}
-                self.cond.wait(min(left, 1.0))
-
-    def _action_snapshot(self, req):
-        """Write this shard's rows of every table under ``prefix`` to ``dir`` (between steps):
-        one ``<table>.<row_start>-<row_stop>.npy`` per table, named by the part after the prefix."""
-        from . import storage
-
-        prefix, target = req.str("prefix"), req.str("dir")
-        written = {}
-        with self.cond:
-            if self.step.open:
-                raise flight.FlightServerError(
-                    f"shard {self.shard_id}: snapshot while step {self.step.step} is open; snapshots are taken "
-                    "between steps")
-            tables = [t for n, t in self.tables.items() if n.startswith(prefix)]
-            for t in tables:
-                short = t.name[len(prefix):]
-                with t.lock:
-                    written[short] = storage.save_array(
-                        storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
-            states = self._state_blobs(req)
-        states_dir = req.str("states_dir", target)
-        for worker, blob in states.items():  # resident workers' snapshots of that step
-            storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob)
-            written[f"state-{worker:05d}"] = len(blob)
-        return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states)}
-
-    def _state_blobs(self, req) -> Dict[int, bytes]:
-        """With ``self.cond`` held: the state snapshots of step ``states_step`` kept here under
-        ``states_prefix`` (``<prefix><worker>/<step>``), by worker."""
-        prefix, step = req.get("states_prefix"), req.get("states_step")
-        if not isinstance(prefix, str) or not isinstance(step, int):
-            return {}
-        out = {}
-        for key, blob in self.blobs.items():
-            if key.startswith(prefix):
-                worker, _, at = key[len(prefix):].partition("/")
-                if worker.isdigit() and at == str(step):
-                    out[int(worker)] = blob
-        return out
-
-    def _action_restore(self, req):
-        """Fill this shard's rows of every table under ``prefix`` from a snapshot in ``dir``
-        (written by any number of shards: the files overlapping this shard's rows are read)."""
-        from . import storage
-
-        prefix, source = req.str("prefix"), req.str("dir")
-        names = storage.list_names(source)
-        restored = {}
-        with self.cond:
-            if self.step.open:
-                raise flight.FlightServerError(
-                    f"shard {self.shard_id}: restore while step {self.step.step} is open")
-            for t in [t for n, t in self.tables.items() if n.startswith(prefix)]:
-                short = t.name[len(prefix):]
-                covered = np.zeros(t.row_stop - t.row_start, dtype=bool)
-                for fname in names:
-                    stem, _, ext = fname.rpartition(".")
-                    table_name, _, rows = stem.rpartition(".")
-                    if ext != "npy" or table_name != short or "-" not in rows:
-                        continue
-                    lo, hi = (int(x) for x in rows.split("-"))
-                    a, b = max(lo, t.row_start), min(hi, t.row_stop)
-                    if a >= b:
-                        continue
-                    values = storage.load_array(storage.join(source, fname))
-                    if values.shape != (hi - lo, t.width):
-                        raise flight.FlightServerError(
-                            f"snapshot {fname} in {source} has shape {values.shape}, expected {(hi - lo, t.width)}")
-                    with t.lock:
-                        t.values[a - t.row_start:b - t.row_start] = values[a - lo:b - lo]
-                    covered[a - t.row_start:b - t.row_start] = True
-                if not covered.all():
-                    missing = int(np.flatnonzero(~covered)[0]) + t.row_start
-                    raise flight.FlightServerError(
-                        f"snapshot in {source} lacks rows of table {short!r} from row {missing}; the checkpoint "
-                        "is incomplete or belongs to another model")
-                restored[short] = t.row_stop - t.row_start
-        prefix, step = req.get("states_prefix"), req.get("states_step")
-        loaded = []
-        if isinstance(prefix, str) and isinstance(step, int):  # resident workers' snapshots
-            for worker in req.get("states_workers") or []:
-                blob = storage.read_bytes(storage.join(req.str("states_dir", source), f"state-{int(worker):05d}.pkl"))
-                with self.cond:
-                    self.blobs[f"{prefix}{int(worker)}/{step}"] = blob
-                loaded.append(int(worker))
-        return {"rows": restored, "states": loaded}
 
     def _action_stats(self, req):
         """Rows, bytes and requests served, and resident memory."""
