@@ -159,7 +159,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             return flight.RecordBatchStream(pa.Table.from_arrays([pa.array(chunks, pa.binary())],
                                                                  schema=protocol.BLOB_SCHEMA))
         table = self._table(header.str("table", ""))
-        chunk_bytes = header.int("chunk", (4 << 20) - (64 << 10))
+        chunk_bytes = header.int("chunk", protocol.CHUNK_BYTES)
         with table.lock:
             if "start" in header:
                 start, stop = header.int("start"), header.int("stop")
