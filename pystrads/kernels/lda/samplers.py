@@ -15,31 +15,10 @@ from ..random import uniform
 from .counts import _doc_decrement, _doc_increment, _word_nz_add, _word_nz_remove, _word_nz_scan
 from .fplus_tree import _tree_depth, _tree_leaf_offset, _tree_rebuild, _tree_sample, _tree_set, _tree_switch_word
 
-#: Metropolis-Hastings cycles (one document proposal + one word proposal
-#: each) per token for the ``"mh"`` sampler; LDA*'s and WarpLDA's default.
-MH_CYCLES = 2
-
-
 @njit(cache=True, nogil=True)
-def sample_block_dense(
-    token_word,
-    token_doc,
-    token_topic,
-    tok_lo,
-    tok_hi,
-    word_lo,
-    word_topic_block,
-    topic_totals,
-    doc_topic,
-    doc_ptr,
-    doc_tokens,
-    doc_nz_topics,
-    doc_nz_count,
-    alpha,
-    beta,
-    vocab_size,
-    rng_state,
-):
+def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                       word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                       doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
     """Plain O(K) collapsed Gibbs sweep over tokens ``[tok_lo, tok_hi)``.
 
     The reference sampler.  Signature, arguments and return value as in
@@ -79,25 +58,9 @@ def sample_block_dense(
 
 
 @njit(cache=True, nogil=True)
-def sample_block_sparse(
-    token_word,
-    token_doc,
-    token_topic,
-    tok_lo,
-    tok_hi,
-    word_lo,
-    word_topic_block,
-    topic_totals,
-    doc_topic,
-    doc_ptr,
-    doc_tokens,
-    doc_nz_topics,
-    doc_nz_count,
-    alpha,
-    beta,
-    vocab_size,
-    rng_state,
-):
+def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
     """SparseLDA bucket sweep, adapted to word-major order.
 
     Yao, Mimno & McCallum (2009) eq. 2-4, with word and document swapped::
@@ -224,26 +187,19 @@ def sample_block_sparse(
     return n_changed
 
 
+# --------------------------------------------------------------------------
+# The F+ tree samplers: "fplus" and "mh" share one sweep, _fplus_sweep
+# --------------------------------------------------------------------------
+
+#: Metropolis-Hastings cycles (one document proposal + one word proposal
+#: each) per token for the ``"mh"`` sampler; LDA*'s and WarpLDA's default.
+MH_CYCLES = 2
+
+
 @njit(cache=True, nogil=True)
-def sample_block_fplus(
-    token_word,
-    token_doc,
-    token_topic,
-    tok_lo,
-    tok_hi,
-    word_lo,
-    word_topic_block,
-    topic_totals,
-    doc_topic,
-    doc_ptr,
-    doc_tokens,
-    doc_nz_topics,
-    doc_nz_count,
-    alpha,
-    beta,
-    vocab_size,
-    rng_state,
-):
+def sample_block_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                       word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                       doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
     """F+LDA word-by-word sweep (Yu et al. 2015; LDA* §3.1.1).
 
     With ``q_t = (n_wt + β) / (n_t + Vβ)`` kept in an F+ tree for the
@@ -258,92 +214,15 @@ def sample_block_fplus(
     an O(K) scan of the new row.  Signature, arguments and return value as in
     :func:`sample_block`.
     """
-    n_topics = topic_totals.shape[0]
-    v_beta = vocab_size * beta
-    offset = _tree_leaf_offset(n_topics)
-    depth = _tree_depth(offset)
-    tree = np.zeros(2 * offset, dtype=np.float64)
-    inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
-    for t in range(n_topics):
-        inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
-        tree[offset + t] = beta * inv_denom[t]  # no current word yet
-    _tree_rebuild(tree, offset)
-    word_nz_topics = np.empty(n_topics, dtype=np.int32)
-    word_nz_pos = np.full(n_topics, -1, dtype=np.int32)
-    word_nz_count = 0
-    doc_cumulative = np.empty(n_topics, dtype=np.float64)
-    current_word = -1
-    n_changed = 0
-    for i in range(tok_lo, tok_hi):
-        w = token_word[i] - word_lo
-        if w != current_word:
-            current_word = w
-            word_nz_count = _tree_switch_word(
-                tree, offset, depth, word_topic_block[w], beta, inv_denom,
-                word_nz_topics, word_nz_pos, word_nz_count)
-        d = token_doc[i]
-        old = token_topic[i]
-
-        c = word_topic_block[w, old] - 1
-        word_topic_block[w, old] = c
-        if c == 0:
-            word_nz_count = _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, old)
-        topic_totals[old] -= 1
-        inv_denom[old] = 1.0 / (topic_totals[old] + v_beta)
-        _tree_set(tree, offset, old, (c + beta) * inv_denom[old])
-        _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
-
-        # Document part: sum over non-zero n_dt of n_dt * q_t (q_t = leaf).
-        base = doc_ptr[d]
-        n_nz = doc_nz_count[d]
-        doc_mass = 0.0
-        for j in range(n_nz):
-            t = doc_nz_topics[base + j]
-            doc_mass += doc_topic[d, t] * tree[offset + t]
-            doc_cumulative[j] = doc_mass
-        u = uniform(rng_state) * (doc_mass + alpha * tree[1])
-        if u < doc_mass:
-            j = 0
-            while j < n_nz - 1 and doc_cumulative[j] <= u:
-                j += 1
-            new = doc_nz_topics[base + j]
-        else:
-            new = _tree_sample(tree, offset, n_topics, (u - doc_mass) / alpha)
-
-        c = word_topic_block[w, new] + 1
-        word_topic_block[w, new] = c
-        if c == 1:
-            word_nz_count = _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, new)
-        topic_totals[new] += 1
-        inv_denom[new] = 1.0 / (topic_totals[new] + v_beta)
-        _tree_set(tree, offset, new, (c + beta) * inv_denom[new])
-        _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
-        token_topic[i] = new
-        if new != old:
-            n_changed += 1
-    return n_changed
+    return _fplus_sweep(False, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
 
 
 @njit(cache=True, nogil=True)
-def sample_block_mh(
-    token_word,
-    token_doc,
-    token_topic,
-    tok_lo,
-    tok_hi,
-    word_lo,
-    word_topic_block,
-    topic_totals,
-    doc_topic,
-    doc_ptr,
-    doc_tokens,
-    doc_nz_topics,
-    doc_nz_count,
-    alpha,
-    beta,
-    vocab_size,
-    rng_state,
-):
+def sample_block_mh(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                    word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                    doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
     """Metropolis-Hastings sweep with cycling doc / word proposals.
 
     LightLDA's cycle proposal (Yuan et al. 2015; LDA* §2.2 Algorithm 1,
@@ -363,9 +242,26 @@ def sample_block_mh(
     the document's number of topics.  Signature, arguments and return value
     as in :func:`sample_block`.
     """
+    return _fplus_sweep(True, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
+
+
+@njit(cache=True, nogil=True)
+def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                 word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                 doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    # The word-by-word sweep shared by the "fplus" and "mh" samplers: the F+ tree
+    # holds q_t = (n_wt + β) / (n_t + Vβ) of the current word and each count
+    # change of a token moves one leaf; `mh` picks how the new topic is drawn.
+    # A plain (not inlined) kernel with both draws written out: inlining it, or
+    # the draws as inline helpers, left per-token reference counting on their
+    # array arguments in the loop and cost 5-15 % (jobs/bench_lda_kernel.py).
     n_topics = topic_totals.shape[0]
     v_beta = vocab_size * beta
     k_alpha = n_topics * alpha
+    current_word = -1
+    n_changed = 0
     offset = _tree_leaf_offset(n_topics)
     depth = _tree_depth(offset)
     tree = np.zeros(2 * offset, dtype=np.float64)
@@ -377,8 +273,7 @@ def sample_block_mh(
     word_nz_topics = np.empty(n_topics, dtype=np.int32)
     word_nz_pos = np.full(n_topics, -1, dtype=np.int32)
     word_nz_count = 0
-    current_word = -1
-    n_changed = 0
+    doc_cumulative = np.empty(n_topics, dtype=np.float64)
     for i in range(tok_lo, tok_hi):
         w = token_word[i] - word_lo
         if w != current_word:
@@ -398,30 +293,47 @@ def sample_block_mh(
         _tree_set(tree, offset, old, (c + beta) * inv_denom[old])
         _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
 
-        base = doc_ptr[d]
-        doc_len = doc_ptr[d + 1] - base  # includes this token
-        state = old
-        for _ in range(MH_CYCLES):
-            # Document proposal.
-            u = uniform(rng_state) * (doc_len + k_alpha)
-            if u < doc_len:
-                j = doc_tokens[base + np.int64(u)]
-                cand = state if j == i else token_topic[j]
+        if mh:  # MH_CYCLES cycles of a document and a word proposal
+            base = doc_ptr[d]
+            doc_len = doc_ptr[d + 1] - base  # includes this token
+            state = old
+            for _ in range(MH_CYCLES):
+                # Document proposal.
+                u = uniform(rng_state) * (doc_len + k_alpha)
+                if u < doc_len:
+                    j = doc_tokens[base + np.int64(u)]
+                    cand = state if j == i else token_topic[j]
+                else:
+                    cand = np.int64((u - doc_len) / alpha)
+                    if cand >= n_topics:
+                        cand = n_topics - 1
+                if cand != state:
+                    ratio = tree[offset + cand] / tree[offset + state]
+                    if ratio >= 1.0 or uniform(rng_state) < ratio:
+                        state = cand
+                # Word proposal.
+                cand = _tree_sample(tree, offset, n_topics, uniform(rng_state) * tree[1])
+                if cand != state:
+                    ratio = (doc_topic[d, cand] + alpha) / (doc_topic[d, state] + alpha)
+                    if ratio >= 1.0 or uniform(rng_state) < ratio:
+                        state = cand
+            new = state
+        else:  # F+LDA: p(t) ∝ n_dt q_t (the document's non-zero topics) + α q_t (tree)
+            base = doc_ptr[d]
+            n_nz = doc_nz_count[d]
+            doc_mass = 0.0
+            for j in range(n_nz):
+                t = doc_nz_topics[base + j]
+                doc_mass += doc_topic[d, t] * tree[offset + t]
+                doc_cumulative[j] = doc_mass
+            u = uniform(rng_state) * (doc_mass + alpha * tree[1])
+            if u < doc_mass:
+                j = 0
+                while j < n_nz - 1 and doc_cumulative[j] <= u:
+                    j += 1
+                new = doc_nz_topics[base + j]
             else:
-                cand = np.int64((u - doc_len) / alpha)
-                if cand >= n_topics:
-                    cand = n_topics - 1
-            if cand != state:
-                ratio = tree[offset + cand] / tree[offset + state]
-                if ratio >= 1.0 or uniform(rng_state) < ratio:
-                    state = cand
-            # Word proposal.
-            cand = _tree_sample(tree, offset, n_topics, uniform(rng_state) * tree[1])
-            if cand != state:
-                ratio = (doc_topic[d, cand] + alpha) / (doc_topic[d, state] + alpha)
-                if ratio >= 1.0 or uniform(rng_state) < ratio:
-                    state = cand
-        new = state
+                new = _tree_sample(tree, offset, n_topics, (u - doc_mass) / alpha)
 
         c = word_topic_block[w, new] + 1
         word_topic_block[w, new] = c
@@ -462,26 +374,9 @@ def get_sampler(name):
         ) from None
 
 
-def sample_block(
-    sampler,
-    token_word,
-    token_doc,
-    token_topic,
-    tok_lo,
-    tok_hi,
-    word_lo,
-    word_topic_block,
-    topic_totals,
-    doc_topic,
-    doc_ptr,
-    doc_tokens,
-    doc_nz_topics,
-    doc_nz_count,
-    alpha,
-    beta,
-    vocab_size,
-    rng_state,
-):
+def sample_block(sampler, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                 word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                 doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
     """Resample the topics of tokens ``[tok_lo, tok_hi)`` with a named sampler.
 
     Every kernel in ``SAMPLERS`` takes exactly the arguments after
@@ -527,25 +422,9 @@ def sample_block(
     int
         Number of tokens whose topic changed.
     """
-    return get_sampler(sampler)(
-        token_word,
-        token_doc,
-        token_topic,
-        tok_lo,
-        tok_hi,
-        word_lo,
-        word_topic_block,
-        topic_totals,
-        doc_topic,
-        doc_ptr,
-        doc_tokens,
-        doc_nz_topics,
-        doc_nz_count,
-        alpha,
-        beta,
-        vocab_size,
-        rng_state,
-    )
+    return get_sampler(sampler)(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                                word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                                doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
 
 
 def choose_sampler(n_topics, mean_doc_len):
