@@ -57,6 +57,24 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
     return n_changed
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sparse_move(word_topic_block, w, t, delta, topic_totals, inv_denom, v_beta, alpha,
+                 alpha_beta, s_mass, q_mass):
+    # Change n_wt and n_t by delta (+1 or -1): take topic t out of the s and q
+    # sums, change its counts and 1 / (n_t + Vβ), put it back.  Returns the
+    # new n_wt and the two sums.
+    c = word_topic_block[w, t]
+    s_mass -= alpha_beta * inv_denom[t]
+    q_mass -= alpha * c * inv_denom[t]
+    c += delta
+    word_topic_block[w, t] = c
+    topic_totals[t] += delta
+    inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
+    s_mass += alpha_beta * inv_denom[t]
+    q_mass += alpha * c * inv_denom[t]
+    return c, s_mass, q_mass
+
+
 @njit(cache=True, nogil=True)
 def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
                         word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
@@ -117,17 +135,9 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
         d = token_doc[i]
         old = token_topic[i]
 
-        # Remove the token: take topic `old` out of s and q, change its
-        # counts, put it back.
-        c = word_topic_block[w, old]
-        s_mass -= alpha_beta * inv_denom[old]
-        q_mass -= alpha * c * inv_denom[old]
-        c -= 1
-        word_topic_block[w, old] = c
-        topic_totals[old] -= 1
-        inv_denom[old] = 1.0 / (topic_totals[old] + v_beta)
-        s_mass += alpha_beta * inv_denom[old]
-        q_mass += alpha * c * inv_denom[old]
+        # Remove the token from topic `old`.
+        c, s_mass, q_mass = _sparse_move(word_topic_block, w, old, -1, topic_totals, inv_denom,
+                                         v_beta, alpha, alpha_beta, s_mass, q_mass)
         if c == 0:
             word_nz_count = _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, old)
         _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
@@ -169,15 +179,8 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
                     break
 
         # Add the token to topic `new`.
-        c = word_topic_block[w, new]
-        s_mass -= alpha_beta * inv_denom[new]
-        q_mass -= alpha * c * inv_denom[new]
-        c += 1
-        word_topic_block[w, new] = c
-        topic_totals[new] += 1
-        inv_denom[new] = 1.0 / (topic_totals[new] + v_beta)
-        s_mass += alpha_beta * inv_denom[new]
-        q_mass += alpha * c * inv_denom[new]
+        c, s_mass, q_mass = _sparse_move(word_topic_block, w, new, 1, topic_totals, inv_denom,
+                                         v_beta, alpha, alpha_beta, s_mass, q_mass)
         if c == 1:
             word_nz_count = _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, new)
         _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
