@@ -22,6 +22,18 @@ from ..random import STATE_SIZE, seed_states, uniform
 # --------------------------------------------------------------------------
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _add_count_terms(ll, counts, prior, lgamma_prior):
+    # ll + Σ_t (lgamma(n_t + prior) - lgamma(prior)) over the non-zero counts of
+    # one row: the Dirichlet-multinomial term shared by the document and word
+    # parts, added term by term onto ll so that the sums are as before.
+    for t in range(counts.shape[0]):
+        count = counts[t]
+        if count > 0:
+            ll += math.lgamma(count + prior) - lgamma_prior
+    return ll
+
+
 @njit(cache=True, nogil=True)
 def doc_log_likelihood(doc_topic, doc_lengths, alpha):
     """Document part of log p(w, z): log p(z | α) for a worker's documents.
@@ -47,10 +59,7 @@ def doc_log_likelihood(doc_topic, doc_lengths, alpha):
     ll = 0.0
     for d in range(n_docs):
         ll += lgamma_k_alpha - math.lgamma(doc_lengths[d] + k_alpha)
-        for t in range(n_topics):
-            count = doc_topic[d, t]
-            if count > 0:
-                ll += math.lgamma(count + alpha) - lgamma_alpha
+        ll = _add_count_terms(ll, doc_topic[d], alpha, lgamma_alpha)
     return ll
 
 
@@ -70,14 +79,11 @@ def word_log_likelihood_rows(word_topic_rows, beta):
     -------
     float
     """
-    n_rows, n_topics = word_topic_rows.shape
+    n_rows = word_topic_rows.shape[0]
     lgamma_beta = math.lgamma(beta)
     ll = 0.0
     for w in range(n_rows):
-        for t in range(n_topics):
-            count = word_topic_rows[w, t]
-            if count > 0:
-                ll += math.lgamma(count + beta) - lgamma_beta
+        ll = _add_count_terms(ll, word_topic_rows[w], beta, lgamma_beta)
     return ll
 
 
