@@ -1,0 +1,144 @@
+"""Collapsed Gibbs sampling kernels for LDA on word-major token blocks.
+
+Data layout (fixed by the runtime)
+----------------------------------
+A worker holds its documents' tokens sorted by word id (word-major, as the
+STRADS word rotation needs):
+
+``token_word`` int32[n]
+    global word id, sorted ascending.
+``token_doc`` int32[n]
+    local document index in ``[0, n_docs)``.
+``token_topic`` int32[n]
+    topic assignment z (mutated).
+``doc_topic`` int32[n_docs, K]
+    document-topic counts of the worker's documents (mutated).
+
+In a round the worker samples the tokens ``[tok_lo, tok_hi)`` whose words lie
+in the block ``[word_lo, word_hi)``.  It holds ``word_topic_block``
+int32[word_hi - word_lo, K] (row ``i`` is word ``word_lo + i``) and
+``topic_totals`` int64[K], a local copy of the global topic totals that the
+caller re-syncs every round (the copy drifts within a round: the STRADS
+supplement's s-error).  A sampler moves every reassigned token from its old
+topic to its new one in all three count structures at once.
+
+Per-document helper structures (built by :func:`build_doc_tokens` and
+:func:`build_doc_nonzero`, shared by every sampler so samplers are
+interchangeable at any time):
+
+``doc_ptr`` int64[n_docs + 1]
+    CSR offsets: document ``d`` owns slots ``doc_ptr[d]:doc_ptr[d + 1]``
+    (its number of tokens on this worker) in the two arrays below.
+``doc_tokens`` int32[n]
+    token indices of each document (immutable; MH doc proposals).
+``doc_nz_topics`` int32[n], ``doc_nz_count`` int32[n_docs]
+    the topics with ``doc_topic[d, t] > 0`` in the first
+    ``doc_nz_count[d]`` slots of document ``d`` (in no particular order),
+    kept exact by every sampler through append / swap-remove.
+
+Samplers (all with the signature documented in :func:`sample_block`)
+---------------------------------------------------------------------
+``"dense"``
+    Plain O(K) conditional; the correctness reference and speed baseline.
+``"sparse"``
+    SparseLDA's s/r/q buckets (Yao, Mimno & McCallum, KDD 2009, the sampler
+    STRADS used), with the roles of word and document swapped for the
+    word-major order: the word bucket is cached across a word's tokens, the
+    document bucket is summed over the document's non-zero topics.
+``"fplus"``
+    F+LDA word-by-word (Yu et al., WWW 2015; LDA* §3.1.1): the dense word
+    part sits in an F+ (sum) tree over K, updated in O(log K) per count
+    change, the document part runs over the document's non-zero topics.
+``"mh"``
+    Metropolis-Hastings in the LightLDA / WarpLDA family (LDA* §2.2, §3.1.2):
+    alternating O(1) document proposals (a random token of the document)
+    and O(log K) word proposals (drawn from the same F+ tree), ``MH_CYCLES``
+    cycles per token.  Exact MH for each token given the others.
+
+:func:`choose_sampler` returns the recommended one for K and the mean
+document length (dense for K <= 40, F+LDA beyond), from the measurements
+of ``jobs/bench_lda_kernel.py`` recorded in its docstring.
+
+Equations (LDA* eq. 1; Griffiths & Steyvers 2004), with ``¬`` meaning the
+token's own assignment removed from the counts::
+
+    p(z = t | rest) ∝ (n_dt¬ + α) (n_wt¬ + β) / (n_t¬ + V β)
+
+Kernels never validate their input; callers do.
+
+Modules
+-------
+:mod:`.counts`
+    Initial topics, the three count tables, the per-document token index
+    and the document's / current word's non-zero-topic lists.
+:mod:`.fplus_tree`
+    The F+ sum tree over K shared by the ``"fplus"`` and ``"mh"`` samplers.
+:mod:`.samplers`
+    The four samplers, ``SAMPLERS``, :func:`get_sampler`,
+    :func:`sample_block` and :func:`choose_sampler`.
+:mod:`.likelihood`
+    log p(w, z) in parts that add up across workers and shards; fold-in
+    and document completion for held-out documents.
+
+Every public name is re-exported here: import from ``pystrads.kernels.lda``.
+
+numba's on-disk cache checks only the file that defines a kernel, not the
+files of the inline helpers compiled into it: after editing
+:mod:`.counts` or :mod:`.fplus_tree` (or :mod:`pystrads.kernels.random`),
+clear the cache (the ``*.nbi`` / ``*.nbc`` files in ``__pycache__`` or
+``NUMBA_CACHE_DIR``) or touch the modules that call them.
+"""
+
+from .counts import (
+    build_doc_nonzero,
+    build_doc_tokens,
+    count_doc_topic,
+    count_topic_totals,
+    count_word_topic,
+    random_topics,
+)
+from .likelihood import (
+    doc_log_likelihood,
+    doc_states,
+    document_completion_log_likelihood,
+    fold_in,
+    joint_log_likelihood,
+    topic_totals_log_likelihood,
+    word_log_likelihood_rows,
+)
+from .samplers import (
+    MH_CYCLES,
+    SAMPLERS,
+    choose_sampler,
+    get_sampler,
+    sample_block,
+    sample_block_dense,
+    sample_block_fplus,
+    sample_block_mh,
+    sample_block_sparse,
+)
+
+__all__ = [
+    "MH_CYCLES",
+    "SAMPLERS",
+    "build_doc_nonzero",
+    "build_doc_tokens",
+    "choose_sampler",
+    "count_doc_topic",
+    "count_topic_totals",
+    "count_word_topic",
+    "doc_log_likelihood",
+    "doc_states",
+    "document_completion_log_likelihood",
+    "fold_in",
+    "get_sampler",
+    "joint_log_likelihood",
+    "random_topics",
+    "sample_block",
+    "sample_block_dense",
+    "sample_block_fplus",
+    "sample_block_mh",
+    "sample_block_sparse",
+    "topic_totals_log_likelihood",
+    "word_log_likelihood_rows",
+]

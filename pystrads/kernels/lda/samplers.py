@@ -1,0 +1,488 @@
+"""The four LDA samplers, their registry and the choice among them.
+
+``sample_block_dense``, ``sample_block_sparse``, ``sample_block_fplus`` and
+``sample_block_mh`` (one signature, documented in :func:`sample_block`; the
+algorithms and the data layout in :mod:`pystrads.kernels.lda`), the
+``SAMPLERS`` registry with :func:`get_sampler` and :func:`sample_block`, and
+:func:`choose_sampler`, the default for K and the document length, with the
+measurements behind it.
+"""
+
+import numpy as np
+from numba import njit
+
+from ..random import uniform
+from .counts import _doc_decrement, _doc_increment, _word_nz_add, _word_nz_remove, _word_nz_scan
+from .fplus_tree import _tree_depth, _tree_leaf_offset, _tree_rebuild, _tree_sample, _tree_set, _tree_switch_word
+
+@njit(cache=True, nogil=True)
+def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                       word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                       doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    """Plain O(K) collapsed Gibbs sweep over tokens ``[tok_lo, tok_hi)``.
+
+    The reference sampler.  Signature, arguments and return value as in
+    :func:`sample_block`.
+    """
+    n_topics = topic_totals.shape[0]
+    v_beta = vocab_size * beta
+    cumulative = np.empty(n_topics, dtype=np.float64)
+    n_changed = 0
+    for i in range(tok_lo, tok_hi):
+        w = token_word[i] - word_lo
+        d = token_doc[i]
+        old = token_topic[i]
+        word_topic_block[w, old] -= 1
+        topic_totals[old] -= 1
+        _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
+        # LDA* eq. 1: p(t) ∝ (n_dt¬ + α)(n_wt¬ + β) / (n_t¬ + Vβ)
+        total = 0.0
+        for t in range(n_topics):
+            total += (
+                (doc_topic[d, t] + alpha)
+                * (word_topic_block[w, t] + beta)
+                / (topic_totals[t] + v_beta)
+            )
+            cumulative[t] = total
+        u = uniform(rng_state) * total
+        new = 0
+        while new < n_topics - 1 and cumulative[new] <= u:
+            new += 1
+        word_topic_block[w, new] += 1
+        topic_totals[new] += 1
+        _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
+        token_topic[i] = new
+        if new != old:
+            n_changed += 1
+    return n_changed
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sparse_move(word_topic_block, w, t, delta, topic_totals, inv_denom, v_beta, alpha,
+                 alpha_beta, s_mass, q_mass):
+    # Change n_wt and n_t by delta (+1 or -1): take topic t out of the s and q
+    # sums, change its counts and 1 / (n_t + Vβ), put it back.  Returns the
+    # new n_wt and the two sums.
+    c = word_topic_block[w, t]
+    s_mass -= alpha_beta * inv_denom[t]
+    q_mass -= alpha * c * inv_denom[t]
+    c += delta
+    word_topic_block[w, t] = c
+    topic_totals[t] += delta
+    inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
+    s_mass += alpha_beta * inv_denom[t]
+    q_mass += alpha * c * inv_denom[t]
+    return c, s_mass, q_mass
+
+
+@njit(cache=True, nogil=True)
+def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    """SparseLDA bucket sweep, adapted to word-major order.
+
+    Yao, Mimno & McCallum (2009) eq. 2-4, with word and document swapped::
+
+        p(t) ∝ αβ/(n_t+Vβ)              s: all K, sum kept up to date
+             + α n_wt/(n_t+Vβ)          q: the word's non-zero topics, sum
+                                           cached across the word's tokens
+             + n_dt (n_wt+β)/(n_t+Vβ)   r: the document's non-zero topics,
+                                           summed per token in O(K_d)
+
+    O(K) per distinct word (a scan of the row for non-zeros), O(K_d) per
+    token, plus O(K_w) or O(K) in the rare draws that land in q or s.
+    Signature, arguments and return value as in :func:`sample_block`.
+    """
+    n_topics = topic_totals.shape[0]
+    v_beta = vocab_size * beta
+    alpha_beta = alpha * beta
+    inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
+    for t in range(n_topics):
+        inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
+    word_nz_topics = np.empty(n_topics, dtype=np.int32)
+    word_nz_pos = np.full(n_topics, -1, dtype=np.int32)
+    word_nz_count = 0
+    doc_cumulative = np.empty(n_topics, dtype=np.float64)
+    s_mass = 0.0
+    for t in range(n_topics):
+        s_mass += inv_denom[t]
+    s_mass *= alpha_beta
+    since_refresh = 0
+    q_mass = 0.0
+    current_word = -1
+    n_changed = 0
+    for i in range(tok_lo, tok_hi):
+        w = token_word[i] - word_lo
+        if w != current_word:
+            # New word: rescan its non-zero list and recompute the q sum.
+            current_word = w
+            word_nz_count = _word_nz_scan(word_topic_block[w], word_nz_topics,
+                                          word_nz_pos, word_nz_count)
+            q_mass = 0.0
+            for j in range(word_nz_count):
+                t = word_nz_topics[j]
+                q_mass += word_topic_block[w, t] * inv_denom[t]
+            q_mass *= alpha
+            if since_refresh >= n_topics:
+                # s is updated incrementally; recompute it from scratch
+                # every >= K tokens (amortised O(1)) to drop rounding drift.
+                since_refresh = 0
+                s_mass = 0.0
+                for t in range(n_topics):
+                    s_mass += inv_denom[t]
+                s_mass *= alpha_beta
+        since_refresh += 1
+        d = token_doc[i]
+        old = token_topic[i]
+
+        # Remove the token from topic `old`.
+        c, s_mass, q_mass = _sparse_move(word_topic_block, w, old, -1, topic_totals, inv_denom,
+                                         v_beta, alpha, alpha_beta, s_mass, q_mass)
+        if c == 0:
+            word_nz_count = _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, old)
+        _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
+
+        # r bucket over the document's non-zero topics.
+        base = doc_ptr[d]
+        n_nz = doc_nz_count[d]
+        r_mass = 0.0
+        for j in range(n_nz):
+            t = doc_nz_topics[base + j]
+            r_mass += doc_topic[d, t] * (word_topic_block[w, t] + beta) * inv_denom[t]
+            doc_cumulative[j] = r_mass
+        if q_mass < 0.0:  # rounding guard; the true value is >= 0
+            q_mass = 0.0
+        u = uniform(rng_state) * (r_mass + q_mass + s_mass)
+        if u < r_mass:
+            j = 0
+            while j < n_nz - 1 and doc_cumulative[j] <= u:
+                j += 1
+            new = doc_nz_topics[base + j]
+        elif u < r_mass + q_mass and word_nz_count > 0:
+            u = (u - r_mass) / alpha
+            new = word_nz_topics[word_nz_count - 1]
+            acc = 0.0
+            for j in range(word_nz_count):
+                t = word_nz_topics[j]
+                acc += word_topic_block[w, t] * inv_denom[t]
+                if u < acc:
+                    new = t
+                    break
+        else:
+            u = (u - r_mass - q_mass) / alpha_beta
+            new = n_topics - 1
+            acc = 0.0
+            for t in range(n_topics):
+                acc += inv_denom[t]
+                if u < acc:
+                    new = t
+                    break
+
+        # Add the token to topic `new`.
+        c, s_mass, q_mass = _sparse_move(word_topic_block, w, new, 1, topic_totals, inv_denom,
+                                         v_beta, alpha, alpha_beta, s_mass, q_mass)
+        if c == 1:
+            word_nz_count = _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, new)
+        _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
+        token_topic[i] = new
+        if new != old:
+            n_changed += 1
+    return n_changed
+
+
+# --------------------------------------------------------------------------
+# The F+ tree samplers: "fplus" and "mh" share one sweep, _fplus_sweep
+# --------------------------------------------------------------------------
+
+#: Metropolis-Hastings cycles (one document proposal + one word proposal
+#: each) per token for the ``"mh"`` sampler; LDA*'s and WarpLDA's default.
+MH_CYCLES = 2
+
+
+@njit(cache=True, nogil=True)
+def sample_block_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                       word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                       doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    """F+LDA word-by-word sweep (Yu et al. 2015; LDA* §3.1.1).
+
+    With ``q_t = (n_wt + β) / (n_t + Vβ)`` kept in an F+ tree for the
+    current word::
+
+        p(t) ∝ α q_t          (tree: total in O(1), draw in O(log K))
+             + n_dt q_t       (the document's non-zero topics, O(K_d))
+
+    Each count change updates one leaf in O(log K).  When the word changes
+    only the leaves of the old and new word's non-zero topics change
+    (O((K_w + K_w') log K), or an O(K) rebuild if that is cheaper), after
+    an O(K) scan of the new row.  Signature, arguments and return value as in
+    :func:`sample_block`.
+    """
+    return _fplus_sweep(False, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
+
+
+@njit(cache=True, nogil=True)
+def sample_block_mh(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                    word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                    doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    """Metropolis-Hastings sweep with cycling doc / word proposals.
+
+    LightLDA's cycle proposal (Yuan et al. 2015; LDA* §2.2 Algorithm 1,
+    §3.1.2), for a token with current state ``x`` and counts ``¬``
+    excluding the token:
+
+    * document proposal ``q(t | x) ∝ n_dt¬ + [t = x] + α``, drawn in O(1)
+      by taking the topic of a random token of the document (or a uniform
+      topic with probability ``Kα / (L_d + Kα)``); acceptance
+      ``min(1, q_w(t) / q_w(x))``;
+    * word proposal ``q_w(t) ∝ (n_wt¬ + β) / (n_t¬ + Vβ)``, drawn in
+      O(log K) from an F+ tree that is always current; acceptance
+      ``min(1, (n_dt¬ + α) / (n_dx¬ + α))``.
+
+    Both are exact MH steps for the token's conditional (no stale tables).
+    ``MH_CYCLES`` cycles per token; cost O(log K) per token, independent of
+    the document's number of topics.  Signature, arguments and return value
+    as in :func:`sample_block`.
+    """
+    return _fplus_sweep(True, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
+
+
+@njit(cache=True, nogil=True)
+def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                 word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                 doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    # The word-by-word sweep shared by the "fplus" and "mh" samplers: the F+ tree
+    # holds q_t = (n_wt + β) / (n_t + Vβ) of the current word and each count
+    # change of a token moves one leaf; `mh` picks how the new topic is drawn.
+    # A plain (not inlined) kernel with both draws written out: inlining it, or
+    # the draws as inline helpers, left per-token reference counting on their
+    # array arguments in the loop and cost 5-15 % (jobs/bench_lda_kernel.py).
+    n_topics = topic_totals.shape[0]
+    v_beta = vocab_size * beta
+    k_alpha = n_topics * alpha
+    current_word = -1
+    n_changed = 0
+    offset = _tree_leaf_offset(n_topics)
+    depth = _tree_depth(offset)
+    tree = np.zeros(2 * offset, dtype=np.float64)
+    inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
+    for t in range(n_topics):
+        inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
+        tree[offset + t] = beta * inv_denom[t]  # no current word yet
+    _tree_rebuild(tree, offset)
+    word_nz_topics = np.empty(n_topics, dtype=np.int32)
+    word_nz_pos = np.full(n_topics, -1, dtype=np.int32)
+    word_nz_count = 0
+    doc_cumulative = np.empty(n_topics, dtype=np.float64)
+    for i in range(tok_lo, tok_hi):
+        w = token_word[i] - word_lo
+        if w != current_word:
+            current_word = w
+            word_nz_count = _tree_switch_word(
+                tree, offset, depth, word_topic_block[w], beta, inv_denom,
+                word_nz_topics, word_nz_pos, word_nz_count)
+        d = token_doc[i]
+        old = token_topic[i]
+
+        c = word_topic_block[w, old] - 1
+        word_topic_block[w, old] = c
+        if c == 0:
+            word_nz_count = _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, old)
+        topic_totals[old] -= 1
+        inv_denom[old] = 1.0 / (topic_totals[old] + v_beta)
+        _tree_set(tree, offset, old, (c + beta) * inv_denom[old])
+        _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
+
+        if mh:  # MH_CYCLES cycles of a document and a word proposal
+            base = doc_ptr[d]
+            doc_len = doc_ptr[d + 1] - base  # includes this token
+            state = old
+            for _ in range(MH_CYCLES):
+                # Document proposal.
+                u = uniform(rng_state) * (doc_len + k_alpha)
+                if u < doc_len:
+                    j = doc_tokens[base + np.int64(u)]
+                    cand = state if j == i else token_topic[j]
+                else:
+                    cand = np.int64((u - doc_len) / alpha)
+                    if cand >= n_topics:
+                        cand = n_topics - 1
+                if cand != state:
+                    ratio = tree[offset + cand] / tree[offset + state]
+                    if ratio >= 1.0 or uniform(rng_state) < ratio:
+                        state = cand
+                # Word proposal.
+                cand = _tree_sample(tree, offset, n_topics, uniform(rng_state) * tree[1])
+                if cand != state:
+                    ratio = (doc_topic[d, cand] + alpha) / (doc_topic[d, state] + alpha)
+                    if ratio >= 1.0 or uniform(rng_state) < ratio:
+                        state = cand
+            new = state
+        else:  # F+LDA: p(t) ∝ n_dt q_t (the document's non-zero topics) + α q_t (tree)
+            base = doc_ptr[d]
+            n_nz = doc_nz_count[d]
+            doc_mass = 0.0
+            for j in range(n_nz):
+                t = doc_nz_topics[base + j]
+                doc_mass += doc_topic[d, t] * tree[offset + t]
+                doc_cumulative[j] = doc_mass
+            u = uniform(rng_state) * (doc_mass + alpha * tree[1])
+            if u < doc_mass:
+                j = 0
+                while j < n_nz - 1 and doc_cumulative[j] <= u:
+                    j += 1
+                new = doc_nz_topics[base + j]
+            else:
+                new = _tree_sample(tree, offset, n_topics, (u - doc_mass) / alpha)
+
+        c = word_topic_block[w, new] + 1
+        word_topic_block[w, new] = c
+        if c == 1:
+            word_nz_count = _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, new)
+        topic_totals[new] += 1
+        inv_denom[new] = 1.0 / (topic_totals[new] + v_beta)
+        _tree_set(tree, offset, new, (c + beta) * inv_denom[new])
+        _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
+        token_topic[i] = new
+        if new != old:
+            n_changed += 1
+    return n_changed
+
+
+#: Sampler name -> kernel; every kernel has the signature of :func:`sample_block`.
+SAMPLERS = {
+    "dense": sample_block_dense,
+    "sparse": sample_block_sparse,
+    "fplus": sample_block_fplus,
+    "mh": sample_block_mh,
+}
+
+
+def get_sampler(name):
+    """Return the kernel registered under ``name`` (one of ``SAMPLERS``).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not a known sampler; the message lists the names.
+    """
+    try:
+        return SAMPLERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown LDA sampler {name!r}; choose one of {sorted(SAMPLERS)}"
+        ) from None
+
+
+def sample_block(sampler, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                 word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                 doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    """Resample the topics of tokens ``[tok_lo, tok_hi)`` with a named sampler.
+
+    Every kernel in ``SAMPLERS`` takes exactly the arguments after
+    ``sampler``, in this order; call ``get_sampler(name)`` once and call
+    the kernel directly in a loop to skip the lookup.
+
+    Parameters
+    ----------
+    sampler : {"dense", "sparse", "fplus", "mh"}
+    token_word : ndarray of int32, shape (n,)
+        Global word id per token, sorted ascending (only efficiency depends
+        on the order: per-word structures are rebuilt when the word changes).
+    token_doc : ndarray of int32, shape (n,)
+        Local document index per token, in ``[0, n_docs)``.
+    token_topic : ndarray of int32, shape (n,)
+        Topic per token; entries ``[tok_lo, tok_hi)`` are resampled in place.
+    tok_lo, tok_hi : int
+        Token range whose words all lie in ``[word_lo, word_lo + B)``.
+    word_lo : int
+        First word id of the block.
+    word_topic_block : ndarray of int32, shape (B, K)
+        Word-topic counts of the block's words (row ``i`` = word
+        ``word_lo + i``); updated in place.
+    topic_totals : ndarray of int64, shape (K,)
+        Local copy of the global topic totals; updated in place.
+    doc_topic : ndarray of int32, shape (n_docs, K)
+        Document-topic counts; updated in place.
+    doc_ptr : ndarray of int64, shape (n_docs + 1,)
+    doc_tokens : ndarray of int32, shape (n,)
+        From :func:`build_doc_tokens` (read only).
+    doc_nz_topics : ndarray of int32, shape (n,)
+    doc_nz_count : ndarray of int32, shape (n_docs,)
+        From :func:`build_doc_nonzero`; kept exact in place.
+    alpha, beta : float
+        Symmetric Dirichlet concentrations (document-topic, topic-word).
+    vocab_size : int
+        V, the global vocabulary size (normaliser ``n_t + Vβ``).
+    rng_state : ndarray of uint64, shape (4,)
+        From :func:`pystrads.kernels.random.new_state`; advanced in place.
+
+    Returns
+    -------
+    int
+        Number of tokens whose topic changed.
+    """
+    return get_sampler(sampler)(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                                word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                                doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
+
+
+def choose_sampler(n_topics, mean_doc_len):
+    """Return the name of the recommended sampler for K and the mean doc length.
+
+    ``"dense"`` when K <= 40, or K <= 60 with documents of 500+ tokens;
+    ``"fplus"`` otherwise.  ``"mh"`` is never the default (see below).
+
+    Parameters
+    ----------
+    n_topics : int
+        K.
+    mean_doc_len : float
+        Mean tokens per document.
+
+    Returns
+    -------
+    str
+        A key of ``SAMPLERS``.
+
+    Notes
+    -----
+    Measured with ``jobs/bench_lda_kernel.py`` on one core of the 2-core
+    development VM (AMD EPYC, shared with other work, so +-20 %): 200 000
+    tokens, V = 20 000 Zipf words, alpha = 50/K, beta = 0.01, two word
+    blocks, one sweep after 10 F+LDA burn-in sweeps, median of 3 runs
+    (K = 60: median of 7 interleaved runs).  Million tokens/s/core:
+
+    ==============  =====  =====  ======  =====  ====
+    mean doc len    K      dense  sparse  fplus  mh
+    ==============  =====  =====  ======  =====  ====
+    50              20     15.9   11.3    10.1   5.9
+    50              60      6.8    7.6     8.1   5.2
+    50              100     4.8    7.3     6.5   4.8
+    50              1000    0.50   2.9     3.1   2.3
+    1000            20     16.5   11.2    10.8   7.0
+    1000            60      8.2    7.3     7.0   6.9
+    1000            100     5.5    5.9     5.5   6.6
+    1000            1000    0.58   3.7     2.4   2.7
+    ==============  =====  =====  ======  =====  ====
+
+    The dense loop wins while K is small (no bookkeeping); beyond that the
+    sparse samplers win and their cost follows K_d, not K.  ``sparse`` and
+    ``fplus`` are within noise of each other in interleaved A/B runs;
+    ``fplus`` is the default because its dense bucket is drawn in O(log K)
+    (with alpha = 1, K = 1000 it ran 2.2 vs 1.7 M tokens/s).  All three
+    Gibbs samplers reach the same log-likelihood per sweep.  ``mh``
+    (2 cycles per token) gains less per sweep: from a random start it
+    needed 1.2-2.6x more time than ``fplus`` to reach the log-likelihood
+    of its own 15th sweep in every cell above; only with 5000-token documents
+    and K = 4000 did it reach early levels 2x sooner, and ``fplus``
+    overtook it by its 6th sweep.  LDA* (§3.2, K > 600 and L_d > 600 for
+    WarpLDA) puts the crossover lower than we measure; re-measure for
+    larger K before making ``mh`` a default.
+    """
+    if n_topics <= 40 or (n_topics <= 60 and mean_doc_len >= 500):
+        return "dense"
+    return "fplus"
