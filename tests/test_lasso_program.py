@@ -6,7 +6,8 @@ import pytest
 from pystrads.datasets.synthetic import lambda_max, strads_lasso_problem, uniform_sparse_problem
 from pystrads.engine import Engine
 from pystrads.kernels import cd as K
-from pystrads.programs.lasso import ColumnSample, L1LogisticProgram, LassoProgram, soft_step
+from pystrads.programs.lasso import ColumnSample, LassoProgram, soft_step
+from pystrads.programs.logistic import L1LogisticProgram
 
 
 def lasso_objective(x, y, beta, lam):

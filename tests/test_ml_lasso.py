@@ -285,7 +285,7 @@ def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
     """The estimators read vectors through Arrow (``mapInArrow``) in blocks; the rows, the
     counts and the sample must be what the row-by-row reader gives, for dense rows (zeros
     dropped), sparse rows, empty rows and weights -- and a bad value is named the same way."""
-    from pystrads.ml._linear import _block_of, scan_input
+    from pystrads.ml._linear_input import _block_of, scan_input
     from pystrads.programs.lasso import canonical_order, rows_to_arrays
 
     rng = np.random.default_rng(5)

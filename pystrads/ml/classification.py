@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError
-from ..programs.lasso import L1LogisticProgram
+from ..programs.logistic import L1LogisticProgram
 from ._linear import SparseLinearModelMixin, _SparseLinearParams, _SparseLinearSetters, fit_linear
 from ._persistence import PersistentModel
 

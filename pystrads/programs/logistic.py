@@ -145,9 +145,3 @@ class L1LogisticProgram(LassoProgram):
         if not self.fit_intercept:
             return beta, 0.0
         return beta, float(coef[self.num_features, BETA] - coef[:self.num_features, MEAN] @ beta)
-
-
-# The class was defined in pystrads.programs.lasso, and the engine's checkpoint directory is named
-# by a hash of the program's module and class name: keep that name, so checkpoints written before
-# the move still resume (pickles by reference find the class there too).
-L1LogisticProgram.__module__ = "pystrads.programs.lasso"
