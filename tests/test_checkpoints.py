@@ -160,7 +160,12 @@ def test_a_bare_checkpoint_path_is_refused_when_the_fit_spans_hosts():
     from pystrads.errors import ConfigurationError
 
     two = {"10.0.0.2", "10.0.0.3"}
+    import socket
+
     check_checkpoint_storage("/tmp/ckpt/pystrads-1", {"localhost"})  # one host
+    # one machine under several names (a standalone cluster on this machine: the driver listed by
+    # its host name, the executors by 127.0.0.1)
+    check_checkpoint_storage("/tmp/ckpt/pystrads-1", {"127.0.0.1", socket.gethostname(), "localhost"})
     check_checkpoint_storage("/tmp/ckpt/pystrads-1", None)  # hosts unknown (checked again later)
     for ok in ("hdfs://nn:8020/ckpt", "s3://bucket/ckpt", "file:///mnt/shared/ckpt", "file:/mnt/x",
                "/dbfs/ckpt"):

@@ -148,11 +148,34 @@ def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] =
         raise _too_few_slots(U, slots)
 
 
+def _machine(host: str) -> str:
+    """``host`` as a machine: "this machine" for a loopback name or address and for any address
+    this process can bind to (names resolved), else its address."""
+    import socket
+
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return host
+    if launcher.is_loopback(address):
+        return "this machine"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind((address, 0))  # only this machine's own addresses bind
+        return "this machine"
+    except OSError:
+        return address
+
+
 def check_checkpoint_storage(directory: Optional[str], hosts: Optional[set]) -> None:
-    """A bare checkpoint path names each host's own disk: refuse it when the fit spans hosts
-    (one host's snapshots would be invisible to the others when the fit resumes)."""
+    """A bare checkpoint path names each host's own disk: refuse it when the fit spans machines
+    (one machine's snapshots would be invisible to the others when the fit resumes).  Names of
+    one machine (its host name, 127.0.0.1, its address, as Spark lists the driver and the
+    executors of a single-machine cluster) count once."""
     if not directory or hosts is None or len(hosts) <= 1 or storage.has_scheme(directory) \
             or directory.startswith("/dbfs/"):
+        return
+    if len({_machine(h) for h in hosts}) <= 1:
         return
     raise ConfigurationError(
         f"spark.pystrads.checkpoint.dir={directory!r} is a path without a scheme, which names each host's own "
