@@ -161,16 +161,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with open(PAGE, encoding="utf-8") as fh:
         current = fh.read()
-    text = build(current)
-    if args.check:
-        if text != current:
-            print("docs/benchmarks.md has tables that differ from docs/bench-data/: run python "
-                  "docs/build_benchmarks.py", file=sys.stderr)
-            return 1
-        return 0
-    with open(PAGE, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return 0
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _page import write_or_check
+
+    return write_or_check(PAGE, build(current), args.check, "python docs/build_benchmarks.py (its tables differ "
+                                                            "from docs/bench-data/)")
 
 
 if __name__ == "__main__":

@@ -115,17 +115,10 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if docs/configuration.md is stale")
     args = parser.parse_args(argv)
     sys.path.insert(0, ROOT)
-    text = build()
-    if args.check:
-        current = open(PAGE, encoding="utf-8").read() if os.path.exists(PAGE) else ""
-        if current != text:
-            print(f"{os.path.relpath(PAGE, ROOT)} is stale: run python docs/build_configuration.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    with open(PAGE, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return 0
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _page import write_or_check
+
+    return write_or_check(PAGE, build(), args.check, "python docs/build_configuration.py")
 
 
 if __name__ == "__main__":

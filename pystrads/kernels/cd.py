@@ -19,6 +19,8 @@ Kernels never validate input.
 import numpy as np
 from numba import njit
 
+from .offsets import bucket_offsets
+
 
 @njit(cache=True, nogil=True)
 def rows_to_csc(row_ptr, col_idx, vals, num_cols):
@@ -27,11 +29,7 @@ def rows_to_csc(row_ptr, col_idx, vals, num_cols):
     Duplicate (row, column) entries are kept (their products add up, as a sum
     of vectors would)."""
     nnz = col_idx.shape[0]
-    col_ptr = np.zeros(num_cols + 1, dtype=np.int64)
-    for k in range(nnz):
-        col_ptr[col_idx[k] + 1] += 1
-    for j in range(num_cols):
-        col_ptr[j + 1] += col_ptr[j]
+    col_ptr = bucket_offsets(col_idx, num_cols)
     pos = col_ptr[:-1].copy()
     out_rows = np.empty(nnz, dtype=np.int32)
     out_vals = np.empty(nnz, dtype=np.float64)

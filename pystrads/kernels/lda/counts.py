@@ -15,6 +15,7 @@
 import numpy as np
 from numba import njit
 
+from ..offsets import bucket_offsets
 from ..random import randint
 
 
@@ -103,11 +104,7 @@ def build_doc_tokens(token_doc, n_docs):
         Token indices of each document, ascending within a document.
     """
     n = token_doc.shape[0]
-    doc_ptr = np.zeros(n_docs + 1, dtype=np.int64)
-    for i in range(n):
-        doc_ptr[token_doc[i] + 1] += 1
-    for d in range(n_docs):
-        doc_ptr[d + 1] += doc_ptr[d]
+    doc_ptr = bucket_offsets(token_doc, n_docs)
     fill = doc_ptr[:-1].copy()
     doc_tokens = np.empty(n, dtype=np.int32)
     for i in range(n):
