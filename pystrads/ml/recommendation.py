@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 _ALS_CASTS_IDS = int(pyspark.__version__.split(".")[0]) >= 4
 #: featureBlockSize=0 resolves to blocks of at most AUTO_BLOCK_SIZE features, as balanced as possible
-#: (see jobs/bench_mf.py and the README for the measurements)
+#: (see jobs/bench_mf.py and docs/benchmarks.md, "Matrix factorisation on MovieLens", for the measurements)
 AUTO_BLOCK_SIZE = 8
 
 INT32_MAX = 2 ** 31 - 1
