@@ -218,3 +218,96 @@ def sgd_block(order, rating_user, rating_row, ratings, w, h, eta, reg, nonnegati
             w[i, c] = nw
             h[j, c] = nh
     return sse
+
+
+# ---------------------------------------------------------------------------------------------
+# Implicit feedback (Hu, Koren & Volinsky 2008, as Spark's ALS states it), solved by feature-block
+# coordinate descent (iALS++, Rendle et al. 2021).  Per observation n: c1[n] = alpha |r|
+# (confidence - 1) and target[n] = (1 + c1[n]) if r > 0 else 0 (confidence times preference);
+# pred[n] = x_u . y_j.  For a block B of features, with the other features fixed and
+# s[n] = pred[n] - x_uB . y_jB, the exact block minimiser of a user is
+#
+#     (G[B,B] + sum c1 y_jB y_jB' + lambda_u I) x_uB = sum (target - c1 s) y_jB - G[B,-B] x_u,-B
+#
+# (G = Y'Y, the Gramian over every item: the unobserved pairs' part), and symmetrically for items
+# with G = W'W.  The observed sums are the kernels' job; the Gramian terms are added by the caller.
+
+
+@njit(cache=True, nogil=True)
+def implicit_item_partials(item_ptr, item_ratings, rating_user, c1, target, pred, w, v, out):
+    """Per local item j: ``out[j, :b*b] = sum c1 w_i w_i'``, ``out[j, b*b:] = sum (target - c1 s) w_i``
+    over its observations (``w``: local users x b, ``v``: the block at the local items)."""
+    b = w.shape[1]
+    for j in range(item_ptr.shape[0] - 1):
+        for c in range(b * b + b):
+            out[j, c] = 0.0
+        for p in range(item_ptr[j], item_ptr[j + 1]):
+            n = item_ratings[p]
+            i = rating_user[n]
+            s = pred[n]
+            for c in range(b):
+                s -= w[i, c] * v[j, c]
+            r = target[n] - c1[n] * s
+            for c in range(b):
+                wc = w[i, c]
+                out[j, b * b + c] += r * wc
+                cw = c1[n] * wc
+                for d in range(c + 1):
+                    out[j, c * b + d] += cw * w[i, d]
+        for c in range(b):  # mirror the lower triangle
+            for d in range(c):
+                out[j, d * b + c] = out[j, c * b + d]
+
+
+@njit(cache=True, nogil=True)
+def implicit_user_block_update(user_ptr, user_ratings, rating_item, c1, target, h, gram, cross, reg,
+                               nonnegative, w, pred):
+    """Per local user i, the exact block minimiser (module comment above) with ``gram`` =
+    G[B,B] and ``cross[i]`` = G[B,-B] x_i,-B; updates ``w[i]`` (the block) and the
+    predictions of the user's observations.  ``nonnegative`` projects (exact for b = 1)."""
+    b = h.shape[1]
+    a = np.empty((b, b))
+    x = np.empty(b)
+    for i in range(user_ptr.shape[0] - 1):
+        for c in range(b):
+            x[c] = -cross[i, c]
+            for d in range(b):
+                a[c, d] = gram[c, d]
+            a[c, c] += reg[i]
+        for p in range(user_ptr[i], user_ptr[i + 1]):
+            n = user_ratings[p]
+            j = rating_item[n]
+            s = pred[n]
+            for c in range(b):
+                s -= w[i, c] * h[j, c]
+            r = target[n] - c1[n] * s
+            for c in range(b):
+                hc = h[j, c]
+                x[c] += r * hc
+                ch = c1[n] * hc
+                for d in range(c + 1):
+                    a[c, d] += ch * h[j, d]
+        _cholesky_solve(a, x, b)
+        if nonnegative:
+            for c in range(b):
+                x[c] = max(x[c], 0.0)
+        for p in range(user_ptr[i], user_ptr[i + 1]):
+            n = user_ratings[p]
+            j = rating_item[n]
+            for c in range(b):
+                pred[n] += (x[c] - w[i, c]) * h[j, c]
+        for c in range(b):
+            w[i, c] = x[c]
+
+
+@njit(cache=True, nogil=True)
+def implicit_observed_loss(c1, target, pred):
+    """``sum (1 + c1) (p - pred)^2 - pred^2`` over the observations (p = 1 where target > 0):
+    the observed pairs' part of the implicit objective, beyond the all-pairs ``sum pred^2``."""
+    s = 0.0
+    for n in range(pred.shape[0]):
+        q = pred[n]
+        p = 1.0 if target[n] > 0.0 else 0.0
+        e = p - q
+        s += (1.0 + c1[n]) * e * e - q * q
+    return s

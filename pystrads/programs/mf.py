@@ -189,18 +189,23 @@ class MFProgram(Program):
             state.v = self._block(ctx, data, c)
             state.u = np.ascontiguousarray(state.w[:, lo:hi])
             K.add_block(state.residual, data.rating_user, data.rating_item, state.u, state.v, 1.0, state.rhat)
-        b, be = self.block_size, hi - lo
+        be = hi - lo
         partials = np.empty((len(data.items), be * be + be))
         K.item_block_partials(data.item_ptr, data.item_ratings, data.rating_user, state.rhat, state.u, partials)
-        if be < b:  # the last block of a rank that b does not divide: pad to the table's width
-            padded = np.zeros((len(data.items), b * b + b))
-            gram = padded[:, :b * b].reshape(-1, b, b)
-            gram[:, :be, :be] = partials[:, :be * be].reshape(-1, be, be)
-            padded[:, b * b:b * b + be] = partials[:, be * be:]
-            partials = padded
         if len(data.items):
-            ctx.contribute("item_factors", c * self.num_items + data.items, partials)
+            ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be))
         return state
+
+    def _pad(self, partials: np.ndarray, be: int) -> np.ndarray:
+        """Partial sums of a block of ``be`` features (Gram ``be * be``, then ``be``) at the table's
+        contribution width: the last block of a rank that the block size does not divide is narrower."""
+        b = self.block_size
+        if be == b:
+            return partials
+        padded = np.zeros((len(partials), b * b + b))
+        padded[:, :b * b].reshape(-1, b, b)[:, :be, :be] = partials[:, :be * be].reshape(-1, be, be)
+        padded[:, b * b:b * b + be] = partials[:, be * be:]
+        return padded
 
     def pull(self, table, keys, partials, current):
         b, n = self.block_size, self.num_items

@@ -1,0 +1,252 @@
+"""Matrix factorisation for implicit feedback: the objective of Spark's ALS with
+``implicitPrefs=True`` (Hu, Koren & Volinsky 2008), solved by scheduled feature-block coordinate
+descent (iALS++, Rendle et al. 2021) -- :class:`ImplicitMFProgram`.
+
+Objective, over **every** (user, item) pair, with confidence ``c = 1 + alpha |r|`` on the observed
+pairs (1 elsewhere) and preference ``p = 1`` where ``r > 0`` (0 elsewhere)::
+
+    sum_(u,i) c_ui (p_ui - x_u . y_i)^2 + lambda (sum_u n_u |x_u|^2 + sum_i n_i |y_i|^2)
+
+(``n_u``, ``n_i``: positive observations of user u, item i -- ALS's scaling).  The unobserved
+pairs enter through the Gramians ``G_W = W'W`` and ``G_Y = Y'Y`` (kernels/mf.py), so a sweep costs
+O(observations * rank * b + (users + items) * rank * b) for blocks of b features.
+
+Data and tables as :class:`~pystrads.programs.mf.MFProgram`: ratings partitioned by user, W local
+to its worker, H on the shards block-major (``item_factors``); a small single-shard ``gram``
+table holds G_W (rows ``0..rank-1``) and G_Y (rows ``rank..2 rank-1``).  Each item has an
+*owner* worker (item ``j`` belongs to worker ``j mod U``) that adds the item's Gramian terms, so
+the shards' ``pull`` stays MFProgram's ridge solve.
+
+An iteration is ``num_blocks + 2`` shared rounds:
+
+1. ``(W_GRAM, 0)``: every worker contributes its W'W; the shard sums them into G_W;
+2. ``(ITEMS, c)`` for each feature block c: every worker contributes, per local item, the
+   observed sums over its users; each owner adds ``G_W[B,B]`` and ``-G_W[B,-B] y_j,-B``; the
+   shards solve each item's block (exact: items are independent given W); ``apply`` folds the
+   new block into the local predictions;
+3. ``(Y_GRAM, 0)``: the owners contribute Y'Y over their items; ``apply`` then updates every
+   feature block of the local users with G_Y (exact: users are independent given Y, all local)
+   and reports the objective.
+
+Every update is an exact block minimiser, so the objective never increases.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..engine.program import Schedule, Table
+from .mf import MFProgram, _triples, hash_uniform
+
+#: Kinds of round (the first element of a round's work item).
+W_GRAM, ITEMS, Y_GRAM = 0, 1, 2
+
+
+class _ImplicitData:
+    def __init__(self, users, items, rating_user, rating_item, c1, target, user_ptr, user_ratings, item_ptr,
+                 item_ratings, user_reg):
+        self.users = users
+        self.items = items
+        self.rating_user = rating_user
+        self.rating_item = rating_item
+        self.c1 = c1  # alpha |r|: confidence - 1
+        self.target = target  # confidence * preference: 1 + c1 where r > 0, else 0
+        self.user_ptr = user_ptr
+        self.user_ratings = user_ratings
+        self.item_ptr = item_ptr
+        self.item_ratings = item_ratings
+        self.user_reg = user_reg
+
+
+class _ImplicitState:
+    def __init__(self, w, pred, owned):
+        self.w = w  # (local users, rank)
+        self.pred = pred  # x_u . y_j of every local observation
+        self.owned = owned  # the items this worker adds the Gramian terms of
+        self.gram_w = None  # G_W of the current iteration (read in its first item round)
+        self.u = None  # W of the current block (local users x b)
+        self.v = None  # H of the current block at the local items, as the push read it
+
+
+class ImplicitMFProgram(MFProgram):
+    """Implicit-feedback matrix factorisation on the Program API (see the module docstring).
+
+    Parameters
+    ----------
+    num_users, num_items : int
+        Ids are ``0 .. num_users-1`` and ``0 .. num_items-1``.
+    rank : int
+    reg_param : float
+        lambda, scaled by each user's / item's number of positive observations (as ALS).
+    item_counts : array (num_items,)
+        Positive observations (``r > 0``) per item.
+    alpha : float
+        Confidence slope: ``c = 1 + alpha |r|``.
+    num_workers : int
+        U (items are owned round-robin).
+    max_iterations : int
+    nonnegative : bool
+        Project every update onto >= 0 (needs ``block_size=1``: exact coordinate updates).
+    seed : int
+    block_size : int
+        Features per block (``rank`` = ALS's full solves; smaller = iALS++'s subspaces).
+    """
+
+    def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts, alpha: float,
+                 num_workers: int, max_iterations: int = 10, nonnegative: bool = False, seed: int = 0,
+                 block_size: int = 1):
+        super().__init__(num_users, num_items, rank, reg_param, item_counts, max_iterations, 1, nonnegative,
+                         seed, block_size)
+        self.alpha = float(alpha)
+        self.num_workers = int(num_workers)
+        if not (self.alpha >= 0 and np.isfinite(self.alpha)):
+            raise ValueError(f"alpha={alpha} must be a finite number >= 0")
+
+    def __repr__(self) -> str:
+        return (f"ImplicitMFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
+                f"regParam={self.reg_param}, alpha={self.alpha}, iterations={self.max_iterations}, "
+                f"block={self.block_size}, nonnegative={self.nonnegative})")
+
+    @property
+    def rounds_per_iteration(self) -> int:
+        return self.num_blocks + 2
+
+    def tables(self):
+        return list(super().tables()) + [Table("gram", 2 * self.rank, self.rank, "float64", single_shard=True)]
+
+    def work_of(self, position: int):
+        """The work item of round ``position`` of an iteration."""
+        if position == 0:
+            return (W_GRAM, 0)
+        if position <= self.num_blocks:
+            return (ITEMS, position - 1)
+        return (Y_GRAM, 0)
+
+    # ------------------------------------------------------------------ worker side
+    def load(self, ctx, records) -> _ImplicitData:
+        from ..kernels.mf import build_index
+
+        raw_u, raw_i, ratings = _triples(records)
+        users, rating_user = np.unique(raw_u, return_inverse=True)
+        items, rating_item = np.unique(raw_i, return_inverse=True)
+        rating_user = rating_user.astype(np.int32)
+        rating_item = rating_item.astype(np.int32)
+        user_ptr, user_ratings = build_index(rating_user, len(users))
+        item_ptr, item_ratings = build_index(rating_item, len(items))
+        c1 = self.alpha * np.abs(ratings)
+        target = np.where(ratings > 0, 1.0 + c1, 0.0)
+        positives = np.bincount(rating_user, weights=(ratings > 0).astype(np.float64), minlength=len(users))
+        return _ImplicitData(users, items, rating_user, rating_item, c1, target, user_ptr, user_ratings, item_ptr,
+                             item_ratings, self.reg_param * positives)
+
+    def init_state(self, ctx, data: _ImplicitData) -> _ImplicitState:
+        scale = 1.0 / np.sqrt(self.rank)
+        w = np.empty((len(data.users), self.rank))
+        for k in range(self.rank):
+            w[:, k] = hash_uniform(data.users, k, self.seed) * scale
+        if not self.nonnegative:
+            w -= 0.5 * scale
+        owned = np.arange(ctx.worker, self.num_items, ctx.num_workers, dtype=np.int64)
+        return _ImplicitState(w, np.zeros(len(data.c1)), owned)  # H starts at 0: every prediction is 0
+
+    def _owned_rows(self, ctx, state: _ImplicitState) -> np.ndarray:
+        """Current full rows of H at the owned items, (owned, rank)."""
+        n, b = self.num_items, self.block_size
+        keys = (np.arange(self.num_blocks, dtype=np.int64)[:, None] * n + state.owned[None, :]).ravel()
+        rows = np.asarray(ctx.table("item_factors").get(keys)).reshape(self.num_blocks, len(state.owned), b)
+        return np.ascontiguousarray(rows.transpose(1, 0, 2).reshape(len(state.owned), -1)[:, :self.rank])
+
+    def _local_rows(self, ctx, data: _ImplicitData) -> np.ndarray:
+        """Current full rows of H at the local items, (local items, rank)."""
+        return np.ascontiguousarray(np.hstack([self._block(ctx, data, c) for c in range(self.num_blocks)]))
+
+    def push(self, ctx, data: _ImplicitData, state: _ImplicitState, work) -> _ImplicitState:
+        from ..kernels import mf as K
+
+        kind, c = work
+        if kind == W_GRAM:
+            ctx.contribute_range("gram", 0, state.w.T @ state.w)
+            return state
+        if kind == Y_GRAM:
+            if len(state.owned):
+                y = self._owned_rows(ctx, state)
+                ctx.contribute_range("gram", self.rank, y.T @ y)
+                ctx.report(h_reg=float(self.reg_param * (self.item_counts[state.owned][:, None] * y ** 2).sum()))
+            return state
+        lo, hi = self._features(c)
+        if c == 0:
+            state.gram_w = np.asarray(ctx.table("gram").get_range(0, self.rank), dtype=np.float64)
+        state.v = self._block(ctx, data, c)
+        state.u = np.ascontiguousarray(state.w[:, lo:hi])
+        be = hi - lo
+        if len(data.items):
+            partials = np.empty((len(data.items), be * be + be))
+            K.implicit_item_partials(data.item_ptr, data.item_ratings, data.rating_user, data.c1, data.target,
+                                     state.pred, state.u, state.v, partials)
+            ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be))
+        if len(state.owned):  # the unobserved pairs of the owned items: G_W's terms
+            gram = state.gram_w
+            owner = np.empty((len(state.owned), be * be + be))
+            owner[:, :be * be] = gram[lo:hi, lo:hi].ravel()[None, :]
+            if self.num_blocks > 1:
+                y = self._owned_rows(ctx, state)
+                owner[:, be * be:] = -(y @ gram[:, lo:hi] - y[:, lo:hi] @ gram[lo:hi, lo:hi])
+            else:
+                owner[:, be * be:] = 0.0
+            ctx.contribute("item_factors", c * self.num_items + state.owned, self._pad(owner, be))
+        return state
+
+    def apply(self, ctx, data: _ImplicitData, state: _ImplicitState, work) -> _ImplicitState:
+        from ..kernels import mf as K
+
+        kind, c = work
+        if kind == ITEMS:  # fold the block's new item values into the predictions
+            new = self._block(ctx, data, c)
+            K.add_block(state.pred, data.rating_user, data.rating_item, state.u, new - state.v, 1.0, state.pred)
+            state.v = state.u = None
+        elif kind == Y_GRAM:  # every feature block of the local users, with G_Y
+            gram = np.asarray(ctx.table("gram").get_range(self.rank, 2 * self.rank), dtype=np.float64)
+            h = self._local_rows(ctx, data)
+            w = state.w
+            for block in range(self.num_blocks):
+                lo, hi = self._features(block)
+                cross = w @ gram[:, lo:hi] - w[:, lo:hi] @ gram[lo:hi, lo:hi]
+                u = np.ascontiguousarray(w[:, lo:hi])
+                K.implicit_user_block_update(data.user_ptr, data.user_ratings, data.rating_item, data.c1,
+                                             data.target, np.ascontiguousarray(h[:, lo:hi]),
+                                             np.ascontiguousarray(gram[lo:hi, lo:hi]), cross, data.user_reg,
+                                             self.nonnegative, u, state.pred)
+                w[:, lo:hi] = u
+            ctx.report(observed_loss=K.implicit_observed_loss(data.c1, data.target, state.pred),
+                       all_pairs=float(((w @ gram) * w).sum()),
+                       w_reg=float((data.user_reg[:, None] * w ** 2).sum()))
+        return state
+
+    def pull(self, table, keys, partials, current):
+        if table == "gram":  # the summed Gramian contributions are the new rows
+            return partials
+        return super().pull(table, keys, partials, current)
+
+    # ------------------------------------------------------------------ driver side
+    def schedule(self, ctx) -> Optional[Schedule]:
+        per = self.rounds_per_iteration
+        total = per * self.max_iterations
+        if ctx.rounds_done >= total:
+            return None
+        n = min(total - ctx.rounds_done, max(per, ctx.rounds_hint // per * per))
+        return Schedule.shared([self.work_of(r % per) for r in range(ctx.rounds_done, ctx.rounds_done + n)])
+
+    def after_step(self, ctx, metrics) -> None:
+        per = self.rounds_per_iteration
+        objective = None
+        for r, values in enumerate(metrics.rounds):
+            if "observed_loss" in values and (ctx.rounds_done + r + 1) % per == 0:
+                loss = values["observed_loss"] + values["all_pairs"]
+                objective = loss + values.get("w_reg", 0.0) + values.get("h_reg", 0.0)
+                ctx.record_row(iteration=(ctx.rounds_done + r + 1) // per, step=ctx.step, objective=objective,
+                               loss=loss, w_reg=values.get("w_reg", 0.0), h_reg=values.get("h_reg", 0.0))
+        ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
+        shown = {} if objective is None else {"objective": objective}
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iterations, "iteration", **shown)
