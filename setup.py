@@ -41,7 +41,7 @@ setup(
         "plot": ["matplotlib>=3.6"],
         # peers the benchmarks compare against (not needed by pystrads itself)
         "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12", "celer>=0.7",
-                  "skglm>=0.4"],
+                  "skglm>=0.4", "implicit>=0.7"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -3,12 +3,15 @@
     spark-submit jobs/mf.py --input ratings.csv --user-col userId --item-col movieId --rank 10 --max-iter 15
     spark-submit jobs/mf.py --input ratings.parquet --test-fraction 0.1 --output out/mf
     spark-submit jobs/mf.py --input ratings.csv --algorithm sgd --step-size 0.05
+    spark-submit jobs/mf.py --input plays.parquet --implicit-prefs --alpha 40 --rank 50
 
 Input: CSV (with a header; .csv or .csv.gz) or Parquet with user, item and
-rating columns (integer ids within int32, as ALS). With ``--test-fraction``
-a random split is held out and its RMSE (cold starts dropped) reported. The
-model goes to ``<output>/model``, the history to ``<output>/metrics.json``,
-the training-RMSE plot to ``<output>/convergence.png`` (with matplotlib)
+rating columns (integer ids within int32, as ALS). With ``--implicit-prefs`` the
+ratings are implicit feedback (counts, plays; ALS's implicit objective, confidence
+1 + alpha |r|). With ``--test-fraction`` a random split is held out and its RMSE
+(explicit ratings; cold starts dropped) reported. The model goes to
+``<output>/model``, the history to ``<output>/metrics.json``, the training-RMSE
+(or implicit objective) plot to ``<output>/convergence.png`` (with matplotlib)
 and the top-N items of a few users to ``<output>/recommendations.json``.
 """
 
@@ -27,7 +30,7 @@ from pystrads.session import spark_session  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Fit a StradsMF recommender (explicit ratings).",
+    p = argparse.ArgumentParser(description="Fit a StradsMF recommender (explicit ratings or implicit feedback).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--input", required=True, help="CSV with a header, or Parquet")
     p.add_argument("--user-col", default="userId")
@@ -42,6 +45,8 @@ def parse_args(argv=None):
                    help="cd: coordinate descent with W/H alternation (default); sgd: SGD with block rotation")
     p.add_argument("--step-size", type=float, default=0.05, help="SGD's initial step size (algorithm sgd)")
     p.add_argument("--nonnegative", action="store_true")
+    p.add_argument("--implicit-prefs", action="store_true", help="implicit feedback (ALS's implicitPrefs)")
+    p.add_argument("--alpha", type=float, default=1.0, help="confidence slope with --implicit-prefs")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--test-fraction", type=float, default=0.0)
     p.add_argument("--top-n", type=int, default=10)
@@ -71,17 +76,19 @@ def main(argv=None) -> int:
     mf = StradsMF(userCol=args.user_col, itemCol=args.item_col, ratingCol=args.rating_col, rank=args.rank,
                   maxIter=args.max_iter, regParam=args.reg_param, innerIterations=args.inner_iterations,
                   featureBlockSize=args.feature_block_size, algorithm=args.algorithm, stepSize=args.step_size,
-                  nonnegative=args.nonnegative, numWorkers=args.workers, seed=args.seed, coldStartStrategy="drop")
+                  nonnegative=args.nonnegative, numWorkers=args.workers, seed=args.seed, coldStartStrategy="drop",
+                  implicitPrefs=args.implicit_prefs, alpha=args.alpha)
     t0 = time.perf_counter()
     model = mf.fit(train)
     fit_s = time.perf_counter() - t0
     history = model.summary.iterations
-    print("\niteration  train RMSE")
+    column, label = ("objective", "objective") if args.implicit_prefs else ("train_rmse", "training RMSE")
+    print(f"\niteration  {label}")
     for _, row in history.iterrows():
-        print(f"{int(row['iteration']):>9}  {row['train_rmse']:.4f}")
+        print(f"{int(row['iteration']):>9}  {row[column]:.4f}")
     metrics = {"input": args.input, "rank": args.rank, "algorithm": args.algorithm, "fit_s": fit_s, "iterations": history.to_dict("records"),
                "steps": model.summary.steps.to_dict("records"), "fixed_s": model.summary.fixed}
-    if test is not None:
+    if test is not None and not args.implicit_prefs:
         metrics["test_rmse"] = RegressionEvaluator(labelCol=args.rating_col).evaluate(model.transform(test))
         print(f"test RMSE (cold starts dropped): {metrics['test_rmse']:.4f}")
     print(f"fit {fit_s:.1f} s")
@@ -105,9 +112,9 @@ def main(argv=None) -> int:
             import matplotlib.pyplot as plt
 
             fig, ax = plt.subplots(figsize=(6, 4))
-            ax.plot(history["iteration"], history["train_rmse"], marker=".")
+            ax.plot(history["iteration"], history[column], marker=".")
             ax.set_xlabel("iteration")
-            ax.set_ylabel("training RMSE")
+            ax.set_ylabel(label)
             ax.set_title(f"StradsMF rank {args.rank}")
             fig.tight_layout()
             fig.savefig(os.path.join(out, "convergence.png"), dpi=100)

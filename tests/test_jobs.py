@@ -31,7 +31,7 @@ def test_lda_job_on_the_bundled_sample_writes_model_metrics_topics_and_plot(spar
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["cd", "sgd"])
+@pytest.mark.parametrize("algorithm", ["cd", "sgd", "implicit"])
 def test_mf_job_on_a_ratings_csv_writes_model_metrics_and_recommendations(spark, algorithm):
     import numpy as np
 
@@ -46,11 +46,18 @@ def test_mf_job_on_a_ratings_csv_writes_model_metrics_and_recommendations(spark,
     out = os.path.join(work, "out")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "mf.py"), "--input",
                            os.path.join(work, "ratings.csv"), "--rank", "4", "--max-iter", "5",
-                           "--test-fraction", "0.2", "--algorithm", algorithm, "--output", out], capture_output=True, text=True, timeout=600,
+                           "--test-fraction", "0.2", "--output", out]
+                          + (["--implicit-prefs", "--alpha", "10"] if algorithm == "implicit" else ["--algorithm", algorithm]),
+                          capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.load(open(os.path.join(out, "metrics.json")))
-    assert len(metrics["iterations"]) == 5 and 0 < metrics["test_rmse"] < 3 and metrics["algorithm"] == algorithm
+    if algorithm == "implicit":  # no RMSE of preferences; the objective never increases
+        objective = [row["objective"] for row in metrics["iterations"]]
+        assert len(objective) == 5 and all(b <= a for a, b in zip(objective, objective[1:])), objective
+        assert "test_rmse" not in metrics
+    else:
+        assert len(metrics["iterations"]) == 5 and 0 < metrics["test_rmse"] < 3 and metrics["algorithm"] == algorithm
     recs = json.load(open(os.path.join(out, "recommendations.json")))
     assert len(recs) == 5 and all(len(v) == 10 for v in recs.values())
     from pystrads.ml import StradsMFModel

@@ -29,10 +29,11 @@ def reference(users, items, ratings, nu, ni, rank, lam, alpha, iters, seed, b, n
     """Serial block coordinate descent on the dense objective: per iteration, every item's blocks
     in order (exact weighted ridge solves), then every user's."""
     conf, pref, n_u, n_i = dense(users, items, ratings, nu, ni, alpha)
-    scale = 1 / np.sqrt(rank)
-    w = np.stack([hash_uniform(np.arange(nu), k, seed) * scale for k in range(rank)], axis=1)
-    if not nonnegative:
-        w -= 0.5 * scale
+    u1 = np.stack([hash_uniform(np.arange(nu), 2 * k, seed) for k in range(rank)], axis=1)
+    u2 = np.stack([hash_uniform(np.arange(nu), 2 * k + 1, seed) for k in range(rank)], axis=1)
+    w = np.sqrt(-2 * np.log(1 - u1)) * np.cos(2 * np.pi * u2)  # unit-norm Gaussian directions, as ALS
+    w = np.abs(w) if nonnegative else w
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
     h = np.zeros((ni, rank))
 
     def solve(x, y, c, p, reg, B):  # rows of x (fixed side) weighted by c, targets p, block B of y

@@ -1,9 +1,11 @@
-"""``StradsMF``: matrix factorisation for explicit ratings, a drop-in for ``pyspark.ml.recommendation.ALS``.
+"""``StradsMF``: matrix factorisation for explicit ratings and implicit feedback, a drop-in for
+``pyspark.ml.recommendation.ALS``.
 
 Same params and outputs as ALS (``userFactors`` / ``itemFactors`` with
 ``id`` and ``features``, ``prediction``, ``recommendFor*`` with ALS's column
-names); the factors are fitted by STRADS coordinate descent (CCD++ order,
-W/H alternation, H on parameter-server shards) on the same objective as ALS.
+names); the factors are fitted by STRADS coordinate descent (feature blocks,
+W/H alternation, H on parameter-server shards) on the same objective as ALS,
+explicit (:mod:`pystrads.programs.mf`) or implicit (:mod:`pystrads.programs.mf_implicit`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..engine import Engine
 from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..programs.mf import MFProgram, MFSGDProgram
+from ..programs.mf_implicit import ImplicitMFProgram
 from ._params import HasNumWorkers, check_common_params
 from ._persistence import PersistentModel
 from ._summary import FitSummary, HasTrainingSummary
@@ -120,9 +123,9 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
     rank: Param[int] = Param(Params._dummy(), "rank", "rank of the factorization (>= 1)",
                              typeConverter=TypeConverters.toInt)
     implicitPrefs: Param[bool] = Param(Params._dummy(), "implicitPrefs",
-                                       "whether to use implicit preference (not supported yet: must be False)",
+                                       "whether to use implicit preference",
                                        typeConverter=TypeConverters.toBoolean)
-    alpha: Param[float] = Param(Params._dummy(), "alpha", "alpha for implicit preference (unused: explicit only)",
+    alpha: Param[float] = Param(Params._dummy(), "alpha", "alpha for implicit preference",
                                 typeConverter=TypeConverters.toFloat)
     ratingCol: Param[str] = Param(Params._dummy(), "ratingCol", "column name for ratings",
                                   typeConverter=TypeConverters.toString)
@@ -191,11 +194,18 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
 
 
 class StradsMF(Estimator, _StradsMFParams, DefaultParamsReadable, DefaultParamsWritable):
-    """Matrix factorisation for explicit ratings by scheduled model-parallel coordinate descent.
+    """Matrix factorisation for explicit ratings or implicit feedback by scheduled model-parallel
+    coordinate descent.
 
     Objective (exactly ALS's for explicit feedback)::
 
         sum (r_ui - x_u . y_i)^2 + regParam * (sum_u n_u |x_u|^2 + sum_i n_i |y_i|^2)
+
+    With ``implicitPrefs=True``, ALS's implicit objective (Hu, Koren & Volinsky), summed over
+    every user-item pair, with confidence ``1 + alpha |r_ui|`` on the observed pairs (1
+    elsewhere), preference 1 where ``r_ui > 0`` (0 elsewhere) and ``n_u``, ``n_i`` counting
+    positive observations; solved by the same feature blocks (iALS++), the unobserved pairs
+    through the factors' Gramians.
 
     Schedule: STRADS MF -- for each block of ``featureBlockSize`` features, item
     factors are updated from every worker's partial sums (aggregated and
@@ -283,17 +293,18 @@ class StradsMF(Estimator, _StradsMFParams, DefaultParamsReadable, DefaultParamsW
         return self._set(checkpointInterval=value)
 
     def _validate(self, dataset) -> None:
-        if self.getImplicitPrefs():
-            raise ConfigurationError("implicitPrefs=True: StradsMF supports explicit ratings only so far; use "
-                                     "pyspark.ml.recommendation.ALS for implicit feedback")
+        if self.getImplicitPrefs() and self.getAlgorithm() == "sgd":
+            raise ConfigurationError("implicitPrefs=True with algorithm='sgd': SGD covers explicit ratings only "
+                                     "(the implicit objective sums over every user-item pair); use "
+                                     "algorithm='cd', the default")
         if self.getRank() < 1:
             raise ConfigurationError(f"rank={self.getRank()} must be >= 1")
         check_common_params(self, "ALS's")
         if not (self.getRegParam() >= 0 and np.isfinite(self.getRegParam())):
             raise ConfigurationError(f"regParam={self.getRegParam()} must be a finite number >= 0")
         if not (self.getAlpha() >= 0 and np.isfinite(self.getAlpha())):
-            raise ConfigurationError(f"alpha={self.getAlpha()} must be a finite number >= 0 (ALS's range; unused "
-                                     "with explicit ratings)")
+            raise ConfigurationError(f"alpha={self.getAlpha()} must be a finite number >= 0 (ALS's range; the "
+                                     "confidence of an observation is 1 + alpha |rating|)")
         if self.getInnerIterations() < 0:
             raise ConfigurationError(f"innerIterations={self.getInnerIterations()} must be >= 1 (or 0 = automatic)")
         if self.getFeatureBlockSize() < 0:
@@ -325,7 +336,7 @@ class StradsMF(Estimator, _StradsMFParams, DefaultParamsReadable, DefaultParamsW
         check_cluster(dataset, U)  # before any job
         check_ratings(triples, ucol, icol, rcol)  # one job: empty input, bad ids / ratings (column, value, fix)
         # then the distinct users and the per-item counts, in one pass without a shuffle
-        users, items, item_counts = _ids_and_item_counts(triples)
+        users, items, item_counts, item_positives = _ids_and_item_counts(triples)
         if not len(users) or not len(items):
             raise InputError("the input has no ratings; StradsMF needs at least one (user, item, rating) row")
         scan_s = time.perf_counter() - t_start
@@ -338,7 +349,14 @@ class StradsMF(Estimator, _StradsMFParams, DefaultParamsReadable, DefaultParamsW
         records = triples.repartition(U, "u")
         seed = int(self.getOrDefault(self.seed))  # HasSeed always has a default
         rank = self.getRank()
-        if self.getAlgorithm() == "sgd":
+        if self.getImplicitPrefs():
+            if self.isSet("innerIterations") and self.getInnerIterations():
+                log.warning("StradsMF: innerIterations=%s is ignored with implicitPrefs=True (exact block solves)",
+                            self.getInnerIterations())
+            program = ImplicitMFProgram(len(users), len(items), rank, self.getRegParam(), item_positives,
+                                        self.getAlpha(), U, self.getMaxIter(), self.getNonnegative(), seed,
+                                        block_size=self._block_size())
+        elif self.getAlgorithm() == "sgd":
             for name in ("featureBlockSize", "innerIterations"):
                 if self.isSet(name) and self.getOrDefault(name):
                     log.warning("StradsMF: %s=%s is ignored with algorithm='sgd'", name, self.getOrDefault(name))
@@ -365,54 +383,70 @@ class StradsMF(Estimator, _StradsMFParams, DefaultParamsReadable, DefaultParamsW
 
 
 def _ids_and_item_counts(triples):
-    """``(users, items, item_counts)`` of checked ``triples`` (columns u, i as double): sorted
-    distinct ids as int64 and each item's number of ratings.  One Spark job and no shuffle: each
+    """``(users, items, item_counts, item_positives)`` of checked ``triples`` (columns u, i, r as
+    double): sorted distinct ids as int64, each item's number of ratings and of ratings > 0.  One Spark job and no shuffle: each
     partition reduces its rows to its distinct users and item counts with numpy (Arrow batches),
     the driver merges them -- the ids end up on the driver anyway."""
     import pickle
 
     def reduce(batches):
-        us, its, cs = [], [], []
+        us, its, cs, ps = [], [], [], []
         for batch in batches:
             u = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
             i = batch.column(1).to_numpy(zero_copy_only=False).astype(np.int64)
+            r = batch.column(2).to_numpy(zero_copy_only=False)
             us.append(np.unique(u))
-            ids, counts = np.unique(i, return_counts=True)
+            ids, where, counts = np.unique(i, return_inverse=True, return_counts=True)
             its.append(ids)
             cs.append(counts)
+            ps.append(np.bincount(where, weights=r > 0, minlength=len(ids)).astype(np.int64))
         import pyarrow as pa
 
-        blob = pickle.dumps((np.unique(np.concatenate(us)) if us else np.zeros(0, np.int64),
-                             np.concatenate(its) if its else np.zeros(0, np.int64),
-                             np.concatenate(cs) if cs else np.zeros(0, np.int64)))
+        def joined(parts):
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+        blob = pickle.dumps((np.unique(joined(us)), joined(its), joined(cs), joined(ps)))
         yield pa.record_batch([pa.array([blob], pa.binary())], names=["part"])
 
-    parts = [pickle.loads(r["part"]) for r in triples.select("u", "i").mapInArrow(reduce, "part binary").collect()]
+    parts = [pickle.loads(r["part"]) for r in triples.mapInArrow(reduce, "part binary").collect()]
     users = np.unique(np.concatenate([p[0] for p in parts])) if parts else np.zeros(0, np.int64)
     all_items = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
     all_counts = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
     items, where = np.unique(all_items, return_inverse=True)
     item_counts = np.bincount(where, weights=all_counts, minlength=len(items)).astype(np.float64)
-    return users, items, item_counts
+    all_positives = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, np.int64)
+    item_positives = np.bincount(where, weights=all_positives, minlength=len(items)).astype(np.float64)
+    return users, items, item_counts, item_positives
 
 
 class StradsMFSummary(FitSummary):
-    """Training history (:class:`~pystrads.ml._summary.FitSummary`): ``iterations`` has
-    train_rmse, sse and the regularisation per iteration."""
+    """Training history (:class:`~pystrads.ml._summary.FitSummary`): ``iterations`` has, per
+    iteration, train_rmse, sse and the regularisation (explicit ratings), or the implicit
+    objective, its loss and its regularisation (``implicitPrefs=True``)."""
 
     def __init__(self, engine_summary, scan_s, program):
         super().__init__(engine_summary, scan_s=scan_s)
 
     @property
     def trainRmseHistory(self) -> List[float]:
+        """Training RMSE per iteration (explicit ratings; empty with implicitPrefs=True)."""
         return self._history("train_rmse")
 
+    @property
+    def objectiveHistory(self) -> List[float]:
+        """The implicit objective per iteration, which never increases (implicitPrefs=True;
+        empty with explicit ratings: see trainRmseHistory)."""
+        return self._history("objective")
+
     def plot(self, ax=None):
-        """Training RMSE per iteration (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
+        """Training RMSE (or the implicit objective) per iteration (needs matplotlib:
+        ``pip install 'pystrads[plot]'``)."""
         ax = self._axes(ax)
-        ax.plot(self.iterations["iteration"], self.iterations["train_rmse"], marker="o")
+        column, label = ("train_rmse", "training RMSE") if "train_rmse" in self.iterations else \
+            ("objective", "objective")
+        ax.plot(self.iterations["iteration"], self.iterations[column], marker="o")
         ax.set_xlabel("iteration")
-        ax.set_ylabel("training RMSE")
+        ax.set_ylabel(label)
         return ax
 
 

@@ -44,6 +44,19 @@ from .mf import MFProgram, _triples, hash_uniform
 W_GRAM, ITEMS, Y_GRAM = 0, 1, 2
 
 
+def initial_factors(ids: np.ndarray, rank: int, seed: int, nonnegative: bool) -> np.ndarray:
+    """ALS's start: each row a random direction of unit norm (Gaussian entries, normalised;
+    absolute values when nonnegative), hashed from (seed, id) so it does not depend on the
+    partitioning."""
+    u1 = np.stack([hash_uniform(ids, 2 * k, seed) for k in range(rank)], axis=1)
+    u2 = np.stack([hash_uniform(ids, 2 * k + 1, seed) for k in range(rank)], axis=1)
+    w = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)  # Box-Muller
+    if nonnegative:
+        np.abs(w, out=w)
+    norms = np.linalg.norm(w, axis=1, keepdims=True)
+    return np.divide(w, norms, out=np.full_like(w, 1.0 / np.sqrt(max(rank, 1))), where=norms > 0)
+
+
 class _ImplicitData:
     def __init__(self, users, items, rating_user, rating_item, c1, target, user_ptr, user_ratings, item_ptr,
                  item_ratings, user_reg):
@@ -142,12 +155,7 @@ class ImplicitMFProgram(MFProgram):
                              item_ratings, self.reg_param * positives)
 
     def init_state(self, ctx, data: _ImplicitData) -> _ImplicitState:
-        scale = 1.0 / np.sqrt(self.rank)
-        w = np.empty((len(data.users), self.rank))
-        for k in range(self.rank):
-            w[:, k] = hash_uniform(data.users, k, self.seed) * scale
-        if not self.nonnegative:
-            w -= 0.5 * scale
+        w = initial_factors(data.users, self.rank, self.seed, self.nonnegative)
         owned = np.arange(ctx.worker, self.num_items, ctx.num_workers, dtype=np.int64)
         return _ImplicitState(w, np.zeros(len(data.c1)), owned)  # H starts at 0: every prediction is 0
 
