@@ -31,8 +31,7 @@ def reference(users, items, ratings, nu, ni, rank, lam, alpha, iters, seed, b, n
     conf, pref, n_u, n_i = dense(users, items, ratings, nu, ni, alpha)
     u1 = np.stack([hash_uniform(np.arange(nu), 2 * k, seed) for k in range(rank)], axis=1)
     u2 = np.stack([hash_uniform(np.arange(nu), 2 * k + 1, seed) for k in range(rank)], axis=1)
-    w = np.sqrt(-2 * np.log(1 - u1)) * np.cos(2 * np.pi * u2)  # unit-norm Gaussian directions, as ALS
-    w = np.abs(w) if nonnegative else w
+    w = np.abs(np.sqrt(-2 * np.log(1 - u1)) * np.cos(2 * np.pi * u2))  # unit vectors, first quadrant
     w /= np.linalg.norm(w, axis=1, keepdims=True)
     h = np.zeros((ni, rank))
 
