@@ -115,6 +115,15 @@ def test_one_worker_owning_every_item_gives_the_same_factors(sc, interactions):
     assert np.allclose(w, w_ref, atol=1e-9) and np.allclose(h, h_ref, atol=1e-9)
 
 
+def test_more_user_partitions_than_task_slots_are_merged_whole(sc, interactions):
+    """Three partitions by user on local[2]: the engine merges partitions (no shuffle), so each
+    user's observations stay in one worker and the result is still exact."""
+    users, items, ratings, nu, ni = interactions
+    w, h, _ = fit(sc, users, items, ratings, nu, ni, 5, 0.1, 2.0, 2, 2, workers=3)
+    w_ref, h_ref = reference(users, items, ratings, nu, ni, 5, 0.1, 2.0, 2, 5, 2)
+    assert np.allclose(w, w_ref, atol=1e-9) and np.allclose(h, h_ref, atol=1e-9)
+
+
 def test_negative_alpha_is_refused():
     with pytest.raises(ValueError, match="alpha=-1"):
         ImplicitMFProgram(3, 3, 2, 0.1, np.ones(3), -1.0, 2)

@@ -35,7 +35,8 @@ from ..ps import launcher
 from ..ps.partition import TableLayout, range_bounds
 from ..ps.protocol import check_dtype
 from .checkpoints import CheckpointMixin, _program_attributes
-from .preflight import _python_cause, check_checkpoint_storage, check_cluster, default_num_workers, expected_executors
+from .preflight import (_python_cause, check_checkpoint_storage, check_cluster, default_num_workers,
+                        expected_executors, to_workers)
 from .program import Program, Schedule, ScheduleContext, StepMetrics
 from .progress import ProgressReporter
 from .resident_driver import ResidentMixin, _ResidentJob
@@ -96,8 +97,9 @@ class Engine(CheckpointMixin, ResidentMixin):
     program : Program
         The model-parallel program.
     rdd : pyspark.RDD or pyspark.sql.DataFrame
-        Input records; repartitioned to ``num_workers`` partitions if needed
-        (each partition is one worker).  An RDD's records are its elements.
+        Input records, each partition one worker's; brought to ``num_workers``
+        partitions if needed (more are merged whole, so records partitioned by a
+        key stay together; fewer are repartitioned).  An RDD's records are its elements.
         A DataFrame's (classic or Spark Connect) are its rows as tuples of
         Python values in column order (arrays as lists, structs as dicts;
         ML vectors arrive as their struct, so convert them first); it is
@@ -367,9 +369,7 @@ class Engine(CheckpointMixin, ResidentMixin):
         from pyspark import StorageLevel
 
         t0 = time.perf_counter()
-        rdd = self.rdd
-        if rdd.getNumPartitions() != self.num_workers:
-            rdd = rdd.repartition(self.num_workers)
+        rdd = to_workers(self.rdd, self.num_workers)
         spec = self._spec(0, None)
         self._data_rdd = rdd.mapPartitionsWithIndex(lambda index, it: run_load(spec, index, it))
         self._data_rdd.persist(StorageLevel.MEMORY_AND_DISK)

@@ -54,6 +54,21 @@ def default_num_workers(data, requested: Optional[int] = None) -> int:
     return min(parts, slots) if slots else parts
 
 
+def to_workers(rdd, num_workers: int):
+    """``rdd`` with ``num_workers`` partitions.  More partitions are merged whole (partition i goes
+    to worker ``i mod U``), so records a program needs together -- e.g. a user's ratings,
+    partitioned by user -- stay in one worker; fewer are spread by ``repartition``.  Both
+    shuffle: Spark refuses a barrier stage over a ``coalesce``."""
+    parts = rdd.getNumPartitions()
+    if parts == num_workers:
+        return rdd
+    if parts < num_workers:
+        return rdd.repartition(num_workers)
+    U = int(num_workers)
+    keyed = rdd.mapPartitionsWithIndex(lambda index, records: ((index % U, r) for r in records))
+    return keyed.partitionBy(U, lambda worker: worker).values()
+
+
 def _python_cause(exc: BaseException) -> str:
     """The last Python exception line inside a Py4J error (what the user needs)."""
     text = str(exc)

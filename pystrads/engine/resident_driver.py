@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import PystradsError, StepFailedError
 from ..ps import storage
+from .preflight import to_workers
 from .preflight import _python_cause
 from .program import Schedule, StepMetrics
 from .resident import ResidentSpec, program_hash, run_resident, run_resident_arrow, states_prefix
@@ -58,9 +59,7 @@ class ResidentMixin:
             out = frame.mapInArrow(lambda batches: run_resident_arrow(spec, batches, decode), "unused binary",
                                    barrier=True)
         else:
-            rdd = self.rdd
-            if rdd.getNumPartitions() != self.num_workers:
-                rdd = rdd.repartition(self.num_workers)
+            rdd = to_workers(self.rdd, self.num_workers)
             out = rdd.barrier().mapPartitions(lambda it: run_resident(spec, it))
             if self.keep_states:  # the finished tasks' (data, state), read by map_states
                 out.persist(StorageLevel.MEMORY_AND_DISK)
