@@ -136,7 +136,35 @@ def runtime_every_round_table(data):
     return out
 
 
+# -- implicit MF (jobs/bench_mf.py --implicit) ---------------------------------------------------
+
+MF_IMPLICIT_NAMES = {"pystrads": "**pystrads `StradsMF(implicitPrefs=True)`**", "ALS": "MLlib `ALS(implicitPrefs=True)`",
+                     "implicit": "`implicit` 0.7 (CG, 2 threads)"}
+
+
+def mf_implicit_table(data):
+    out = ["| system | rank | α | fit time | × ALS | precision@10 | vs ALS | NDCG@10 | vs ALS |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    summary = data["summary"]
+    configs = sorted({(r["rank"], r["alpha"]) for r in data["results"]})
+    for rank, alpha in configs:
+        als = summary[f"ALS_rank{rank}_alpha{alpha:g}"]
+        for system, label in MF_IMPLICIT_NAMES.items():
+            row = summary.get(f"{system}_rank{rank}_alpha{alpha:g}")
+            if row is None:
+                continue
+            ours = system != "ALS"
+            out.append(f"| {label} | {rank} | {alpha:g} | {_f(row['fit_s'], 2)} s | "
+                       + (f"{_f(row['fit_s'] / als['fit_s'], 2)}× | " if ours else "| ")
+                       + f"{row['precision@10']:.4f} | "
+                       + (f"{row['precision@10'] - als['precision@10']:+.4f} | " if ours else "| ")
+                       + f"{row['ndcg@10']:.4f} | "
+                       + (f"{row['ndcg@10'] - als['ndcg@10']:+.4f} |" if ours else "|"))
+    return out
+
+
 RENDERERS = {
+    "mf_implicit": mf_implicit_table,
     "lda_reuters": lda_table,
     "lda_reuters_resident": lda_table,
     "lasso_strads_resident": lasso_table,

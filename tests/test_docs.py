@@ -91,10 +91,12 @@ def _check_lda(ns, outputs):
 
 
 def _check_mf(ns, outputs):
-    (out,) = outputs
+    out, implicit_out = outputs
     rmse = float(out.splitlines()[0])
     assert 0 < rmse < 1.0, out  # ratings on 0.5-5 from a rank-4 model with noise 0.25
     assert ns["model"].rank == 10 and ns["model"].itemFactors.count() > 0
+    history = ns["history"]  # implicit feedback: 10 iterations, the objective never increases
+    assert len(history) == 10 and history[-1] < history[0] and "recommendations" in implicit_out
 
 
 def _check_lasso(ns, outputs):
