@@ -8,30 +8,23 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import time
 import warnings
 from typing import Any, List, Optional
 
 import numpy as np
 from pyspark import keyword_only
-from pyspark.ml import Estimator, Model
 from pyspark.ml.linalg import DenseMatrix, DenseVector, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMaxIter, HasSeed
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
-from ..engine import Engine
-from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, choose_sampler
-from ._lda_input import _doc_records
-from ._params import HasNumWorkers, check_common_params
-from ._persistence import PersistentModel
-from ._summary import FitSummary, HasTrainingSummary
-from ._validation import check_num_workers
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
+from ._base import Fit, _StradsEstimator, _StradsModel
+from ._lda_input import _doc_records
+from ._params import HasNumWorkers, above, at_least, one_of, vector_column
+from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +33,8 @@ LARGE_MODEL_CELLS = 50_000_000
 
 
 class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterval, HasNumWorkers):
-    """Params shared by :class:`StradsLDA` and :class:`StradsLDAModel`."""
+    """Params shared by :class:`StradsLDA` and :class:`StradsLDAModel` (getters from
+    :class:`~pystrads.ml._params._StradsParams`)."""
 
     k: Param[int] = Param(Params._dummy(), "k", "number of topics (clusters) to infer; must be > 1.",
                           typeConverter=TypeConverters.toInt)
@@ -74,31 +68,17 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         "Gibbs sweeps per document when inferring topic mixtures of new documents (transform, "
         "logLikelihood, logPerplexity); >= 2.", typeConverter=TypeConverters.toInt)
 
+    _param_rules = {"k": at_least(2, note="LDA needs at least 2 topics"),
+                    "topicConcentration": above(0, finite=True, note="e.g. 0.1"),
+                    "sampler": one_of("auto", *SAMPLERS),
+                    "logLikelihoodEvery": at_least(0, note="0 = never"),
+                    "foldInIterations": at_least(2)}
+    _column_kinds = {"featuresCol": vector_column("a vector of term counts (as CountVectorizer produces)")}
+
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
                          sampler="auto", logLikelihoodEvery=1, foldInIterations=20)
-
-    def getK(self) -> int:
-        return self.getOrDefault(self.k)
-
-    def getDocConcentration(self) -> List[float]:
-        return self.getOrDefault(self.docConcentration)
-
-    def getTopicConcentration(self) -> float:
-        return self.getOrDefault(self.topicConcentration)
-
-    def getTopicDistributionCol(self) -> str:
-        return self.getOrDefault(self.topicDistributionCol)
-
-    def getSampler(self) -> str:
-        return self.getOrDefault(self.sampler)
-
-    def getLogLikelihoodEvery(self) -> int:
-        return self.getOrDefault(self.logLikelihoodEvery)
-
-    def getFoldInIterations(self) -> int:
-        return self.getOrDefault(self.foldInIterations)
 
     # -- resolved hyper-parameters
     def _alpha(self) -> float:
@@ -115,37 +95,56 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     def _beta(self) -> float:
         return float(self.getTopicConcentration()) if self.isDefined(self.topicConcentration) else 0.1
 
-    def _validate_params(self) -> None:
-        k = self.getK()
-        if k < 2:
-            raise ConfigurationError(f"k={k}: LDA needs at least 2 topics; set k >= 2")
-        check_common_params(self)
-        alpha, beta = self._alpha(), self._beta()
+    def _check_params(self) -> None:
+        super()._check_params()
+        alpha = self._alpha()
         if not alpha > 0 or not math.isfinite(alpha):
-            raise ConfigurationError(f"docConcentration={alpha} must be a finite value > 0 (e.g. {50.0 / k:.4g})")
-        if not beta > 0 or not math.isfinite(beta):
-            raise ConfigurationError(f"topicConcentration={beta} must be a finite value > 0 (e.g. 0.1)")
-        sampler = self.getSampler()
-        if sampler != "auto" and sampler not in SAMPLERS:
-            raise ConfigurationError(f"sampler={sampler!r} is not one of 'auto', " + ", ".join(
-                repr(s) for s in SAMPLERS))
-        if self.getLogLikelihoodEvery() < 0:
-            raise ConfigurationError(f"logLikelihoodEvery={self.getLogLikelihoodEvery()} must be >= 0")
-        if self.getFoldInIterations() < 2:
-            raise ConfigurationError(f"foldInIterations={self.getFoldInIterations()} must be >= 2")
-
-    def _validate_schema(self, dataset) -> None:
-        col = self.getFeaturesCol()
-        if col not in dataset.columns:
-            raise InputError(f"featuresCol {col!r} is not a column of the input (columns: {dataset.columns}); "
-                             "set featuresCol to the column CountVectorizer wrote")
-        dtype = dataset.schema[col].dataType
-        if not isinstance(dtype, VectorUDT):
-            raise InputError(f"featuresCol {col!r} has type {dtype.simpleString()}, expected a vector of term "
-                             "counts (as CountVectorizer produces)")
+            raise ConfigurationError(f"docConcentration={alpha} must be a finite number > 0 (e.g. "
+                                     f"{50.0 / self.getK():.4g})")
 
 
-class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParamsWritable):
+class StradsLDASummary(FitSummary):
+    """Training history of a :class:`StradsLDAModel` fit (:class:`~pystrads.ml._summary.FitSummary`).
+
+    ``iterations``: one row per iteration with ``log_likelihood`` (log p(w, z)),
+    ``log_perplexity`` (−log p(w, z) / tokens), ``s_error`` (the STRADS
+    supplement's Δt) and ``tokens``; ``steps`` adds tokens/s to the time split
+    (``compute_s``, ``sync_s``, ``spark_s``, ``schedule_s``).
+    """
+
+    def __init__(self, result, fit):
+        super().__init__(result, fit)
+        if len(self.steps):
+            self.steps["tokens_per_s"] = self.steps["tokens"] / self.steps["job_s"]
+        self.shards = result.summary.shards  # per shard: table bytes, resident memory, traffic
+        stats = fit.stats
+        self.numDocuments = int(stats["docs"])
+        self.numEmptyDocuments = int(stats["empty"])  # all-zero vectors: skipped
+        self.numNullDocuments = int(stats["null"])  # null vectors: skipped
+        self.numTokens = int(stats["tokens"])
+        self.sampler = stats["sampler"]
+        self.numWorkers = fit.workers
+
+    @property
+    def logLikelihoodHistory(self) -> List[float]:
+        return self._history("log_likelihood")
+
+    @property
+    def tokensPerSecond(self) -> float:
+        """Tokens sampled per second over all steps (Spark job time included)."""
+        return float(self.steps["tokens"].sum() / self.steps["job_s"].sum()) if len(self.steps) else 0.0
+
+    @property
+    def trainingSeconds(self) -> float:
+        return float(self.steps["seconds"].sum()) if len(self.steps) else 0.0
+
+    def plot(self, ax=None):
+        """Training log-likelihood per iteration (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
+        return self._plot(ax, "log_likelihood", "log p(w, z)", marker=".",
+                          title=f"StradsLDA: {self.numTokens} tokens, {self.tokensPerSecond:,.0f} tokens/s")
+
+
+class StradsLDA(_StradsEstimator, _StradsLDAParams):
     """Latent Dirichlet Allocation by model-parallel collapsed Gibbs sampling (STRADS LDA).
 
     Objective: samples the posterior of LDA's topic assignments z (collapsed
@@ -168,6 +167,9 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
     >>> model.describeTopics(3).show()        # doctest: +SKIP
     """
 
+    _fit_columns = ("featuresCol",)
+    _summary_class = StradsLDASummary
+
     @keyword_only
     def __init__(self, *, featuresCol: str = "features", maxIter: int = 20, seed: Optional[int] = None,
                  checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
@@ -175,172 +177,56 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
                  foldInIterations: int = 20):
         super().__init__()
-        kwargs = self._input_kwargs
-        self.setParams(**kwargs)
+        self._set(**self._input_kwargs)
 
-    @keyword_only
-    def setParams(self, *, featuresCol: str = "features", maxIter: int = 20, seed: Optional[int] = None,
-                  checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
-                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
-                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
-                  foldInIterations: int = 20) -> "StradsLDA":
-        kwargs = self._input_kwargs
-        return self._set(**kwargs)
-
-    def setK(self, value: int) -> "StradsLDA":
-        return self._set(k=value)
-
-    def setMaxIter(self, value: int) -> "StradsLDA":
-        return self._set(maxIter=value)
-
-    def setSeed(self, value: int) -> "StradsLDA":
-        return self._set(seed=value)
-
-    def setFeaturesCol(self, value: str) -> "StradsLDA":
-        return self._set(featuresCol=value)
-
-    def setCheckpointInterval(self, value: int) -> "StradsLDA":
-        return self._set(checkpointInterval=value)
-
-    def setDocConcentration(self, value: List[float]) -> "StradsLDA":
-        return self._set(docConcentration=value)
-
-    def setTopicConcentration(self, value: float) -> "StradsLDA":
-        return self._set(topicConcentration=value)
-
-    def setTopicDistributionCol(self, value: str) -> "StradsLDA":
-        return self._set(topicDistributionCol=value)
-
-    def setNumWorkers(self, value: int) -> "StradsLDA":
-        return self._set(numWorkers=value)
-
-    def setSampler(self, value: str) -> "StradsLDA":
-        return self._set(sampler=value)
-
-    def setLogLikelihoodEvery(self, value: int) -> "StradsLDA":
-        return self._set(logLikelihoodEvery=value)
-
-    def setFoldInIterations(self, value: int) -> "StradsLDA":
-        return self._set(foldInIterations=value)
-
-    def _fit(self, dataset) -> "StradsLDAModel":
-        t_start = time.perf_counter()
-        self._validate_params()
-        self._validate_schema(dataset)
-        k, alpha, beta = self.getK(), self._alpha(), self._beta()
+    def _scan(self, fit: Fit):
         col = self.getFeaturesCol()
-        check_num_workers(dataset, self.getNumWorkers())
-        U = default_num_workers(dataset, self.getNumWorkers() or None)
-        check_cluster(dataset, U)  # before any job
-        records, stats = _doc_records(dataset, col)
-        if stats["bad"] is not None:
-            part, row, term, value, size = stats["bad"]
-            if term is None:
-                raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
-                                 "every document needs the same vocabulary (one CountVectorizer model)")
-            raise InputError(f"featuresCol {col!r}: row {row} of partition {part} has count {value} for term "
-                             f"{term}; term counts must be finite non-negative integers (CountVectorizer output)")
-        if len(stats["sizes"]) > 1:
+        records, stats = _doc_records(fit.dataset, col)
+        bad = stats["bad"]  # (partition, row, term, value, size); term None: a vector of another size
+        if bad is not None and bad[2] is not None:
+            raise InputError(f"featuresCol {col!r}: row {bad[1]} of partition {bad[0]} has count {bad[3]} for term "
+                             f"{bad[2]}; term counts must be finite non-negative integers (CountVectorizer output)")
+        if bad is not None or len(stats["sizes"]) > 1:
             raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
                              "every document needs the same vocabulary (one CountVectorizer model)")
-        if stats["docs"] + stats["empty"] + stats["null"] == 0 and stats["bad"] is None:
+        if stats["docs"] + stats["empty"] + stats["null"] == 0:
             raise InputError(f"featuresCol {col!r}: the input has no rows; LDA needs at least one non-empty document")
         if stats["docs"] == 0:
             raise InputError(f"featuresCol {col!r}: no document has any term ({stats['empty']} empty, "
                              f"{stats['null']} null rows); LDA needs at least one non-empty document")
-        vocab = int(next(iter(stats["sizes"])))
-        freq = stats["freq"]
         if stats["empty"] or stats["null"]:
             log.info("StradsLDA: skipped %d empty and %d null documents", stats["empty"], stats["null"])
+        return records, stats
+
+    def _program(self, fit: Fit) -> LDAProgram:
+        stats, k, alpha, beta = fit.stats, self.getK(), self._alpha(), self._beta()
+        vocab, freq = int(next(iter(stats["sizes"]))), stats["freq"]
         sampler = self.getSampler()
-        if sampler == "auto":
-            sampler = choose_sampler(k, stats["tokens"] / stats["docs"])
-        seed = int(self.getOrDefault(self.seed))  # HasSeed always has a default
-        bounds = range_bounds(vocab, U, freq)
-        program = LDAProgram(k, vocab, U, bounds, alpha, beta, self.getMaxIter(), sampler, seed,
-                             word_weights=freq.astype(np.float64), log_likelihood_every=self.getLogLikelihoodEvery())
+        stats["sampler"] = sampler = choose_sampler(k, stats["tokens"] / stats["docs"]) if sampler == "auto" \
+            else sampler
         log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, k=%d, alpha=%.4g, beta=%.4g, "
                  "sampler=%s, %d workers", stats["docs"], stats["empty"], stats["tokens"], vocab, k, alpha, beta,
-                 sampler, U)
-        scan_s = time.perf_counter() - t_start
-        # checkpoints every checkpointInterval steps when a checkpoint directory is set (MLlib's rule)
-        engine = Engine(program, records, num_workers=U, seed=seed, keep_states=False,
-                        config={"checkpoint.interval": max(0, self.getCheckpointInterval())})
-        with engine.fit() as result:
-            t0 = time.perf_counter()
-            word_topic = result.read_table("word_topic")
-            read_s = time.perf_counter() - t0
-            summary = StradsLDASummary(result.summary, stats, scan_s, read_s, sampler, U)
-        model = StradsLDAModel(word_topic, alpha, beta)
-        model._summary = summary
-        return self._copyValues(model)
+                 sampler, fit.workers)
+        return LDAProgram(k, vocab, fit.workers, range_bounds(vocab, fit.workers, freq), alpha, beta,
+                          self.getMaxIter(), sampler, fit.seed, word_weights=freq.astype(np.float64),
+                          log_likelihood_every=self.getLogLikelihoodEvery())
+
+    def _read_model(self, result, fit: Fit) -> "StradsLDAModel":
+        return StradsLDAModel(result.read_table("word_topic"), self._alpha(), self._beta())
 
 
-class StradsLDASummary(FitSummary):
-    """Training history of a :class:`StradsLDAModel` fit (:class:`~pystrads.ml._summary.FitSummary`).
+class StradsLDAModel(_StradsModel, _StradsLDAParams):
+    """A fitted :class:`StradsLDA` model: word-topic counts and the priors.  MLlib's LDAModel
+    setters: ``setFeaturesCol``, ``setTopicDistributionCol`` and ``setSeed`` (of the fold-in
+    sampler that ``transform`` runs)."""
 
-    ``iterations``: one row per iteration with ``log_likelihood`` (log p(w, z)),
-    ``log_perplexity`` (−log p(w, z) / tokens), ``s_error`` (the STRADS
-    supplement's Δt) and ``tokens``; ``steps`` adds tokens/s to the time split
-    (``compute_s``, ``sync_s``, ``spark_s``, ``schedule_s``).
-    """
-
-    def __init__(self, engine_summary, stats, scan_s, read_s, sampler, workers):
-        super().__init__(engine_summary, scan_s=scan_s, read_model_s=read_s)
-        if len(self.steps):
-            self.steps["tokens_per_s"] = self.steps["tokens"] / self.steps["job_s"]
-        self.shards = engine_summary.shards  # per shard: table bytes, resident memory, traffic
-        self.numDocuments = int(stats["docs"])
-        self.numEmptyDocuments = int(stats["empty"])  # all-zero vectors: skipped
-        self.numNullDocuments = int(stats["null"])  # null vectors: skipped
-        self.numTokens = int(stats["tokens"])
-        self.sampler = sampler
-        self.numWorkers = workers
-
-    @property
-    def logLikelihoodHistory(self) -> List[float]:
-        return self._history("log_likelihood")
-
-    @property
-    def tokensPerSecond(self) -> float:
-        """Tokens sampled per second over all steps (Spark job time included)."""
-        return float(self.steps["tokens"].sum() / self.steps["job_s"].sum()) if len(self.steps) else 0.0
-
-    @property
-    def trainingSeconds(self) -> float:
-        return float(self.steps["seconds"].sum()) if len(self.steps) else 0.0
-
-    def plot(self, ax=None):
-        """Training log-likelihood per iteration (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
-        ax = self._axes(ax)
-        it = self.iterations.dropna(subset=["log_likelihood"]) if "log_likelihood" in self.iterations else self.iterations
-        ax.plot(it["iteration"], it.get("log_likelihood", []), marker=".")
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("log p(w, z)")
-        ax.set_title(f"StradsLDA: {self.numTokens} tokens, {self.tokensPerSecond:,.0f} tokens/s")
-        return ax
-
-
-class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentModel):
-    """A fitted :class:`StradsLDA` model: word-topic counts and the priors."""
+    _setters = ("featuresCol", "topicDistributionCol", "seed")
 
     def __init__(self, word_topic: Optional[np.ndarray] = None, alpha: float = 0.0, beta: float = 0.0):
         super().__init__()
         self._word_topic = None if word_topic is None else np.ascontiguousarray(word_topic, dtype=np.int32)
         self._alpha_value = float(alpha)
         self._beta_value = float(beta)
-        self._summary: Optional[StradsLDASummary] = None
-
-    # -- setters (as MLlib's LDAModel): point a fitted or loaded model at other columns
-    def setFeaturesCol(self, value: str) -> "StradsLDAModel":
-        return self._set(featuresCol=value)
-
-    def setTopicDistributionCol(self, value: str) -> "StradsLDAModel":
-        return self._set(topicDistributionCol=value)
-
-    def setSeed(self, value: int) -> "StradsLDAModel":
-        """Seed of the fold-in sampler that ``transform`` runs."""
-        return self._set(seed=value)
 
     # -- MLlib LDAModel API
     def vocabSize(self) -> int:
@@ -401,11 +287,11 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
         from ..kernels import lda as K
         from ._arrow import vectors
 
-        self._validate_schema(dataset)
+        self._check_columns(dataset, "featuresCol")
         phi = self.topic_word_prob()
         if phi.shape[0] == 0:
             raise ConfigurationError("the model has an empty vocabulary")
-        seed = int(self.getOrDefault(self.seed)) if self.isDefined(self.seed) else 0
+        seed = int(self.getSeed())
         index = dataset.columns.index(self.getFeaturesCol())
         alpha, n_iter = self._alpha_value, self.getFoldInIterations()
 
@@ -492,24 +378,20 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
         ll, tokens = self._score(dataset)
         return float(-ll / tokens) if tokens else float("nan")
 
-    # -- persistence
-    def _extra_metadata(self) -> dict:
-        return {"alpha": self._alpha_value, "beta": self._beta_value, "vocabSize": self.vocabSize(),
-                "k": int(self._word_topic.shape[1])}
-
-    def _save_data(self, path: str, spark) -> None:
+    # -- persistence: one row per term that has tokens in data/
+    def _save_data(self, write) -> dict:
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
 
-        wt = self._word_topic  # one row per term that has tokens
-        schema = StructType([StructField("term", IntegerType(), False),
-                             StructField("counts", ArrayType(IntegerType(), False), False)])
-        rows = [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))]
-        spark.createDataFrame(rows, schema).write.parquet(os.path.join(path, "data"))
+        wt = self._word_topic
+        write("data", StructType([StructField("term", IntegerType(), False),
+                                  StructField("counts", ArrayType(IntegerType(), False), False)]),
+              [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))])
+        return {"alpha": self._alpha_value, "beta": self._beta_value, "vocabSize": self.vocabSize(),
+                "k": int(wt.shape[1])}
 
     @classmethod
-    def _from_data(cls, path: str, spark, metadata) -> "StradsLDAModel":
-        v, k = int(metadata["vocabSize"]), int(metadata["k"])
-        word_topic = np.zeros((v, k), dtype=np.int32)
-        for row in spark.read.parquet(os.path.join(path, "data")).toLocalIterator():
+    def _load_data(cls, read, metadata) -> "StradsLDAModel":
+        word_topic = np.zeros((int(metadata["vocabSize"]), int(metadata["k"])), dtype=np.int32)
+        for row in read("data").toLocalIterator():
             word_topic[row["term"]] = row["counts"]
         return cls(word_topic, metadata["alpha"], metadata["beta"])
