@@ -161,7 +161,7 @@ def vectors_df(spark, rows, size=4):
     ({"k": 1}, r"k=1 must be >= 2 \(LDA needs at least 2 topics\)"),
     ({"maxIter": 0}, r"maxIter=0 must be >= 1"),
     ({"docConcentration": [0.1, 0.2]}, r"symmetric prior"),
-    ({"docConcentration": [-1.0]}, r"docConcentration=-1.0 must be a finite number > 0"),
+    ({"docConcentration": [-1.0]}, r"docConcentration=\[-1.0\] must be finite numbers > 0"),
     ({"topicConcentration": 0.0}, r"topicConcentration=0.0 must be"),
     ({"sampler": "magic"}, r"sampler='magic' is not one of"),
     ({"numWorkers": 5}, r"numWorkers=5 needs 5 task slots"),

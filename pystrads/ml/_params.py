@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, Union
+from typing import Any, Callable, Dict, List, Union
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
@@ -165,8 +165,9 @@ VECTORS = vector_column("a vector column (pyspark.ml.linalg, e.g. from VectorAss
 class _StradsParams(Params):
     """Base of the pystrads Params mixins (see the module docstring)."""
 
-    #: param name -> Rule, declared by each mixin (merged along the MRO, the subclass's first)
-    _param_rules: Dict[str, Rule] = {}
+    #: param name -> Rule (or a list of Rules, checked in order), declared by each mixin and merged
+    #: along the MRO (a subclass's entry replaces its base's)
+    _param_rules: Dict[str, Union[Rule, List[Rule]]] = {}
     #: input-column param name -> ColumnKind, declared likewise
     _column_kinds: Dict[str, ColumnKind] = {}
 
@@ -189,7 +190,8 @@ class _StradsParams(Params):
         params together by overriding this (calling ``super()`` first)."""
         for name, rule in self._merged("_param_rules", COMMON_RULES).items():
             if self.hasParam(name) and self.isDefined(name):
-                rule.check(self, name)
+                for one in rule if isinstance(rule, list) else [rule]:
+                    one.check(self, name)
 
     def _check_columns(self, dataset, *params: str) -> None:
         """The input columns the ``params`` name exist and have the declared kind (no Spark

@@ -16,14 +16,17 @@ from pyspark import keyword_only
 from pyspark.ml.linalg import DenseMatrix, DenseVector, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMaxIter, HasSeed
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, choose_sampler
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
-from ._lda_input import _doc_records
-from ._params import HasNumWorkers, above, at_least, one_of, vector_column
+from ._arrow import collect_per_partition
+from ._lda_data import _doc_records, fold_in, log_likelihood, topics_frame, with_topic_mixtures
+from ._params import HasNumWorkers, Rule, above, at_least, one_of, vector_column
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,12 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         "logLikelihood, logPerplexity); >= 2.", typeConverter=TypeConverters.toInt)
 
     _param_rules = {"k": at_least(2, note="LDA needs at least 2 topics"),
+                    "docConcentration": [
+                        Rule(lambda v, p: all(x > 0 and math.isfinite(x) for x in v),
+                             lambda p: f"must be finite numbers > 0 (e.g. [{50.0 / p.getK():.4g}])"),
+                        Rule(lambda v, p: len(v) in (1, p.getK()) and len(set(v)) == 1,
+                             lambda p: f"must be one value or {p.getK()} equal values: StradsLDA uses a symmetric "
+                                       f"prior (e.g. docConcentration=[{50.0 / p.getK():.4g}])")],
                     "topicConcentration": above(0, finite=True, note="e.g. 0.1"),
                     "sampler": one_of("auto", *SAMPLERS),
                     "logLikelihoodEvery": at_least(0, note="0 = never"),
@@ -82,25 +91,10 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
 
     # -- resolved hyper-parameters
     def _alpha(self) -> float:
-        k = self.getK()
-        if not self.isDefined(self.docConcentration):
-            return 50.0 / k
-        values = self.getDocConcentration()
-        if len(values) not in (1, k) or len(set(values)) != 1:
-            raise ConfigurationError(
-                f"docConcentration={values}: StradsLDA uses a symmetric prior; give one value or {k} equal "
-                "values (e.g. docConcentration=[{:.4g}])".format(50.0 / k))
-        return float(values[0])
+        return float(self.getDocConcentration()[0]) if self.isDefined(self.docConcentration) else 50.0 / self.getK()
 
     def _beta(self) -> float:
         return float(self.getTopicConcentration()) if self.isDefined(self.topicConcentration) else 0.1
-
-    def _check_params(self) -> None:
-        super()._check_params()
-        alpha = self._alpha()
-        if not alpha > 0 or not math.isfinite(alpha):
-            raise ConfigurationError(f"docConcentration={alpha} must be a finite number > 0 (e.g. "
-                                     f"{50.0 / self.getK():.4g})")
 
 
 class StradsLDASummary(FitSummary):
@@ -180,23 +174,7 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         self._set(**self._input_kwargs)
 
     def _scan(self, fit: Fit):
-        col = self.getFeaturesCol()
-        records, stats = _doc_records(fit.dataset, col)
-        bad = stats["bad"]  # (partition, row, term, value, size); term None: a vector of another size
-        if bad is not None and bad[2] is not None:
-            raise InputError(f"featuresCol {col!r}: row {bad[1]} of partition {bad[0]} has count {bad[3]} for term "
-                             f"{bad[2]}; term counts must be finite non-negative integers (CountVectorizer output)")
-        if bad is not None or len(stats["sizes"]) > 1:
-            raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
-                             "every document needs the same vocabulary (one CountVectorizer model)")
-        if stats["docs"] + stats["empty"] + stats["null"] == 0:
-            raise InputError(f"featuresCol {col!r}: the input has no rows; LDA needs at least one non-empty document")
-        if stats["docs"] == 0:
-            raise InputError(f"featuresCol {col!r}: no document has any term ({stats['empty']} empty, "
-                             f"{stats['null']} null rows); LDA needs at least one non-empty document")
-        if stats["empty"] or stats["null"]:
-            log.info("StradsLDA: skipped %d empty and %d null documents", stats["empty"], stats["null"])
-        return records, stats
+        return _doc_records(fit.dataset, self.getFeaturesCol())  # refuses bad counts and empty corpora
 
     def _program(self, fit: Fit) -> LDAProgram:
         stats, k, alpha, beta = fit.stats, self.getK(), self._alpha(), self._beta()
@@ -258,114 +236,29 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
 
     def describeTopics(self, maxTermsPerTopic: int = 10):
         """DataFrame(topic, termIndices, termWeights): each topic's top terms by p(term | topic)."""
-        from pyspark.sql import SparkSession
-        from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
-
         if maxTermsPerTopic < 1:
             raise ConfigurationError(f"maxTermsPerTopic={maxTermsPerTopic} must be >= 1")
-        phi = self.topic_word_prob()
-        n = min(maxTermsPerTopic, phi.shape[0])
-        rows = []
-        for t in range(phi.shape[1]):
-            top = np.argsort(-phi[:, t], kind="stable")[:n]
-            rows.append((t, [int(i) for i in top], [float(phi[i, t]) for i in top]))
-        schema = StructType([StructField("topic", IntegerType(), False),
-                             StructField("termIndices", ArrayType(IntegerType(), False), False),
-                             StructField("termWeights", ArrayType(DoubleType(), False), False)])
-        return SparkSession.active().createDataFrame(rows, schema)
+        return topics_frame(SparkSession.active(), self.topic_word_prob(), maxTermsPerTopic)
 
-    # -- inference
+    # -- inference (:mod:`pystrads.ml._lda_data`)
     def _fold_in(self, dataset):
-        """``fn(batches)`` for ``mapInArrow``: a partition's batches with, per document, the
-        Gibbs fold-in counts (topics fixed) -- ``(batches, counts, lengths, words, ptr)``, one
-        fold-in per partition.  Each document draws from its own random stream, seeded by
-        ``seed`` and a hash of its terms and counts: its topic distribution depends on it
-        alone, never on how the input is partitioned or ordered.  phi travels in the function
-        (Spark broadcasts large ones)."""
-        import hashlib
-
-        from ..kernels import lda as K
-        from ._arrow import vectors
-
+        """The fold-in function of ``dataset``'s documents, phi and the features column's index."""
         self._check_columns(dataset, "featuresCol")
-        phi = self.topic_word_prob()
-        if phi.shape[0] == 0:
-            raise ConfigurationError("the model has an empty vocabulary")
-        seed = int(self.getSeed())
-        index = dataset.columns.index(self.getFeaturesCol())
-        alpha, n_iter = self._alpha_value, self.getFoldInIterations()
-
-        def run(batches):
-            batches = list(batches)
-            k = phi.shape[1]
-            words, ptr, streams = [], [0], []
-            for batch in batches:
-                for vec in vectors(batch.column(index)):
-                    if vec is None:
-                        idx = cnt = np.zeros(0, np.int64)
-                    else:
-                        _, idx, val = vec
-                        cnt = np.round(val).astype(np.int64)
-                    keep = cnt > 0
-                    t = np.ascontiguousarray(idx[keep], dtype=np.int64)
-                    n = np.ascontiguousarray(cnt[keep], dtype=np.int64)
-                    words.append(np.repeat(t, n))
-                    ptr.append(ptr[-1] + int(n.sum()))
-                    streams.append(int.from_bytes(hashlib.blake2b(t.tobytes() + b"|" + n.tobytes(),
-                                                                  digest_size=8).digest(), "little"))
-            doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
-            doc_ptr = np.asarray(ptr, dtype=np.int64)
-            n_docs = len(ptr) - 1
-            rng = K.doc_states(seed, streams)
-            counts = K.fold_in(doc_words, doc_ptr, phi, alpha, n_iter, rng) if n_docs else np.zeros((0, k))
-            return batches, counts, np.diff(doc_ptr), doc_words, doc_ptr
-
-        return run, phi
+        phi, index = self.topic_word_prob(), dataset.columns.index(self.getFeaturesCol())
+        return fold_in(index, phi, self._alpha_value, self.getFoldInIterations(), int(self.getSeed())), phi, index
 
     def _transform(self, dataset):
-        import pyarrow as pa
-        from pyspark.sql.types import StructField, StructType
-
-        from ._arrow import dense_vectors
-
         out_col = self.getTopicDistributionCol()
         if out_col in dataset.columns:
             raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
-        fold_in, _ = self._fold_in(dataset)
-        alpha = self._alpha_value
-        k = self._word_topic.shape[1]
-        index = dataset.columns.index(self.getFeaturesCol())
-
-        def attach(batches):
-            batches, counts, lengths, _, _ = fold_in(batches)
-            start = 0
-            for batch in batches:
-                n = batch.num_rows
-                theta = [np.zeros(k) if lengths[i] == 0 else (counts[i] + alpha) / (lengths[i] + k * alpha)
-                         for i in range(start, start + n)]
-                start += n
-                column = dense_vectors(theta, batch.schema.field(index).type)
-                yield pa.RecordBatch.from_arrays(list(batch.columns) + [column], batch.schema.names + [out_col])
-
-        schema = StructType(dataset.schema.fields + [StructField(out_col, VectorUDT(), True)])
-        return dataset.mapInArrow(attach, schema)
+        fold, _, index = self._fold_in(dataset)
+        schema = T.StructType(dataset.schema.fields + [T.StructField(out_col, VectorUDT(), True)])
+        return dataset.mapInArrow(with_topic_mixtures(fold, self._alpha_value, index, out_col), schema)
 
     def _score(self, dataset):
         """(Σ log p(token | θ_d, φ), tokens) over the dataset's documents."""
-        from ._arrow import collect_per_partition
-
-        fold_in, phi = self._fold_in(dataset)
-        alpha, k = self._alpha_value, self._word_topic.shape[1]
-
-        def score(batches):
-            _, counts, lengths, words, ptr = fold_in(batches)
-            ll = 0.0
-            for i in np.flatnonzero(lengths):
-                theta = (counts[i] + alpha) / (lengths[i] + k * alpha)
-                ll += float(np.log(phi[words[ptr[i]:ptr[i + 1]]] @ theta).sum())
-            return ll, int(lengths.sum())
-
-        parts = collect_per_partition(dataset, score)
+        fold, phi, _ = self._fold_in(dataset)
+        parts = collect_per_partition(dataset, log_likelihood(fold, phi, self._alpha_value))
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
     def logLikelihood(self, dataset) -> float:
@@ -380,11 +273,9 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
 
     # -- persistence: one row per term that has tokens in data/
     def _save_data(self, write) -> dict:
-        from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
-
         wt = self._word_topic
-        write("data", StructType([StructField("term", IntegerType(), False),
-                                  StructField("counts", ArrayType(IntegerType(), False), False)]),
+        write("data", T.StructType([T.StructField("term", T.IntegerType(), False),
+                                    T.StructField("counts", T.ArrayType(T.IntegerType(), False), False)]),
               [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))])
         return {"alpha": self._alpha_value, "beta": self._beta_value, "vocabSize": self.vocabSize(),
                 "k": int(wt.shape[1])}

@@ -13,25 +13,23 @@ import logging
 from typing import Any, List, Optional
 
 import numpy as np
-import pyspark
 from pyspark import keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed,
                                      HasStepSize)
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from ..errors import ConfigurationError, InputError
+from ..errors import ConfigurationError
 from ..programs.mf import MFProgram, MFSGDProgram
-from ._arrow import collect_per_partition
 from ._base import Fit, _StradsEstimator, _StradsModel
+from ._mf_data import (dense_ids, factors_frame, gather_user_factors, predictions, read_ratings, recommendations,
+                       user_factors)
 from ._params import HasNumWorkers, Rule, _StradsParams, above, at_least, numeric_column, one_of
 from ._summary import FitSummary
-from ._validation import check_ratings
 
 log = logging.getLogger(__name__)
 
-_ALS_CASTS_IDS = int(pyspark.__version__.split(".")[0]) >= 4
 #: featureBlockSize=0 resolves to blocks of at most AUTO_BLOCK_SIZE features, as balanced as possible
 #: (see jobs/bench_mf.py and docs/benchmarks.md, "Matrix factorisation on MovieLens", for the measurements)
 AUTO_BLOCK_SIZE = 8
@@ -190,16 +188,7 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
         self._set(**self._input_kwargs)
 
     def _scan(self, fit: Fit):
-        ucol, icol, rcol = self.getUserCol(), self.getItemCol(), self.getRatingCol()
-        triples = fit.dataset.select(F.col(ucol).cast("double").alias("u"), F.col(icol).cast("double").alias("i"),
-                                     F.col(rcol).cast("double").alias("r"))
-        check_ratings(triples, ucol, icol, rcol)  # one job: empty input, bad ids / ratings (column, value, fix)
-        # then the distinct users and the per-item counts, in one pass without a shuffle
-        users, items, item_counts = _ids_and_item_counts(triples)
-        if not len(users) or not len(items):
-            raise InputError("the input has no ratings; StradsMF needs at least one (user, item, rating) row")
-        # each worker holds whole users: its partition of a hash partitioning by user
-        return triples.repartition(fit.workers, "u"), {"users": users, "items": items, "item_counts": item_counts}
+        return read_ratings(fit.dataset, self.getUserCol(), self.getItemCol(), self.getRatingCol(), fit.workers)
 
     def _program(self, fit: Fit):
         users, items, item_counts = fit.stats["users"], fit.stats["items"], fit.stats["item_counts"]
@@ -219,55 +208,13 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
 
     def _engine_args(self, fit: Fit):
         # the workers hand their users' factors over when the fit ends (no second job, nothing cached)
-        return {"prepartitioned": True, "decode": functools.partial(_dense_ids, fit.stats["users"], fit.stats["items"]),
-                "export": _user_factors}
+        return {"prepartitioned": True, "decode": functools.partial(dense_ids, fit.stats["users"], fit.stats["items"]),
+                "export": user_factors}
 
     def _read_model(self, result, fit: Fit) -> "StradsMFModel":
         users, items = fit.stats["users"], fit.stats["items"]
-        w = np.zeros((len(users), self.getRank()))
-        for local, rows in result.exports:
-            w[local] = rows
-        return StradsMFModel(self.getRank(), users, w, items, fit.program.item_matrix(result.read_table("item_factors")))
-
-
-def _dense_ids(users, items, row):
-    """A rating ``(u, i, r)`` with its ids as positions in the sorted ``users`` / ``items`` (on the workers)."""
-    u, i, r = row
-    return int(np.searchsorted(users, int(u))), int(np.searchsorted(items, int(i))), float(r)
-
-
-def _user_factors(worker, data, state):
-    """What a worker hands over when the fit ends: its users' positions and factor rows."""
-    return data.users, state.w
-
-
-def _ids_and_item_counts(triples):
-    """``(users, items, item_counts)`` of checked ``triples`` (columns u, i as double): sorted
-    distinct ids as int64 and each item's number of ratings.  One Spark job and no shuffle: each
-    partition reduces its rows to its distinct users and item counts with numpy (Arrow batches),
-    the driver merges them -- the ids end up on the driver anyway."""
-    def reduce(batches):
-        us, its, cs = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for batch in batches:
-            us.append(np.unique(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)))
-            ids, counts = np.unique(batch.column(1).to_numpy(zero_copy_only=False).astype(np.int64),
-                                    return_counts=True)
-            its.append(ids)
-            cs.append(counts)
-        return np.unique(np.concatenate(us)), np.concatenate(its), np.concatenate(cs)
-
-    parts = collect_per_partition(triples.select("u", "i"), reduce) or [(np.zeros(0, np.int64),) * 3]
-    users = np.unique(np.concatenate([p[0] for p in parts]))
-    items, where = np.unique(np.concatenate([p[1] for p in parts]), return_inverse=True)
-    item_counts = np.bincount(where, weights=np.concatenate([p[2] for p in parts]), minlength=len(items))
-    return users, items, item_counts.astype(np.float64)
-
-
-def _factors_df(spark, ids: np.ndarray, factors: np.ndarray):
-    schema = T.StructType([T.StructField("id", T.IntegerType(), False),
-                           T.StructField("features", T.ArrayType(T.FloatType(), False), True)])
-    rows = [(int(i), [float(x) for x in f]) for i, f in zip(ids, factors.astype(np.float32))]
-    return spark.createDataFrame(rows, schema)
+        return StradsMFModel(self.getRank(), users, gather_user_factors(result.exports, len(users), self.getRank()),
+                             items, fit.program.item_matrix(result.read_table("item_factors")))
 
 
 class StradsMFModel(_StradsModel, _StradsMFModelParams):
@@ -291,122 +238,43 @@ class StradsMFModel(_StradsModel, _StradsMFModelParams):
     @property
     def userFactors(self):
         """DataFrame (id int, features array<float>), as ALSModel.userFactors."""
-        from pyspark.sql import SparkSession
-
-        return _factors_df(SparkSession.active(), self._user_ids, self._w)
+        return factors_frame(SparkSession.active(), self._user_ids, self._w)
 
     @property
     def itemFactors(self):
-        from pyspark.sql import SparkSession
-
-        return _factors_df(SparkSession.active(), self._item_ids, self._h)
+        return factors_frame(SparkSession.active(), self._item_ids, self._h)
 
     def _transform(self, dataset):
-        from pyspark.sql.functions import pandas_udf
-
         self._check_params()
         self._check_columns(dataset, "userCol", "itemCol")
-        factors = (self._user_ids, self._w.astype(np.float32), self._item_ids, self._h.astype(np.float32))
-
-        @pandas_udf("float")  # the factors travel with the function (Spark broadcasts large ones)
-        def predict(users, items):
-            import pandas as pd
-
-            uid, w, iid, h = factors
-            u = users.to_numpy(dtype=np.float64, na_value=np.nan)
-            i = items.to_numpy(dtype=np.float64, na_value=np.nan)
-            ui = np.searchsorted(uid, np.nan_to_num(u, nan=-1).astype(np.int64))
-            ii = np.searchsorted(iid, np.nan_to_num(i, nan=-1).astype(np.int64))
-            ui_c, ii_c = np.minimum(ui, len(uid) - 1), np.minimum(ii, len(iid) - 1)
-            known = (uid[ui_c] == u) & (iid[ii_c] == i)
-            out = np.full(len(u), np.nan, dtype=np.float32)
-            out[known] = np.einsum("ij,ij->i", w[ui_c[known]], h[ii_c[known]])
-            return pd.Series(out)
-
-        ucol, icol = self.getUserCol(), self.getItemCol()
-        # as ALSModel.transform: prediction as non-null float (NaN when unknown); Spark >= 4 also
-        # casts the ids to int, 3.5 keeps their input type
-        out = dataset
-        if _ALS_CASTS_IDS:
-            out = out.withColumn(ucol, F.col(ucol).cast("int")).withColumn(icol, F.col(icol).cast("int"))
-        out = out.withColumn(self.getPredictionCol(), F.coalesce(predict(F.col(ucol), F.col(icol)),
-                                                                 F.lit(float("nan")).cast("float")))
-        if self.getColdStartStrategy() == "drop":
-            out = out.where(~F.isnan(F.col(self.getPredictionCol())))
-        return out
+        return predictions(dataset, self.getUserCol(), self.getItemCol(), self.getPredictionCol(), self._user_ids,
+                           self._w, self._item_ids, self._h, drop=self.getColdStartStrategy() == "drop")
 
     # -- recommendations (ALS's schemas)
-    def _recommend(self, src_ids, src, dst_ids, dst, num: int, src_col: str, dst_col: str, subset=None):
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.active()
-        if num < 1:
-            raise ConfigurationError(f"numItems/numUsers={num} must be >= 1")
-        if subset is not None:
-            pos = np.searchsorted(src_ids, subset)
-            pos = np.minimum(pos, len(src_ids) - 1)
-            keep = src_ids[pos] == subset
-            rows_idx = np.unique(pos[keep])
-        else:
-            rows_idx = np.arange(len(src_ids))
-        factors = (src_ids, src.astype(np.float32), dst_ids, dst.astype(np.float32))
-        n = min(num, len(dst_ids))
+    def _recommend(self, for_users: bool, num: int, dataset=None):
         self._check_params()
-        size = self.getBlockSize()
-        blocks = [rows_idx[i:i + size] for i in range(0, len(rows_idx), size)]
-
-        def top(block):
-            s_ids, s, d_ids, d = factors
-            scores = s[block] @ d.T
-            part = np.argpartition(-scores, n - 1, axis=1)[:, :n] if n < scores.shape[1] else \
-                np.tile(np.arange(scores.shape[1]), (len(block), 1))
-            for r, row in enumerate(block):
-                cand = part[r]
-                order = cand[np.argsort(-scores[r, cand], kind="stable")]
-                yield (int(s_ids[row]), [(int(d_ids[j]), float(scores[r, j])) for j in order])
-
-        schema = T.StructType([
-            T.StructField(src_col, T.IntegerType(), False),
-            T.StructField("recommendations", T.ArrayType(T.StructType([
-                T.StructField(dst_col, T.IntegerType(), True), T.StructField("rating", T.FloatType(), True)]),
-                True), True)])
-        # one row per block of blockSize source rows, spread over partitions; each partition scores
-        # its blocks against all destinations (the factors travel with the function)
-        parts = max(1, min(len(blocks), int(spark.conf.get("spark.sql.shuffle.partitions", "4") or 4)))
-        starts = spark.range(0, len(blocks), 1, parts)
-
-        def score(batches):
-            import pyarrow as pa
-
-            rec_type = pa.list_(pa.struct([(dst_col, pa.int32()), ("rating", pa.float32())]))
-            for batch in batches:
-                out = [rec for b in batch.column(0).to_pylist() for rec in top(blocks[int(b)])]
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array([r[0] for r in out], pa.int32()),
-                     pa.array([[{dst_col: d, "rating": v} for d, v in r[1]] for r in out], rec_type)],
-                    [src_col, "recommendations"])
-
-        return starts.mapInArrow(score, schema)
+        sides = [(self._user_ids, self._w, self.getUserCol()), (self._item_ids, self._h, self.getItemCol())]
+        (src_ids, src, src_col), (dst_ids, dst, dst_col) = sides if for_users else sides[::-1]
+        subset = None if dataset is None else np.array(
+            [int(r[0]) for r in dataset.select(src_col).distinct().collect()], dtype=np.int64)
+        return recommendations(SparkSession.active(), src_ids, src, dst_ids, dst, num, src_col, dst_col,
+                               self.getBlockSize(), subset)
 
     def recommendForAllUsers(self, numItems: int):
         """DataFrame(userCol, recommendations: array<struct<itemCol, rating>>): each user's top items."""
-        return self._recommend(self._user_ids, self._w, self._item_ids, self._h, numItems, self.getUserCol(),
-                               self.getItemCol())
+        return self._recommend(True, numItems)
 
     def recommendForAllItems(self, numUsers: int):
         """DataFrame(itemCol, recommendations: array<struct<userCol, rating>>): each item's top users."""
-        return self._recommend(self._item_ids, self._h, self._user_ids, self._w, numUsers, self.getItemCol(),
-                               self.getUserCol())
+        return self._recommend(False, numUsers)
 
     def recommendForUserSubset(self, dataset, numItems: int):
-        ids = np.array([int(r[0]) for r in dataset.select(self.getUserCol()).distinct().collect()], dtype=np.int64)
-        return self._recommend(self._user_ids, self._w, self._item_ids, self._h, numItems, self.getUserCol(),
-                               self.getItemCol(), subset=ids)
+        """The top items of the users in ``dataset``'s userCol."""
+        return self._recommend(True, numItems, dataset)
 
     def recommendForItemSubset(self, dataset, numUsers: int):
-        ids = np.array([int(r[0]) for r in dataset.select(self.getItemCol()).distinct().collect()], dtype=np.int64)
-        return self._recommend(self._item_ids, self._h, self._user_ids, self._w, numUsers, self.getItemCol(),
-                               self.getUserCol(), subset=ids)
+        """The top users of the items in ``dataset``'s itemCol."""
+        return self._recommend(False, numUsers, dataset)
 
     # -- persistence: userFactors/ and itemFactors/ hold (id, features) rows
     def _save_data(self, write) -> dict:
