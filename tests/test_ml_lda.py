@@ -158,10 +158,10 @@ def vectors_df(spark, rows, size=4):
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"k": 1}, r"k=1: LDA needs at least 2 topics"),
+    ({"k": 1}, r"k=1 must be >= 2 \(LDA needs at least 2 topics\)"),
     ({"maxIter": 0}, r"maxIter=0 must be >= 1"),
     ({"docConcentration": [0.1, 0.2]}, r"symmetric prior"),
-    ({"docConcentration": [-1.0]}, r"docConcentration=-1.0 must be a finite value > 0"),
+    ({"docConcentration": [-1.0]}, r"docConcentration=\[-1.0\] must be finite numbers > 0"),
     ({"topicConcentration": 0.0}, r"topicConcentration=0.0 must be"),
     ({"sampler": "magic"}, r"sampler='magic' is not one of"),
     ({"numWorkers": 5}, r"numWorkers=5 needs 5 task slots"),
@@ -184,7 +184,7 @@ def test_bad_input_is_refused_naming_the_column_and_value(spark):
     with pytest.raises(InputError, match=r"featuresCol 'nope' is not a column"):
         StradsLDA(featuresCol="nope").fit(vectors_df(spark, [good]))
     strings = spark.createDataFrame([("a",)], ["features"])
-    with pytest.raises(InputError, match=r"has type string, expected a vector"):
+    with pytest.raises(InputError, match=r"has type string; expected a vector"):
         StradsLDA().fit(strings)
     with pytest.raises(InputError, match=r"count -1.0 for term 1"):
         StradsLDA().fit(vectors_df(spark, [good, Vectors.sparse(4, [1], [-1.0])]))

@@ -1,36 +1,32 @@
-"""What StradsLasso and StradsLogisticRegression share: params, the fit, the model (the input scan
-is :mod:`pystrads.ml._linear_input`).
+"""What StradsLasso and StradsLogisticRegression share: params, the fit hooks, the training
+summary and the model (the input scan is :mod:`pystrads.ml._linear_input`).
 
-The estimators only orchestrate: check params and schema (no Spark job),
-scan the input once (bad values, sizes, counts and the row sample for the
-correlation check), build the program (:mod:`pystrads.programs.lasso`) and
-run it on the engine, then wrap the coefficients in a model.
+The estimators only orchestrate (:class:`~pystrads.ml._base._StradsEstimator`'s ``_fit``):
+check params and schema (no Spark job), scan the input once (bad values, sizes, counts and
+the row sample for the correlation check), build the program (:mod:`pystrads.programs.lasso`,
+:mod:`pystrads.programs.logistic`) and run it on the engine, then wrap the coefficients in a
+model.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import time
 from typing import Any, List
 
 import numpy as np
-from pyspark.ml.linalg import DenseVector, SparseVector, Vectors, VectorUDT
+from pyspark.ml.linalg import DenseVector, SparseVector, Vectors
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasFitIntercept, HasLabelCol, HasMaxIter, HasPredictionCol,
                                      HasRegParam, HasSeed, HasStandardization, HasTol, HasWeightCol)
 from pyspark.sql import types as T
 
-from ..engine import Engine
-from ..engine.preflight import check_cluster, default_num_workers
-from ..errors import ConfigurationError, InputError
 from ..engine.spark import is_dataframe
+from ..errors import InputError
 from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample
+from ._base import Fit, _StradsEstimator, _StradsModel
 from ._linear_input import _block_of, scan_input
-from ._params import HasNumWorkers, check_common_params
-from ._summary import FitSummary, HasTrainingSummary
-from ._validation import check_num_workers
+from ._params import NUMBERS, VECTORS, HasNumWorkers, at_least, one_of, within
+from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +72,13 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
         "non-zeros and the worst KKT violators is solved on the driver; beyond, parallel rounds",
         typeConverter=TypeConverters.toInt)
 
+    _param_rules = {"elasticNetParam": within(0, 1, note="1 is the lasso, 0 ridge"),
+                    "schedule": one_of(*SCHEDULES), "priority": one_of(*PRIORITIES),
+                    "coordinatesPerRound": at_least(1), "candidatesPerRound": at_least("coordinatesPerRound"),
+                    "correlationThreshold": within(0, 1, low_open=True), "correlationSampleSize": at_least(1),
+                    "workingSetLimit": within(0, 16384, note="its Gram matrix lives on the shards")}
+    _column_kinds = {"featuresCol": VECTORS, "labelCol": NUMBERS, "weightCol": NUMBERS}
+
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(regParam=0.0, elasticNetParam=1.0, maxIter=100, tol=1e-6, fitIntercept=True,
@@ -83,193 +86,6 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
                          candidatesPerRound=512, correlationThreshold=0.3, correlationSampleSize=10000,
                          workingSetLimit=4096, featuresCol="features", labelCol="label",
                          predictionCol="prediction")
-
-    def getElasticNetParam(self) -> float:
-        return self.getOrDefault(self.elasticNetParam)
-
-    def getSchedule(self) -> str:
-        return self.getOrDefault(self.schedule)
-
-    def getPriority(self) -> str:
-        return self.getOrDefault(self.priority)
-
-    def getCoordinatesPerRound(self) -> int:
-        return self.getOrDefault(self.coordinatesPerRound)
-
-    def getCandidatesPerRound(self) -> int:
-        return self.getOrDefault(self.candidatesPerRound)
-
-    def getCorrelationThreshold(self) -> float:
-        return self.getOrDefault(self.correlationThreshold)
-
-    def getCorrelationSampleSize(self) -> int:
-        return self.getOrDefault(self.correlationSampleSize)
-
-    def getWorkingSetLimit(self) -> int:
-        return self.getOrDefault(self.workingSetLimit)
-
-    # -- checks that need no Spark job
-    def _check_params(self) -> None:
-        def bad(name, why):
-            raise ConfigurationError(f"{name}={self.getOrDefault(name)!r} {why}")
-
-        if not (self.getRegParam() >= 0 and math.isfinite(self.getRegParam())):
-            bad("regParam", "must be a finite number >= 0")
-        if not 0.0 <= self.getElasticNetParam() <= 1.0:
-            bad("elasticNetParam", "must be in [0, 1] (1 is the lasso, 0 ridge)")
-        check_common_params(self)
-        if not (self.getTol() > 0 and math.isfinite(self.getTol())):
-            bad("tol", "must be a finite number > 0")
-        if self.getSchedule() not in SCHEDULES:
-            bad("schedule", f"is not one of {SCHEDULES}")
-        if self.getPriority() not in PRIORITIES:
-            bad("priority", f"is not one of {PRIORITIES}")
-        if self.getCoordinatesPerRound() < 1:
-            bad("coordinatesPerRound", "must be >= 1")
-        if self.getCandidatesPerRound() < self.getCoordinatesPerRound():
-            bad("candidatesPerRound", f"must be >= coordinatesPerRound ({self.getCoordinatesPerRound()})")
-        if not 0 < self.getCorrelationThreshold() <= 1:
-            bad("correlationThreshold", "must be in (0, 1]")
-        if self.getCorrelationSampleSize() < 1:
-            bad("correlationSampleSize", "must be >= 1")
-        if not 0 <= self.getWorkingSetLimit() <= 16384:
-            bad("workingSetLimit", "must be in [0, 16384] (its Gram matrix lives on the shards)")
-
-    def _check_schema(self, dataset) -> None:
-        fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
-        cols = dataset.columns
-        for param, col in (("featuresCol", fcol), ("labelCol", lcol)) + (
-                (("weightCol", self.getWeightCol()),) if self.isDefined(self.weightCol) and self.getWeightCol()
-                else ()):
-            if col not in cols:
-                raise InputError(f"{param} {col!r} is not a column of the input (columns: {cols}); set {param} "
-                                 f"to the right column")
-        ftype = dataset.schema[fcol].dataType
-        if not isinstance(ftype, VectorUDT):
-            raise InputError(f"featuresCol {fcol!r} has type {ftype.simpleString()}; expected a vector column "
-                             f"(pyspark.ml.linalg, e.g. from VectorAssembler)")
-        for param in ("labelCol", "weightCol"):
-            if param == "weightCol" and not (self.isDefined(self.weightCol) and self.getWeightCol()):
-                continue
-            col = self.getOrDefault(param)
-            dtype = dataset.schema[col].dataType
-            if not isinstance(dtype, T.NumericType):
-                raise InputError(f"{param} {col!r} has type {dtype.simpleString()}; expected a numeric column "
-                                 f"(cast it, e.g. F.col({col!r}).cast('double'), or index strings with "
-                                 "StringIndexer)")
-
-
-def fit_linear(estimator, dataset, program_cls, binary_labels: bool):
-    """The shared ``_fit``: checks, scan, program, engine; returns ``(coefficients, intercept, summary)``."""
-    t_start = time.perf_counter()
-    estimator._check_params()
-    estimator._check_schema(dataset)
-    fcol, lcol = estimator.getFeaturesCol(), estimator.getLabelCol()
-    wcol = estimator.getWeightCol() if estimator.isDefined(estimator.weightCol) and estimator.getWeightCol() else None
-    check_num_workers(dataset, estimator.getNumWorkers())
-    U = default_num_workers(dataset, estimator.getNumWorkers() or None)
-    check_cluster(dataset, U)  # before any job
-    records, stats = scan_input(dataset, fcol, lcol, wcol, estimator.getCorrelationSampleSize(), binary_labels,
-                                U)
-    if stats["rows"] == 0:
-        raise InputError("the input has no rows; fit needs at least one (label, features) row")
-    if stats["error"]:
-        what, fix = stats["error"]
-        raise InputError(f"{what}: {fix}")
-    if wcol and not stats["wsum"] > 0:
-        raise InputError(f"weightCol {wcol!r}: the weights sum to {stats['wsum']!r}; at least one row needs a "
-                         "positive weight (as MLlib requires)")
-    sizes = stats["sizes"] - {-1}
-    if len(sizes) != 1:
-        raise InputError(f"featuresCol {fcol!r}: vectors have different sizes {sorted(sizes)[:10]}; all rows need "
-                         f"the same number of features")
-    num_features = int(next(iter(sizes)))
-    if num_features < 1:
-        raise InputError(f"featuresCol {fcol!r}: vectors have size 0; there is nothing to fit")
-    scan_s = time.perf_counter() - t_start
-    sample = ColumnSample(stats["sample"], num_features)
-    seed = int(estimator.getOrDefault(estimator.seed))  # HasSeed always has a default
-    program = program_cls(
-        num_features, estimator.getRegParam(), fit_intercept=estimator.getFitIntercept(),
-        elastic_net=estimator.getElasticNetParam(),
-        standardization=estimator.getStandardization(), schedule=estimator.getSchedule(),
-        priority=estimator.getPriority(), coords_per_round=estimator.getCoordinatesPerRound(),
-        candidates_per_round=estimator.getCandidatesPerRound(), rho=estimator.getCorrelationThreshold(),
-        max_iter=estimator.getMaxIter(), tol=estimator.getTol(), gram_limit=estimator.getWorkingSetLimit(),
-        sample=sample)
-    program.t_origin = t_start
-    log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(estimator).__name__,
-             stats["rows"], num_features, stats["nnz"], U, estimator.getSchedule())
-    frame = is_dataframe(records)  # row blocks through Arrow, already one partition per worker
-    with Engine(program, records, num_workers=U, seed=seed, keep_states=False, prepartitioned=frame,
-                decode=_block_of if frame else None).fit() as result:
-        t0 = time.perf_counter()
-        coef = result.read_table("coef")
-        coefficients, intercept = program.result(coef)
-        summary = LinearTrainingSummary(result.summary, result.stop_reason, program, scan_s,
-                                        time.perf_counter() - t0, stats)
-    return coefficients, intercept, summary
-
-
-class _SparseLinearSetters:
-    """``set<Param>`` for every estimator param (MLlib's convention), shared by both estimators."""
-
-    def setFeaturesCol(self, value):
-        return self._set(featuresCol=value)
-
-    def setLabelCol(self, value):
-        return self._set(labelCol=value)
-
-    def setPredictionCol(self, value):
-        return self._set(predictionCol=value)
-
-    def setWeightCol(self, value):
-        return self._set(weightCol=value)
-
-    def setRegParam(self, value):
-        return self._set(regParam=value)
-
-    def setElasticNetParam(self, value):
-        return self._set(elasticNetParam=value)
-
-    def setMaxIter(self, value):
-        return self._set(maxIter=value)
-
-    def setTol(self, value):
-        return self._set(tol=value)
-
-    def setFitIntercept(self, value):
-        return self._set(fitIntercept=value)
-
-    def setStandardization(self, value):
-        return self._set(standardization=value)
-
-    def setSeed(self, value):
-        return self._set(seed=value)
-
-    def setSchedule(self, value):
-        return self._set(schedule=value)
-
-    def setPriority(self, value):
-        return self._set(priority=value)
-
-    def setCoordinatesPerRound(self, value):
-        return self._set(coordinatesPerRound=value)
-
-    def setCandidatesPerRound(self, value):
-        return self._set(candidatesPerRound=value)
-
-    def setCorrelationThreshold(self, value):
-        return self._set(correlationThreshold=value)
-
-    def setCorrelationSampleSize(self, value):
-        return self._set(correlationSampleSize=value)
-
-    def setWorkingSetLimit(self, value):
-        return self._set(workingSetLimit=value)
-
-    def setNumWorkers(self, value):
-        return self._set(numWorkers=value)
 
 
 class LinearTrainingSummary(FitSummary):
@@ -283,11 +99,11 @@ class LinearTrainingSummary(FitSummary):
     step, rounds, seconds and the time split); ``timings`` (one-off costs in s).
     """
 
-    def __init__(self, engine_summary, stop_reason, program, scan_s, read_s, stats):
-        super().__init__(engine_summary, scan_s=scan_s, read_model_s=read_s)
-        self.stopReason = stop_reason or "maxIter"
-        self.numInstances = int(stats["rows"])
-        self.numNonZeros = int(stats["nnz"])
+    def __init__(self, result, fit):
+        super().__init__(result, fit)
+        self.stopReason = result.stop_reason or "maxIter"
+        self.numInstances = int(fit.stats["rows"])
+        self.numNonZeros = int(fit.stats["nnz"])
 
     @property
     def objectiveHistory(self) -> List[float]:
@@ -311,29 +127,74 @@ class LinearTrainingSummary(FitSummary):
 
     def plot(self, ax=None, x: str = "updates"):
         """Convergence plot (objective minus its last value, log scale) with matplotlib."""
-        ax = self._axes(ax)
-        obj = np.asarray(self.objectiveHistory)
-        best = obj.min() if len(obj) else 0.0
-        ax.semilogy(self.iterations[x], np.maximum(obj - best, 1e-16 * max(abs(best), 1e-300)), marker="o")
-        ax.set_xlabel(x)
-        ax.set_ylabel("objective - final")
-        return ax
+        def above_best(obj):
+            best = obj.min() if len(obj) else 0.0
+            return np.maximum(obj - best, 1e-16 * max(abs(best), 1e-300))
+
+        return self._plot(ax, "objective", "objective - final", x=x, log_y=True, values=above_best)
 
 
-class SparseLinearModelMixin(HasTrainingSummary):
-    """Coefficients, intercept, persistence, the column setters; subclasses define ``transform``."""
+class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams):
+    """The fit hooks of both L1 estimators; each names its ``_program_class``, ``_model_class``
+    and whether its labels are 0 / 1 (``_binary_labels``)."""
 
-    def setFeaturesCol(self, value: str):
-        """Read the features from another column (e.g. a loaded model on new data)."""
-        return self._set(featuresCol=value)
+    _fit_columns = ("featuresCol", "labelCol", "weightCol")
+    _summary_class = LinearTrainingSummary
+    _binary_labels = False
 
-    def setPredictionCol(self, value: str):
-        return self._set(predictionCol=value)
+    def _scan(self, fit: Fit):
+        fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
+        wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
+        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self.getCorrelationSampleSize(),
+                                    self._binary_labels, fit.workers)
+        if stats["rows"] == 0:
+            raise InputError("the input has no rows; fit needs at least one (label, features) row")
+        if stats["error"]:
+            what, fix = stats["error"]
+            raise InputError(f"{what}: {fix}")
+        if wcol and not stats["wsum"] > 0:
+            raise InputError(f"weightCol {wcol!r}: the weights sum to {stats['wsum']!r}; at least one row needs a "
+                             "positive weight (as MLlib requires)")
+        sizes = stats["sizes"] - {-1}
+        if len(sizes) != 1:
+            raise InputError(f"featuresCol {fcol!r}: vectors have different sizes {sorted(sizes)[:10]}; all rows "
+                             f"need the same number of features")
+        stats["features"] = int(next(iter(sizes)))
+        if stats["features"] < 1:
+            raise InputError(f"featuresCol {fcol!r}: vectors have size 0; there is nothing to fit")
+        return records, stats
 
-    def _init_coefficients(self, coefficients=None, intercept: float = 0.0):
+    def _program(self, fit: Fit):
+        stats = fit.stats
+        program = self._program_class(
+            stats["features"], self.getRegParam(), fit_intercept=self.getFitIntercept(),
+            elastic_net=self.getElasticNetParam(), standardization=self.getStandardization(),
+            schedule=self.getSchedule(), priority=self.getPriority(), coords_per_round=self.getCoordinatesPerRound(),
+            candidates_per_round=self.getCandidatesPerRound(), rho=self.getCorrelationThreshold(),
+            max_iter=self.getMaxIter(), tol=self.getTol(), gram_limit=self.getWorkingSetLimit(),
+            sample=ColumnSample(stats["sample"], stats["features"]))
+        program.t_origin = fit.t_start
+        log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(self).__name__,
+                 stats["rows"], stats["features"], stats["nnz"], fit.workers, self.getSchedule())
+        return program
+
+    def _engine_args(self, fit: Fit):
+        frame = is_dataframe(fit.records)  # row blocks through Arrow, already one partition per worker
+        return {"prepartitioned": frame, "decode": _block_of if frame else None}
+
+    def _read_model(self, result, fit: Fit):
+        return self._model_class(*fit.program.result(result.read_table("coef")))
+
+
+class _SparseLinearModel(_StradsModel):
+    """Coefficients, intercept, persistence, MLlib's column setters; subclasses define ``transform``."""
+
+    _setters = ("featuresCol", "predictionCol")
+
+    def __init__(self, coefficients=None, intercept: float = 0.0):
+        super().__init__()
         self._coef = None if coefficients is None else np.asarray(coefficients, dtype=np.float64)
         self._intercept = float(intercept)
-        self._summary = None
 
     @property
     def coefficients(self) -> DenseVector:
@@ -359,24 +220,14 @@ class SparseLinearModelMixin(HasTrainingSummary):
 
         return margin
 
-    def _check_features(self, dataset) -> None:
-        col = self.getFeaturesCol()
-        if col not in dataset.columns:
-            raise InputError(f"featuresCol {col!r} is not a column of the input (columns: {dataset.columns})")
-        if not isinstance(dataset.schema[col].dataType, VectorUDT):
-            raise InputError(f"featuresCol {col!r} has type {dataset.schema[col].dataType.simpleString()}; "
-                             f"expected a vector column")
-
-    def _extra_metadata(self) -> dict:
+    # -- persistence: data/ holds one row (intercept, coefficients)
+    def _save_data(self, write) -> dict:
+        write("data", T.StructType([T.StructField("intercept", T.DoubleType(), False),
+                                    T.StructField("coefficients", T.ArrayType(T.DoubleType(), False), False)]),
+              [(self._intercept, self._coef.tolist())])
         return {"numFeatures": self.numFeatures}
 
-    def _save_data(self, path: str, spark) -> None:
-        schema = T.StructType([T.StructField("intercept", T.DoubleType(), False),
-                               T.StructField("coefficients", T.ArrayType(T.DoubleType(), False), False)])
-        spark.createDataFrame([(self._intercept, self._coef.tolist())], schema).write.parquet(
-            os.path.join(path, "data"))
-
     @classmethod
-    def _from_data(cls, path: str, spark, metadata):
-        row = spark.read.parquet(os.path.join(path, "data")).first()
+    def _load_data(cls, read, metadata):
+        row = read("data").first()
         return cls(np.asarray(row["coefficients"], dtype=np.float64), float(row["intercept"]))

@@ -1,21 +1,209 @@
-"""Params every pystrads estimator has beyond MLlib's, and the checks of the params they share.
+"""How pystrads declares and checks its estimators' params, and the params they all share.
 
-:class:`HasNumWorkers` is ``numWorkers`` (a shared param in the style of
-``pyspark.ml.param.shared``); :func:`check_common_params` refuses, before any
-Spark job, the values of ``maxIter``, ``numWorkers`` and ``checkpointInterval``
-that no estimator accepts, with the same message everywhere.
+- :class:`Rule` and its makers :func:`at_least`, :func:`above`, :func:`within`, :func:`one_of`:
+  the valid values of a param as data (scikit-learn's ``_parameter_constraints`` is the
+  model).  A failed rule raises :class:`~pystrads.errors.ConfigurationError` naming the param,
+  its value, the valid values and, where given, a ``note`` with the fix.
+- :data:`COMMON_RULES`: the rules of the MLlib params every estimator means the same by
+  (``maxIter``, ``numWorkers``, ``checkpointInterval``, ``regParam``, ``tol``, ``stepSize``).
+- :class:`ColumnKind` (:data:`NUMBERS`, :data:`VECTORS`): what an input column must hold.
+- :class:`_StradsParams`: the base of every pystrads Params mixin.  A mixin declares its
+  Params, ``_setDefault`` s them in ``__init__`` (as pyspark's ``_XxxParams`` do), and lists
+  its ``_param_rules`` and ``_column_kinds``; the base gives each declared Param its
+  ``get<Name>``, checks the rules of the whole MRO (:meth:`_StradsParams._check_params`, no
+  Spark job) and the input columns (:meth:`_StradsParams._check_columns`).  Adding a param
+  is its declaration, its default, its ``__init__`` argument and, if it has one, its rule.
+- :class:`HasNumWorkers`: ``numWorkers``, the param pystrads adds to MLlib's shared ones.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import math
+from typing import Any, Callable, Dict, List, Union
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InputError
 
 
-class HasNumWorkers(Params):
+def accessor_name(prefix: str, param: str) -> str:
+    """``get`` / ``set`` + the param's name with a capital (MLlib's convention)."""
+    return prefix + param[0].upper() + param[1:]
+
+
+def add_accessor(cls: type, prefix: str, param: str) -> None:
+    """Gives ``cls`` the ``get<Name>`` or ``set<Name>`` of ``param`` unless it (or a base) has one."""
+    name = accessor_name(prefix, param)
+    if hasattr(cls, name):
+        return
+    if prefix == "get":
+        def accessor(self):
+            return self.getOrDefault(param)
+        accessor.__doc__ = f"Gets the value of ``{param}`` or its default value."
+    else:
+        def accessor(self, value):
+            return self._set(**{param: value})
+        accessor.__doc__ = f"Sets the value of ``{param}``; returns this instance."
+    accessor.__name__ = name
+    accessor.__qualname__ = f"{cls.__qualname__}.{name}"
+    accessor.__module__ = cls.__module__
+    setattr(cls, name, accessor)
+
+
+# ----------------------------------------------------------------------------- rules
+Bound = Union[float, str]  # a number, or the name of another param whose value is the bound
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """The valid values of one param: ``ok(value, params)``, and ``says`` -- what a valid value
+    is, as the message shows it after ``name=value`` (a string, or ``fn(params)``)."""
+
+    ok: Callable[[Any, Params], bool]
+    says: Union[str, Callable[[Params], str]]
+
+    def check(self, params: Params, name: str) -> None:
+        value = params.getOrDefault(name)
+        if not self.ok(value, params):
+            says = self.says(params) if callable(self.says) else self.says
+            raise ConfigurationError(f"{name}={value!r} {says}")
+
+
+def _value(bound: Bound, params: Params) -> float:
+    return params.getOrDefault(bound) if isinstance(bound, str) else bound
+
+
+def _shown(bound: Bound, params: Params) -> str:
+    return f"{bound} ({params.getOrDefault(bound)!r})" if isinstance(bound, str) else str(bound)
+
+
+def _number(value: Any, finite: bool) -> bool:
+    return isinstance(value, (int, float)) and (not finite or math.isfinite(value))
+
+
+def _noted(text: str, note: str) -> str:
+    return f"{text} ({note})" if note else text
+
+
+def at_least(low: Bound, *, finite: bool = False, note: str = "") -> Rule:
+    """``value >= low`` (``low``: a number or another param's name); ``finite``: and finite."""
+    kind = "a finite number " if finite else ""
+    return Rule(lambda v, p: _number(v, finite) and v >= _value(low, p),
+                lambda p: _noted(f"must be {kind}>= {_shown(low, p)}", note))
+
+
+def above(low: float, *, finite: bool = False, note: str = "") -> Rule:
+    """``value > low``; ``finite``: and finite."""
+    kind = "a finite number " if finite else ""
+    return Rule(lambda v, p: _number(v, finite) and v > low, _noted(f"must be {kind}> {low}", note))
+
+
+def within(low: float, high: float, *, low_open: bool = False, note: str = "") -> Rule:
+    """``low <= value <= high`` (``low < value`` with ``low_open``); NaN is outside."""
+    return Rule(lambda v, p: _number(v, True) and (v > low if low_open else v >= low) and v <= high,
+                _noted(f"must be in {'(' if low_open else '['}{low}, {high}]", note))
+
+
+def one_of(*choices: Any, note: str = "") -> Rule:
+    return Rule(lambda v, p: v in choices, _noted("is not one of " + ", ".join(map(repr, choices)), note))
+
+
+#: the MLlib params every pystrads estimator means the same by (applied where a class has them)
+COMMON_RULES: Dict[str, Rule] = {
+    "maxIter": at_least(1),
+    "numWorkers": at_least(0, note="0 = one per task slot"),
+    "checkpointInterval": Rule(lambda v, p: v == -1 or v >= 1,
+                               "must be >= 1, or -1 to disable checkpoints (MLlib's rule)"),
+    "regParam": at_least(0, finite=True),
+    "tol": above(0, finite=True),
+    "stepSize": above(0, finite=True),
+}
+
+
+# ----------------------------------------------------------------------------- input columns
+@dataclasses.dataclass(frozen=True)
+class ColumnKind:
+    """What an input column holds: ``accepts(dataType)``, and ``expected`` (the message's
+    description with the fix; ``{col}`` stands for the column's name)."""
+
+    accepts: Callable[[Any], bool]
+    expected: str
+
+    def check(self, dataset, param: str, col: str) -> None:
+        expected = self.expected.format(col=repr(col))
+        if col not in dataset.columns:
+            raise InputError(f"{param} {col!r} is not a column of the input (columns: {dataset.columns}); set "
+                             f"{param} to the right column: {expected}")
+        dtype = dataset.schema[col].dataType
+        if not self.accepts(dtype):
+            raise InputError(f"{param} {col!r} has type {dtype.simpleString()}; expected {expected}")
+
+
+def _numeric(dtype) -> bool:
+    from pyspark.sql.types import NumericType
+
+    return isinstance(dtype, NumericType)
+
+
+def vector_column(expected: str) -> ColumnKind:
+    from pyspark.ml.linalg import VectorUDT
+
+    return ColumnKind(lambda dtype: isinstance(dtype, VectorUDT), expected)
+
+
+def numeric_column(expected: str) -> ColumnKind:
+    return ColumnKind(_numeric, expected)
+
+
+NUMBERS = numeric_column("a numeric column (cast it, e.g. F.col({col}).cast('double'), or index strings with "
+                         "StringIndexer)")
+VECTORS = vector_column("a vector column (pyspark.ml.linalg, e.g. from VectorAssembler)")
+
+
+# ----------------------------------------------------------------------------- the base
+class _StradsParams(Params):
+    """Base of the pystrads Params mixins (see the module docstring)."""
+
+    #: param name -> Rule (or a list of Rules, checked in order), declared by each mixin and merged
+    #: along the MRO (a subclass's entry replaces its base's)
+    _param_rules: Dict[str, Union[Rule, List[Rule]]] = {}
+    #: input-column param name -> ColumnKind, declared likewise
+    _column_kinds: Dict[str, ColumnKind] = {}
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(cls).items()):
+            if isinstance(value, Param):
+                add_accessor(cls, "get", name)
+
+    @classmethod
+    def _merged(cls, attribute: str, base: Dict[str, Any]) -> Dict[str, Any]:
+        merged = dict(base)
+        for klass in reversed(cls.__mro__):
+            merged.update(vars(klass).get(attribute, {}))
+        return merged
+
+    def _check_params(self) -> None:
+        """Every declared rule of a param that is defined, before any Spark job; raises
+        :class:`~pystrads.errors.ConfigurationError`.  Mixins add the rules that tie several
+        params together by overriding this (calling ``super()`` first)."""
+        for name, rule in self._merged("_param_rules", COMMON_RULES).items():
+            if self.hasParam(name) and self.isDefined(name):
+                for one in rule if isinstance(rule, list) else [rule]:
+                    one.check(self, name)
+
+    def _check_columns(self, dataset, *params: str) -> None:
+        """The input columns the ``params`` name exist and have the declared kind (no Spark
+        job); a param that is unset or empty (``weightCol=""``) names no column."""
+        kinds = self._merged("_column_kinds", {})
+        for param in params:
+            col = self.getOrDefault(param) if self.isDefined(param) else None
+            if col:
+                kinds[param].check(dataset, param, col)
+
+
+class HasNumWorkers(_StradsParams):
     """Mixin for param numWorkers: the data partitions (workers) of a fit."""
 
     numWorkers: "Param[int]" = Param(
@@ -26,20 +214,3 @@ class HasNumWorkers(Params):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(numWorkers=0)
-
-    def getNumWorkers(self) -> int:
-        return self.getOrDefault(self.numWorkers)
-
-
-def check_common_params(est: Params, rule: str = "MLlib's") -> None:
-    """``maxIter >= 1``, ``numWorkers >= 0`` and, where the estimator has it,
-    ``checkpointInterval >= 1`` or ``-1`` (``rule``: whose rule that is, for the message)."""
-    if est.getOrDefault("maxIter") < 1:
-        raise ConfigurationError(f"maxIter={est.getOrDefault('maxIter')!r} must be >= 1")
-    if est.getOrDefault("numWorkers") < 0:
-        raise ConfigurationError(f"numWorkers={est.getOrDefault('numWorkers')!r} must be >= 0 (0 = one per task slot)")
-    if est.hasParam("checkpointInterval"):
-        interval = est.getOrDefault("checkpointInterval")
-        if interval != -1 and interval < 1:
-            raise ConfigurationError(f"checkpointInterval={interval!r} must be >= 1, or -1 to disable checkpoints "
-                                     f"({rule} rule)")

@@ -1,7 +1,18 @@
-"""Shared persistence for pystrads models: pyspark's params metadata plus data written by Spark
-(:class:`PersistentModel`), with an overwrite that also works under Spark Connect."""
+"""Saving and loading pystrads models in MLlib's layout (:class:`PersistentModel`), with an
+overwrite that also works under Spark Connect.
+
+The base writes what every model has -- pyspark's params metadata (class, uid, params, plus the
+model's extra metadata) in ``path/metadata`` -- and a model adds its arrays through two hooks:
+``_save_data(write)`` calls ``write(name, schema, rows)`` for each parquet folder
+``path/<name>`` and returns the extra metadata; the classmethod ``_load_data(read, metadata)``
+reads them back with ``read(name)`` (a DataFrame) and returns the model, without its params.
+Spark writes and reads the data, so any Hadoop / DBFS path works.
+"""
 
 from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict
 
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
@@ -15,7 +26,7 @@ def metadata_context(spark):
 
 
 class ModelWriter(MLWriter):
-    """Writes ``instance`` through its ``_save_data(path, spark)`` (after the caller's metadata)."""
+    """Writes ``instance`` through its ``_save(path, spark)``."""
 
     def __init__(self, instance):
         super().__init__()
@@ -50,10 +61,8 @@ class ModelReader(MLReader):
 
 
 class PersistentModel(MLReadable, MLWritable):
-    """Mixin: MLlib's layout -- pyspark's params metadata (uid, params, ``_extra_metadata()``) in
-    ``path/metadata`` plus the model's data, written and read by Spark so that any Hadoop / DBFS
-    path works. A model implements ``_extra_metadata()``, ``_save_data(path, spark)`` and the
-    classmethod ``_from_data(path, spark, metadata)``, which returns a model without its params."""
+    """Mixin: MLlib's layout, metadata and uid and params written here, the data by the hooks
+    ``_save_data`` / ``_load_data`` (see the module docstring)."""
 
     def write(self) -> MLWriter:
         return ModelWriter(self)
@@ -62,21 +71,28 @@ class PersistentModel(MLReadable, MLWritable):
     def read(cls) -> MLReader:
         return ModelReader(cls)
 
-    def _extra_metadata(self) -> dict:
-        return {}
+    def _save_data(self, write: Callable[[str, Any, list], None]) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def _load_data(cls, read: Callable[[str], Any], metadata: Dict[str, Any]):
+        raise NotImplementedError
 
     def _save(self, path: str, spark) -> None:
         from pyspark.ml.util import DefaultParamsWriter
 
-        DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark), extraMetadata=self._extra_metadata())
-        self._save_data(path, spark)
+        def write(name: str, schema, rows: list) -> None:
+            spark.createDataFrame(rows, schema).write.parquet(os.path.join(path, name))
+
+        extra = self._save_data(write)
+        DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark), extraMetadata=extra)
 
     @classmethod
     def _load(cls, path: str, spark):
         from pyspark.ml.util import DefaultParamsReader
 
         metadata = DefaultParamsReader.loadMetadata(path, metadata_context(spark))
-        model = cls._from_data(path, spark, metadata)
+        model = cls._load_data(lambda name: spark.read.parquet(os.path.join(path, name)), metadata)
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)
         return model

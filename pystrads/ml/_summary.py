@@ -3,25 +3,27 @@
 :class:`FitSummary` holds a fit's history as MLlib-style summaries do:
 ``iterations`` (pandas, one row per iteration), ``steps`` (pandas, one row per
 step: rounds, seconds and the time split) and ``timings`` (one-off costs in
-seconds: input scan, shard start, data load, init, reading the model back),
-with ``to_pandas``, ``totalIterations`` and the history columns as lists.
+seconds: input scan, shard start, data load, init, reading the model back;
+``fixed`` is its earlier name), with ``to_pandas``, ``totalIterations``, the
+history columns as lists (``_history``) and one plotting helper (``_plot``).
 :class:`HasTrainingSummary` gives a model ``hasSummary`` / ``summary``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 
 class FitSummary:
-    """Base of the estimators' training summaries (see the module docstring)."""
+    """Base of the estimators' training summaries (see the module docstring), made from the
+    engine's result and the estimator's :class:`~pystrads.ml._base.Fit`."""
 
-    def __init__(self, engine_summary, **timings: float):
+    def __init__(self, result, fit):
         import pandas as pd
 
-        self.iterations = pd.DataFrame(engine_summary.iterations)
-        self.steps = pd.DataFrame(engine_summary.rows)
-        self.timings: Dict[str, Any] = dict(engine_summary.fixed, **timings)
+        self.iterations = pd.DataFrame(result.summary.iterations)
+        self.steps = pd.DataFrame(result.summary.rows)
+        self.timings: Dict[str, Any] = dict(result.summary.fixed, **fit.timings)
 
     @property
     def fixed(self) -> Dict[str, Any]:
@@ -41,13 +43,23 @@ class FitSummary:
         """The per-iteration history as a pandas DataFrame (a copy)."""
         return self.iterations.copy()
 
-    @staticmethod
-    def _axes(ax):
-        """``ax``, or new axes (needs matplotlib: ``pip install 'pystrads[plot]'``)."""
+    def _plot(self, ax, y: str, ylabel: str, x: str = "iteration", marker: str = "o", log_y: bool = False,
+              values: Optional[Callable[[Any], Any]] = None, title: Optional[str] = None):
+        """Column ``y`` of ``iterations`` (its iterations that have it; ``values(y)`` transforms
+        it) against column ``x``, on ``ax`` or new axes (needs matplotlib:
+        ``pip install 'pystrads[plot]'``)."""
         if ax is None:
             import matplotlib.pyplot as plt
 
             _, ax = plt.subplots(figsize=(6, 4))
+        rows = self.iterations.dropna(subset=[y]) if y in self.iterations else self.iterations.iloc[:0]
+        ys = rows[y].to_numpy(dtype=float) if y in rows else []
+        (ax.semilogy if log_y else ax.plot)(rows[x] if x in rows else [], values(ys) if values else ys,
+                                            marker=marker)
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel)
+        if title:
+            ax.set_title(title)
         return ax
 
 

@@ -16,31 +16,32 @@ import math
 from typing import List, Optional
 
 from pyspark import keyword_only
-from pyspark.ml import Estimator, Model
 from pyspark.ml.linalg import Vectors, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError
 from ..programs.logistic import L1LogisticProgram
-from ._linear import SparseLinearModelMixin, _SparseLinearParams, _SparseLinearSetters, fit_linear
-from ._persistence import PersistentModel
+from ._linear import _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
+from ._params import one_of, within
 
 
 class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds):
+    """Params of StradsLogisticRegression and its model: the linear ones, MLlib's classifier outputs and
+    thresholds (with MLlib's rule tying ``threshold`` and ``thresholds``) and ``family``."""
+
     family: Param[str] = Param(Params._dummy(), "family", "label distribution: 'auto' or 'binomial' (binary only)",
                                typeConverter=TypeConverters.toString)
+
+    _param_rules = {"family": one_of("auto", "binomial", note="StradsLogisticRegression is binary"),
+                    "threshold": within(0, 1)}
 
     def __init__(self, *args):
         super().__init__(*args)
         self._setDefault(threshold=0.5, family="auto", probabilityCol="probability",
                          rawPredictionCol="rawPrediction", maxIter=100, tol=1e-6)
-
-    def getFamily(self) -> str:
-        return self.getOrDefault(self.family)
 
     def getThreshold(self) -> float:
         """The probability cut for class 1; from ``thresholds`` when those are set (MLlib's rule:
@@ -67,17 +68,8 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
         self.clear(self.threshold)
         return self
 
-    def setProbabilityCol(self, value: str):
-        return self._set(probabilityCol=value)
-
-    def setRawPredictionCol(self, value: str):
-        return self._set(rawPredictionCol=value)
-
     def _check_params(self) -> None:
         super()._check_params()
-        if self.getOrDefault(self.family) not in ("auto", "binomial"):
-            raise ConfigurationError(f"family={self.getOrDefault(self.family)!r}: StradsLogisticRegression is "
-                                     f"binary; use 'auto' or 'binomial'")
         ts = self._set_thresholds()
         if ts is not None:
             if len(ts) != 2 or not all(math.isfinite(t) and t >= 0 for t in ts) or ts.count(0.0) > 1:
@@ -86,72 +78,34 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
             if self.isSet(self.threshold) and abs(self.getThreshold() - self.getOrDefault(self.threshold)) > 1e-5:
                 raise ConfigurationError(f"threshold={self.getOrDefault(self.threshold)!r} and thresholds={ts!r} "
                                          f"disagree (thresholds mean threshold={self.getThreshold()!r}); set one")
-        elif not 0 <= self.getThreshold() <= 1:
-            raise ConfigurationError(f"threshold={self.getThreshold()!r} must be in [0, 1]")
 
 
-class StradsLogisticRegression(Estimator, _LogisticParams, _SparseLinearSetters, DefaultParamsReadable,
-                               DefaultParamsWritable):
-    """Binary logistic regression with an L1 (or elastic-net) penalty by STRADS scheduled coordinate descent
-    (labels 0 / 1)."""
-
-    @keyword_only
-    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
-                 probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
-                 regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
-                 standardization: bool = True, threshold: float = 0.5, thresholds: Optional[List[float]] = None,
-                 weightCol: Optional[str] = None,
-                 family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
-                 priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
-                 correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
-                 numWorkers: int = 0):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
-                  probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
-                  regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
-                  standardization: bool = True, threshold: float = 0.5, thresholds: Optional[List[float]] = None,
-                  weightCol: Optional[str] = None,
-                  family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
-                  priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
-                  correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
-                  numWorkers: int = 0) -> "StradsLogisticRegression":
-        return self._set(**self._input_kwargs)
-
-    def setFamily(self, value: str) -> "StradsLogisticRegression":
-        return self._set(family=value)
-
-    def _fit(self, dataset) -> "StradsLogisticRegressionModel":
-        coefficients, intercept, summary = fit_linear(self, dataset, L1LogisticProgram, binary_labels=True)
-        model = StradsLogisticRegressionModel(coefficients, intercept)
-        model._summary = summary
-        return self._copyValues(model)
+def _probability(margin):
+    """``[1 - p, p]`` with ``p = 1 / (1 + exp(-margin))`` (without overflow); None for None."""
+    if margin is None:
+        return None
+    p = 1.0 / (1.0 + math.exp(-margin)) if margin >= 0 else math.exp(margin) / (1.0 + math.exp(margin))
+    return Vectors.dense([1.0 - p, p])
 
 
-class StradsLogisticRegressionModel(Model, _LogisticParams, SparseLinearModelMixin, PersistentModel):
+class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
     """A fitted binary model: ``rawPrediction`` ([-m, m]), ``probability`` ([1-p, p]) and ``prediction``
     columns with MLlib's names and types."""
 
-    def __init__(self, coefficients=None, intercept: float = 0.0):
-        super().__init__()
-        self._init_coefficients(coefficients, intercept)
+    _setters = _SparseLinearModel._setters + ("probabilityCol", "rawPredictionCol")
 
     @property
     def numClasses(self) -> int:
         return 2
 
     def predictProbability(self, value):
-        m = self._margin_udf()(value)
-        p = 1.0 / (1.0 + math.exp(-m)) if m >= 0 else math.exp(m) / (1.0 + math.exp(m))
-        return Vectors.dense([1.0 - p, p])
+        return _probability(self._margin_udf()(value))
 
     def predict(self, value) -> float:
         return 1.0 if self.predictProbability(value)[1] > self.getThreshold() else 0.0
 
     def _transform(self, dataset):
-        self._check_features(dataset)
+        self._check_columns(dataset, "featuresCol")
         self._check_params()  # a threshold set on the model
         margin = F.udf(self._margin_udf(), T.DoubleType())
         threshold = self.getThreshold()
@@ -161,16 +115,10 @@ class StradsLogisticRegressionModel(Model, _LogisticParams, SparseLinearModelMix
         def raw(v):
             return None if v is None else Vectors.dense([-v, v])
 
-        def prob(v):
-            if v is None:
-                return None
-            p = 1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v))
-            return Vectors.dense([1.0 - p, p])
-
         if self.getRawPredictionCol():
             out = out.withColumn(self.getRawPredictionCol(), F.udf(raw, VectorUDT())(F.col(m)))
         if self.getProbabilityCol():
-            out = out.withColumn(self.getProbabilityCol(), F.udf(prob, VectorUDT())(F.col(m)))
+            out = out.withColumn(self.getProbabilityCol(), F.udf(_probability, VectorUDT())(F.col(m)))
         if self.getPredictionCol():
             # p > threshold  <=>  m > logit(threshold)
             cut = math.inf if threshold >= 1 else (-math.inf if threshold <= 0 else math.log(threshold / (1 - threshold)))
@@ -187,3 +135,25 @@ class StradsLogisticRegressionModel(Model, _LogisticParams, SparseLinearModelMix
         acc = MulticlassClassificationEvaluator(predictionCol=self.getPredictionCol(), labelCol=self.getLabelCol(),
                                                 metricName="accuracy").evaluate(pred)
         return {"areaUnderROC": float(auc), "accuracy": float(acc), "predictions": pred}
+
+
+class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
+    """Binary logistic regression with an L1 (or elastic-net) penalty by STRADS scheduled coordinate descent
+    (labels 0 / 1)."""
+
+    _program_class = L1LogisticProgram
+    _model_class = StradsLogisticRegressionModel
+    _binary_labels = True
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
+                 probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
+                 regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
+                 standardization: bool = True, threshold: float = 0.5, thresholds: Optional[List[float]] = None,
+                 weightCol: Optional[str] = None,
+                 family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
+                 priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
+                 correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
+                 numWorkers: int = 0):
+        super().__init__()
+        self._set(**self._input_kwargs)

@@ -20,68 +20,22 @@ from __future__ import annotations
 from typing import Optional
 
 from pyspark import keyword_only
-from pyspark.ml import Estimator, Model
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..programs.lasso import LassoProgram
-from ._linear import (LinearTrainingSummary, SparseLinearModelMixin, _SparseLinearParams, _SparseLinearSetters,
-                      fit_linear)
-from ._persistence import PersistentModel
+from ._linear import LinearTrainingSummary, _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
 
 
-class StradsLasso(Estimator, _SparseLinearParams, _SparseLinearSetters, DefaultParamsReadable,
-                  DefaultParamsWritable):
-    """Lasso (or elastic-net) regression by STRADS dynamic-schedule parallel coordinate descent.
-
-    Example
-    -------
-    >>> from pystrads.ml import StradsLasso
-    >>> model = StradsLasso(regParam=0.01).fit(df)        # df: (label double, features vector)
-    >>> model.coefficients, model.intercept, model.summary.objectiveHistory[-1]   # doctest: +SKIP
-    """
-
-    @keyword_only
-    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
-                 maxIter: int = 100, regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6,
-                 fitIntercept: bool = True, standardization: bool = True, weightCol: Optional[str] = None,
-                 seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
-                 coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
-                 correlationSampleSize: int = 10000, workingSetLimit: int = 4096, numWorkers: int = 0):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
-                  maxIter: int = 100, regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6,
-                  fitIntercept: bool = True, standardization: bool = True, weightCol: Optional[str] = None,
-                  seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
-                  coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
-                  correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
-                  numWorkers: int = 0) -> "StradsLasso":
-        return self._set(**self._input_kwargs)
-
-    def _fit(self, dataset) -> "StradsLassoModel":
-        coefficients, intercept, summary = fit_linear(self, dataset, LassoProgram, binary_labels=False)
-        model = StradsLassoModel(coefficients, intercept)
-        model._summary = summary
-        return self._copyValues(model)
-
-
-class StradsLassoModel(Model, _SparseLinearParams, SparseLinearModelMixin, PersistentModel):
+class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
     """A fitted :class:`StradsLasso`: ``coefficients``, ``intercept``, ``predict``, ``transform``, ``evaluate``."""
-
-    def __init__(self, coefficients=None, intercept: float = 0.0):
-        super().__init__()
-        self._init_coefficients(coefficients, intercept)
 
     def predict(self, value) -> float:
         """Prediction for one feature vector."""
         return self._margin_udf()(value)
 
     def _transform(self, dataset):
-        self._check_features(dataset)
+        self._check_columns(dataset, "featuresCol")
         out = self.getPredictionCol()
         if not out:
             return dataset
@@ -91,6 +45,30 @@ class StradsLassoModel(Model, _SparseLinearParams, SparseLinearModelMixin, Persi
     def evaluate(self, dataset) -> "LassoEvaluation":
         """Regression metrics of the model on ``dataset`` (as LinearRegressionModel.evaluate)."""
         return LassoEvaluation(self.transform(dataset), self.getPredictionCol(), self.getLabelCol())
+
+
+class StradsLasso(_SparseLinearEstimator):
+    """Lasso (or elastic-net) regression by STRADS dynamic-schedule parallel coordinate descent.
+
+    Example
+    -------
+    >>> from pystrads.ml import StradsLasso
+    >>> model = StradsLasso(regParam=0.01).fit(df)        # df: (label double, features vector)
+    >>> model.coefficients, model.intercept, model.summary.objectiveHistory[-1]   # doctest: +SKIP
+    """
+
+    _program_class = LassoProgram
+    _model_class = StradsLassoModel
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
+                 maxIter: int = 100, regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6,
+                 fitIntercept: bool = True, standardization: bool = True, weightCol: Optional[str] = None,
+                 seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
+                 coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
+                 correlationSampleSize: int = 10000, workingSetLimit: int = 4096, numWorkers: int = 0):
+        super().__init__()
+        self._set(**self._input_kwargs)
 
 
 class LassoEvaluation:

@@ -1,0 +1,226 @@
+"""StradsLDA's documents through Arrow: for training, the term-count vectors as the LDA
+program's records (one row per non-empty document, keyed by a hash of its content) and the corpus
+scan that checks every vector before any training and counts documents, tokens and tokens per
+term (:func:`_doc_records`); for inference, the Gibbs fold-in of new documents with the topics
+fixed (:func:`fold_in`) and what a model makes of it: topic mixtures (:func:`with_topic_mixtures`)
+and the log-likelihood (:func:`log_likelihood`); and each topic's top terms as a DataFrame
+(:func:`topics_frame`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import numpy as np
+
+from ..errors import ConfigurationError, InputError
+
+log = logging.getLogger("pystrads.ml.lda")
+
+
+#: the documents as the LDA program's workers read them (one row per non-empty document)
+DOC_RECORD_SCHEMA = "doc long, terms array<long>, counts array<long>"
+
+
+def _doc_terms(idx: np.ndarray, val: np.ndarray):
+    """A document's terms with a positive count, those counts (both int64) and the 8-byte digest of
+    both that identifies the document (equal documents, equal digests)."""
+    counts = np.round(val).astype(np.int64)
+    keep = counts > 0
+    terms, counts = np.ascontiguousarray(idx[keep], dtype=np.int64), np.ascontiguousarray(counts[keep])
+    return terms, counts, hashlib.blake2b(terms.tobytes() + b"|" + counts.tobytes(), digest_size=8).digest()
+
+
+def _check_corpus(stats, col: str) -> None:
+    """Refuses a corpus whose scan found a bad count or vectors of several sizes, or no document
+    with a term, naming the column, the row and the value; logs the documents skipped."""
+    bad = stats["bad"]  # (partition, row, term, value, size); term None: a vector of another size
+    if bad is not None and bad[2] is not None:
+        raise InputError(f"featuresCol {col!r}: row {bad[1]} of partition {bad[0]} has count {bad[3]} for term "
+                         f"{bad[2]}; term counts must be finite non-negative integers (CountVectorizer output)")
+    if bad is not None or len(stats["sizes"]) > 1:
+        raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
+                         "every document needs the same vocabulary (one CountVectorizer model)")
+    if stats["docs"] + stats["empty"] + stats["null"] == 0:
+        raise InputError(f"featuresCol {col!r}: the input has no rows; LDA needs at least one non-empty document")
+    if stats["docs"] == 0:
+        raise InputError(f"featuresCol {col!r}: no document has any term ({stats['empty']} empty, "
+                         f"{stats['null']} null rows); LDA needs at least one non-empty document")
+    if stats["empty"] or stats["null"]:
+        log.info("StradsLDA: skipped %d empty and %d null documents", stats["empty"], stats["null"])
+
+
+def _doc_records(dataset, features_col: str):
+    """(doc key, term indices, term counts) per non-empty document as a DataFrame, and a corpus scan.
+
+    The scan (one Spark job) checks every vector (same size, finite,
+    non-negative integral counts; :func:`_check_corpus` refuses the corpus
+    otherwise) and counts tokens per term, documents and empty documents.  Both go through ``mapInArrow`` (classic sessions and
+    Spark Connect alike).  A document's key is a hash of its terms and counts: a
+    worker orders its documents by key, so the Gibbs chain depends on which documents
+    a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
+    local blocks first, so that order differs between local mode and a cluster, and
+    between a partition and its recomputation after a lost executor).  Equal documents
+    get equal keys and are interchangeable.
+    """
+    from ._arrow import collect_per_partition, partition_id, vectors
+
+    frame = dataset.select(features_col)
+
+    def rows(batches):
+        part, i = partition_id(), 0
+        for batch in batches:
+            for vec in vectors(batch.column(0)):
+                yield (part, i) + ((None, None, None) if vec is None else vec)
+                i += 1
+
+    def empty():
+        return {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "bad": None, "sizes": set(), "freq": None}
+
+    def scan(batches):
+        size = None
+        out = empty()
+        for part, i, vsize, idx, val in rows(batches):
+            if vsize is None:
+                out["null"] += 1
+                continue
+            out["sizes"].add(int(vsize))
+            if size is None:
+                size = int(vsize)
+                out["freq"] = np.zeros(size, dtype=np.int64)
+            if out["bad"] is None:
+                bad = ~np.isfinite(val) | (val < 0) | (val != np.round(val))
+                if bad.any() or vsize != size:
+                    j = int(np.flatnonzero(bad)[0]) if bad.any() else 0
+                    out["bad"] = (part, i, int(idx[j]) if bad.any() else None, float(val[j]) if bad.any() else None,
+                                  int(vsize))
+                    continue
+            counts = np.round(val).astype(np.int64)
+            if counts.sum() == 0:
+                out["empty"] += 1
+                continue
+            out["docs"] += 1
+            out["tokens"] += int(counts.sum())
+            np.add.at(out["freq"], idx, counts)
+        return out
+
+    def merge(a, b):
+        if a["freq"] is None:
+            a["freq"] = b["freq"]
+        elif b["freq"] is not None and len(a["freq"]) == len(b["freq"]):
+            a["freq"] = a["freq"] + b["freq"]
+        for key in ("docs", "empty", "null", "tokens"):
+            a[key] += b[key]
+        a["sizes"] |= b["sizes"]
+        a["bad"] = a["bad"] or b["bad"]
+        return a
+
+    parts = collect_per_partition(frame, scan)
+    stats = parts[0] if parts else empty()  # no partitions at all: e.g. df.limit(0)
+    for other in parts[1:]:
+        stats = merge(stats, other)
+    _check_corpus(stats, features_col)
+
+    def keep(batches):
+        import pyarrow as pa
+
+        docs, terms, counts = [], [], []
+        for part, i, vsize, idx, val in rows(batches):
+            if vsize is None:
+                continue
+            t, n, digest = _doc_terms(idx, val)
+            if len(t):
+                docs.append(int.from_bytes(digest, "little", signed=True))
+                terms.append(t)
+                counts.append(n)
+        if docs:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
+                 pa.array(counts, pa.list_(pa.int64()))], ["doc", "terms", "counts"])
+
+    return frame.mapInArrow(keep, DOC_RECORD_SCHEMA), stats
+
+
+def fold_in(features_index: int, phi: np.ndarray, alpha: float, n_iter: int, seed: int):
+    """``fn(batches)``: a partition's batches (column ``features_index`` holding term counts) and,
+    per document, its Gibbs fold-in topic counts with the topics ``phi`` fixed --
+    ``(batches, counts, lengths, words, ptr)``, one fold-in per partition.  Each document draws
+    from its own random stream, seeded by ``seed`` and its digest: its topic distribution depends
+    on it alone, never on how the input is partitioned or ordered.  ``phi`` travels in the function
+    (Spark broadcasts large ones)."""
+    if phi.shape[0] == 0:
+        raise ConfigurationError("the model has an empty vocabulary")
+
+    def run(batches):
+        from ..kernels import lda as K
+        from ._arrow import vectors
+
+        batches = list(batches)
+        words, ptr, streams = [], [0], []
+        for batch in batches:
+            for vec in vectors(batch.column(features_index)):
+                idx, val = (np.zeros(0, np.int64), np.zeros(0)) if vec is None else vec[1:]
+                t, n, digest = _doc_terms(idx, val)
+                words.append(np.repeat(t, n))
+                ptr.append(ptr[-1] + int(n.sum()))
+                streams.append(int.from_bytes(digest, "little"))
+        doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
+        doc_ptr = np.asarray(ptr, dtype=np.int64)
+        counts = K.fold_in(doc_words, doc_ptr, phi, alpha, n_iter, K.doc_states(seed, streams)) if len(ptr) > 1 \
+            else np.zeros((0, phi.shape[1]))
+        return batches, counts, np.diff(doc_ptr), doc_words, doc_ptr
+
+    return run
+
+
+def _theta(counts: np.ndarray, length: int, alpha: float) -> np.ndarray:
+    """A document's topic mixture from its fold-in counts (zeros for a document without terms)."""
+    k = len(counts)
+    return np.zeros(k) if length == 0 else (counts + alpha) / (length + k * alpha)
+
+
+def with_topic_mixtures(fold: callable, alpha: float, features_index: int, out_col: str):
+    """``fn(batches)`` for ``mapInArrow``: the batches with a dense vector column ``out_col`` of
+    each document's topic mixture (``fold``: from :func:`fold_in`)."""
+    def attach(batches):
+        import pyarrow as pa
+
+        from ._arrow import dense_vectors
+
+        batches, counts, lengths, _, _ = fold(batches)
+        start = 0
+        for batch in batches:
+            theta = [_theta(counts[i], lengths[i], alpha) for i in range(start, start + batch.num_rows)]
+            start += batch.num_rows
+            column = dense_vectors(theta, batch.schema.field(features_index).type)
+            yield pa.RecordBatch.from_arrays(list(batch.columns) + [column], batch.schema.names + [out_col])
+
+    return attach
+
+
+def log_likelihood(fold: callable, phi: np.ndarray, alpha: float):
+    """``fn(batches) -> (sum of log p(token | theta_d, phi), tokens)`` over a partition's documents."""
+    def score(batches):
+        _, counts, lengths, words, ptr = fold(batches)
+        ll = sum(float(np.log(phi[words[ptr[i]:ptr[i + 1]]] @ _theta(counts[i], lengths[i], alpha)).sum())
+                 for i in np.flatnonzero(lengths))
+        return ll, int(lengths.sum())
+
+    return score
+
+
+def topics_frame(spark, phi: np.ndarray, max_terms: int):
+    """DataFrame(topic, termIndices, termWeights), as LDAModel.describeTopics: each topic's
+    ``max_terms`` most likely terms by ``phi`` (V x k), in decreasing order (ties by index)."""
+    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
+
+    n = min(max_terms, phi.shape[0])
+    rows = []
+    for t in range(phi.shape[1]):
+        top = np.argsort(-phi[:, t], kind="stable")[:n]
+        rows.append((t, [int(i) for i in top], [float(phi[i, t]) for i in top]))
+    schema = StructType([StructField("topic", IntegerType(), False),
+                         StructField("termIndices", ArrayType(IntegerType(), False), False),
+                         StructField("termWeights", ArrayType(DoubleType(), False), False)])
+    return spark.createDataFrame(rows, schema)
