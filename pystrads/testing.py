@@ -490,7 +490,7 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
             lambda: RegressionEvaluator(metricName="rmse", labelCol="rating"),
             grid={"regParam": [0.05, 0.2]},
             invalid=[("rank", 0), ("maxIter", 0), ("regParam", -1.0), ("coldStartStrategy", "ignore"), ("featureBlockSize", -2),
-                     ("implicitPrefs", True), ("numWorkers", -1), ("userCol", "nope"), ("ratingCol", "nope")],
+                     ("alpha", -1.0), ("numWorkers", -1), ("userCol", "nope"), ("ratingCol", "nope")],
             output_param="predictionCol", key_col="id"),
         EstimatorSpec(
             "StradsLasso", lambda: StradsLasso(regParam=0.05, maxIter=20, seed=1),
