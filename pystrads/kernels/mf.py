@@ -103,25 +103,35 @@ def add_block(residual, rating_user, rating_item, w, h, sign, out):
         out[n] = residual[n] + sign * s
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _add_partial(out, j, w, i, weight, r, b):
+    """``out[j, :b*b] += weight w_i w_i'`` (lower triangle) and ``out[j, b*b:] += r w_i``."""
+    for c in range(b):
+        wc = w[i, c]
+        out[j, b * b + c] += r * wc
+        ww = weight * wc
+        for d in range(c + 1):
+            out[j, c * b + d] += ww * w[i, d]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mirror(out, j, b):
+    """Copy the lower triangle of ``out[j, :b*b]`` (a b x b Gram, row-major) to the upper."""
+    for c in range(b):
+        for d in range(c):
+            out[j, d * b + c] = out[j, c * b + d]
+
+
 @njit(cache=True, nogil=True)
 def item_block_partials(item_ptr, item_ratings, rating_user, rhat, w, out):
     """Per local item j: ``out[j, :b*b] = sum w_i w_i'`` (row-major), ``out[j, b*b:] = sum rhat w_i``."""
     b = w.shape[1]
     for j in range(item_ptr.shape[0] - 1):
-        for c in range(b * b + b):
-            out[j, c] = 0.0
+        out[j, :] = 0.0
         for p in range(item_ptr[j], item_ptr[j + 1]):
             n = item_ratings[p]
-            i = rating_user[n]
-            r = rhat[n]
-            for c in range(b):
-                wc = w[i, c]
-                out[j, b * b + c] += r * wc
-                for d in range(c + 1):
-                    out[j, c * b + d] += wc * w[i, d]
-        for c in range(b):  # mirror the lower triangle
-            for d in range(c):
-                out[j, d * b + c] = out[j, c * b + d]
+            _add_partial(out, j, w, rating_user[n], 1.0, rhat[n], b)
+        _mirror(out, j, b)
 
 
 @njit(cache=True, nogil=True)
@@ -239,24 +249,15 @@ def implicit_item_partials(item_ptr, item_ratings, rating_user, c1, target, pred
     over its observations (``w``: local users x b, ``v``: the block at the local items)."""
     b = w.shape[1]
     for j in range(item_ptr.shape[0] - 1):
-        for c in range(b * b + b):
-            out[j, c] = 0.0
+        out[j, :] = 0.0
         for p in range(item_ptr[j], item_ptr[j + 1]):
             n = item_ratings[p]
             i = rating_user[n]
             s = pred[n]
             for c in range(b):
                 s -= w[i, c] * v[j, c]
-            r = target[n] - c1[n] * s
-            for c in range(b):
-                wc = w[i, c]
-                out[j, b * b + c] += r * wc
-                cw = c1[n] * wc
-                for d in range(c + 1):
-                    out[j, c * b + d] += cw * w[i, d]
-        for c in range(b):  # mirror the lower triangle
-            for d in range(c):
-                out[j, d * b + c] = out[j, c * b + d]
+            _add_partial(out, j, w, i, c1[n], target[n] - c1[n] * s, b)
+        _mirror(out, j, b)
 
 
 @njit(cache=True, nogil=True)

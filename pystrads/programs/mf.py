@@ -63,18 +63,20 @@ def _triples(records):
 
 
 class _MFData:
-    def __init__(self, users, items, rating_user, rating_item, ratings, user_ptr, user_ratings, item_ptr,
-                 item_ratings, user_reg):
-        self.users = users
-        self.items = items
-        self.rating_user = rating_user
-        self.rating_item = rating_item
-        self.ratings = ratings
-        self.user_ptr = user_ptr
-        self.user_ratings = user_ratings
-        self.item_ptr = item_ptr
-        self.item_ratings = item_ratings
-        self.user_reg = user_reg
+    """A worker's ratings with dense local ids, indexed by user (CSR) and by item (CSC); the
+    programs add ``user_reg`` (and their own per-rating arrays)."""
+
+    def __init__(self, records):
+        from ..kernels.mf import build_index
+
+        raw_u, raw_i, self.ratings = _triples(records)
+        self.users, rating_user = np.unique(raw_u, return_inverse=True)
+        self.items, rating_item = np.unique(raw_i, return_inverse=True)
+        self.rating_user = rating_user.astype(np.int32)
+        self.rating_item = rating_item.astype(np.int32)
+        self.user_ptr, self.user_ratings = build_index(self.rating_user, len(self.users))
+        self.item_ptr, self.item_ratings = build_index(self.rating_item, len(self.items))
+        self.user_reg = None
 
 
 class _MFState:
@@ -151,18 +153,9 @@ class MFProgram(Program):
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _MFData:
-        from ..kernels.mf import build_index
-
-        raw_u, raw_i, ratings = _triples(records)
-        users, rating_user = np.unique(raw_u, return_inverse=True)
-        items, rating_item = np.unique(raw_i, return_inverse=True)
-        rating_user = rating_user.astype(np.int32)
-        rating_item = rating_item.astype(np.int32)
-        user_ptr, user_ratings = build_index(rating_user, len(users))
-        item_ptr, item_ratings = build_index(rating_item, len(items))
-        user_reg = self.reg_param * np.diff(user_ptr).astype(np.float64)
-        return _MFData(users, items, rating_user, rating_item, ratings, user_ptr, user_ratings, item_ptr,
-                       item_ratings, user_reg)
+        data = _MFData(records)
+        data.user_reg = self.reg_param * np.diff(data.user_ptr).astype(np.float64)
+        return data
 
     def init_state(self, ctx, data: _MFData) -> _MFState:
         scale = 1.0 / np.sqrt(self.rank)

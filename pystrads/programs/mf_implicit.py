@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ..engine.program import Schedule, Table
-from .mf import MFProgram, _triples, hash_uniform
+from .mf import MFProgram, _MFData, hash_uniform
 
 #: Kinds of round (the first element of a round's work item).
 W_GRAM, ITEMS, Y_GRAM = 0, 1, 2
@@ -55,22 +55,6 @@ def initial_factors(ids: np.ndarray, rank: int, seed: int) -> np.ndarray:
     w = np.abs(np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2))  # Box-Muller
     norms = np.linalg.norm(w, axis=1, keepdims=True)
     return np.divide(w, norms, out=np.full_like(w, 1.0 / np.sqrt(max(rank, 1))), where=norms > 0)
-
-
-class _ImplicitData:
-    def __init__(self, users, items, rating_user, rating_item, c1, target, user_ptr, user_ratings, item_ptr,
-                 item_ratings, user_reg):
-        self.users = users
-        self.items = items
-        self.rating_user = rating_user
-        self.rating_item = rating_item
-        self.c1 = c1  # alpha |r|: confidence - 1
-        self.target = target  # confidence * preference: 1 + c1 where r > 0, else 0
-        self.user_ptr = user_ptr
-        self.user_ratings = user_ratings
-        self.item_ptr = item_ptr
-        self.item_ratings = item_ratings
-        self.user_reg = user_reg
 
 
 class _ImplicitState:
@@ -138,23 +122,16 @@ class ImplicitMFProgram(MFProgram):
         return (Y_GRAM, 0)
 
     # ------------------------------------------------------------------ worker side
-    def load(self, ctx, records) -> _ImplicitData:
-        from ..kernels.mf import build_index
+    def load(self, ctx, records) -> _MFData:
+        data = _MFData(records)
+        positive = data.ratings > 0
+        data.c1 = self.alpha * np.abs(data.ratings)  # confidence - 1
+        data.target = np.where(positive, 1.0 + data.c1, 0.0)  # confidence * preference
+        data.user_reg = self.reg_param * np.bincount(data.rating_user, weights=positive.astype(np.float64),
+                                                     minlength=len(data.users))
+        return data
 
-        raw_u, raw_i, ratings = _triples(records)
-        users, rating_user = np.unique(raw_u, return_inverse=True)
-        items, rating_item = np.unique(raw_i, return_inverse=True)
-        rating_user = rating_user.astype(np.int32)
-        rating_item = rating_item.astype(np.int32)
-        user_ptr, user_ratings = build_index(rating_user, len(users))
-        item_ptr, item_ratings = build_index(rating_item, len(items))
-        c1 = self.alpha * np.abs(ratings)
-        target = np.where(ratings > 0, 1.0 + c1, 0.0)
-        positives = np.bincount(rating_user, weights=(ratings > 0).astype(np.float64), minlength=len(users))
-        return _ImplicitData(users, items, rating_user, rating_item, c1, target, user_ptr, user_ratings, item_ptr,
-                             item_ratings, self.reg_param * positives)
-
-    def init_state(self, ctx, data: _ImplicitData) -> _ImplicitState:
+    def init_state(self, ctx, data: _MFData) -> _ImplicitState:
         w = initial_factors(data.users, self.rank, self.seed)
         owned = np.arange(ctx.worker, self.num_items, ctx.num_workers, dtype=np.int64)
         return _ImplicitState(w, np.zeros(len(data.c1)), owned)  # H starts at 0: every prediction is 0
@@ -166,11 +143,11 @@ class ImplicitMFProgram(MFProgram):
         rows = np.asarray(ctx.table("item_factors").get(keys)).reshape(self.num_blocks, len(state.owned), b)
         return np.ascontiguousarray(rows.transpose(1, 0, 2).reshape(len(state.owned), -1)[:, :self.rank])
 
-    def _local_rows(self, ctx, data: _ImplicitData) -> np.ndarray:
+    def _local_rows(self, ctx, data: _MFData) -> np.ndarray:
         """Current full rows of H at the local items, (local items, rank)."""
         return np.ascontiguousarray(np.hstack([self._block(ctx, data, c) for c in range(self.num_blocks)]))
 
-    def push(self, ctx, data: _ImplicitData, state: _ImplicitState, work) -> _ImplicitState:
+    def push(self, ctx, data: _MFData, state: _ImplicitState, work) -> _ImplicitState:
         from ..kernels import mf as K
 
         kind, c = work
@@ -206,7 +183,7 @@ class ImplicitMFProgram(MFProgram):
             ctx.contribute("item_factors", c * self.num_items + state.owned, self._pad(owner, be))
         return state
 
-    def apply(self, ctx, data: _ImplicitData, state: _ImplicitState, work) -> _ImplicitState:
+    def apply(self, ctx, data: _MFData, state: _ImplicitState, work) -> _ImplicitState:
         from ..kernels import mf as K
 
         kind, c = work
