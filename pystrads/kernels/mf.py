@@ -243,6 +243,15 @@ def sgd_block(order, rating_user, rating_row, ratings, w, h, eta, reg, nonnegati
 # with G = W'W.  The observed sums are the kernels' job; the Gramian terms are added by the caller.
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _row_dot(w, i, h, j, b):
+    """``w[i, :b] . h[j, :b]``."""
+    s = 0.0
+    for c in range(b):
+        s += w[i, c] * h[j, c]
+    return s
+
+
 @njit(cache=True, nogil=True)
 def implicit_item_partials(item_ptr, item_ratings, rating_user, c1, target, pred, w, v, out):
     """Per local item j: ``out[j, :b*b] = sum c1 w_i w_i'``, ``out[j, b*b:] = sum (target - c1 s) w_i``
@@ -253,9 +262,7 @@ def implicit_item_partials(item_ptr, item_ratings, rating_user, c1, target, pred
         for p in range(item_ptr[j], item_ptr[j + 1]):
             n = item_ratings[p]
             i = rating_user[n]
-            s = pred[n]
-            for c in range(b):
-                s -= w[i, c] * v[j, c]
+            s = pred[n] - _row_dot(w, i, v, j, b)  # the prediction without the block
             _add_partial(out, j, w, i, c1[n], target[n] - c1[n] * s, b)
         _mirror(out, j, b)
 
@@ -278,10 +285,7 @@ def implicit_user_block_update(user_ptr, user_ratings, rating_item, c1, target, 
         for p in range(user_ptr[i], user_ptr[i + 1]):
             n = user_ratings[p]
             j = rating_item[n]
-            s = pred[n]
-            for c in range(b):
-                s -= w[i, c] * h[j, c]
-            r = target[n] - c1[n] * s
+            r = target[n] - c1[n] * (pred[n] - _row_dot(w, i, h, j, b))
             for c in range(b):
                 hc = h[j, c]
                 x[c] += r * hc
