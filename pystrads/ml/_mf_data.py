@@ -5,7 +5,8 @@
   positions, on the workers) and :func:`user_factors` (what each worker hands over when the fit
   ends, gathered by :func:`gather_user_factors`).
 - The factors out, as ALS gives them: :func:`factors_frame` (``userFactors`` / ``itemFactors``),
-  :func:`predictions` (``transform``'s column) and :func:`recommendations` (``recommendFor*``).
+  :func:`predictions` (``transform``'s column) and :func:`recommendations` (``recommendFor*``);
+  a saved model's factor tables: :func:`save_factors` / :func:`load_factors`.
 """
 
 from __future__ import annotations
@@ -167,3 +168,21 @@ def recommendations(spark, src_ids, src, dst_ids, dst, num: int, src_col: str, d
                 [src_col, "recommendations"])
 
     return starts.mapInArrow(score, schema)
+
+
+def save_factors(write, user_ids, w, item_ids, h) -> None:
+    """A saved model's ``userFactors/`` and ``itemFactors/``: (id long, features array<double>) rows."""
+    schema = T.StructType([T.StructField("id", T.LongType(), False),
+                           T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
+    for name, ids, factors in (("userFactors", user_ids, w), ("itemFactors", item_ids, h)):
+        write(name, schema, [(int(i), row.tolist()) for i, row in zip(ids, factors)])
+
+
+def load_factors(read):
+    """``(user_ids, w, item_ids, h)`` of a model written by :func:`save_factors`."""
+    parts = []
+    for name in ("userFactors", "itemFactors"):
+        rows = sorted((r["id"], r["features"]) for r in read(name).collect())
+        parts += [np.array([r[0] for r in rows], dtype=np.int64),
+                  np.array([r[1] for r in rows], dtype=np.float64).reshape(len(rows), -1)]
+    return parts

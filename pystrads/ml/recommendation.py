@@ -20,14 +20,13 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed,
                                      HasStepSize)
 from pyspark.sql import SparkSession
-from pyspark.sql import types as T
 
 from ..errors import ConfigurationError
 from ..programs.mf import MFProgram, MFSGDProgram
 from ..programs.mf_implicit import ImplicitMFProgram
 from ._base import Fit, _StradsEstimator, _StradsModel
-from ._mf_data import (dense_ids, factors_frame, gather_user_factors, predictions, read_ratings, recommendations,
-                       user_factors)
+from ._mf_data import (dense_ids, factors_frame, gather_user_factors, load_factors, predictions, read_ratings,
+                       recommendations, save_factors, user_factors)
 from ._params import HasNumWorkers, _StradsParams, above, at_least, numeric_column, one_of
 from ._summary import FitSummary
 
@@ -308,17 +307,9 @@ class StradsMFModel(_StradsModel, _StradsMFModelParams):
 
     # -- persistence: userFactors/ and itemFactors/ hold (id, features) rows
     def _save_data(self, write) -> dict:
-        schema = T.StructType([T.StructField("id", T.LongType(), False),
-                               T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
-        for name, ids, factors in (("userFactors", self._user_ids, self._w), ("itemFactors", self._item_ids, self._h)):
-            write(name, schema, [(int(i), row.tolist()) for i, row in zip(ids, factors)])
+        save_factors(write, self._user_ids, self._w, self._item_ids, self._h)
         return {"rank": self.rank}
 
     @classmethod
     def _load_data(cls, read, metadata) -> "StradsMFModel":
-        parts = []
-        for name in ("userFactors", "itemFactors"):
-            rows = sorted((r["id"], r["features"]) for r in read(name).collect())
-            parts += [np.array([r[0] for r in rows], dtype=np.int64),
-                      np.array([r[1] for r in rows], dtype=np.float64).reshape(len(rows), -1)]
-        return cls(int(metadata["rank"]), *parts)
+        return cls(int(metadata["rank"]), *load_factors(read))
