@@ -100,7 +100,7 @@ class MFProgram(Program):
         lambda (scaled by each user's / item's number of ratings, as ALS).
     item_counts : array (num_items,)
         Ratings per item (m_j).
-    max_iterations : int
+    max_iter : int
         Outer iterations (each updates every feature ``inner_iterations`` times).
     inner_iterations : int
         CCD++ alternations per feature.
@@ -110,14 +110,14 @@ class MFProgram(Program):
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
-                 max_iterations: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0,
+                 max_iter: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0,
                  block_size: int = 1):
         self.num_users = int(num_users)
         self.num_items = int(num_items)
         self.rank = int(rank)
         self.reg_param = float(reg_param)
         self.item_counts = np.asarray(item_counts, dtype=np.float64)
-        self.max_iterations = int(max_iterations)
+        self.max_iter = int(max_iter)
         self.inner_iterations = int(inner_iterations)
         self.nonnegative = bool(nonnegative)
         self.seed = int(seed)
@@ -129,7 +129,7 @@ class MFProgram(Program):
 
     def __repr__(self) -> str:
         return (f"MFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
-                f"regParam={self.reg_param}, iterations={self.max_iterations}, inner={self.inner_iterations}, "
+                f"regParam={self.reg_param}, iterations={self.max_iter}, inner={self.inner_iterations}, "
                 f"block={self.block_size}, "
                 f"nonnegative={self.nonnegative})")
 
@@ -245,7 +245,7 @@ class MFProgram(Program):
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         per = self.rounds_per_iteration
-        total = per * self.max_iterations
+        total = per * self.max_iter
         if ctx.rounds_done >= total:
             return None
         n = min(total - ctx.rounds_done, max(per, ctx.rounds_hint // per * per))
@@ -265,7 +265,7 @@ class MFProgram(Program):
             if "sse" in values:
                 shown["train_rmse"] = float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0)))
                 break
-        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iterations, "iteration", **shown)
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iter, "iteration", **shown)
 
     def h_regularisation(self, h: np.ndarray) -> float:
         """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""
@@ -333,14 +333,14 @@ class MFSGDProgram(Program):
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
-                 max_iterations: int = 10, num_workers: int = 1, step_size: float = 0.05,
+                 max_iter: int = 10, num_workers: int = 1, step_size: float = 0.05,
                  nonnegative: bool = False, seed: int = 0):
         self.num_users = int(num_users)
         self.num_items = int(num_items)
         self.rank = int(rank)
         self.reg_param = float(reg_param)
         self.item_counts = np.asarray(item_counts, dtype=np.float64)
-        self.max_iterations = int(max_iterations)
+        self.max_iter = int(max_iter)
         self.num_workers = int(num_workers)
         self.step_size = float(step_size)
         self.nonnegative = bool(nonnegative)
@@ -352,7 +352,7 @@ class MFSGDProgram(Program):
 
     def __repr__(self) -> str:
         return (f"MFSGDProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
-                f"regParam={self.reg_param}, iterations={self.max_iterations}, workers={self.num_workers}, "
+                f"regParam={self.reg_param}, iterations={self.max_iter}, workers={self.num_workers}, "
                 f"stepSize={self.step_size}, nonnegative={self.nonnegative})")
 
     @property
@@ -413,9 +413,9 @@ class MFSGDProgram(Program):
     def schedule(self, ctx) -> Optional[Schedule]:
         U = self.num_workers
         done = ctx.rounds_done // U
-        if done >= self.max_iterations:
+        if done >= self.max_iter:
             return None
-        iterations = int(min(self.max_iterations - done, max(1, ctx.rounds_hint // U)))
+        iterations = int(min(self.max_iter - done, max(1, ctx.rounds_hint // U)))
         return Schedule.per_worker([[((p + r) % U, done + r // U) for p in range(U)]
                                     for r in range(iterations * U)])
 
@@ -434,7 +434,7 @@ class MFSGDProgram(Program):
                            step_size=self.step_size_at(iteration - 1))
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // U)
         shown = {} if rmse is None else {"train_rmse": rmse}
-        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iterations, "iteration", **shown)
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iter, "iteration", **shown)
 
     def h_regularisation(self, h: np.ndarray) -> float:
         """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""

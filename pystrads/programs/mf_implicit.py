@@ -83,7 +83,7 @@ class ImplicitMFProgram(MFProgram):
         Confidence slope: ``c = 1 + alpha |r|``.
     num_workers : int
         U (items are owned round-robin).
-    max_iterations : int
+    max_iter : int
     nonnegative : bool
         Project every update onto >= 0 (needs ``block_size=1``: exact coordinate updates).
     seed : int
@@ -92,9 +92,9 @@ class ImplicitMFProgram(MFProgram):
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts, alpha: float,
-                 num_workers: int, max_iterations: int = 10, nonnegative: bool = False, seed: int = 0,
+                 num_workers: int, max_iter: int = 10, nonnegative: bool = False, seed: int = 0,
                  block_size: int = 1):
-        super().__init__(num_users, num_items, rank, reg_param, item_counts, max_iterations, 1, nonnegative,
+        super().__init__(num_users, num_items, rank, reg_param, item_counts, max_iter, 1, nonnegative,
                          seed, block_size)
         self.alpha = float(alpha)
         self.num_workers = int(num_workers)
@@ -103,7 +103,7 @@ class ImplicitMFProgram(MFProgram):
 
     def __repr__(self) -> str:
         return (f"ImplicitMFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
-                f"regParam={self.reg_param}, alpha={self.alpha}, iterations={self.max_iterations}, "
+                f"regParam={self.reg_param}, alpha={self.alpha}, iterations={self.max_iter}, "
                 f"block={self.block_size}, nonnegative={self.nonnegative})")
 
     @property
@@ -217,7 +217,7 @@ class ImplicitMFProgram(MFProgram):
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         per = self.rounds_per_iteration
-        total = per * self.max_iterations
+        total = per * self.max_iter
         if ctx.rounds_done >= total:
             return None
         n = min(total - ctx.rounds_done, max(per, ctx.rounds_hint // per * per))
@@ -234,4 +234,4 @@ class ImplicitMFProgram(MFProgram):
                                loss=loss, w_reg=values.get("w_reg", 0.0), h_reg=values.get("h_reg", 0.0))
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
         shown = {} if objective is None else {"objective": objective}
-        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iterations, "iteration", **shown)
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iter, "iteration", **shown)
