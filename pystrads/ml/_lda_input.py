@@ -18,8 +18,8 @@ def _doc_records(dataset, features_col: str):
     """(doc key, term indices, term counts) per non-empty document as a DataFrame, and a corpus scan.
 
     The scan (one Spark job) checks every vector (same size, finite,
-    non-negative integral counts) and counts tokens per term, documents and
-    empty documents.  Both go through ``mapInArrow`` (classic sessions and
+    non-negative integral counts) and counts tokens per term, documents,
+    empty documents and the longest document's tokens (``max_length``).  Both go through ``mapInArrow`` (classic sessions and
     Spark Connect alike).  A document's key is a hash of its terms and counts: a
     worker orders its documents by key, so the Gibbs chain depends on which documents
     a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
@@ -42,7 +42,8 @@ def _doc_records(dataset, features_col: str):
 
     def scan(batches):
         size = None
-        out = {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "bad": None, "sizes": set(), "freq": None}
+        out = {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "max_length": 0, "bad": None, "sizes": set(),
+               "freq": None}
         for part, i, vsize, idx, val in rows(batches):
             if vsize is None:
                 out["null"] += 1
@@ -64,6 +65,7 @@ def _doc_records(dataset, features_col: str):
                 continue
             out["docs"] += 1
             out["tokens"] += int(counts.sum())
+            out["max_length"] = max(out["max_length"], int(counts.sum()))
             np.add.at(out["freq"], idx, counts)
         return out
 
@@ -74,6 +76,7 @@ def _doc_records(dataset, features_col: str):
             a["freq"] = a["freq"] + b["freq"]
         for key in ("docs", "empty", "null", "tokens"):
             a[key] += b[key]
+        a["max_length"] = max(a["max_length"], b["max_length"])
         a["sizes"] |= b["sizes"]
         a["bad"] = a["bad"] or b["bad"]
         return a
