@@ -24,7 +24,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from ..engine import Engine
 from ..engine.preflight import check_cluster, default_num_workers
 from ..errors import ConfigurationError, InputError
-from ..kernels.lda import SAMPLERS, choose_sampler
+from ..kernels.lda import SAMPLERS, alpha_vector, choose_sampler
 from ._lda_input import _doc_records
 from ._params import HasNumWorkers, check_common_params
 from ._persistence import PersistentModel
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 #: topicsMatrix() warns above this many cells (it builds the matrix on the driver).
 LARGE_MODEL_CELLS = 50_000_000
 
+#: Default optimizeBurnIn: iterations of Gibbs sampling before the first update of a learned alpha.
+OPTIMIZE_BURN_IN = 0
+
 
 class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterval, HasNumWorkers):
     """Params shared by :class:`StradsLDA` and :class:`StradsLDAModel`."""
@@ -46,10 +49,26 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
                           typeConverter=TypeConverters.toInt)
     docConcentration: Param[List[float]] = Param(
         Params._dummy(), "docConcentration",
-        "concentration parameter (commonly named 'alpha') for the symmetric Dirichlet prior on documents' "
-        "distributions over topics ('theta'); one value or k equal values, all > 0. Unset: 50 / k "
+        "concentration parameter (commonly named 'alpha') for the Dirichlet prior on documents' "
+        "distributions over topics ('theta'); one value (symmetric) or k values, all > 0. Unset: 50 / k "
         "(Griffiths & Steyvers; the prior MLlib's EM optimizer effectively uses, its default 50/k + 1 "
-        "being a MAP shift by 1).", typeConverter=TypeConverters.toListFloat)
+        "being a MAP shift by 1). With optimizeDocConcentration: where the learned prior starts.",
+        typeConverter=TypeConverters.toListFloat)
+    optimizeDocConcentration: Param[bool] = Param(
+        Params._dummy(), "optimizeDocConcentration",
+        "learn docConcentration from the data: an asymmetric prior (one value per topic) re-estimated by "
+        "Minka's fixed point from the documents' topic counts every optimizeInterval iterations, from "
+        "iteration optimizeBurnIn on; estimatedDocConcentration() returns it. Default False (MLlib's online "
+        "optimizer defaults to True; see docs/lda.md).", typeConverter=TypeConverters.toBoolean)
+    optimizeInterval: Param[int] = Param(
+        Params._dummy(), "optimizeInterval",
+        "iterations between two updates of the learned docConcentration (tomotopy's optim_interval); >= 1.",
+        typeConverter=TypeConverters.toInt)
+    optimizeBurnIn: Param[int] = Param(
+        Params._dummy(), "optimizeBurnIn",
+        "iterations before the first update of the learned docConcentration (the first update is after the "
+        "first iteration that is a multiple of optimizeInterval and >= optimizeBurnIn); >= 0.",
+        typeConverter=TypeConverters.toInt)
     topicConcentration: Param[float] = Param(
         Params._dummy(), "topicConcentration",
         "concentration parameter (commonly named 'beta' or 'eta') for the prior placed on topics' "
@@ -77,7 +96,8 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
-                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20)
+                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20, optimizeDocConcentration=False,
+                         optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN)
 
     def getK(self) -> int:
         return self.getOrDefault(self.k)
@@ -100,17 +120,27 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     def getFoldInIterations(self) -> int:
         return self.getOrDefault(self.foldInIterations)
 
+    def getOptimizeDocConcentration(self) -> bool:
+        return self.getOrDefault(self.optimizeDocConcentration)
+
+    def getOptimizeInterval(self) -> int:
+        return self.getOrDefault(self.optimizeInterval)
+
+    def getOptimizeBurnIn(self) -> int:
+        return self.getOrDefault(self.optimizeBurnIn)
+
     # -- resolved hyper-parameters
-    def _alpha(self) -> float:
+    def _alpha(self) -> np.ndarray:
+        """docConcentration as k values (one value given: the symmetric prior)."""
         k = self.getK()
         if not self.isDefined(self.docConcentration):
-            return 50.0 / k
+            return np.full(k, 50.0 / k)
         values = self.getDocConcentration()
-        if len(values) not in (1, k) or len(set(values)) != 1:
+        if len(values) not in (1, k):
             raise ConfigurationError(
-                f"docConcentration={values}: StradsLDA uses a symmetric prior; give one value or {k} equal "
-                "values (e.g. docConcentration=[{:.4g}])".format(50.0 / k))
-        return float(values[0])
+                f"docConcentration has {len(values)} values for k={k} topics; give one value (a symmetric "
+                f"prior, e.g. docConcentration=[{50.0 / k:.4g}]) or {k} values, one per topic")
+        return np.array(values if len(values) == k else values * k, dtype=np.float64)
 
     def _beta(self) -> float:
         return float(self.getTopicConcentration()) if self.isDefined(self.topicConcentration) else 0.1
@@ -121,8 +151,9 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
             raise ConfigurationError(f"k={k}: LDA needs at least 2 topics; set k >= 2")
         check_common_params(self)
         alpha, beta = self._alpha(), self._beta()
-        if not alpha > 0 or not math.isfinite(alpha):
-            raise ConfigurationError(f"docConcentration={alpha} must be a finite value > 0 (e.g. {50.0 / k:.4g})")
+        bad = alpha[~(np.isfinite(alpha) & (alpha > 0))]
+        if len(bad):
+            raise ConfigurationError(f"docConcentration={bad[0]} must be a finite value > 0 (e.g. {50.0 / k:.4g})")
         if not beta > 0 or not math.isfinite(beta):
             raise ConfigurationError(f"topicConcentration={beta} must be a finite value > 0 (e.g. 0.1)")
         sampler = self.getSampler()
@@ -133,6 +164,12 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
             raise ConfigurationError(f"logLikelihoodEvery={self.getLogLikelihoodEvery()} must be >= 0")
         if self.getFoldInIterations() < 2:
             raise ConfigurationError(f"foldInIterations={self.getFoldInIterations()} must be >= 2")
+        if self.getOptimizeInterval() < 1:
+            raise ConfigurationError(f"optimizeInterval={self.getOptimizeInterval()} must be >= 1 (iterations "
+                                     "between two updates of the learned docConcentration)")
+        if self.getOptimizeBurnIn() < 0:
+            raise ConfigurationError(f"optimizeBurnIn={self.getOptimizeBurnIn()} must be >= 0 (iterations before "
+                                     "the first update of the learned docConcentration)")
 
     def _validate_schema(self, dataset) -> None:
         col = self.getFeaturesCol()
@@ -150,7 +187,11 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
 
     Objective: samples the posterior of LDA's topic assignments z (collapsed
     Gibbs: ``p(z = t) ∝ (n_dt + α)(n_wt + β)/(n_t + Vβ)``); the model's topics
-    are the word-topic counts of the last sample.
+    are the word-topic counts of the last sample.  With
+    ``optimizeDocConcentration`` the prior α is learned too: an asymmetric α
+    re-estimated every ``optimizeInterval`` iterations by Minka's fixed point
+    (Wallach, Mimno & McCallum 2009), toward the maximum of p(z | α) at the
+    current sample.
 
     Schedule: the vocabulary is cut into ``numWorkers`` blocks of equal token
     mass; in round r worker p samples the tokens of block (p + r) mod U, so
@@ -173,7 +214,8 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
                  checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
-                 foldInIterations: int = 20):
+                 foldInIterations: int = 20, optimizeDocConcentration: bool = False, optimizeInterval: int = 10,
+                 optimizeBurnIn: int = OPTIMIZE_BURN_IN):
         super().__init__()
         kwargs = self._input_kwargs
         self.setParams(**kwargs)
@@ -183,7 +225,8 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
                   checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
                   topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
                   numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
-                  foldInIterations: int = 20) -> "StradsLDA":
+                  foldInIterations: int = 20, optimizeDocConcentration: bool = False, optimizeInterval: int = 10,
+                  optimizeBurnIn: int = OPTIMIZE_BURN_IN) -> "StradsLDA":
         kwargs = self._input_kwargs
         return self._set(**kwargs)
 
@@ -223,6 +266,15 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
     def setFoldInIterations(self, value: int) -> "StradsLDA":
         return self._set(foldInIterations=value)
 
+    def setOptimizeDocConcentration(self, value: bool) -> "StradsLDA":
+        return self._set(optimizeDocConcentration=value)
+
+    def setOptimizeInterval(self, value: int) -> "StradsLDA":
+        return self._set(optimizeInterval=value)
+
+    def setOptimizeBurnIn(self, value: int) -> "StradsLDA":
+        return self._set(optimizeBurnIn=value)
+
     def _fit(self, dataset) -> "StradsLDAModel":
         t_start = time.perf_counter()
         self._validate_params()
@@ -258,10 +310,12 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
         seed = int(self.getOrDefault(self.seed))  # HasSeed always has a default
         bounds = range_bounds(vocab, U, freq)
         program = LDAProgram(k, vocab, U, bounds, alpha, beta, self.getMaxIter(), sampler, seed,
-                             word_weights=freq.astype(np.float64), log_likelihood_every=self.getLogLikelihoodEvery())
-        log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, k=%d, alpha=%.4g, beta=%.4g, "
-                 "sampler=%s, %d workers", stats["docs"], stats["empty"], stats["tokens"], vocab, k, alpha, beta,
-                 sampler, U)
+                             word_weights=freq.astype(np.float64), log_likelihood_every=self.getLogLikelihoodEvery(),
+                             optimize_alpha=self.getOptimizeDocConcentration(),
+                             optimize_interval=self.getOptimizeInterval(), optimize_burn_in=self.getOptimizeBurnIn(),
+                             max_doc_length=stats["max_length"])
+        log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, %r", stats["docs"], stats["empty"],
+                 stats["tokens"], vocab, program)
         scan_s = time.perf_counter() - t_start
         # checkpoints every checkpointInterval steps when a checkpoint directory is set (MLlib's rule)
         engine = Engine(program, records, num_workers=U, seed=seed, keep_states=False,
@@ -271,7 +325,7 @@ class StradsLDA(Estimator, _StradsLDAParams, DefaultParamsReadable, DefaultParam
             word_topic = result.read_table("word_topic")
             read_s = time.perf_counter() - t0
             summary = StradsLDASummary(result.summary, stats, scan_s, read_s, sampler, U)
-        model = StradsLDAModel(word_topic, alpha, beta)
+        model = StradsLDAModel(word_topic, program.alpha, beta)  # the driver's program holds the learned alpha
         model._summary = summary
         return self._copyValues(model)
 
@@ -324,10 +378,12 @@ class StradsLDASummary(FitSummary):
 class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentModel):
     """A fitted :class:`StradsLDA` model: word-topic counts and the priors."""
 
-    def __init__(self, word_topic: Optional[np.ndarray] = None, alpha: float = 0.0, beta: float = 0.0):
+    def __init__(self, word_topic: Optional[np.ndarray] = None, alpha=0.0, beta: float = 0.0):
+        """``alpha``: the document-topic prior, one value per topic (a number: symmetric)."""
         super().__init__()
         self._word_topic = None if word_topic is None else np.ascontiguousarray(word_topic, dtype=np.int32)
-        self._alpha_value = float(alpha)
+        k = 1 if word_topic is None else self._word_topic.shape[1]
+        self._alpha_value = alpha_vector(alpha, k).copy()
         self._beta_value = float(beta)
         self._summary: Optional[StradsLDASummary] = None
 
@@ -350,7 +406,8 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
         return False
 
     def estimatedDocConcentration(self) -> DenseVector:
-        return DenseVector(np.full(self._word_topic.shape[1], self._alpha_value))
+        """The document-topic prior the model uses: learned (optimizeDocConcentration) or as given."""
+        return DenseVector(self._alpha_value.copy())
 
     def topicsMatrix(self) -> DenseMatrix:
         """vocabSize x k word-topic **counts** (they sum to the training tokens).
@@ -455,7 +512,7 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
             start = 0
             for batch in batches:
                 n = batch.num_rows
-                theta = [np.zeros(k) if lengths[i] == 0 else (counts[i] + alpha) / (lengths[i] + k * alpha)
+                theta = [np.zeros(k) if lengths[i] == 0 else (counts[i] + alpha) / (lengths[i] + alpha.sum())
                          for i in range(start, start + n)]
                 start += n
                 column = dense_vectors(theta, batch.schema.field(index).type)
@@ -469,13 +526,13 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
         from ._arrow import collect_per_partition
 
         fold_in, phi = self._fold_in(dataset)
-        alpha, k = self._alpha_value, self._word_topic.shape[1]
+        alpha = self._alpha_value
 
         def score(batches):
             _, counts, lengths, words, ptr = fold_in(batches)
             ll = 0.0
             for i in np.flatnonzero(lengths):
-                theta = (counts[i] + alpha) / (lengths[i] + k * alpha)
+                theta = (counts[i] + alpha) / (lengths[i] + alpha.sum())
                 ll += float(np.log(phi[words[ptr[i]:ptr[i + 1]]] @ theta).sum())
             return ll, int(lengths.sum())
 
@@ -494,7 +551,7 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
 
     # -- persistence
     def _extra_metadata(self) -> dict:
-        return {"alpha": self._alpha_value, "beta": self._beta_value, "vocabSize": self.vocabSize(),
+        return {"alpha": self._alpha_value.tolist(), "beta": self._beta_value, "vocabSize": self.vocabSize(),
                 "k": int(self._word_topic.shape[1])}
 
     def _save_data(self, path: str, spark) -> None:
@@ -512,4 +569,4 @@ class StradsLDAModel(HasTrainingSummary, Model, _StradsLDAParams, PersistentMode
         word_topic = np.zeros((v, k), dtype=np.int32)
         for row in spark.read.parquet(os.path.join(path, "data")).toLocalIterator():
             word_topic[row["term"]] = row["counts"]
-        return cls(word_topic, metadata["alpha"], metadata["beta"])
+        return cls(word_topic, metadata["alpha"], metadata["beta"])  # alpha: k values (one before issue 19)
