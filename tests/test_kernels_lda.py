@@ -143,7 +143,9 @@ TINY_DOC = np.array([0, 1, 2, 0, 0, 1, 2, 2, 0, 1, 1, 2], np.int32)
 TINY_TOPIC = np.array([0, 3, 3, 1, 0, 5, 6, 3, 2, 4, 0, 3], np.int32)
 
 
-ASYMMETRIC_ALPHA = (0.02, 1.5, 0.3, 0.05, 4.0, 0.6, 0.1)  # one per topic of the tiny chains (K = 7)
+# one per topic of the tiny chains (K = 7): the token's document has topics 3 and 6 (unequal
+# alphas) and 4 is heavy; the MH acceptance ratios all differ from the symmetric ones
+ASYMMETRIC_ALPHA = (0.02, 0.05, 0.1, 1.5, 2.0, 0.6, 0.3)
 
 
 @pytest.mark.parametrize("alpha", [0.05, 2.0, ASYMMETRIC_ALPHA])  # document part / word part dominates / per topic
@@ -430,6 +432,30 @@ def test_fixed_point_recovers_a_known_asymmetric_alpha():
     np.testing.assert_array_equal(lda.minka_fixed_point(start, np.zeros_like(hist)), start)
     hist[2] = 0
     assert lda.minka_fixed_point(start, hist, iterations=2000)[2] == lda.MIN_ALPHA
+
+
+def test_document_completion_with_a_prior_per_topic_matches_the_closed_form():
+    """Topics with disjoint words make the fold-in deterministic (a token's topic is its
+    word's), so the completion score has a closed form: θ_dt = (n_dt + α_t) / (L_d // 2 + Σα)
+    on the first half, Σ log(θ_d,topic(w) φ_w) over the second."""
+    n_topics, alpha = 4, np.array([0.3, 2.0, 0.05, 0.7])
+    topic_word_prob = np.zeros((12, n_topics))
+    for t in range(n_topics):
+        topic_word_prob[3 * t:3 * t + 3, t] = 1.0 / 3
+    rng = np.random.default_rng(58)
+    docs = [rng.integers(0, 12, size=n) for n in (7, 10, 4, 13)]
+    doc_words = np.concatenate(docs).astype(np.int32)
+    doc_ptr = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    reference = 0.0
+    for d in docs:
+        half = len(d) // 2
+        theta = (np.bincount(d[:half] // 3, minlength=n_topics) + alpha) / (half + alpha.sum())
+        reference += sum(math.log(theta[w // 3] / 3) for w in d[half:])
+    ll, n = lda.document_completion_log_likelihood(doc_words, doc_ptr, topic_word_prob, alpha, 6, new_state(59))
+    assert n == sum(len(d) - len(d) // 2 for d in docs)
+    assert ll == pytest.approx(reference, rel=1e-12)
+    counts = lda.fold_in(doc_words, doc_ptr, topic_word_prob, alpha, 3, new_state(59))
+    np.testing.assert_array_equal(counts, [np.bincount(d // 3, minlength=n_topics) for d in docs])
 
 
 def test_held_out_scores_use_the_prior_per_topic():
