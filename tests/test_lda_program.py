@@ -178,7 +178,7 @@ def test_learned_alpha_moves_toward_the_generating_prior(sc, skewed_corpus, corp
 class AlphaRecordingLDA(LDAProgram):
     """Records (iteration, alpha) at every schedule call, on the driver (not checkpointed)."""
 
-    checkpoint_ignore = ("seen",)
+    checkpoint_ignore = tuple(LDAProgram.checkpoint_ignore) + ("seen",)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
