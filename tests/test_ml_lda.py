@@ -266,3 +266,16 @@ def test_the_prior_per_topic_saves_and_loads_and_old_scalar_models_load(spark):
     old._extra_metadata = lambda: {"alpha": 0.4, "beta": 0.2, "vocabSize": 12, "k": 3}  # main's metadata
     old.write().overwrite().save(path)
     assert StradsLDAModel.load(path).estimatedDocConcentration().toArray().tolist() == [0.4] * 3
+
+
+def test_a_learned_prior_that_would_never_update_is_warned_about():
+    with pytest.warns(UserWarning, match=r"first update would follow iteration 10 .* after maxIter=5"):
+        StradsLDA(optimizeDocConcentration=True, maxIter=5)._validate_params()
+    with pytest.warns(UserWarning, match=r"iteration 60 \(optimizeInterval=20, optimizeBurnIn=50\)"):
+        StradsLDA(optimizeDocConcentration=True, maxIter=50, optimizeInterval=20, optimizeBurnIn=50)._validate_params()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StradsLDA(optimizeDocConcentration=True, maxIter=60, optimizeInterval=20, optimizeBurnIn=50)._validate_params()
+        StradsLDA(maxIter=5)._validate_params()  # a fixed prior: nothing to warn about

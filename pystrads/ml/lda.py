@@ -170,6 +170,14 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         if self.getOptimizeBurnIn() < 0:
             raise ConfigurationError(f"optimizeBurnIn={self.getOptimizeBurnIn()} must be >= 0 (iterations before "
                                      "the first update of the learned docConcentration)")
+        interval, burn_in = self.getOptimizeInterval(), self.getOptimizeBurnIn()
+        first_update = max(interval, -(-burn_in // interval) * interval)
+        if self.getOptimizeDocConcentration() and first_update > self.getMaxIter():
+            warnings.warn(f"optimizeDocConcentration=True but docConcentration stays fixed: the first update would "
+                          f"follow iteration {first_update} (optimizeInterval={interval}, optimizeBurnIn={burn_in}), "
+                          f"after maxIter={self.getMaxIter()}; lower optimizeInterval / optimizeBurnIn or raise "
+                          "maxIter",
+                          UserWarning, stacklevel=3)
 
     def _validate_schema(self, dataset) -> None:
         col = self.getFeaturesCol()
