@@ -29,7 +29,8 @@ Timing protocol (the same rule for every system):
   2-iteration fit (2 workers) on the benchmark DataFrame; tomotopy a
   5-iteration train of a small model (the first 200 training documents);
   MLlib online and MLlib EM each a ``maxIter=2`` fit on the benchmark
-  DataFrame (topics read back).  Their times are printed and written to the
+  DataFrame (topics read back); the learned-alpha variants of StradsLDA and
+  tomotopy the same fits with an alpha update every iteration.  Their times are printed and written to the
   JSON as ``warmup_s``.
 * Repeats.  Every system is timed ``--repeats`` times (default 3; seeds 1,
   2, ...) and the table shows medians, with the number of runs each median
@@ -55,6 +56,14 @@ Timing protocol (the same rule for every system):
   once: the tokenisation, the cached Spark DataFrame of term-count vectors
   (the input of StradsLDA and both MLlib optimizers) and tomotopy's word
   lists.  ``tokens/s`` = tokens x iterations / ``wall s``.
+
+Learned priors: StradsLDA with ``optimizeDocConcentration`` and tomotopy with
+its ``optim_interval`` (both every ``--optimize-interval`` iterations, default
+10, from the same symmetric start) learn an asymmetric alpha; their rows
+("... learned alpha") are warmed up and repeated as the others, interleaved in
+the same rounds, and each model is scored with ITS OWN alpha (the evaluator's
+fold-in and theta use the learned vector).  The learned vectors are printed
+(sorted) and written to the JSON (``learned_alpha`` of each run).
 
 Also reports StradsLDA with 1 and 2 workers and StradsLDA's time to reach
 MLlib EM's perplexity (the ladder: fits of increasing length).  Prints a
@@ -118,7 +127,8 @@ def tokenize_corpus(name, stop_words, quick):
 
 
 def heldout_perplexity(phi, test_ids, alpha, seed=0):
-    """Document-completion perplexity of the held-out docs under topics phi (V x K)."""
+    """Document-completion perplexity of the held-out docs under topics phi (V x K) and the
+    document-topic prior alpha (a number, or one value per topic)."""
     from pystrads.kernels import lda as K
     from pystrads.kernels.random import new_state
 
@@ -129,18 +139,21 @@ def heldout_perplexity(phi, test_ids, alpha, seed=0):
     return float(np.exp(-ll / n))
 
 
-def run_tomotopy(vocab, train_words, k, alpha, beta, iters, seed, workers):
-    """One tomotopy fit: (phi, prep_s, train_s, init_s).
+def run_tomotopy(vocab, train_words, k, alpha, beta, iters, seed, workers, optim_interval=0, burn_in=0):
+    """One tomotopy fit: (phi, prep_s, train_s, init_s, alpha).
 
     prep = model construction + the ``add_doc`` loop (the word lists are built
     once, outside every timing); train = ``train(0)`` (tomotopy's prepare: its
     vocabulary arrays and the random initial topics, reported as init_s) +
-    ``train(iters)`` + reading the topics back."""
+    ``train(iters)`` + reading the topics back.  ``optim_interval`` 0 keeps
+    alpha fixed (tomotopy's default re-estimates it every 10 iterations, from
+    iteration ``burn_in`` on); alpha is the model's final one."""
     import tomotopy as tp
 
     t0 = time.perf_counter()
     model = tp.LDAModel(k=k, alpha=alpha, eta=beta, seed=seed)
-    model.optim_interval = 0  # keep alpha fixed: tomotopy re-estimates it every 10 iterations by default
+    model.optim_interval = optim_interval
+    model.burn_in = burn_in
     for words in train_words:
         model.add_doc(words)
     prep_s = time.perf_counter() - t0
@@ -155,7 +168,7 @@ def run_tomotopy(vocab, train_words, k, alpha, beta, iters, seed, workers):
     rows = np.array([index[w] for w in model.used_vocabs])
     for t in range(k):
         phi[rows, t] = topics[t]
-    return phi, prep_s, train_s, init_s
+    return phi, prep_s, train_s, init_s, np.asarray(model.alpha, dtype=np.float64)
 
 
 def spark_df(spark, vocab, ids):
@@ -172,19 +185,23 @@ def spark_df(spark, vocab, ids):
     return spark.createDataFrame(rows, schema).repartition(2).cache()
 
 
-def run_strads(df, k, alpha, beta, iters, seed, workers):
-    """One StradsLDA fit: (phi, wall_s, prep_s, summary); prep = input scan + data load (from the summary)."""
+def run_strads(df, k, alpha, beta, iters, seed, workers, optimize_interval=0, burn_in=0):
+    """One StradsLDA fit: (phi, wall_s, prep_s, summary, alpha); prep = input scan + data load (from the
+    summary); ``optimize_interval`` > 0 learns alpha (optimizeDocConcentration) every that many iterations."""
     from pystrads.ml import StradsLDA
 
     t0 = time.perf_counter()
-    model = StradsLDA(k=k, maxIter=iters, seed=seed, docConcentration=[alpha], topicConcentration=beta,
-                      numWorkers=workers, logLikelihoodEvery=max(1, iters // 10)).fit(df)
+    lda = StradsLDA(k=k, maxIter=iters, seed=seed, docConcentration=[alpha], topicConcentration=beta,
+                    numWorkers=workers, logLikelihoodEvery=max(1, iters // 10))
+    if optimize_interval:
+        lda.setOptimizeDocConcentration(True).setOptimizeInterval(optimize_interval).setOptimizeBurnIn(burn_in)
+    model = lda.fit(df)
     wall = time.perf_counter() - t0
     wt = model._word_topic.astype(np.float64)
     phi = wt + beta
     s = model.summary
     prep = float(s.fixed.get("scan_s", 0.0)) + float(s.fixed.get("load_s", 0.0))
-    return phi, wall, prep, s
+    return phi, wall, prep, s, model.estimatedDocConcentration().toArray()
 
 
 def run_mllib(df, k, alpha, beta, iters, seed, optimizer):
@@ -209,9 +226,12 @@ def em_map_topics(expected_counts, beta):
     return expected_counts + beta
 
 
-# table order: StradsLDA (2 workers, 1 worker, the ladder), tomotopy, MLlib online, MLlib EM
+#: the rows of the systems that learn alpha carry this suffix
+LEARNED = ", learned alpha"
+
+# table order: StradsLDA (2 workers, 1 worker, the ladder), tomotopy, the learned-alpha rows, MLlib online, MLlib EM
 SYSTEM_ORDER = ["pystrads 2 workers", "pystrads 1 worker", "pystrads 2 workers (ladder)", "tomotopy 2 threads",
-                "MLlib online", "MLlib EM"]
+                "pystrads 2 workers" + LEARNED, "tomotopy 2 threads" + LEARNED, "MLlib online", "MLlib EM"]
 
 
 def median_table(results, tokens):
@@ -233,6 +253,10 @@ def median_table(results, tokens):
                "heldout_perplexity": round(med(rs, "heldout_perplexity"), 1)}
         if system == "MLlib EM":
             row["heldout_perplexity_raw_counts"] = round(med(rs, "heldout_perplexity_raw_counts"), 1)
+        if rs[0].get("learned_alpha") is not None:  # the run of median perplexity: its alpha
+            chosen = sorted(rs, key=lambda r: r["heldout_perplexity"])[(len(rs) - 1) // 2]
+            row["learned_alpha_sum"] = round(float(np.sum(chosen["learned_alpha"])), 4)
+            row["learned_alpha"] = chosen["learned_alpha"]
         rows.append(row)
     rows.sort(key=lambda r: (SYSTEM_ORDER.index(r["system"] + (" (ladder)" if r["ladder"] else "")), r["iterations"]))
     return rows
@@ -254,6 +278,13 @@ def main(argv=None):
     p.add_argument("--skip-online", action="store_true")
     p.add_argument("--ladder", default="10,25,35,50,100",
                    help="StradsLDA fit lengths for time-to-quality (one fit each)")
+    p.add_argument("--optimize-interval", type=int, default=10,
+                   help="iterations between alpha updates of the learned-alpha rows (tomotopy's optim_interval)")
+    p.add_argument("--optimize-burn-in", type=int, default=0,
+                   help="iterations before the first alpha update (StradsLDA's optimizeBurnIn, tomotopy's burn_in)")
+    p.add_argument("--skip-learned", action="store_true", help="no learned-alpha rows")
+    p.add_argument("--skip-fixed", action="store_true",
+                   help="only the learned-alpha rows (e.g. to compare --optimize-burn-in values)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -291,14 +322,17 @@ def main(argv=None):
           f"tomotopy word lists {tomotopy_words_s:.1f} s")
     results = []
 
-    def record(system, iters, prep, train, phi, extra=None):
-        perp = heldout_perplexity(phi, test_ids, alpha)
+    def record(system, iters, prep, train, phi, extra=None, own_alpha=None):
+        """own_alpha: the learned prior the model is scored with (None: the symmetric alpha)."""
+        perp = heldout_perplexity(phi, test_ids, alpha if own_alpha is None else own_alpha)
         wall = round((prep or 0.0) + train, 3)
         row = {"system": system, "iterations": iters, "prep_s": round(prep, 3) if prep is not None else None,
                "train_s": round(train, 3), "wall_s": wall,
                "tokens_per_s": round(tokens * iters / wall) if wall else None,
                "train_tokens_per_s": round(tokens * iters / train) if train else None,
                "heldout_perplexity": round(perp, 1)}
+        if own_alpha is not None:
+            row["learned_alpha"] = [round(float(a), 6) for a in own_alpha]
         row.update(extra or {})
         results.append(row)
         prep_txt = f"{prep:6.1f}" if prep is not None else "  (in)"
@@ -306,9 +340,10 @@ def main(argv=None):
               f"{row['tokens_per_s'] or 0:>12,} tok/s  perplexity {perp:8.1f}", flush=True)
         return row
 
-    def strads(workers, iters, seed, extra=None):
-        phi, wall, prep, s = run_strads(df, args.k, alpha, args.beta, iters, seed, workers)
-        name = f"pystrads {workers} worker{'s' if workers > 1 else ''}"
+    def strads(workers, iters, seed, extra=None, learned=False):
+        phi, wall, prep, s, own = run_strads(df, args.k, alpha, args.beta, iters, seed, workers,
+                                             args.optimize_interval if learned else 0, args.optimize_burn_in)
+        name = f"pystrads {workers} worker{'s' if workers > 1 else ''}" + (LEARNED if learned else "")
         info = {"sampler": s.sampler, "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
                 "steps": len(s.steps), "spark_s": round(float(s.steps["spark_s"].sum()), 2),
                 "steps_s": round(float(s.steps["seconds"].sum()), 2),
@@ -323,11 +358,13 @@ def main(argv=None):
                 "train_loglik": s.logLikelihoodHistory[-1] if s.logLikelihoodHistory else None,
                 "s_error_last": float(s.iterations["s_error"].iloc[-1])}
         info.update(extra or {})
-        return record(name, iters, prep, wall - prep, phi, info)
+        return record(name, iters, prep, wall - prep, phi, info, own if learned else None)
 
-    def tomotopy(iters, seed, extra=None):
-        phi, prep, train, init = run_tomotopy(vocab, train_words, args.k, alpha, args.beta, iters, seed, 2)
-        return record("tomotopy 2 threads", iters, prep, train, phi, dict(extra or {}, init_s=round(init, 3)))
+    def tomotopy(iters, seed, extra=None, learned=False):
+        phi, prep, train, init, own = run_tomotopy(vocab, train_words, args.k, alpha, args.beta, iters, seed, 2,
+                                                   args.optimize_interval if learned else 0, args.optimize_burn_in)
+        return record("tomotopy 2 threads" + (LEARNED if learned else ""), iters, prep, train, phi,
+                      dict(extra or {}, init_s=round(init, 3)), own if learned else None)
 
     def mllib(optimizer, iters, seed, extra=None):
         topics, wall = run_mllib(df, args.k, alpha, args.beta, iters, seed, optimizer)
@@ -345,6 +382,13 @@ def main(argv=None):
     t0 = time.perf_counter()
     run_tomotopy(vocab, train_words[:200], args.k, alpha, args.beta, 5, 0, 2)
     warm["tomotopy"] = time.perf_counter() - t0
+    if not args.skip_learned:  # the learned-alpha paths too (an update in each warm-up fit)
+        t0 = time.perf_counter()
+        run_strads(df, args.k, alpha, args.beta, 2, 0, 2, optimize_interval=1)
+        warm["pystrads_learned_alpha"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        run_tomotopy(vocab, train_words[:200], args.k, alpha, args.beta, 5, 0, 2, optim_interval=1)
+        warm["tomotopy_learned_alpha"] = time.perf_counter() - t0
     if not args.skip_online:
         t0 = time.perf_counter()
         run_mllib(df, args.k, alpha, args.beta, 2, 0, "online")
@@ -354,13 +398,18 @@ def main(argv=None):
         run_mllib(df, args.k, alpha, args.beta, 2, 0, "em")
         warm["mllib_em"] = time.perf_counter() - t0
     print("  warm-up fits, untimed (StradsLDA 2 it incl. kernel compile and shard start; tomotopy 5 it on 200 docs; "
-          "MLlib maxIter=2): " + ", ".join(f"{k} {v:.1f} s" for k, v in warm.items()))
+          "their learned-alpha variants the same with an update every iteration; MLlib maxIter=2): "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in warm.items()))
 
     # timed runs: interleaved rounds, then the ladder, then MLlib EM (last: its cached graph stays behind)
     for rep in range(args.repeats):
-        strads(2, args.iters, rep + 1, {"repeat": rep})
-        tomotopy(args.iters, rep + 1, {"repeat": rep})
-        strads(1, args.iters, rep + 1, {"repeat": rep})
+        if not args.skip_fixed:
+            strads(2, args.iters, rep + 1, {"repeat": rep})
+            tomotopy(args.iters, rep + 1, {"repeat": rep})
+            strads(1, args.iters, rep + 1, {"repeat": rep})
+        if not args.skip_learned:
+            strads(2, args.iters, rep + 1, {"repeat": rep}, learned=True)
+            tomotopy(args.iters, rep + 1, {"repeat": rep}, learned=True)
         if not args.skip_online:
             mllib("online", args.online_iters, rep + 1, {"repeat": rep})
     for iters in [int(x) for x in args.ladder.split(",") if x]:
@@ -382,6 +431,13 @@ def main(argv=None):
         summary["throughput_vs_tomotopy_train_only"] = tt["train_s"] / s2["train_s"]
     if s1 and s2:
         summary["one_vs_two_workers"] = s1["heldout_perplexity"] / s2["heldout_perplexity"] - 1
+    s2l, ttl = main_row("pystrads 2 workers" + LEARNED), main_row("tomotopy 2 threads" + LEARNED)
+    if s2l and ttl:  # issue 19's acceptance: within 3 %
+        summary["learned_perplexity_vs_tomotopy_learned"] = s2l["heldout_perplexity"] / ttl["heldout_perplexity"] - 1
+        summary["learned_wall_vs_tomotopy_learned"] = s2l["wall_s"] / ttl["wall_s"]
+    if s2l and s2:
+        summary["pystrads_learned_vs_fixed_perplexity"] = s2l["heldout_perplexity"] / s2["heldout_perplexity"] - 1
+        summary["pystrads_learned_vs_fixed_wall"] = s2l["wall_s"] / s2["wall_s"]
     em = main_row("MLlib EM")
     if em:
         target = em["heldout_perplexity"]
@@ -408,6 +464,12 @@ def main(argv=None):
         print(f"| {r['system']}{' (ladder)' if r['ladder'] else ''} | {r['iterations']} | {r['runs']} | "
               f"{fmt(r['prep_s'])} | {fmt(r['train_s'])} | {fmt(r['wall_s'])} | {r['tokens_per_s'] or 0:,} | "
               f"{perp} |")
+    for r in table:
+        if "learned_alpha" in r:
+            a = np.sort(r["learned_alpha"])
+            print(f"{r['system']} (median run): learned alpha sum {a.sum():.3f}, min {a[0]:.4f}, median "
+                  f"{np.median(a):.4f}, max {a[-1]:.4f} (symmetric start: {args.k} x {alpha:.4g} = "
+                  f"{args.k * alpha:.3g}); sorted: " + " ".join(f"{x:.3g}" for x in a))
     em_rule = "" if args.skip_em else f"; MLlib EM over --em-repeats={args.em_repeats}"
     print(f"\nMedians over `runs` timed fits (every system --repeats={args.repeats}{em_rule}; ladder: one fit per "
           "length), each column its own median; every system warmed up by one short untimed fit first. prep s: the "
@@ -418,7 +480,9 @@ def main(argv=None):
           f"{tomotopy_words_s:.1f} s.")
     print("\n" + "\n".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in summary.items()))
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    payload = {"corpus": args.corpus, "k": args.k, "alpha": alpha, "beta": args.beta, "train_docs": len(train_ids),
+    payload = {"corpus": args.corpus, "k": args.k, "alpha": alpha, "beta": args.beta,
+               "optimize_interval": None if args.skip_learned else args.optimize_interval,
+               "optimize_burn_in": None if args.skip_learned else args.optimize_burn_in, "train_docs": len(train_ids),
                "tokens": tokens, "vocab": len(vocab), "heldout_docs": len(test_ids),
                "protocol": {"repeats": args.repeats, "em_repeats": args.em_repeats, "iters": args.iters,
                             "online_iters": args.online_iters, "em_iters": args.em_iters, "ladder": args.ladder,
@@ -438,7 +502,8 @@ def main(argv=None):
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for system, marker in [("pystrads 2 workers", "o"), ("tomotopy 2 threads", "s"), ("MLlib online", "^"),
-                               ("MLlib EM", "v"), ("pystrads 1 worker", "x")]:
+                               ("MLlib EM", "v"), ("pystrads 1 worker", "x"), ("pystrads 2 workers" + LEARNED, "P"),
+                               ("tomotopy 2 threads" + LEARNED, "D")]:
             pts = [(r["wall_s"], r["heldout_perplexity"]) for r in results if r["system"] == system]
             if pts:
                 ax.scatter(*zip(*pts), marker=marker, label=system)

@@ -78,6 +78,9 @@ def parse_args(argv=None):
     parser.add_argument("--convergence-sweeps", type=int, default=None,
                         help="sweeps per sampler from a random start (default 15; quick 0 = skip)")
     parser.add_argument("--alpha", type=float, default=None, help="default 50 / K")
+    parser.add_argument("--alpha-spread", type=float, default=0.0,
+                        help="an asymmetric prior: alpha_t = alpha * exp(spread * N(0, 1)), rescaled to the "
+                             "symmetric prior's sum (0 = symmetric)")
     parser.add_argument("--beta", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warm-cache", action="store_true",
@@ -175,6 +178,14 @@ class WorkerState:
                                              np.diff(self.doc_ptr), alpha, beta, self.vocab_size)
 
 
+def prior(alpha, n_topics, spread, seed):
+    """The samplers' alpha vector: constant, or log-normally spread around ``alpha`` with the same sum."""
+    if not spread:
+        return np.full(n_topics, float(alpha))
+    values = np.exp(spread * np.random.default_rng(seed).standard_normal(n_topics))
+    return values * (alpha * n_topics / values.sum())
+
+
 def tiny_args(lda, new_state):
     """A tiny problem for compile-time measurement."""
     token_word = np.array([0, 0, 1, 2], np.int32)
@@ -186,7 +197,7 @@ def tiny_args(lda, new_state):
     nz, nz_count = lda.build_doc_nonzero(doc_topic, doc_ptr)
     return (token_word, token_doc, token_topic, 0, 4, 0, word_topic,
             lda.count_topic_totals(token_topic, 3), doc_topic, doc_ptr, doc_tokens, nz,
-            nz_count, 0.1, 0.01, 3, new_state(0))
+            nz_count, np.full(3, 0.1), 0.01, 3, new_state(0))
 
 
 def measure_compile(lda, new_state, samplers):
@@ -215,7 +226,7 @@ def measure_cache_load(samplers):
         "np.array([0,1,2,1],np.int32), 0, 4, 0, np.array([[1,1,0],[0,0,1],[0,1,0]],np.int32), "
         "np.array([1,2,1],np.int64), np.array([[1,0,1],[0,2,0]],np.int32), "
         "np.array([0,2,4],np.int64), np.array([0,2,1,3],np.int32), "
-        "np.array([0,2,1,0],np.int32), np.array([2,1],np.int32), 0.1, 0.01, 3, new_state(0))")
+        "np.array([0,2,1,0],np.int32), np.array([2,1],np.int32), np.full(3, 0.1), 0.01, 3, new_state(0))")
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", snippet, *samplers], env=env,
@@ -249,7 +260,8 @@ def main(argv=None):
                                                     args.seed + mean_len)
         n = token_word.size
         for n_topics in args.topics:
-            alpha = args.alpha if args.alpha is not None else 50.0 / n_topics
+            alpha = prior(args.alpha if args.alpha is not None else 50.0 / n_topics, n_topics, args.alpha_spread,
+                          args.seed)
             beta = args.beta
             rng_state = new_state(args.seed, stream=n_topics)
             init_topic = lda.random_topics(n, n_topics, rng_state)
@@ -296,7 +308,8 @@ def main(argv=None):
     print()
     print(f"LDA kernel throughput, one core, median of {args.runs} sweeps after "
           f"{args.burn_in} F+LDA burn-in sweeps; V={args.vocab}, {args.tokens} tokens/regime, "
-          f"alpha=50/K, beta={args.beta}, U={args.blocks} blocks")
+          f"alpha=50/K{f' spread {args.alpha_spread}' if args.alpha_spread else ''}, beta={args.beta}, "
+          f"U={args.blocks} blocks")
     header = f"{'regime':6s} {'K':>5s} {'K_d':>6s} " + " ".join(f"{s:>9s}" for s in samplers)
     print(header + "   (M tokens/s/core)")
     for regime in args.regimes:

@@ -479,9 +479,12 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
             grid={"k": [2, 3]},
             invalid=[("k", 1), ("k", "ten"), ("maxIter", 0), ("topicConcentration", -0.5),
                      ("docConcentration", [0.1, 0.2, 0.3]), ("sampler", "gibbs"), ("numWorkers", -1),
-                     ("checkpointInterval", -5), ("featuresCol", "nope")],
+                     ("checkpointInterval", -5), ("featuresCol", "nope"), ("optimizeInterval", 0),
+                     ("optimizeBurnIn", -1)],
             output_param="topicDistributionCol", key_col="id",
-            default_exceptions={"optimizer": "pystrads has one optimizer (Gibbs)"}),
+            default_exceptions={"optimizer": "pystrads has one optimizer (Gibbs)",
+                                "optimizeDocConcentration": "a fixed prior by default, as MLlib's EM optimizer "
+                                "(True is its online optimizer's default); docs/lda.md gives the measurements"}),
         EstimatorSpec(
             "StradsMF", lambda: StradsMF(rank=3, maxIter=4, regParam=0.05, seed=1, coldStartStrategy="drop",
                                          **mf_cols),

@@ -83,11 +83,15 @@ def _check_readme(ns, outputs):
 
 
 def _check_lda(ns, outputs):
-    (out,) = outputs
+    out, learned = outputs
     assert out.rstrip().splitlines()[-1] == "True", out
     lda = ns["lda"]
     assert lda.summary.totalIterations == 15 and lda.getK() == 10
     assert lda.topicsMatrix().toArray().sum() == lda.summary.numTokens
+    low, high = map(float, re.search(r"^learned alpha ([\d.]+) \.\. ([\d.]+), sum", learned, re.M).groups())
+    assert low < high < 5.0, learned  # no longer the symmetric start (5.0 each)
+    updates = ns["learned"].summary.iterations.dropna(subset=["alpha_sum"])
+    assert updates["iteration"].tolist() == [5, 10, 15], learned
 
 
 def _check_mf(ns, outputs):

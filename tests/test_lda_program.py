@@ -113,3 +113,100 @@ def test_counts_stay_exact_after_an_injected_task_failure(sc, corpus):
         assert np.array_equal(word_topic, recount(res, 400, 5))
         assert np.array_equal(res.read_table("topic_totals")[0], word_topic.sum(axis=0))
         assert res.summary.iterations[-1]["iteration"] == 6
+
+
+# --------------------------------------------------------------------------
+# learned alpha (optimize_alpha)
+# --------------------------------------------------------------------------
+
+TRUE_ALPHA = np.array([0.02, 0.05, 0.1, 0.4, 1.5])
+
+
+@pytest.fixture(scope="module")
+def skewed_corpus():
+    """Documents whose topic mixtures come from an asymmetric Dir(TRUE_ALPHA)."""
+    rng = np.random.default_rng(5)
+    phi = rng.dirichlet(np.full(400, 0.05), size=5)
+    docs = []
+    for d in range(400):
+        z = rng.choice(5, size=60, p=rng.dirichlet(TRUE_ALPHA))
+        uniq, counts = np.unique([rng.choice(400, p=phi[t]) for t in z], return_counts=True)
+        docs.append((d, uniq, counts))
+    return docs
+
+
+def histograms_of_states(result, program):
+    """Every worker's document-topic histograms recomputed from its token topics, summed."""
+    def hist(worker, data, state):
+        doc_topic = K.count_doc_topic(data.token_doc, state.token_topic, len(data.doc_ids), program.num_topics)
+        out = np.zeros((program.num_topics + 1, program.histogram_length + 1))
+        for k in range(program.num_topics):
+            np.add.at(out[k], np.minimum(doc_topic[:, k], program.histogram_length), 1)
+        np.add.at(out[-1], np.minimum(data.doc_lengths, program.histogram_length), 1)
+        out[:-1, 0] = 0
+        return out
+    return sum(result.map_states(hist))
+
+
+def test_learned_alpha_moves_toward_the_generating_prior(sc, skewed_corpus, corpus):
+    tokens = sum(int(c.sum()) for _, _, c in skewed_corpus)
+    program = make_program(skewed_corpus, 400, 2, iterations=60, optimize_alpha=True, optimize_interval=5,
+                           optimize_burn_in=10, max_doc_length=60)
+    start = program.alpha.copy()
+    with Engine(program, sc.parallelize(skewed_corpus, 2), seed=1).fit() as res:
+        word_topic = res.read_table("word_topic")
+        assert word_topic.sum() == tokens and np.array_equal(word_topic, recount(res, 400, 5))
+        # the shards hold the workers' summed histograms of the last update (iteration 60)
+        np.testing.assert_array_equal(res.read_table("doc_topic_hist"), histograms_of_states(res, program))
+        rows = res.summary.iterations
+    assert [r["iteration"] for r in rows if "alpha_sum" in r] == list(range(10, 61, 5))
+    assert np.all(start == 0.5) and program.alpha.shape == (5,)
+    learned = np.sort(program.alpha)
+    # symmetric start (0.5 each) -> spread like the generating prior (0.02 .. 1.5): measured
+    # [0.16 0.33 0.45 0.50 1.25]; serial chains of the kernels alone end between
+    # [0.05 0.12 0.44 0.69 1.3] and [0.16 0.25 0.45 0.94 1.0] (Gibbs's local modes)
+    assert learned[0] < 0.25 and learned[-1] > 0.9 and learned[-1] / learned[0] > 4, learned
+    assert rows[-1]["alpha_sum"] == pytest.approx(program.alpha.sum())
+    # control: documents drawn from a symmetric Dir(0.2) keep a nearly symmetric learned prior
+    program = make_program(corpus[0], 400, 2, iterations=60, optimize_alpha=True, optimize_interval=5,
+                           optimize_burn_in=10, max_doc_length=60)
+    with Engine(program, sc.parallelize(corpus[0], 2), seed=1).fit():
+        pass
+    assert program.alpha.max() / program.alpha.min() < 2, program.alpha
+
+
+class AlphaRecordingLDA(LDAProgram):
+    """Records (iteration, alpha) at every schedule call, on the driver (not checkpointed)."""
+
+    checkpoint_ignore = tuple(LDAProgram.checkpoint_ignore) + ("seen",)
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.seen = []
+
+    def schedule(self, ctx):
+        self.seen.append((ctx.rounds_done // self.num_workers, self.alpha.copy()))
+        return super().schedule(ctx)
+
+
+def test_the_learned_alpha_is_checkpointed_and_resumed(sc, skewed_corpus):
+    """A fit stopped after 3 steps resumes from its checkpoint with the alpha it had learned
+    (not the starting one), and goes on learning."""
+    def fit(config, max_steps=None):
+        program = make_program(skewed_corpus, 400, 2, iterations=12, cls=AlphaRecordingLDA, optimize_alpha=True,
+                               optimize_interval=2, max_doc_length=60)
+        engine = Engine(program, sc.parallelize(skewed_corpus, 2), seed=1,
+                        config=dict({"step.targetSeconds": 1000, "progress": "off"}, **config))
+        with engine.fit(max_steps):
+            return program, engine.summary
+
+    config = {"checkpoint.dir": tempfile.mkdtemp(), "checkpoint.interval": 1}
+    stopped, first = fit(config, max_steps=3)  # the init step and two steps of 2 iterations
+    assert first.iterations[-1]["iteration"] == 4 and not np.allclose(stopped.alpha, 0.5)
+    resumed, second = fit(config)
+    assert second.fixed["resumed_from_step"] == 3
+    iteration, alpha = resumed.seen[0]
+    assert iteration == 4
+    np.testing.assert_array_equal(alpha, stopped.alpha)
+    assert [r["iteration"] for r in second.iterations if "alpha_sum" in r] == [2, 4, 6, 8, 10, 12]
+    assert not np.array_equal(resumed.alpha, stopped.alpha)

@@ -63,7 +63,8 @@ def test_fit_gives_mllib_shaped_model_with_exact_counts(fitted, text_df):
     assert len(model.summary.logLikelihoodHistory) == 30
     assert not model.isDistributed()
     assert model.estimatedDocConcentration().toArray().tolist() == [0.3, 0.3]
-    assert StradsLDA(k=4)._alpha() == 12.5 and StradsLDA()._beta() == 0.1  # defaults: 50 / k, 0.1
+    assert StradsLDA(k=4)._alpha().tolist() == [12.5] * 4 and StradsLDA()._beta() == 0.1  # defaults: 50 / k, 0.1
+    assert not StradsLDA().getOptimizeDocConcentration() and StradsLDA().getOptimizeInterval() == 10
 
 
 def test_topics_separate_the_two_themes(fitted):
@@ -160,8 +161,11 @@ def vectors_df(spark, rows, size=4):
 @pytest.mark.parametrize("params, message", [
     ({"k": 1}, r"k=1 must be >= 2 \(LDA needs at least 2 topics\)"),
     ({"maxIter": 0}, r"maxIter=0 must be >= 1"),
-    ({"docConcentration": [0.1, 0.2]}, r"symmetric prior"),
+    ({"docConcentration": [0.1, 0.2]}, r"docConcentration=\[0.1, 0.2\] must be one value .* or 10 values, one per topic"),
     ({"docConcentration": [-1.0]}, r"docConcentration=\[-1.0\] must be finite numbers > 0"),
+    ({"k": 3, "docConcentration": [0.1, float("nan"), 0.3]}, r"docConcentration=\[0.1, nan, 0.3\] must be finite numbers > 0"),
+    ({"optimizeDocConcentration": True, "optimizeInterval": 0}, r"optimizeInterval=0 must be >= 1"),
+    ({"optimizeBurnIn": -1}, r"optimizeBurnIn=-1 must be >= 0"),
     ({"topicConcentration": 0.0}, r"topicConcentration=0.0 must be"),
     ({"sampler": "magic"}, r"sampler='magic' is not one of"),
     ({"numWorkers": 5}, r"numWorkers=5 needs 5 task slots"),
@@ -200,3 +204,76 @@ def test_bad_input_is_refused_naming_the_column_and_value(spark):
         StradsLDA().fit(vectors_df(spark, [good]).limit(0))
     with pytest.raises(InputError, match=r"count inf for term 1"):
         StradsLDA().fit(vectors_df(spark, [good, Vectors.dense([0.0, float("inf"), 0.0, 1.0])]))
+
+
+# --------------------------------------------------------------------------
+# learned docConcentration (optimizeDocConcentration)
+# --------------------------------------------------------------------------
+
+
+def skewed_vectors(spark, n_docs=300, seed=4):
+    """Documents of three disjoint 10-word topics whose mixtures come from Dir([0.05, 0.2, 1.5])."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n_docs):
+        z = rng.choice(3, size=30, p=rng.dirichlet([0.05, 0.2, 1.5]))
+        idx, cnt = np.unique(10 * z + rng.integers(0, 10, size=30), return_counts=True)
+        rows.append((i, Vectors.sparse(30, idx.tolist(), cnt.astype(float).tolist())))
+    return spark.createDataFrame(rows, ["id", "features"]).repartition(2)
+
+
+def test_optimize_doc_concentration_learns_an_asymmetric_prior_the_model_uses(spark):
+    df = skewed_vectors(spark)
+    fixed = StradsLDA(k=3, maxIter=40, seed=2, docConcentration=[0.5], topicConcentration=0.05).fit(df)
+    learned = StradsLDA(k=3, maxIter=40, seed=2, docConcentration=[0.5], topicConcentration=0.05,
+                        optimizeDocConcentration=True, optimizeInterval=5).fit(df)
+    assert fixed.estimatedDocConcentration().toArray().tolist() == [0.5] * 3
+    alpha = np.sort(learned.estimatedDocConcentration().toArray())
+    # measured [0.05 0.2 1.3]-like: the symmetric start is gone, the order of magnitude is the truth's
+    assert alpha[-1] / alpha[0] > 5 and alpha[0] < 0.2 and alpha[-1] > 0.6, alpha
+    assert "alpha_sum" in learned.summary.iterations
+    # the learned prior fits the documents better than the fixed one
+    assert learned.logPerplexity(df) < fixed.logPerplexity(df)
+
+
+def test_transform_and_perplexity_use_the_prior_per_topic(spark):
+    rng = np.random.default_rng(8)
+    word_topic = rng.integers(1, 20, size=(30, 3))
+    short = spark.createDataFrame([(0, Vectors.sparse(30, [1, 2], [1.0, 1.0]))], ["id", "features"])
+    theta = {}
+    for name, alpha in [("symmetric", 1.0), ("skewed", [20.0, 0.05, 0.05])]:
+        model = StradsLDAModel(word_topic, alpha, 0.1).setSeed(1)
+        theta[name] = model.transform(short).first().topicDistribution.toArray()
+        assert theta[name].sum() == pytest.approx(1.0)
+    # two tokens cannot outweigh a prior of 20 on topic 0 (symmetric: about a third each)
+    assert theta["skewed"][0] > 0.85 > theta["symmetric"][0]
+    skewed = StradsLDAModel(word_topic, [20.0, 0.05, 0.05], 0.1)
+    assert skewed.logPerplexity(short) != StradsLDAModel(word_topic, 1.0, 0.1).logPerplexity(short)
+
+
+def test_the_prior_per_topic_saves_and_loads_and_old_scalar_models_load(spark):
+    rng = np.random.default_rng(9)
+    model = StradsLDAModel(rng.integers(0, 9, size=(12, 3)), [0.3, 1.7, 0.02], 0.2)
+    model.setSeed(3)
+    path = os.path.join(tempfile.mkdtemp(), "lda_model")
+    model.write().overwrite().save(path)
+    loaded = StradsLDAModel.load(path)
+    assert loaded.estimatedDocConcentration().toArray().tolist() == [0.3, 1.7, 0.02]
+    docs = vectors_df(spark, [Vectors.sparse(12, [0, 5], [2.0, 1.0])], size=12)
+    assert model.logPerplexity(docs) == loaded.logPerplexity(docs)
+    # a model saved before issue 19 has one alpha in its metadata (25.0, k = 2): the symmetric prior
+    old = StradsLDAModel.load(os.path.join(os.path.dirname(__file__), "data", "saved_models", "lda"))
+    assert old.estimatedDocConcentration().toArray().tolist() == [25.0, 25.0]
+
+
+def test_a_learned_prior_that_would_never_update_is_warned_about():
+    with pytest.warns(UserWarning, match=r"first update would follow iteration 10 .* after maxIter=5"):
+        StradsLDA(optimizeDocConcentration=True, maxIter=5)._check_params()
+    with pytest.warns(UserWarning, match=r"iteration 60 \(optimizeInterval=20, optimizeBurnIn=50\)"):
+        StradsLDA(optimizeDocConcentration=True, maxIter=50, optimizeInterval=20, optimizeBurnIn=50)._check_params()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StradsLDA(optimizeDocConcentration=True, maxIter=60, optimizeInterval=20, optimizeBurnIn=50)._check_params()
+        StradsLDA(maxIter=5)._check_params()  # a fixed prior: nothing to warn about

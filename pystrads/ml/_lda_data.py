@@ -76,7 +76,8 @@ def _doc_records(dataset, features_col: str):
                 i += 1
 
     def empty():
-        return {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "bad": None, "sizes": set(), "freq": None}
+        return {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "max_length": 0, "bad": None, "sizes": set(),
+                "freq": None}
 
     def scan(batches):
         size = None
@@ -102,6 +103,7 @@ def _doc_records(dataset, features_col: str):
                 continue
             out["docs"] += 1
             out["tokens"] += int(counts.sum())
+            out["max_length"] = max(out["max_length"], int(counts.sum()))
             np.add.at(out["freq"], idx, counts)
         return out
 
@@ -112,6 +114,7 @@ def _doc_records(dataset, features_col: str):
             a["freq"] = a["freq"] + b["freq"]
         for key in ("docs", "empty", "null", "tokens"):
             a[key] += b[key]
+        a["max_length"] = max(a["max_length"], b["max_length"])
         a["sizes"] |= b["sizes"]
         a["bad"] = a["bad"] or b["bad"]
         return a
@@ -142,7 +145,7 @@ def _doc_records(dataset, features_col: str):
     return frame.mapInArrow(keep, DOC_RECORD_SCHEMA), stats
 
 
-def fold_in(features_index: int, phi: np.ndarray, alpha: float, n_iter: int, seed: int):
+def fold_in(features_index: int, phi: np.ndarray, alpha: np.ndarray, n_iter: int, seed: int):
     """``fn(batches)``: a partition's batches (column ``features_index`` holding term counts) and,
     per document, its Gibbs fold-in topic counts with the topics ``phi`` fixed --
     ``(batches, counts, lengths, words, ptr)``, one fold-in per partition.  Each document draws
@@ -174,13 +177,13 @@ def fold_in(features_index: int, phi: np.ndarray, alpha: float, n_iter: int, see
     return run
 
 
-def _theta(counts: np.ndarray, length: int, alpha: float) -> np.ndarray:
-    """A document's topic mixture from its fold-in counts (zeros for a document without terms)."""
-    k = len(counts)
-    return np.zeros(k) if length == 0 else (counts + alpha) / (length + k * alpha)
+def _theta(counts: np.ndarray, length: int, alpha: np.ndarray) -> np.ndarray:
+    """A document's topic mixture from its fold-in counts and the prior (one value per topic;
+    zeros for a document without terms)."""
+    return np.zeros(len(counts)) if length == 0 else (counts + alpha) / (length + alpha.sum())
 
 
-def with_topic_mixtures(fold: callable, alpha: float, features_index: int, out_col: str):
+def with_topic_mixtures(fold: callable, alpha: np.ndarray, features_index: int, out_col: str):
     """``fn(batches)`` for ``mapInArrow``: the batches with a dense vector column ``out_col`` of
     each document's topic mixture (``fold``: from :func:`fold_in`)."""
     def attach(batches):
@@ -199,7 +202,7 @@ def with_topic_mixtures(fold: callable, alpha: float, features_index: int, out_c
     return attach
 
 
-def log_likelihood(fold: callable, phi: np.ndarray, alpha: float):
+def log_likelihood(fold: callable, phi: np.ndarray, alpha: np.ndarray):
     """``fn(batches) -> (sum of log p(token | theta_d, phi), tokens)`` over a partition's documents."""
     def score(batches):
         _, counts, lengths, words, ptr = fold(batches)

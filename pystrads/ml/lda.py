@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError, InputError
-from ..kernels.lda import SAMPLERS, choose_sampler
+from ..kernels.lda import SAMPLERS, alpha_vector, choose_sampler
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 #: topicsMatrix() warns above this many cells (it builds the matrix on the driver).
 LARGE_MODEL_CELLS = 50_000_000
 
+#: Default optimizeBurnIn: iterations of Gibbs sampling before the first update of a learned alpha.
+OPTIMIZE_BURN_IN = 0
+
 
 class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterval, HasNumWorkers):
     """Params shared by :class:`StradsLDA` and :class:`StradsLDAModel` (getters from
@@ -43,10 +46,26 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
                           typeConverter=TypeConverters.toInt)
     docConcentration: Param[List[float]] = Param(
         Params._dummy(), "docConcentration",
-        "concentration parameter (commonly named 'alpha') for the symmetric Dirichlet prior on documents' "
-        "distributions over topics ('theta'); one value or k equal values, all > 0. Unset: 50 / k "
+        "concentration parameter (commonly named 'alpha') for the Dirichlet prior on documents' "
+        "distributions over topics ('theta'); one value (symmetric) or k values, all > 0. Unset: 50 / k "
         "(Griffiths & Steyvers; the prior MLlib's EM optimizer effectively uses, its default 50/k + 1 "
-        "being a MAP shift by 1).", typeConverter=TypeConverters.toListFloat)
+        "being a MAP shift by 1). With optimizeDocConcentration: where the learned prior starts.",
+        typeConverter=TypeConverters.toListFloat)
+    optimizeDocConcentration: Param[bool] = Param(
+        Params._dummy(), "optimizeDocConcentration",
+        "learn docConcentration from the data: an asymmetric prior (one value per topic) re-estimated by "
+        "Minka's fixed point from the documents' topic counts every optimizeInterval iterations, from "
+        "iteration optimizeBurnIn on; estimatedDocConcentration() returns it. Default False (MLlib's online "
+        "optimizer defaults to True; see docs/lda.md).", typeConverter=TypeConverters.toBoolean)
+    optimizeInterval: Param[int] = Param(
+        Params._dummy(), "optimizeInterval",
+        "iterations between two updates of the learned docConcentration (tomotopy's optim_interval); >= 1.",
+        typeConverter=TypeConverters.toInt)
+    optimizeBurnIn: Param[int] = Param(
+        Params._dummy(), "optimizeBurnIn",
+        "iterations before the first update of the learned docConcentration (the first update is after the "
+        "first iteration that is a multiple of optimizeInterval and >= optimizeBurnIn); >= 0.",
+        typeConverter=TypeConverters.toInt)
     topicConcentration: Param[float] = Param(
         Params._dummy(), "topicConcentration",
         "concentration parameter (commonly named 'beta' or 'eta') for the prior placed on topics' "
@@ -75,9 +94,13 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
                     "docConcentration": [
                         Rule(lambda v, p: all(x > 0 and math.isfinite(x) for x in v),
                              lambda p: f"must be finite numbers > 0 (e.g. [{50.0 / p.getK():.4g}])"),
-                        Rule(lambda v, p: len(v) in (1, p.getK()) and len(set(v)) == 1,
-                             lambda p: f"must be one value or {p.getK()} equal values: StradsLDA uses a symmetric "
-                                       f"prior (e.g. docConcentration=[{50.0 / p.getK():.4g}])")],
+                        Rule(lambda v, p: len(v) in (1, p.getK()),
+                             lambda p: f"must be one value (a symmetric prior, e.g. docConcentration="
+                                       f"[{50.0 / p.getK():.4g}]) or {p.getK()} values, one per topic")],
+                    "optimizeInterval": at_least(1, note="iterations between two updates of the learned "
+                                                         "docConcentration"),
+                    "optimizeBurnIn": at_least(0, note="iterations before the first update of the learned "
+                                                       "docConcentration"),
                     "topicConcentration": above(0, finite=True, note="e.g. 0.1"),
                     "sampler": one_of("auto", *SAMPLERS),
                     "logLikelihoodEvery": at_least(0, note="0 = never"),
@@ -87,11 +110,15 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
-                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20)
+                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20, optimizeDocConcentration=False,
+                         optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN)
 
     # -- resolved hyper-parameters
-    def _alpha(self) -> float:
-        return float(self.getDocConcentration()[0]) if self.isDefined(self.docConcentration) else 50.0 / self.getK()
+    def _alpha(self) -> np.ndarray:
+        """docConcentration as k values (one value given: the symmetric prior)."""
+        k = self.getK()
+        values = self.getDocConcentration() if self.isDefined(self.docConcentration) else [50.0 / k]
+        return np.array(values if len(values) == k else list(values) * k, dtype=np.float64)
 
     def _beta(self) -> float:
         return float(self.getTopicConcentration()) if self.isDefined(self.topicConcentration) else 0.1
@@ -143,7 +170,11 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
 
     Objective: samples the posterior of LDA's topic assignments z (collapsed
     Gibbs: ``p(z = t) ∝ (n_dt + α)(n_wt + β)/(n_t + Vβ)``); the model's topics
-    are the word-topic counts of the last sample.
+    are the word-topic counts of the last sample.  With
+    ``optimizeDocConcentration`` the prior α is learned too: an asymmetric α
+    re-estimated every ``optimizeInterval`` iterations by Minka's fixed point
+    (Wallach, Mimno & McCallum 2009), toward the maximum of p(z | α) at the
+    current sample.
 
     Schedule: the vocabulary is cut into ``numWorkers`` blocks of equal token
     mass; in round r worker p samples the tokens of block (p + r) mod U, so
@@ -169,9 +200,20 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
                  checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
-                 foldInIterations: int = 20):
+                 foldInIterations: int = 20, optimizeDocConcentration: bool = False, optimizeInterval: int = 10,
+                 optimizeBurnIn: int = OPTIMIZE_BURN_IN):
         super().__init__()
         self._set(**self._input_kwargs)
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        interval, burn_in = self.getOptimizeInterval(), self.getOptimizeBurnIn()
+        first_update = max(interval, -(-burn_in // interval) * interval)
+        if self.getOptimizeDocConcentration() and first_update > self.getMaxIter():
+            warnings.warn(f"optimizeDocConcentration=True but docConcentration stays fixed: the first update would "
+                          f"follow iteration {first_update} (optimizeInterval={interval}, optimizeBurnIn={burn_in}), "
+                          f"after maxIter={self.getMaxIter()}; lower optimizeInterval / optimizeBurnIn or raise "
+                          "maxIter", UserWarning, stacklevel=3)
 
     def _scan(self, fit: Fit):
         return _doc_records(fit.dataset, self.getFeaturesCol())  # refuses bad counts and empty corpora
@@ -182,15 +224,19 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         sampler = self.getSampler()
         stats["sampler"] = sampler = choose_sampler(k, stats["tokens"] / stats["docs"]) if sampler == "auto" \
             else sampler
-        log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, k=%d, alpha=%.4g, beta=%.4g, "
-                 "sampler=%s, %d workers", stats["docs"], stats["empty"], stats["tokens"], vocab, k, alpha, beta,
-                 sampler, fit.workers)
-        return LDAProgram(k, vocab, fit.workers, range_bounds(vocab, fit.workers, freq), alpha, beta,
-                          self.getMaxIter(), sampler, fit.seed, word_weights=freq.astype(np.float64),
-                          log_likelihood_every=self.getLogLikelihoodEvery())
+        program = LDAProgram(k, vocab, fit.workers, range_bounds(vocab, fit.workers, freq), alpha, beta,
+                             self.getMaxIter(), sampler, fit.seed, word_weights=freq.astype(np.float64),
+                             log_likelihood_every=self.getLogLikelihoodEvery(),
+                             optimize_alpha=self.getOptimizeDocConcentration(),
+                             optimize_interval=self.getOptimizeInterval(), optimize_burn_in=self.getOptimizeBurnIn(),
+                             max_doc_length=stats["max_length"])
+        log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, %d workers, %r", stats["docs"],
+                 stats["empty"], stats["tokens"], vocab, fit.workers, program)
+        return program
 
     def _read_model(self, result, fit: Fit) -> "StradsLDAModel":
-        return StradsLDAModel(result.read_table("word_topic"), self._alpha(), self._beta())
+        # the driver's program holds the learned alpha
+        return StradsLDAModel(result.read_table("word_topic"), fit.program.alpha, self._beta())
 
 
 class StradsLDAModel(_StradsModel, _StradsLDAParams):
@@ -200,10 +246,11 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
 
     _setters = ("featuresCol", "topicDistributionCol", "seed")
 
-    def __init__(self, word_topic: Optional[np.ndarray] = None, alpha: float = 0.0, beta: float = 0.0):
+    def __init__(self, word_topic: Optional[np.ndarray] = None, alpha=0.0, beta: float = 0.0):
+        """``alpha``: the document-topic prior, one value per topic (a number: symmetric)."""
         super().__init__()
         self._word_topic = None if word_topic is None else np.ascontiguousarray(word_topic, dtype=np.int32)
-        self._alpha_value = float(alpha)
+        self._alpha_value = alpha_vector(alpha, 1 if word_topic is None else self._word_topic.shape[1]).copy()
         self._beta_value = float(beta)
 
     # -- MLlib LDAModel API
@@ -214,7 +261,8 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
         return False
 
     def estimatedDocConcentration(self) -> DenseVector:
-        return DenseVector(np.full(self._word_topic.shape[1], self._alpha_value))
+        """The document-topic prior the model uses: learned (optimizeDocConcentration) or as given."""
+        return DenseVector(self._alpha_value.copy())
 
     def topicsMatrix(self) -> DenseMatrix:
         """vocabSize x k word-topic **counts** (they sum to the training tokens).
@@ -277,7 +325,7 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
         write("data", T.StructType([T.StructField("term", T.IntegerType(), False),
                                     T.StructField("counts", T.ArrayType(T.IntegerType(), False), False)]),
               [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))])
-        return {"alpha": self._alpha_value, "beta": self._beta_value, "vocabSize": self.vocabSize(),
+        return {"alpha": self._alpha_value.tolist(), "beta": self._beta_value, "vocabSize": self.vocabSize(),
                 "k": int(wt.shape[1])}
 
     @classmethod
@@ -285,4 +333,4 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
         word_topic = np.zeros((int(metadata["vocabSize"]), int(metadata["k"])), dtype=np.int32)
         for row in read("data").toLocalIterator():
             word_topic[row["term"]] = row["counts"]
-        return cls(word_topic, metadata["alpha"], metadata["beta"])
+        return cls(word_topic, metadata["alpha"], metadata["beta"])  # alpha: k values (one before issue 19)

@@ -3,7 +3,10 @@
 Tables
     ``word_topic``  (V x K int32): word-topic counts, rows range-partitioned
     over the shards by word id, cut so every shard holds about the same
-    token mass; ``topic_totals`` (1 x K int64): the column sums, on one shard.
+    token mass; ``topic_totals`` (1 x K int64): the column sums, on one shard;
+    with a learned α, ``doc_topic_hist`` ((K + 1) x (L + 1) float64, one
+    shard): the corpus's histograms of document-topic counts (row k) and
+    document lengths (row K), replaced at every α update.
 
 Worker data (immutable, cached)
     the worker's tokens sorted by word (word-major), their documents, the
@@ -23,6 +26,16 @@ Schedule
     is re-read every round; the drift of each worker's local copy within a
     round is the STRADS supplement's s-error (eq. 1), reported per iteration.
 
+Learned α (``optimize_alpha``)
+    after every ``optimize_interval``-th iteration (from iteration
+    ``optimize_burn_in`` on) each worker contributes the histograms of its
+    documents' topic counts in that iteration's last round; ``pull`` sums
+    them into ``doc_topic_hist``; the step ends there (``schedule`` cuts it)
+    and ``after_step`` updates ``alpha`` on the driver by Minka's fixed point
+    (:func:`pystrads.kernels.lda.minka_fixed_point`).  The changed program
+    reaches the workers with the next step; ``alpha`` is a program attribute,
+    so checkpoints save it and a resumed fit restores it.
+
 Metrics per iteration: the joint log-likelihood log p(w, z) -- the document
 part computed by the workers, the word part by the shards over their rows
 (a consistent snapshot at the iteration's last round) -- tokens sampled and
@@ -37,6 +50,10 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ..engine.program import Program, Schedule, Table
+
+#: The learned α's histograms hold at most this many cells ((K + 1) x (L + 1) float64, 32 MB):
+#: documents longer than HISTOGRAM_MAX_CELLS / (K + 1) tokens have their counts clipped.
+HISTOGRAM_MAX_CELLS = 1 << 22
 
 
 class _WorkerData:
@@ -91,8 +108,11 @@ class LDAProgram(Program):
         Word-id bounds of the rotation blocks (about equal token mass).
     word_weights : array, shape (V,), optional
         Token count per word; balances the shards' ``word_topic`` ranges.
-    alpha, beta : float
-        Symmetric Dirichlet concentrations (doc-topic, topic-word).
+    alpha : float or array of float, shape (K,)
+        Dirichlet concentrations of the doc-topic prior (a number: symmetric);
+        the starting point when learned.
+    beta : float
+        Symmetric Dirichlet concentration of the topic-word prior.
     max_iterations : int
         Iterations (full rotations) to run.
     sampler : str
@@ -100,16 +120,30 @@ class LDAProgram(Program):
     seed : int
     log_likelihood_every : int
         Compute log p(w, z) every this many iterations (0 = never).
+    optimize_alpha : bool
+        Learn an asymmetric ``alpha`` (see the module docstring).
+    optimize_interval : int
+        Iterations between two α updates (tomotopy's ``optim_interval``).
+    optimize_burn_in : int
+        No α update before this iteration.
+    max_doc_length : int
+        Tokens of the longest document (needed with ``optimize_alpha``): the
+        histograms' length, capped at :data:`HISTOGRAM_MAX_CELLS` / (K + 1)
+        columns (longer counts are clipped into the last column).
     """
 
-    def __init__(self, num_topics: int, vocab_size: int, num_workers: int, block_bounds, alpha: float,
+    def __init__(self, num_topics: int, vocab_size: int, num_workers: int, block_bounds, alpha,
                  beta: float, max_iterations: int, sampler: str = "fplus", seed: int = 0,
-                 word_weights: Optional[np.ndarray] = None, log_likelihood_every: int = 1):
+                 word_weights: Optional[np.ndarray] = None, log_likelihood_every: int = 1,
+                 optimize_alpha: bool = False, optimize_interval: int = 10, optimize_burn_in: int = 0,
+                 max_doc_length: int = 0):
+        from ..kernels.lda.priors import alpha_vector
+
         self.num_topics = int(num_topics)
         self.vocab_size = int(vocab_size)
         self.num_workers = int(num_workers)
         self.block_bounds = np.asarray(block_bounds, dtype=np.int64)
-        self.alpha = float(alpha)
+        self.alpha = alpha_vector(alpha, self.num_topics).copy()  # learned: replaced by after_step
         self.beta = float(beta)
         self.max_iterations = int(max_iterations)
         self.sampler = sampler
@@ -117,6 +151,13 @@ class LDAProgram(Program):
         self.word_weights = word_weights
         self.log_likelihood_every = int(log_likelihood_every)
         self.shard_metrics_every = self.num_workers * self.log_likelihood_every
+        self.optimize_alpha = bool(optimize_alpha)
+        self.optimize_interval = int(optimize_interval)
+        self.optimize_burn_in = int(optimize_burn_in)
+        if self.optimize_alpha and (max_doc_length < 1 or self.optimize_interval < 1):
+            raise ValueError(f"optimize_alpha needs max_doc_length >= 1 (got {max_doc_length}) and "
+                             f"optimize_interval >= 1 (got {optimize_interval})")
+        self.histogram_length = int(min(max_doc_length, max(1, HISTOGRAM_MAX_CELLS // (self.num_topics + 1))))
 
     def __getstate__(self):
         d = dict(self.__dict__)
@@ -124,8 +165,17 @@ class LDAProgram(Program):
         return d
 
     def __repr__(self) -> str:
-        return (f"LDAProgram(K={self.num_topics}, V={self.vocab_size}, U={self.num_workers}, alpha={self.alpha}, "
-                f"beta={self.beta}, iterations={self.max_iterations}, sampler={self.sampler!r})")
+        lo, hi = float(self.alpha.min()), float(self.alpha.max())
+        alpha = f"{lo:.4g}" if lo == hi else f"[{lo:.4g} .. {hi:.4g}]"
+        learned = (f", learned alpha every {self.optimize_interval} iterations from {self.optimize_burn_in}"
+                   if self.optimize_alpha else "")
+        return (f"LDAProgram(K={self.num_topics}, V={self.vocab_size}, U={self.num_workers}, alpha={alpha}, "
+                f"beta={self.beta}, iterations={self.max_iterations}, sampler={self.sampler!r}{learned})")
+
+    def alpha_update_due(self, iteration: int) -> bool:
+        """Whether α is updated after iteration ``iteration`` (counted from 1)."""
+        return (self.optimize_alpha and iteration >= self.optimize_burn_in
+                and iteration % self.optimize_interval == 0)
 
     # ------------------------------------------------------------------ tables
     def _shard_weights(self) -> Optional[np.ndarray]:
@@ -138,8 +188,12 @@ class LDAProgram(Program):
         return (mass / total if total > 0 else 0.0) + 1.0 / self.vocab_size
 
     def tables(self):
-        return [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self._shard_weights()),
-                Table("topic_totals", 1, self.num_topics, "int64", single_shard=True)]
+        tables = [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self._shard_weights()),
+                  Table("topic_totals", 1, self.num_topics, "int64", single_shard=True)]
+        if self.optimize_alpha:
+            tables.append(Table("doc_topic_hist", self.num_topics + 1, self.histogram_length + 1, "float64",
+                                single_shard=True))
+        return tables
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _WorkerData:
@@ -243,7 +297,16 @@ class LDAProgram(Program):
         every = self.log_likelihood_every
         if every and (ctx.round + 1) % (self.num_workers * every) == 0:
             ctx.report(ll_doc=K.doc_log_likelihood(state.doc_topic, data.doc_lengths, self.alpha))
+        if (ctx.round + 1) % self.num_workers == 0 and self.alpha_update_due((ctx.round + 1) // self.num_workers):
+            # this worker's documents are final for the iteration: their histograms, for the driver's α update
+            hist = K.doc_topic_histograms(state.doc_topic, data.doc_ptr, state.doc_nz_topics, state.doc_nz_count,
+                                          data.doc_lengths, self.histogram_length)
+            ctx.contribute_range("doc_topic_hist", 0, hist.astype(np.float64))
         return state
+
+    def pull(self, table: str, keys: np.ndarray, partials: np.ndarray, current: np.ndarray) -> np.ndarray:
+        # doc_topic_hist: the workers' summed histograms replace the previous update's
+        return partials
 
     def shard_metrics(self, table: str, rows: np.ndarray, row_start: int) -> Dict[str, float]:
         from ..kernels import lda as K
@@ -261,13 +324,26 @@ class LDAProgram(Program):
         if done >= self.max_iterations:
             return None
         iterations = int(min(self.max_iterations - done, max(1, ctx.rounds_hint // U)))
+        if self.optimize_alpha:  # end the step at the next α update: after_step makes it
+            iterations = next((i for i in range(1, iterations) if self.alpha_update_due(done + i)), iterations)
         return Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(iterations * U)])
+
+    def _update_alpha(self, ctx) -> Dict[str, float]:
+        """Minka's fixed point on the histograms the workers just contributed; returns the
+        new α's summary for the iteration's row."""
+        from ..kernels.lda.priors import minka_fixed_point
+
+        histograms = ctx.table("doc_topic_hist").get_range(0, self.num_topics + 1)
+        self.alpha = minka_fixed_point(self.alpha, histograms)
+        return {"alpha_sum": float(self.alpha.sum()), "alpha_min": float(self.alpha.min()),
+                "alpha_max": float(self.alpha.max())}
 
     def after_step(self, ctx, metrics) -> None:
         U = self.num_workers
         tokens_total = metrics.total("tokens")
-        ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // U, tokens=tokens_total,
-                   sample_s=metrics.total("sample_s") / U)
+        last_iteration = (ctx.rounds_done + len(metrics.rounds)) // U
+        ctx.record(iteration=last_iteration, tokens=tokens_total, sample_s=metrics.total("sample_s") / U)
+        updated = self._update_alpha(ctx) if metrics.rounds and self.alpha_update_due(last_iteration) else {}
         start = 0
         last_row: Dict[str, Any] = {}
         for r in range(len(metrics.rounds)):
@@ -285,6 +361,8 @@ class LDAProgram(Program):
             if "ll_doc" in last and "ll_word" in last:
                 row["log_likelihood"] = last["ll_doc"] + last["ll_word"] + last.get("ll_totals", 0.0)
                 row["log_perplexity"] = -row["log_likelihood"] / row["tokens"] if row["tokens"] else float("nan")
+            if row["iteration"] == last_iteration:
+                row.update(updated)
             ctx.record_row(**row)
             last_row = row
         shown = {"tokens_per_s": tokens_total / max(metrics.total("_compute_s") / U + metrics.total("_sync_s") / U,

@@ -62,7 +62,11 @@ of ``jobs/bench_lda_kernel.py`` recorded in its docstring.
 Equations (LDA* eq. 1; Griffiths & Steyvers 2004), with ``¬`` meaning the
 token's own assignment removed from the counts::
 
-    p(z = t | rest) ∝ (n_dt¬ + α) (n_wt¬ + β) / (n_t¬ + V β)
+    p(z = t | rest) ∝ (n_dt¬ + α_t) (n_wt¬ + β) / (n_t¬ + V β)
+
+with one concentration α_t per topic (``alpha`` float64[K]; a symmetric
+prior is a constant vector, :func:`alpha_vector`).  :mod:`.priors` learns an
+asymmetric α from the document-topic counts (Minka's fixed point).
 
 Kernels never validate their input; callers do.
 
@@ -79,6 +83,8 @@ Modules
 :mod:`.likelihood`
     log p(w, z) in parts that add up across workers and shards; fold-in
     and document completion for held-out documents.
+:mod:`.priors`
+    Learned α: per-worker document-topic histograms and Minka's fixed point.
 
 Every public name is re-exported here: import from ``pystrads.kernels.lda``.
 
@@ -106,6 +112,7 @@ from .likelihood import (
     topic_totals_log_likelihood,
     word_log_likelihood_rows,
 )
+from .priors import MIN_ALPHA, alpha_vector, doc_topic_histograms, minka_fixed_point
 from .samplers import (
     MH_CYCLES,
     SAMPLERS,
@@ -120,7 +127,9 @@ from .samplers import (
 
 __all__ = [
     "MH_CYCLES",
+    "MIN_ALPHA",
     "SAMPLERS",
+    "alpha_vector",
     "build_doc_nonzero",
     "build_doc_tokens",
     "choose_sampler",
@@ -129,10 +138,12 @@ __all__ = [
     "count_word_topic",
     "doc_log_likelihood",
     "doc_states",
+    "doc_topic_histograms",
     "document_completion_log_likelihood",
     "fold_in",
     "get_sampler",
     "joint_log_likelihood",
+    "minka_fixed_point",
     "random_topics",
     "sample_block",
     "sample_block_dense",

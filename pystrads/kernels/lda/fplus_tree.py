@@ -4,9 +4,9 @@ Leaf ``t`` sits at ``tree[offset + t]`` (``offset`` the smallest power of two
 >= K, padding leaves zero) and node ``n`` holds the sum of its children
 ``2n`` and ``2n + 1``, so ``tree[1]`` is the total.  Setting a leaf and
 drawing a leaf in proportion to its weight both cost O(log K).
-``_tree_switch_word`` points the tree at another word's
-``q_t = (n_wt + β) / (n_t + Vβ)`` touching only the two words' non-zero
-topics.  Inline helpers of the ``"fplus"`` and ``"mh"`` samplers
+``_tree_switch_word`` points the tree at another word's leaves
+``(n_wt + β) f_t`` (the samplers pass ``f_t = α_t / (n_t + Vβ)``) touching
+only the two words' non-zero topics.  Inline helpers of the ``"fplus"`` and ``"mh"`` samplers
 (:mod:`.samplers`); no public kernel.
 """
 
@@ -69,8 +69,9 @@ def _tree_depth(offset):
 @njit(cache=True, nogil=True, inline="always")
 def _tree_switch_word(tree, offset, depth, row, beta, inv_denom,
                       word_nz_topics, word_nz_pos, word_nz_count):
-    # The tree holds q_t = (n_wt + β) / (n_t + Vβ) for the current word.
-    # Outside the word's non-zero topics a leaf is β / (n_t + Vβ), whatever
+    # The tree holds (n_wt + β) inv_denom[t] for the current word (the samplers
+    # pass inv_denom[t] = α_t / (n_t + Vβ)).
+    # Outside the word's non-zero topics a leaf is β inv_denom[t], whatever
     # the word, so switching words only touches the leaves of the old and the
     # new word's non-zero topics: O((K_w_old + K_w_new) log K) instead of an
     # O(K) rebuild, which matters for the many rare words of a Zipf corpus.

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from ..random import STATE_SIZE, seed_states, uniform
+from .priors import alpha_vector
 
 
 # --------------------------------------------------------------------------
@@ -25,8 +26,8 @@ from ..random import STATE_SIZE, seed_states, uniform
 @njit(cache=True, nogil=True, inline="always")
 def _add_count_terms(ll, counts, prior, lgamma_prior):
     # ll + Σ_t (lgamma(n_t + prior) - lgamma(prior)) over the non-zero counts of
-    # one row: the Dirichlet-multinomial term shared by the document and word
-    # parts, added term by term onto ll so that the sums are as before.
+    # one row: the Dirichlet-multinomial term of the word part (the document
+    # part writes it out with a prior per topic), added term by term onto ll.
     for t in range(counts.shape[0]):
         count = counts[t]
         if count > 0:
@@ -34,32 +35,44 @@ def _add_count_terms(ll, counts, prior, lgamma_prior):
     return ll
 
 
-@njit(cache=True, nogil=True)
 def doc_log_likelihood(doc_topic, doc_lengths, alpha):
     """Document part of log p(w, z): log p(z | α) for a worker's documents.
 
-    ``Σ_d [lgamma(Kα) - lgamma(L_d + Kα) + Σ_t (lgamma(n_dt + α) - lgamma(α))]``
-    (Griffiths & Steyvers 2004, eq. 3).  Sums over workers add up.
+    ``Σ_d [lgamma(α_0) - lgamma(L_d + α_0) + Σ_t (lgamma(n_dt + α_t) - lgamma(α_t))]``
+    with ``α_0 = Σ_t α_t`` (Griffiths & Steyvers 2004, eq. 3, with an
+    asymmetric prior).  Sums over workers add up.
 
     Parameters
     ----------
     doc_topic : ndarray of int, shape (n_docs, K)
     doc_lengths : ndarray of int, shape (n_docs,)
         Tokens per document (the row sums of ``doc_topic``).
-    alpha : float
+    alpha : float or ndarray of float64, shape (K,)
+        A number is the symmetric prior.
 
     Returns
     -------
     float
     """
+    return _doc_log_likelihood(doc_topic, doc_lengths, alpha_vector(alpha, doc_topic.shape[1]))
+
+
+@njit(cache=True, nogil=True)
+def _doc_log_likelihood(doc_topic, doc_lengths, alpha):
     n_docs, n_topics = doc_topic.shape
-    k_alpha = n_topics * alpha
-    lgamma_alpha = math.lgamma(alpha)
-    lgamma_k_alpha = math.lgamma(k_alpha)
+    alpha_sum = 0.0
+    lgamma_alpha = np.empty(n_topics, dtype=np.float64)
+    for t in range(n_topics):
+        alpha_sum += alpha[t]
+        lgamma_alpha[t] = math.lgamma(alpha[t])
+    lgamma_alpha_sum = math.lgamma(alpha_sum)
     ll = 0.0
     for d in range(n_docs):
-        ll += lgamma_k_alpha - math.lgamma(doc_lengths[d] + k_alpha)
-        ll = _add_count_terms(ll, doc_topic[d], alpha, lgamma_alpha)
+        ll += lgamma_alpha_sum - math.lgamma(doc_lengths[d] + alpha_sum)
+        for t in range(n_topics):  # term by term, as _add_count_terms
+            count = doc_topic[d, t]
+            if count > 0:
+                ll += math.lgamma(count + alpha[t]) - lgamma_alpha[t]
     return ll
 
 
@@ -126,7 +139,8 @@ def joint_log_likelihood(
     topic_totals : ndarray of int, shape (K,)
     doc_topic : ndarray of int, shape (n_docs, K)
     doc_lengths : ndarray of int, shape (n_docs,)
-    alpha, beta : float
+    alpha : float or ndarray of float64, shape (K,)
+    beta : float
     vocab_size : int
 
     Returns
@@ -148,7 +162,7 @@ def joint_log_likelihood(
 @njit(cache=True, nogil=True)
 def _fold_in_run(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, n_burn,
                  rng_states, doc_topic, doc_topic_sum):
-    # Gibbs with fixed φ: p(z = t) ∝ (n_dt¬ + α) φ[w, t].  The first pass
+    # Gibbs with fixed φ: p(z = t) ∝ (n_dt¬ + α_t) φ[w, t].  The first pass
     # adds tokens one by one (sequential initialisation); counts of the
     # passes after the first n_burn ones are accumulated in doc_topic_sum.
     # rng_states: one row shared by all documents, or one row per document.
@@ -166,7 +180,7 @@ def _fold_in_run(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, n_burn,
                     doc_topic[d, token_topic[i]] -= 1
                 total = 0.0
                 for t in range(n_topics):
-                    total += (doc_topic[d, t] + alpha) * topic_word_prob[w, t]
+                    total += (doc_topic[d, t] + alpha[t]) * topic_word_prob[w, t]
                     cumulative[t] = total
                 u = uniform(rng_state) * total
                 new = 0
@@ -198,7 +212,7 @@ def fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_state):
     """Infer topic counts of held-out documents with the topics held fixed.
 
     Collapsed Gibbs over the documents' tokens with
-    ``p(z = t) ∝ (n_dt¬ + α) φ[w, t]``, ``n_iter`` sweeps, the first one
+    ``p(z = t) ∝ (n_dt¬ + α_t) φ[w, t]``, ``n_iter`` sweeps, the first one
     a sequential initialisation.
 
     Parameters
@@ -210,7 +224,8 @@ def fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_state):
         CSR offsets: document ``d`` is ``doc_words[doc_ptr[d]:doc_ptr[d+1]]``.
     topic_word_prob : ndarray of float64, shape (V or n_rows, K)
         Fixed φ, ``topic_word_prob[w, t] = p(w | t)``.
-    alpha : float
+    alpha : float or ndarray of float64, shape (K,)
+        The document-topic prior (a number: symmetric).
     n_iter : int
         Number of sweeps, >= 1.
     rng_state : ndarray of uint64
@@ -222,7 +237,8 @@ def fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_state):
     ndarray of int32, shape (n_docs, K)
         Document-topic counts after the last sweep.
     """
-    return _fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, _as_states(rng_state))
+    return _fold_in(doc_words, doc_ptr, topic_word_prob, alpha_vector(alpha, topic_word_prob.shape[1]), n_iter,
+                    _as_states(rng_state))
 
 
 @njit(cache=True, nogil=True)
@@ -241,7 +257,7 @@ def document_completion_log_likelihood(doc_words, doc_ptr, topic_word_prob, alph
 
     For each document, θ_d is estimated by fold-in on its first
     ``L_d // 2`` tokens (counts averaged over the last ``n_iter - n_iter // 2``
-    sweeps, ``θ_dt = (n̄_dt + α) / (L_d // 2 + Kα)``) and the remaining
+    sweeps, ``θ_dt = (n̄_dt + α_t) / (L_d // 2 + Σα)``) and the remaining
     tokens are scored by ``log Σ_t θ_dt φ[w, t]`` (Wallach et al. 2009).
     Perplexity is ``exp(-log_lik / n_scored)``.
 
@@ -257,7 +273,8 @@ def document_completion_log_likelihood(doc_words, doc_ptr, topic_word_prob, alph
     n_scored : int
         Number of scored tokens.
     """
-    return _completion(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, _as_states(rng_state))
+    return _completion(doc_words, doc_ptr, topic_word_prob, alpha_vector(alpha, topic_word_prob.shape[1]), n_iter,
+                       _as_states(rng_state))
 
 
 @njit(cache=True, nogil=True)
@@ -277,14 +294,17 @@ def _completion(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_states):
     _fold_in_run(est_words, est_ptr, topic_word_prob, alpha, n_iter, n_burn,
                  rng_states, doc_topic, doc_topic_sum)
     n_kept = n_iter - n_burn
+    alpha_sum = 0.0
+    for t in range(n_topics):
+        alpha_sum += alpha[t]
     theta = np.empty(n_topics, dtype=np.float64)
     log_lik = 0.0
     n_scored = 0
     for d in range(n_docs):
         n_est = est_ptr[d + 1] - est_ptr[d]
-        norm = 1.0 / (n_est + n_topics * alpha)
+        norm = 1.0 / (n_est + alpha_sum)
         for t in range(n_topics):
-            theta[t] = (doc_topic_sum[d, t] / n_kept + alpha) * norm
+            theta[t] = (doc_topic_sum[d, t] / n_kept + alpha[t]) * norm
         for i in range(doc_ptr[d] + n_est, doc_ptr[d + 1]):
             w = doc_words[i]
             p = 0.0

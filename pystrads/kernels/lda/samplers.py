@@ -35,11 +35,11 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
         word_topic_block[w, old] -= 1
         topic_totals[old] -= 1
         _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
-        # LDA* eq. 1: p(t) ∝ (n_dt¬ + α)(n_wt¬ + β) / (n_t¬ + Vβ)
+        # LDA* eq. 1: p(t) ∝ (n_dt¬ + α_t)(n_wt¬ + β) / (n_t¬ + Vβ)
         total = 0.0
         for t in range(n_topics):
             total += (
-                (doc_topic[d, t] + alpha)
+                (doc_topic[d, t] + alpha[t])
                 * (word_topic_block[w, t] + beta)
                 / (topic_totals[t] + v_beta)
             )
@@ -58,20 +58,22 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sparse_move(word_topic_block, w, t, delta, topic_totals, inv_denom, v_beta, alpha,
-                 alpha_beta, s_mass, q_mass):
+def _sparse_move(word_topic_block, w, t, delta, topic_totals, inv_denom, alpha_inv_denom, v_beta, alpha,
+                 beta, s_mass, q_mass):
     # Change n_wt and n_t by delta (+1 or -1): take topic t out of the s and q
-    # sums, change its counts and 1 / (n_t + Vβ), put it back.  Returns the
-    # new n_wt and the two sums.
+    # sums, change its counts, 1 / (n_t + Vβ) and α_t / (n_t + Vβ), put it
+    # back.  Returns the new n_wt and the two sums.
     c = word_topic_block[w, t]
-    s_mass -= alpha_beta * inv_denom[t]
-    q_mass -= alpha * c * inv_denom[t]
+    s_mass -= beta * alpha_inv_denom[t]
+    q_mass -= c * alpha_inv_denom[t]
     c += delta
     word_topic_block[w, t] = c
     topic_totals[t] += delta
-    inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
-    s_mass += alpha_beta * inv_denom[t]
-    q_mass += alpha * c * inv_denom[t]
+    inv = 1.0 / (topic_totals[t] + v_beta)
+    inv_denom[t] = inv
+    alpha_inv_denom[t] = alpha[t] * inv
+    s_mass += beta * alpha_inv_denom[t]
+    q_mass += c * alpha_inv_denom[t]
     return c, s_mass, q_mass
 
 
@@ -83,11 +85,15 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
 
     Yao, Mimno & McCallum (2009) eq. 2-4, with word and document swapped::
 
-        p(t) ∝ αβ/(n_t+Vβ)              s: all K, sum kept up to date
-             + α n_wt/(n_t+Vβ)          q: the word's non-zero topics, sum
+        p(t) ∝ α_t β/(n_t+Vβ)           s: all K, sum kept up to date
+             + α_t n_wt/(n_t+Vβ)        q: the word's non-zero topics, sum
                                            cached across the word's tokens
              + n_dt (n_wt+β)/(n_t+Vβ)   r: the document's non-zero topics,
                                            summed per token in O(K_d)
+
+    With a per-topic α the s and q terms keep α_t / (n_t + Vβ) per topic
+    (one array, updated with the topic's count), so an asymmetric prior
+    costs what a symmetric one does.
 
     O(K) per distinct word (a scan of the row for non-zeros), O(K_d) per
     token, plus O(K_w) or O(K) in the rare draws that land in q or s.
@@ -95,18 +101,19 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
     """
     n_topics = topic_totals.shape[0]
     v_beta = vocab_size * beta
-    alpha_beta = alpha * beta
     inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
+    alpha_inv_denom = np.empty(n_topics, dtype=np.float64)  # α_t / (n_t + Vβ)
     for t in range(n_topics):
         inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
+        alpha_inv_denom[t] = alpha[t] * inv_denom[t]
     word_nz_topics = np.empty(n_topics, dtype=np.int32)
     word_nz_pos = np.full(n_topics, -1, dtype=np.int32)
     word_nz_count = 0
     doc_cumulative = np.empty(n_topics, dtype=np.float64)
     s_mass = 0.0
     for t in range(n_topics):
-        s_mass += inv_denom[t]
-    s_mass *= alpha_beta
+        s_mass += alpha_inv_denom[t]
+    s_mass *= beta
     since_refresh = 0
     q_mass = 0.0
     current_word = -1
@@ -121,23 +128,22 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
             q_mass = 0.0
             for j in range(word_nz_count):
                 t = word_nz_topics[j]
-                q_mass += word_topic_block[w, t] * inv_denom[t]
-            q_mass *= alpha
+                q_mass += word_topic_block[w, t] * alpha_inv_denom[t]
             if since_refresh >= n_topics:
                 # s is updated incrementally; recompute it from scratch
                 # every >= K tokens (amortised O(1)) to drop rounding drift.
                 since_refresh = 0
                 s_mass = 0.0
                 for t in range(n_topics):
-                    s_mass += inv_denom[t]
-                s_mass *= alpha_beta
+                    s_mass += alpha_inv_denom[t]
+                s_mass *= beta
         since_refresh += 1
         d = token_doc[i]
         old = token_topic[i]
 
         # Remove the token from topic `old`.
         c, s_mass, q_mass = _sparse_move(word_topic_block, w, old, -1, topic_totals, inv_denom,
-                                         v_beta, alpha, alpha_beta, s_mass, q_mass)
+                                         alpha_inv_denom, v_beta, alpha, beta, s_mass, q_mass)
         if c == 0:
             word_nz_count = _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, old)
         _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
@@ -159,28 +165,28 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
                 j += 1
             new = doc_nz_topics[base + j]
         elif u < r_mass + q_mass and word_nz_count > 0:
-            u = (u - r_mass) / alpha
+            u -= r_mass
             new = word_nz_topics[word_nz_count - 1]
             acc = 0.0
             for j in range(word_nz_count):
                 t = word_nz_topics[j]
-                acc += word_topic_block[w, t] * inv_denom[t]
+                acc += word_topic_block[w, t] * alpha_inv_denom[t]
                 if u < acc:
                     new = t
                     break
         else:
-            u = (u - r_mass - q_mass) / alpha_beta
+            u = (u - r_mass - q_mass) / beta
             new = n_topics - 1
             acc = 0.0
             for t in range(n_topics):
-                acc += inv_denom[t]
+                acc += alpha_inv_denom[t]
                 if u < acc:
                     new = t
                     break
 
         # Add the token to topic `new`.
         c, s_mass, q_mass = _sparse_move(word_topic_block, w, new, 1, topic_totals, inv_denom,
-                                         v_beta, alpha, alpha_beta, s_mass, q_mass)
+                                         alpha_inv_denom, v_beta, alpha, beta, s_mass, q_mass)
         if c == 1:
             word_nz_count = _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, new)
         _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
@@ -205,11 +211,12 @@ def sample_block_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
     """F+LDA word-by-word sweep (Yu et al. 2015; LDA* §3.1.1).
 
-    With ``q_t = (n_wt + β) / (n_t + Vβ)`` kept in an F+ tree for the
-    current word::
+    With ``q_t = (n_wt + β) / (n_t + Vβ)`` and the F+ tree holding
+    ``α_t q_t`` for the current word::
 
-        p(t) ∝ α q_t          (tree: total in O(1), draw in O(log K))
-             + n_dt q_t       (the document's non-zero topics, O(K_d))
+        p(t) ∝ α_t q_t        (tree: total in O(1), draw in O(log K))
+             + n_dt q_t       (the document's non-zero topics, O(K_d);
+                               q_t = leaf_t / α_t)
 
     Each count change updates one leaf in O(log K).  When the word changes
     only the leaves of the old and new word's non-zero topics change
@@ -232,13 +239,15 @@ def sample_block_mh(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
     §3.1.2), for a token with current state ``x`` and counts ``¬``
     excluding the token:
 
-    * document proposal ``q(t | x) ∝ n_dt¬ + [t = x] + α``, drawn in O(1)
-      by taking the topic of a random token of the document (or a uniform
-      topic with probability ``Kα / (L_d + Kα)``); acceptance
-      ``min(1, q_w(t) / q_w(x))``;
-    * word proposal ``q_w(t) ∝ (n_wt¬ + β) / (n_t¬ + Vβ)``, drawn in
-      O(log K) from an F+ tree that is always current; acceptance
-      ``min(1, (n_dt¬ + α) / (n_dx¬ + α))``.
+    * document proposal ``q(t | x) ∝ n_dt¬ + [t = x] + α_t``, drawn in O(1)
+      by taking the topic of a random token of the document (or, with
+      probability ``Σα / (L_d + Σα)``, a topic drawn from α: uniform for a
+      symmetric prior, by bisection of α's cumulative sums otherwise);
+      acceptance ``min(1, q_w(t) / q_w(x))``;
+    * word proposal ``α_t q_w(t)`` with ``q_w(t) ∝ (n_wt¬ + β) / (n_t¬ + Vβ)``,
+      drawn in O(log K) from an F+ tree that is always current; acceptance
+      ``min(1, (n_dt¬ / α_t + 1) / (n_dx¬ / α_x + 1))`` (that is
+      ``(n_dt¬ + α) / (n_dx¬ + α)`` for a symmetric prior).
 
     Both are exact MH steps for the token's conditional (no stale tables).
     ``MH_CYCLES`` cycles per token; cost O(log K) per token, independent of
@@ -255,23 +264,30 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
                  word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
                  doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
     # The word-by-word sweep shared by the "fplus" and "mh" samplers: the F+ tree
-    # holds q_t = (n_wt + β) / (n_t + Vβ) of the current word and each count
+    # holds α_t q_t = α_t (n_wt + β) / (n_t + Vβ) of the current word and each count
     # change of a token moves one leaf; `mh` picks how the new topic is drawn.
     # A plain (not inlined) kernel with both draws written out: inlining it, or
     # the draws as inline helpers, left per-token reference counting on their
     # array arguments in the loop and cost 5-15 % (jobs/bench_lda_kernel.py).
     n_topics = topic_totals.shape[0]
     v_beta = vocab_size * beta
-    k_alpha = n_topics * alpha
     current_word = -1
     n_changed = 0
     offset = _tree_leaf_offset(n_topics)
     depth = _tree_depth(offset)
     tree = np.zeros(2 * offset, dtype=np.float64)
-    inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
+    alpha_inv_denom = np.empty(n_topics, dtype=np.float64)  # α_t / (n_t + Vβ)
+    inv_alpha = np.empty(n_topics, dtype=np.float64)  # 1 / α_t: leaf_t / α_t = q_t
+    alpha_cumulative = np.empty(n_topics, dtype=np.float64)  # MH: draws from α
+    alpha_sum = 0.0
+    symmetric = True
     for t in range(n_topics):
-        inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
-        tree[offset + t] = beta * inv_denom[t]  # no current word yet
+        alpha_inv_denom[t] = alpha[t] / (topic_totals[t] + v_beta)
+        inv_alpha[t] = 1.0 / alpha[t]
+        tree[offset + t] = beta * alpha_inv_denom[t]  # no current word yet
+        alpha_sum += alpha[t]
+        alpha_cumulative[t] = alpha_sum
+        symmetric = symmetric and alpha[t] == alpha[0]
     _tree_rebuild(tree, offset)
     word_nz_topics = np.empty(n_topics, dtype=np.int32)
     word_nz_pos = np.full(n_topics, -1, dtype=np.int32)
@@ -282,7 +298,7 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
         if w != current_word:
             current_word = w
             word_nz_count = _tree_switch_word(
-                tree, offset, depth, word_topic_block[w], beta, inv_denom,
+                tree, offset, depth, word_topic_block[w], beta, alpha_inv_denom,
                 word_nz_topics, word_nz_pos, word_nz_count)
         d = token_doc[i]
         old = token_topic[i]
@@ -292,8 +308,8 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
         if c == 0:
             word_nz_count = _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, old)
         topic_totals[old] -= 1
-        inv_denom[old] = 1.0 / (topic_totals[old] + v_beta)
-        _tree_set(tree, offset, old, (c + beta) * inv_denom[old])
+        alpha_inv_denom[old] = alpha[old] / (topic_totals[old] + v_beta)
+        _tree_set(tree, offset, old, (c + beta) * alpha_inv_denom[old])
         _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
 
         if mh:  # MH_CYCLES cycles of a document and a word proposal
@@ -302,49 +318,72 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
             state = old
             for _ in range(MH_CYCLES):
                 # Document proposal.
-                u = uniform(rng_state) * (doc_len + k_alpha)
+                u = uniform(rng_state) * (doc_len + alpha_sum)
                 if u < doc_len:
                     j = doc_tokens[base + np.int64(u)]
                     cand = state if j == i else token_topic[j]
-                else:
-                    cand = np.int64((u - doc_len) / alpha)
+                elif symmetric:
+                    cand = np.int64((u - doc_len) * inv_alpha[0])
                     if cand >= n_topics:
                         cand = n_topics - 1
+                else:  # bisection: the first t with u - L_d < Σ_{s<=t} α_s
+                    u -= doc_len
+                    lo, hi = 0, n_topics - 1
+                    while lo < hi:
+                        mid = (lo + hi) >> 1
+                        if u < alpha_cumulative[mid]:
+                            hi = mid
+                        else:
+                            lo = mid + 1
+                    cand = lo
                 if cand != state:
-                    ratio = tree[offset + cand] / tree[offset + state]
+                    ratio = (tree[offset + cand] * inv_alpha[cand]) / (tree[offset + state] * inv_alpha[state])
                     if ratio >= 1.0 or uniform(rng_state) < ratio:
                         state = cand
                 # Word proposal.
                 cand = _tree_sample(tree, offset, n_topics, uniform(rng_state) * tree[1])
                 if cand != state:
-                    ratio = (doc_topic[d, cand] + alpha) / (doc_topic[d, state] + alpha)
+                    ratio = ((doc_topic[d, cand] * inv_alpha[cand] + 1.0)
+                             / (doc_topic[d, state] * inv_alpha[state] + 1.0))
                     if ratio >= 1.0 or uniform(rng_state) < ratio:
                         state = cand
             new = state
-        else:  # F+LDA: p(t) ∝ n_dt q_t (the document's non-zero topics) + α q_t (tree)
+        else:  # F+LDA: p(t) ∝ n_dt q_t (the document's non-zero topics) + α_t q_t (tree)
             base = doc_ptr[d]
             n_nz = doc_nz_count[d]
             doc_mass = 0.0
-            for j in range(n_nz):
-                t = doc_nz_topics[base + j]
-                doc_mass += doc_topic[d, t] * tree[offset + t]
-                doc_cumulative[j] = doc_mass
-            u = uniform(rng_state) * (doc_mass + alpha * tree[1])
+            if symmetric:
+                # q_t = leaf_t / α: sum n_dt leaf_t and divide once (the per-topic
+                # 1 / α_t below cost F+LDA 6-15 % in jobs/bench_lda_kernel.py)
+                for j in range(n_nz):
+                    t = doc_nz_topics[base + j]
+                    doc_mass += doc_topic[d, t] * tree[offset + t]
+                    doc_cumulative[j] = doc_mass
+                doc_scale = inv_alpha[0]
+            else:
+                for j in range(n_nz):
+                    t = doc_nz_topics[base + j]
+                    doc_mass += doc_topic[d, t] * tree[offset + t] * inv_alpha[t]
+                    doc_cumulative[j] = doc_mass
+                doc_scale = 1.0
+            doc_mass *= doc_scale
+            u = uniform(rng_state) * (doc_mass + tree[1])
             if u < doc_mass:
+                u /= doc_scale  # back to doc_cumulative's scale
                 j = 0
                 while j < n_nz - 1 and doc_cumulative[j] <= u:
                     j += 1
                 new = doc_nz_topics[base + j]
             else:
-                new = _tree_sample(tree, offset, n_topics, (u - doc_mass) / alpha)
+                new = _tree_sample(tree, offset, n_topics, u - doc_mass)
 
         c = word_topic_block[w, new] + 1
         word_topic_block[w, new] = c
         if c == 1:
             word_nz_count = _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, new)
         topic_totals[new] += 1
-        inv_denom[new] = 1.0 / (topic_totals[new] + v_beta)
-        _tree_set(tree, offset, new, (c + beta) * inv_denom[new])
+        alpha_inv_denom[new] = alpha[new] / (topic_totals[new] + v_beta)
+        _tree_set(tree, offset, new, (c + beta) * alpha_inv_denom[new])
         _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
         token_topic[i] = new
         if new != old:
@@ -413,8 +452,12 @@ def sample_block(sampler, token_word, token_doc, token_topic, tok_lo, tok_hi, wo
     doc_nz_topics : ndarray of int32, shape (n,)
     doc_nz_count : ndarray of int32, shape (n_docs,)
         From :func:`build_doc_nonzero`; kept exact in place.
-    alpha, beta : float
-        Symmetric Dirichlet concentrations (document-topic, topic-word).
+    alpha : ndarray of float64, shape (K,)
+        Dirichlet concentrations of the document-topic prior, one per topic
+        (all > 0; a symmetric prior is a constant vector:
+        :func:`~pystrads.kernels.lda.alpha_vector`).
+    beta : float
+        Symmetric Dirichlet concentration of the topic-word prior.
     vocab_size : int
         V, the global vocabulary size (normaliser ``n_t + Vβ``).
     rng_state : ndarray of uint64, shape (4,)
