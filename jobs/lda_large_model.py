@@ -65,7 +65,7 @@ def main(argv=None):
     docs = sc.parallelize(range(2), 2).mapPartitionsWithIndex(generate)
     expected_tokens = weights * args.tokens  # partition weights: expected token mass per word
     bounds = range_bounds(V, 2, expected_tokens)
-    program = LDAProgram(K, V, 2, bounds, alpha=50.0 / K, beta=0.01, max_iterations=args.iters, sampler="fplus",
+    program = LDAProgram(K, V, 2, bounds, alpha=50.0 / K, beta=0.01, max_iter=args.iters, sampler="fplus",
                          seed=1, word_weights=expected_tokens)
     rss0 = peak_rss_bytes()
     t0 = time.perf_counter()

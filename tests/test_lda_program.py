@@ -36,7 +36,7 @@ def make_program(docs, vocab, workers, iterations, cls=LDAProgram, **kw):
         np.add.at(weights, w, c)
     bounds = range_bounds(vocab, workers, weights)
     return cls(num_topics=5, vocab_size=vocab, num_workers=workers, block_bounds=bounds, alpha=0.5, beta=0.1,
-               max_iterations=iterations, sampler=kw.pop("sampler", "fplus"), seed=3, word_weights=weights, **kw)
+               max_iter=iterations, sampler=kw.pop("sampler", "fplus"), seed=3, word_weights=weights, **kw)
 
 
 def recount(result, vocab, k):

@@ -113,7 +113,7 @@ class LDAProgram(Program):
         the starting point when learned.
     beta : float
         Symmetric Dirichlet concentration of the topic-word prior.
-    max_iterations : int
+    max_iter : int
         Iterations (full rotations) to run.
     sampler : str
         A name in :data:`pystrads.kernels.lda.SAMPLERS`.
@@ -133,7 +133,7 @@ class LDAProgram(Program):
     """
 
     def __init__(self, num_topics: int, vocab_size: int, num_workers: int, block_bounds, alpha,
-                 beta: float, max_iterations: int, sampler: str = "fplus", seed: int = 0,
+                 beta: float, max_iter: int, sampler: str = "fplus", seed: int = 0,
                  word_weights: Optional[np.ndarray] = None, log_likelihood_every: int = 1,
                  optimize_alpha: bool = False, optimize_interval: int = 10, optimize_burn_in: int = 0,
                  max_doc_length: int = 0):
@@ -145,7 +145,7 @@ class LDAProgram(Program):
         self.block_bounds = np.asarray(block_bounds, dtype=np.int64)
         self.alpha = alpha_vector(alpha, self.num_topics).copy()  # learned: replaced by after_step
         self.beta = float(beta)
-        self.max_iterations = int(max_iterations)
+        self.max_iter = int(max_iter)
         self.sampler = sampler
         self.seed = int(seed)
         self.word_weights = word_weights
@@ -170,7 +170,7 @@ class LDAProgram(Program):
         learned = (f", learned alpha every {self.optimize_interval} iterations from {self.optimize_burn_in}"
                    if self.optimize_alpha else "")
         return (f"LDAProgram(K={self.num_topics}, V={self.vocab_size}, U={self.num_workers}, alpha={alpha}, "
-                f"beta={self.beta}, iterations={self.max_iterations}, sampler={self.sampler!r}{learned})")
+                f"beta={self.beta}, iterations={self.max_iter}, sampler={self.sampler!r}{learned})")
 
     def alpha_update_due(self, iteration: int) -> bool:
         """Whether α is updated after iteration ``iteration`` (counted from 1)."""
@@ -321,9 +321,9 @@ class LDAProgram(Program):
     def schedule(self, ctx) -> Optional[Schedule]:
         U = self.num_workers
         done = ctx.rounds_done // U
-        if done >= self.max_iterations:
+        if done >= self.max_iter:
             return None
-        iterations = int(min(self.max_iterations - done, max(1, ctx.rounds_hint // U)))
+        iterations = int(min(self.max_iter - done, max(1, ctx.rounds_hint // U)))
         if self.optimize_alpha:  # end the step at the next α update: after_step makes it
             iterations = next((i for i in range(1, iterations) if self.alpha_update_due(done + i)), iterations)
         return Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(iterations * U)])
@@ -369,4 +369,4 @@ class LDAProgram(Program):
                                                      1e-9)}
         if start and "log_likelihood" in last_row:
             shown = {"log_likelihood": last_row["log_likelihood"], **shown}
-        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iterations, "iteration", **shown)
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iter, "iteration", **shown)
