@@ -192,7 +192,7 @@ def run_strads(df, k, alpha, beta, iters, seed, workers, optimize_interval=0, bu
 
     t0 = time.perf_counter()
     lda = StradsLDA(k=k, maxIter=iters, seed=seed, docConcentration=[alpha], topicConcentration=beta,
-                    numWorkers=workers, logLikelihoodEvery=max(1, iters // 10))
+                    numWorkers=workers, logLikelihoodEvery=max(1, iters // 10), optimizeDocConcentration=False)
     if optimize_interval:
         lda.setOptimizeDocConcentration(True).setOptimizeInterval(optimize_interval).setOptimizeBurnIn(burn_in)
     model = lda.fit(df)

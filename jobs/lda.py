@@ -40,7 +40,10 @@ def parse_args(argv=None):
     p.add_argument("--features-col", default=None, help="use this term-count vector column (no text pipeline)")
     p.add_argument("-k", "--topics", type=int, default=20, help="number of topics")
     p.add_argument("--max-iter", type=int, default=100, help="Gibbs iterations")
-    p.add_argument("--alpha", type=float, default=None, help="doc concentration (default 50/k)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="doc concentration (default 50/k); learned from there unless --fixed-alpha")
+    p.add_argument("--fixed-alpha", action="store_true",
+                   help="keep the doc concentration fixed (default: learned every 10 iterations, as MLlib online)")
     p.add_argument("--beta", type=float, default=None, help="topic concentration (default 0.1)")
     p.add_argument("--vocab-size", type=int, default=50000, help="CountVectorizer vocabSize")
     p.add_argument("--min-df", type=float, default=2.0, help="CountVectorizer minDF")
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     t0 = time.perf_counter()
     lda = StradsLDA(k=args.topics, maxIter=args.max_iter, seed=args.seed, numWorkers=args.workers,
-                    sampler=args.sampler)
+                    sampler=args.sampler, optimizeDocConcentration=not args.fixed_alpha)
     if args.alpha is not None:
         lda.setDocConcentration([args.alpha])
     if args.beta is not None:
@@ -100,6 +103,9 @@ def main(argv=None) -> int:
               f"{row.get('log_perplexity', float('nan')):>14.4f}  {row.get('s_error', float('nan')):.2e}")
     print(f"throughput {summary.tokensPerSecond / 1e6:.2f} M tokens/s over the steps; fit {fit_s:.1f} s "
           f"(fixed costs: " + ", ".join(f"{k} {v:.2f} s" for k, v in summary.fixed.items()) + ")\n")
+    alpha = lda_model.estimatedDocConcentration().toArray()
+    print(f"docConcentration ({'fixed' if args.fixed_alpha else 'learned'}): sum {alpha.sum():.3f}, "
+          f"{alpha.min():.4f} .. {alpha.max():.4f}\n")
     topics = []
     for row in lda_model.describeTopics(args.top_words).collect():
         words = [vocabulary[i] if vocabulary else str(i) for i in row.termIndices]
@@ -114,7 +120,7 @@ def main(argv=None) -> int:
                "steps": summary.steps.to_dict(orient="records"), "fixed_s": summary.fixed,
                "tokens": summary.numTokens, "documents": summary.numDocuments,
                "empty_documents": summary.numEmptyDocuments, "tokens_per_s": summary.tokensPerSecond,
-               "fit_s": fit_s, "topics": topics}
+               "fit_s": fit_s, "doc_concentration": alpha.tolist(), "topics": topics}
     if local:
         with open(os.path.join(out, "metrics.json"), "w") as fh:
             json.dump(metrics, fh, indent=2, default=float)

@@ -482,9 +482,7 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
                      ("checkpointInterval", -5), ("featuresCol", "nope"), ("optimizeInterval", 0),
                      ("optimizeBurnIn", -1)],
             output_param="topicDistributionCol", key_col="id",
-            default_exceptions={"optimizer": "pystrads has one optimizer (Gibbs)",
-                                "optimizeDocConcentration": "a fixed prior by default, as MLlib's EM optimizer "
-                                "(True is its online optimizer's default); docs/lda.md gives the measurements"}),
+            default_exceptions={"optimizer": "pystrads has one optimizer (Gibbs)"}),
         EstimatorSpec(
             "StradsMF", lambda: StradsMF(rank=3, maxIter=4, regParam=0.05, seed=1, coldStartStrategy="drop",
                                          **mf_cols),

@@ -62,9 +62,11 @@ def test_fit_gives_mllib_shaped_model_with_exact_counts(fitted, text_df):
     assert model.summary.totalIterations == 30
     assert len(model.summary.logLikelihoodHistory) == 30
     assert not model.isDistributed()
-    assert model.estimatedDocConcentration().toArray().tolist() == [0.3, 0.3]
+    # the default learns the prior (updates after iterations 10, 20, 30), starting from docConcentration
+    alpha = model.estimatedDocConcentration().toArray()
+    assert alpha.shape == (2,) and np.all(alpha > 0) and not np.allclose(alpha, 0.3)
     assert StradsLDA(k=4)._alpha().tolist() == [12.5] * 4 and StradsLDA()._beta() == 0.1  # defaults: 50 / k, 0.1
-    assert not StradsLDA().getOptimizeDocConcentration() and StradsLDA().getOptimizeInterval() == 10
+    assert StradsLDA().getOptimizeDocConcentration() and StradsLDA().getOptimizeInterval() == 10
 
 
 def test_topics_separate_the_two_themes(fitted):
@@ -224,7 +226,8 @@ def skewed_vectors(spark, n_docs=300, seed=4):
 
 def test_optimize_doc_concentration_learns_an_asymmetric_prior_the_model_uses(spark):
     df = skewed_vectors(spark)
-    fixed = StradsLDA(k=3, maxIter=40, seed=2, docConcentration=[0.5], topicConcentration=0.05).fit(df)
+    fixed = StradsLDA(k=3, maxIter=40, seed=2, docConcentration=[0.5], topicConcentration=0.05,
+                      optimizeDocConcentration=False).fit(df)
     learned = StradsLDA(k=3, maxIter=40, seed=2, docConcentration=[0.5], topicConcentration=0.05,
                         optimizeDocConcentration=True, optimizeInterval=5).fit(df)
     assert fixed.estimatedDocConcentration().toArray().tolist() == [0.5] * 3
@@ -276,4 +279,12 @@ def test_a_learned_prior_that_would_never_update_is_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         StradsLDA(optimizeDocConcentration=True, maxIter=60, optimizeInterval=20, optimizeBurnIn=50)._check_params()
-        StradsLDA(maxIter=5)._check_params()  # a fixed prior: nothing to warn about
+        StradsLDA(maxIter=5)._check_params()  # the default learned prior: not asked for, nothing to warn about
+        StradsLDA(optimizeDocConcentration=False, maxIter=5)._check_params()  # a fixed prior
+    with pytest.warns(UserWarning, match=r"after maxIter=5"):  # asked for through its interval
+        StradsLDA(optimizeInterval=7, maxIter=5)._check_params()
+
+
+def test_the_prior_is_learned_by_default_as_mllib_online_and_tomotopy():
+    assert StradsLDA().getOptimizeDocConcentration() is True
+    assert StradsLDAModel().getOptimizeDocConcentration() is True

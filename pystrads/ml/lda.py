@@ -55,8 +55,8 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         Params._dummy(), "optimizeDocConcentration",
         "learn docConcentration from the data: an asymmetric prior (one value per topic) re-estimated by "
         "Minka's fixed point from the documents' topic counts every optimizeInterval iterations, from "
-        "iteration optimizeBurnIn on; estimatedDocConcentration() returns it. Default False (MLlib's online "
-        "optimizer defaults to True; see docs/lda.md).", typeConverter=TypeConverters.toBoolean)
+        "iteration optimizeBurnIn on; estimatedDocConcentration() returns it. Default True, as MLlib's online "
+        "optimizer and tomotopy (False: the fixed prior of MLlib's EM optimizer).", typeConverter=TypeConverters.toBoolean)
     optimizeInterval: Param[int] = Param(
         Params._dummy(), "optimizeInterval",
         "iterations between two updates of the learned docConcentration (tomotopy's optim_interval); >= 1.",
@@ -110,7 +110,7 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
-                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20, optimizeDocConcentration=False,
+                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20, optimizeDocConcentration=True,
                          optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN)
 
     # -- resolved hyper-parameters
@@ -200,7 +200,7 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
                  checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
-                 foldInIterations: int = 20, optimizeDocConcentration: bool = False, optimizeInterval: int = 10,
+                 foldInIterations: int = 20, optimizeDocConcentration: bool = True, optimizeInterval: int = 10,
                  optimizeBurnIn: int = OPTIMIZE_BURN_IN):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -209,7 +209,8 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         super()._check_params()
         interval, burn_in = self.getOptimizeInterval(), self.getOptimizeBurnIn()
         first_update = max(interval, -(-burn_in // interval) * interval)
-        if self.getOptimizeDocConcentration() and first_update > self.getMaxIter():
+        asked = any(self.isSet(p) for p in (self.optimizeDocConcentration, self.optimizeInterval, self.optimizeBurnIn))
+        if self.getOptimizeDocConcentration() and asked and first_update > self.getMaxIter():  # not the default's
             warnings.warn(f"optimizeDocConcentration=True but docConcentration stays fixed: the first update would "
                           f"follow iteration {first_update} (optimizeInterval={interval}, optimizeBurnIn={burn_in}), "
                           f"after maxIter={self.getMaxIter()}; lower optimizeInterval / optimizeBurnIn or raise "
