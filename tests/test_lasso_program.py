@@ -79,8 +79,23 @@ def test_gram_entries_and_working_set_solver_match_dense_algebra():
     ptr, rows, vals = K.rows_to_csc(p.row_ptr, p.col_idx, p.vals, 40)
     coords = np.array([1, 5, 7, 20, 33], dtype=np.int64)
     keys, parts = K.gram_entries(ptr, rows, vals, coords, w, 80)
+    assert np.all(np.diff(keys) > 0)  # merged on the worker: one entry per pair, sorted
     g = np.bincount(keys, weights=parts, minlength=25).reshape(5, 5)
     np.testing.assert_allclose(g, (x[:, coords] * w[:, None]).T @ x[:, coords], atol=1e-12)
+    # a sparser set: only the structurally non-zero pairs travel; a dense design gives m^2 entries, not
+    # the unmerged sum over rows of (non-zeros in the row)^2
+    big = np.arange(40, dtype=np.int64)
+    keys, parts = K.gram_entries(ptr, rows, vals, big, w, 80)
+    dense = (x * w[:, None]).T @ x
+    assert len(keys) == np.count_nonzero((x != 0).astype(int).T @ (x != 0).astype(int))
+    np.testing.assert_allclose(np.bincount(keys, weights=parts, minlength=1600).reshape(40, 40), dense, atol=1e-12)
+    rng = np.random.default_rng(5)
+    xd = rng.normal(size=(300, 30))
+    dptr, drows, dvals = K.rows_to_csc(np.arange(0, 301 * 30, 30, dtype=np.int64)[:301],
+                                       np.tile(np.arange(30), 300).astype(np.int32), xd.ravel(), 30)
+    keys, parts = K.gram_entries(dptr, drows, dvals, np.arange(30, dtype=np.int64), np.ones(300), 300)
+    assert len(keys) == 900  # not 300 * 900
+    np.testing.assert_allclose(parts.reshape(30, 30), xd.T @ xd, atol=1e-9)
     # the Gram solver reaches the reference Lasso on the columns it sees
     sub, y = x[:, coords], p.y
     n = len(y)

@@ -104,6 +104,26 @@ def test_chunked_transfers_are_exact(shards):
     assert np.array_equal(table.get(keys), values[keys])
 
 
+def test_nonzero_reads_send_only_the_nonzero_rows_across_shards_and_chunks(shards):
+    servers, group = shards  # chunk_bytes=4096 -> many batches per shard's reply
+    table = make_table(group, rows=20000, width=2)
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(0, 20000, 3000))
+    values = rng.random((len(keys), 2))
+    values[::7, 0] = 0.0  # a row with one zero value still counts as non-zero
+    table.put(keys, values)
+    before = sum(s.counters["rows_out"] for s in servers)
+    got_keys, got_rows = table.get_nonzero(0, 20000)
+    assert np.array_equal(got_keys, keys) and np.array_equal(got_rows, values)
+    assert sum(s.counters["rows_out"] for s in servers) - before == len(keys)  # not 20000 rows
+    sub = (keys >= 5000) & (keys < 15000)  # a range across the two shards' bounds
+    got_keys, got_rows = table.get_nonzero(5000, 15000)
+    assert np.array_equal(got_keys, keys[sub]) and np.array_equal(got_rows, values[sub])
+    assert [len(a) for a in table.get_nonzero(0, 0)] == [0, 0]
+    with pytest.raises(IndexError, match=r"range \[0, 20001\)"):
+        table.get_nonzero(0, 20001)
+
+
 def test_uncopied_reads_are_read_only_views_of_one_message(shards):
     _, group = shards  # chunk_bytes=4096: a copied read of shard 0's rows takes many batches
     table = make_table(group, rows=20000, width=5)

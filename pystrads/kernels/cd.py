@@ -253,10 +253,17 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
 
 @njit(cache=True, nogil=True)
 def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
-    """The weighted Gram matrix of columns ``coords`` over this worker's rows as
-    unmerged entries ``(a * m + b, sum-part)`` with ``m = len(coords)``:
-    one entry per pair of non-zeros sharing a row (sparse columns: few)."""
+    """The weighted Gram matrix ``X_A' diag(w) X_A`` of columns ``A = coords`` over this
+    worker's rows as merged entries ``(a * m + b, value)``, ``m = len(coords)``: one entry
+    per structurally non-zero pair, keys sorted and unique.
+
+    Row by row of the Gram (Gustavson's sparse product): for column ``a`` the rows it
+    touches scatter ``w_i x_ia x_ib`` into a dense length-``m`` accumulator, so the work
+    is one multiply-add per pair of non-zeros sharing a row, the scratch memory is
+    O(m + nnz(X_A)) and the output at most ``m * m`` entries -- never the unmerged
+    sum over rows of (non-zeros in the row)^2."""
     m = coords.shape[0]
+    # the rows of X_A (CSR over positions a): count, offsets, fill
     count = np.zeros(num_rows + 1, dtype=np.int64)
     for a in range(m):
         j = coords[a]
@@ -274,23 +281,42 @@ def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
             which[fill[i]] = a
             value[fill[i]] = vals[p]
             fill[i] += 1
-    total = 0
-    for i in range(num_rows):
-        c = count[i + 1] - count[i]
-        total += c * c
-    keys = np.empty(total, dtype=np.int64)
-    out = np.empty(total, dtype=np.float64)
+    acc = np.zeros(m, dtype=np.float64)
+    seen = np.zeros(m, dtype=np.bool_)
+    touched = np.empty(m, dtype=np.int64)
+    cap = max(16, min(m * m, 4 * count[num_rows]))
+    keys = np.empty(cap, dtype=np.int64)
+    out = np.empty(cap, dtype=np.float64)
     e = 0
-    for i in range(num_rows):
-        wi = w[i]
-        for p in range(count[i], count[i + 1]):
-            vp = wi * value[p]
-            base = which[p] * m
+    for a in range(m):
+        j = coords[a]
+        n_touched = 0
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            i = row_idx[p]
+            vp = w[i] * vals[p]
             for q in range(count[i], count[i + 1]):
-                keys[e] = base + which[q]
-                out[e] = vp * value[q]
-                e += 1
-    return keys, out
+                b = which[q]
+                if not seen[b]:
+                    seen[b] = True
+                    touched[n_touched] = b
+                    n_touched += 1
+                acc[b] += vp * value[q]
+        if e + n_touched > cap:  # grow the output (at most m * m entries in all)
+            cap = min(m * m, max(2 * cap, e + n_touched))
+            keys2 = np.empty(cap, dtype=np.int64)
+            out2 = np.empty(cap, dtype=np.float64)
+            keys2[:e] = keys[:e]
+            out2[:e] = out[:e]
+            keys, out = keys2, out2
+        row = np.sort(touched[:n_touched])
+        for t in range(n_touched):
+            b = row[t]
+            keys[e] = a * m + b
+            out[e] = acc[b]
+            e += 1
+            acc[b] = 0.0
+            seen[b] = False
+    return keys[:e].copy(), out[:e].copy()
 
 
 @njit(cache=True, nogil=True)

@@ -37,14 +37,13 @@ class WorkingSetSolver:
         active = np.flatnonzero(nonzero | (live & (step[:J] != 0)))
         fresh = "gram_rows" in d
         if fresh:  # a step just summed the Gram matrix of d["gram_set"] into the table: solve on it
-            m = len(d["gram_set"])
-            flat = ctx.table("gram").get_range(0, m * m)[:, 0]
-            keys = np.flatnonzero(flat)
+            m = len(d["gram_set"])  # the shards send the non-zero entries only: O(nnz), never m^2, here
+            keys, vals = ctx.table("gram").get_nonzero(0, m * m)
             ctx.table("gram").put(keys, np.zeros(len(keys)))  # clean for the next working set
             rows, cols = np.divmod(keys, m)
             indptr = np.zeros(m + 1, dtype=np.int64)
             np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-            d["gram"] = (indptr, cols.astype(np.int64), flat[keys])
+            d["gram"] = (indptr, cols, vals[:, 0].copy())
             del d["gram_rows"]
         if np.count_nonzero(nonzero) > (3 * self.gram_limit) // 4 or len(active) == 0:
             d.pop("gram_set", None)

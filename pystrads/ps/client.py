@@ -153,6 +153,20 @@ class ShardClient:
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
         return out
 
+    def get_nonzero_rows(self, table: str, width: int, dtype: str, start: int, stop: int):
+        """``(keys, rows)`` of the rows in ``[start, stop)`` that hold a non-zero value: the shard
+        filters, so only those travel (a sparse read of a mostly-zero table)."""
+        header = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "start": int(start),
+                  "stop": int(stop), "nonzero": True}
+        keys, rows = [np.zeros(0, np.int64)], [np.zeros((0, width), protocol.DTYPES[dtype][0])]
+        try:
+            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), self._options):
+                keys.append(chunk.data.column(0).to_numpy())
+                rows.append(protocol.array_to_rows(chunk.data.column(1), width, dtype))
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+        return np.concatenate(keys), np.concatenate(rows)
+
     def write_rows(self, op: str, table: str, keys: Optional[np.ndarray], values: np.ndarray, dtype: str,
                    header: Optional[Dict[str, Any]] = None, start: Optional[int] = None) -> None:
         """``put`` / ``inc`` / ``contribute`` rows ``values[i]`` at sorted unique ``keys[i]``,
@@ -395,6 +409,19 @@ class TableHandle:
             self.group.client(shard).get_rows(self.layout.name, self.layout.width, self.layout.dtype,
                                               start=lo, stop=hi, out=out[lo - start:hi - start])
         return out
+
+    def get_nonzero(self, start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``(keys, rows)``: the rows in ``[start, stop)`` that hold a non-zero value, keys
+        ascending.  Each shard filters its part, so a mostly-zero range costs the caller (and
+        the network) its non-zero rows only, never ``stop - start`` rows."""
+        if not 0 <= start <= stop <= self.layout.num_rows:
+            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
+                             f"[0, {self.layout.num_rows})")
+        parts = [self.group.client(shard).get_nonzero_rows(self.layout.name, self.layout.width, self.layout.dtype,
+                                                           lo, hi) for shard, lo, hi in self._range_parts(start, stop)]
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros((0, self.layout.width), protocol.DTYPES[self.layout.dtype][0])
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def read_all(self, copy: bool = True) -> np.ndarray:
         """The whole table on the caller: mind the memory for large models

@@ -168,17 +168,24 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                         f"table {table.name!r}: range [{start}, {stop}) is outside this shard's rows "
                         f"[{table.row_start}, {table.row_stop})")
                 rows = table.values[start - table.row_start:stop - table.row_start]  # zero-copy view
+            elif header.get("nonzero"):
+                raise flight.FlightServerError("a nonzero read takes a range (start, stop), not keys")
             else:
                 if len(payload) % 8:
                     raise flight.FlightServerError(
                         f"malformed request: a key list of {len(payload)} bytes is not int64 keys")
                 keys = np.frombuffer(payload, dtype="<i8")
                 rows = table.values[table.local(keys)].copy()
+            if header.get("nonzero"):  # only the rows with a non-zero value, with their keys
+                where = np.flatnonzero(np.any(rows != 0, axis=1))
+                rows, keys = rows[where], where + header.int("start")
+        nonzero = bool(header.get("nonzero"))
         chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
-        schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
+        schema = protocol.value_schema(table.dtype, table.width, with_keys=nonzero)
         self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
         # One zero-copy table of chunk-sized batches, streamed by C++ (no Python per batch).
-        batches = [pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
+        batches = [pa.record_batch(([pa.array(keys[start:start + chunk])] if nonzero else [])
+                                   + [protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
                    for start in range(0, max(len(rows), 1), chunk)]
         return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
 
