@@ -503,17 +503,18 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
                      ("schedule", "random"), ("coordinatesPerRound", 0), ("correlationThreshold", 1.5),
                      ("numWorkers", -1), ("featuresCol", "nope"), ("labelCol", "nope"), ("weightCol", "nope")],
             output_param="predictionCol", key_col="id",
-            default_exceptions={"elasticNetParam": "a sparse (L1) model by default: MLlib's default 0 is ridge"}),
+            default_exceptions={"elasticNetParam": "1.0, the Lasso the estimator's name promises (MLlib's "
+                                                  "LinearRegression defaults to 0, ridge)"}),
         EstimatorSpec(
-            "StradsLogisticRegression", lambda: StradsLogisticRegression(regParam=0.02, maxIter=20, tol=1e-4, seed=1),
+            "StradsLogisticRegression", lambda: StradsLogisticRegression(regParam=0.02, elasticNetParam=1.0, maxIter=20,
+                                                                        tol=1e-4, seed=1),
             lambda spark: _linear_data(spark, True),
             lambda: LogisticRegression(regParam=0.02, elasticNetParam=1.0, maxIter=20),
             lambda: BinaryClassificationEvaluator(),
             grid={"regParam": [0.02, 0.1]},
             invalid=[("regParam", -0.1), ("elasticNetParam", -0.5), ("threshold", 1.5), ("family", "multinomial"),
                      ("maxIter", 0), ("featuresCol", "nope"), ("labelCol", "nope")],
-            output_param="predictionCol", key_col="id",
-            default_exceptions={"elasticNetParam": "a sparse (L1) model by default: MLlib's default 0 is ridge"}),
+            output_param="predictionCol", key_col="id"),
     ]
     return {s.name: s for s in specs}
 

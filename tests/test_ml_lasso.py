@@ -197,8 +197,10 @@ def test_lasso_in_a_pipeline_with_a_vector_assembler(spark):
 
 def test_logistic_output_columns_match_mllib(problem):
     _, _, _, _, df = problem
+    # the defaults of both: elasticNetParam 0 (ridge), MLlib's
     ours = StradsLogisticRegression(labelCol="clicked", regParam=0.01).fit(df)
-    ref = LogisticRegression(labelCol="clicked", regParam=0.01, elasticNetParam=1.0).fit(df)
+    ref = LogisticRegression(labelCol="clicked", regParam=0.01).fit(df)
+    assert ours.getElasticNetParam() == ref.getElasticNetParam() == 0.0
     a, b = ours.transform(df), ref.transform(df)
     for col in ("rawPrediction", "probability", "prediction"):
         assert a.schema[col].dataType == b.schema[col].dataType
@@ -234,8 +236,8 @@ def test_logistic_matches_sklearn(problem):
     sklearn = pytest.importorskip("sklearn.linear_model")
     x, _, yb, _, df = problem
     lam = 0.01
-    model = StradsLogisticRegression(labelCol="clicked", regParam=lam, standardization=False, tol=1e-8,
-                                     maxIter=6).fit(df)
+    model = StradsLogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=1.0, standardization=False,
+                                     tol=1e-8, maxIter=6).fit(df)
     sk = sklearn.LogisticRegression(C=1.0 / (lam * len(yb)), l1_ratio=1.0, solver="saga", tol=1e-12,
                                     max_iter=100000).fit(x, yb)
     w = np.ones(len(yb))
@@ -373,7 +375,8 @@ def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
     # at 0.005 scikit-learn's saga needs ~80,000 epochs (about 4 minutes) to reach tol 1e-12 here;
     # at 0.01 about 4,000, with ~150 non-zero coefficients still to find
     lam = 0.01
-    model = StradsLogisticRegression(labelCol="clicked", regParam=lam, weightCol="w", workingSetLimit=0,
+    model = StradsLogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=1.0, weightCol="w",
+                                     workingSetLimit=0,
                                      coordinatesPerRound=32, candidatesPerRound=64, tol=1e-9, maxIter=400,
                                      seed=2).fit(df)
     assert model.summary.roundUpdatesHistory[-1] > 0

@@ -1,7 +1,7 @@
 """``StradsLogisticRegression``: binary L1 / elastic-net logistic regression (the thesis's SchMP-SLR),
 shaped like ``pyspark.ml.classification.LogisticRegression``.
 
-Objective (MLlib's; ``alpha`` is ``elasticNetParam``, default 1.0 here, 0 in MLlib)::
+Objective (MLlib's; ``alpha`` is ``elasticNetParam``, default 0 as in MLlib: set 1.0 for a sparse L1 model)::
 
     1/W sum_i w_i (log(1 + exp(m_i)) - y_i m_i)
         + regParam * (alpha * sum_j s_j |beta_j| + (1 - alpha) / 2 * sum_j s_j^2 beta_j^2),   m_i = b + x_i . beta
@@ -41,7 +41,7 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
     def __init__(self, *args):
         super().__init__(*args)
         self._setDefault(threshold=0.5, family="auto", probabilityCol="probability",
-                         rawPredictionCol="rawPrediction", maxIter=100, tol=1e-6)
+                         rawPredictionCol="rawPrediction", maxIter=100, tol=1e-6, elasticNetParam=0.0)
 
     def getThreshold(self) -> float:
         """The probability cut for class 1; from ``thresholds`` when those are set (MLlib's rule:
@@ -138,8 +138,9 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
 
 
 class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
-    """Binary logistic regression with an L1 (or elastic-net) penalty by STRADS scheduled coordinate descent
-    (labels 0 / 1)."""
+    """Binary logistic regression with MLlib's elastic-net penalty by STRADS scheduled coordinate descent
+    (labels 0 / 1).  ``elasticNetParam`` defaults to 0 (ridge), as in MLlib; 1.0 gives the sparse L1
+    model the STRADS schedule is built for."""
 
     _program_class = L1LogisticProgram
     _model_class = StradsLogisticRegressionModel
@@ -148,7 +149,7 @@ class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
     @keyword_only
     def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
                  probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction", maxIter: int = 100,
-                 regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6, fitIntercept: bool = True,
+                 regParam: float = 0.0, elasticNetParam: float = 0.0, tol: float = 1e-6, fitIntercept: bool = True,
                  standardization: bool = True, threshold: float = 0.5, thresholds: Optional[List[float]] = None,
                  weightCol: Optional[str] = None,
                  family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
