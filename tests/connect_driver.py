@@ -71,7 +71,7 @@ def lda(spark):
     schema = StructType([StructField("id", LongType()), StructField("features", VectorUDT())])
     df = spark.createDataFrame(rows, schema)
     model = StradsLDA(k=2, maxIter=30, seed=3, numWorkers=2).fit(df)
-    counts = model._word_topic
+    counts = model.topicsMatrix().toArray()  # the public API: the model may live on the executors
     top = [sorted(r["termIndices"]) for r in model.describeTopics(10).orderBy("topic").collect()]
     out = model.transform(df)
     theta = [(r["id"], r["topicDistribution"].toArray().tolist()) for r in out.collect()]
@@ -82,7 +82,7 @@ def lda(spark):
             "theta_sum_range": [float(min(sum(t) for _, t in theta)), float(max(sum(t) for _, t in theta))],
             "rows": len(theta),
             "separated": float(np.mean([max(t) for _, t in theta])),
-            "log_perplexity": model.logPerplexity(df), "loaded_equal": bool(np.array_equal(loaded._word_topic, counts)),
+            "log_perplexity": model.logPerplexity(df), "loaded_equal": bool(np.array_equal(loaded.topicsMatrix().toArray(), counts)),
             "summary_iterations": model.summary.totalIterations}
 
 
@@ -133,14 +133,19 @@ def mf(spark):
     pred = model.transform(df).select("user", "item", "rating", "prediction").collect()
     rmse = float(np.sqrt(np.mean([(r["rating"] - r["prediction"]) ** 2 for r in pred])))
     recs = {r["user"]: [x["item"] for x in r["recommendations"]] for r in model.recommendForAllUsers(5).collect()}
-    scores = model._w @ model._h.T
-    brute = {int(u): [int(model._item_ids[j]) for j in np.argsort(-scores[k], kind="stable")[:5]]
-             for k, u in enumerate(model._user_ids)}
+    def factors(frame):  # (sorted ids, matrix) of userFactors / itemFactors, through the public API
+        rows = sorted((r["id"], r["features"]) for r in frame.collect())
+        return np.array([r[0] for r in rows]), np.array([r[1] for r in rows], dtype=np.float64)
+
+    (user_ids, uw), (item_ids, ih) = factors(model.userFactors), factors(model.itemFactors)
+    scores = uw @ ih.T
+    brute = {int(u): [int(item_ids[j]) for j in np.argsort(-scores[k], kind="stable")[:5]]
+             for k, u in enumerate(user_ids)}
     path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/mf"
     model.write().overwrite().save(path)
     loaded = StradsMFModel.load(path)
     return {"rmse": rmse, "predictions": len(pred), "ratings": len(rows), "recs_equal_brute_force": recs == brute,
-            "users_recommended": len(recs), "loaded_equal": bool(np.array_equal(loaded._w, model._w))}
+            "users_recommended": len(recs), "loaded_equal": bool(np.array_equal(factors(loaded.userFactors)[1], uw))}
 
 
 CASES = {"rotation": rotation, "refusals": refusals, "lda": lda, "lasso": lasso, "mf": mf}
