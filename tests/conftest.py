@@ -32,9 +32,24 @@ def _shard_processes(run_ids=None):
                 cmd = open(f"/proc/{entry}/cmdline").read()
             except OSError:
                 continue
-            if "pystrads.ps.server" in cmd and (run_ids is None or any(r in cmd for r in run_ids)):
+            if "pystrads.ps.server" in cmd and (run_ids is None or any(r in cmd for r in run_ids)) \
+                    and _of_this_session(entry):
                 pids.append(int(entry))
     return pids
+
+
+#: set in this test session's environment before any Spark process starts; every process the session
+#: starts (JVMs, executors, subprocess drivers, standalone workers, and so shards) inherits it, so the
+#: leak check below counts this session's shards only -- not those of another run on the same machine
+SESSION_MARKER = f"PYSTRADS_TEST_SESSION={os.getpid()}-{os.urandom(6).hex()}"
+
+
+def _of_this_session(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return SESSION_MARKER.encode() in fh.read().split(b"\0")
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -70,6 +85,8 @@ def pytest_sessionstart(session):
         pytest.exit(f"cannot run the Spark tests: {exc}", returncode=3)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    key, value = SESSION_MARKER.split("=", 1)
+    os.environ[key] = value  # before any Spark process: see _of_this_session
 
 
 @pytest.fixture(scope="session")
