@@ -197,7 +197,7 @@ def run_strads(df, k, alpha, beta, iters, seed, workers, optimize_interval=0, bu
         lda.setOptimizeDocConcentration(True).setOptimizeInterval(optimize_interval).setOptimizeBurnIn(burn_in)
     model = lda.fit(df)
     wall = time.perf_counter() - t0
-    wt = model._word_topic.astype(np.float64)
+    wt = model.topicsMatrix().toArray()  # V x K counts as doubles
     phi = wt + beta
     s = model.summary
     prep = float(s.fixed.get("scan_s", 0.0)) + float(s.fixed.get("load_s", 0.0))

@@ -92,6 +92,12 @@ _SETTINGS = [
             "Parquet by the executors before the shards drop them: a shared path or pyarrow filesystem URI, "
             "one folder per fit, deleted by you; empty = Spark local checkpoints (executor memory and disk, "
             "lost with an executor after the fit)"),
+    Setting("lda.localModelBytes", 32 * 1024 * 1024, int,
+            "StradsLDA models up to this size as int32 (vocabSize x k x 4 bytes) are applied (transform, "
+            "logLikelihood, logPerplexity) by collecting the word-topic counts onto the driver once and shipping "
+            "p(word | topic) with the tasks (the driver then holds about 3 x this); larger ones by a join that "
+            "gives each task only the rows of the words its documents use (no copy on the driver, a shuffle of "
+            "the documents per call); 0 = always the join", 0),
     Setting("recovery.maxAttempts", 3, int,
             "times a fit restarts lost shards or lost worker states (from the latest checkpoint, or from the "
             "start without one) before it fails", 0),

@@ -71,7 +71,7 @@ def lda(spark):
     schema = StructType([StructField("id", LongType()), StructField("features", VectorUDT())])
     df = spark.createDataFrame(rows, schema)
     model = StradsLDA(k=2, maxIter=30, seed=3, numWorkers=2).fit(df)
-    counts = model._word_topic
+    counts = model.topicsMatrix().toArray()
     top = [sorted(r["termIndices"]) for r in model.describeTopics(10).orderBy("topic").collect()]
     out = model.transform(df)
     theta = [(r["id"], r["topicDistribution"].toArray().tolist()) for r in out.collect()]
@@ -82,7 +82,7 @@ def lda(spark):
             "theta_sum_range": [float(min(sum(t) for _, t in theta)), float(max(sum(t) for _, t in theta))],
             "rows": len(theta),
             "separated": float(np.mean([max(t) for _, t in theta])),
-            "log_perplexity": model.logPerplexity(df), "loaded_equal": bool(np.array_equal(loaded._word_topic, counts)),
+            "log_perplexity": model.logPerplexity(df), "loaded_equal": bool(np.array_equal(loaded.topicsMatrix().toArray(), counts)),
             "summary_iterations": model.summary.totalIterations}
 
 
