@@ -63,7 +63,8 @@ def test_the_joined_fold_in_equals_the_fold_in_with_phi_shipped(spark, monkeypat
     assert 0 < rows <= 300 and rows == int(model.topicsMatrix().toArray().any(axis=1).sum())
 
     def results(m):
-        theta = {r.id: r.topicDistribution.toArray() for r in m.transform(df).select("id", "topicDistribution").collect()}
+        out = m.transform(df).select("id", "topicDistribution").collect()
+        theta = {r.id: r.topicDistribution.toArray() for r in out}
         return theta, m.logLikelihood(df), m.logPerplexity(df)
 
     shipped = results(model)

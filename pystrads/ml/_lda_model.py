@@ -33,6 +33,7 @@ from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import types as T
 
 from ..config import Config
+from ..errors import ConfigurationError, InputError
 from ..engine.frames import keep_frame, row_ranges, shard_frame
 from ._arrow import collect_per_partition, vectors
 from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
@@ -40,6 +41,9 @@ from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
 #: the model's rows; a saved model's data/ folder (the layout of every earlier version)
 COUNTS_SCHEMA = T.StructType([T.StructField("term", T.IntegerType(), False),
                               T.StructField("counts", T.ArrayType(T.IntegerType(), False), False)])
+
+#: topicsMatrix() warns above this many cells (it collects the matrix onto the driver)
+LARGE_MODEL_CELLS = 50_000_000
 
 #: bytes of word-topic rows one executor task reads from the shards per request / per task
 READ_BYTES, TASK_BYTES = 8 << 20, 64 << 20
@@ -76,6 +80,11 @@ class WordTopics:
     topic_totals: np.ndarray
     vocab_size: int
     dense: Optional[np.ndarray] = None
+
+    @classmethod
+    def of(cls, word_topic) -> Optional["WordTopics"]:
+        """``word_topic`` itself (None or a WordTopics) or, for V x K counts, the model held on the driver."""
+        return word_topic if word_topic is None or isinstance(word_topic, WordTopics) else cls.from_array(word_topic)
 
     @classmethod
     def from_array(cls, word_topic) -> "WordTopics":
@@ -153,6 +162,29 @@ def dense_counts(topics: WordTopics, spark, cache: bool = False) -> np.ndarray:
     return out
 
 
+def topics_matrix(topics: WordTopics, spark):
+    """MLlib's topicsMatrix(): V x K counts as a local DenseMatrix (warns for large models)."""
+    from pyspark.ml.linalg import DenseMatrix
+
+    v, k = topics.vocab_size, topics.k
+    if v * k > LARGE_MODEL_CELLS:
+        warnings.warn(f"topicsMatrix() collects a {v} x {k} dense matrix ({v * k * 8 / 1e9:.1f} GB as doubles) on the "
+                      "driver; use describeTopics() for the top terms", stacklevel=3)
+    return DenseMatrix(v, k, dense_counts(topics, spark).astype(np.float64).ravel(order="F"))
+
+
+def save_topics(write, topics: WordTopics, alpha: np.ndarray, beta: float, spark) -> dict:
+    """A model's ``_save_data``: the rows (written by the executors) and the metadata."""
+    write("data", COUNTS_SCHEMA, topics.rows_frame(spark))
+    return {"alpha": alpha.tolist(), "beta": beta, "vocabSize": topics.vocab_size, "k": topics.k}
+
+
+def load_topics(read, metadata):
+    """``(WordTopics, alpha, beta)`` of a saved model (alpha: k values; one before issue 19)."""
+    return (WordTopics.from_frame(read("data"), int(metadata["vocabSize"]), int(metadata["k"])), metadata["alpha"],
+            metadata["beta"])
+
+
 # -- describeTopics: per-partition top n per topic, merged on the driver
 
 
@@ -168,6 +200,8 @@ def describe(topics: WordTopics, beta: float, max_terms: int, spark):
     with n_wt, so the top terms are the top counts).  A topic with fewer terms of non-zero
     count than asked gets the smallest zero-count term ids after them, as a sort of the whole
     column of φ gives."""
+    if max_terms < 1:
+        raise ConfigurationError(f"maxTermsPerTopic={max_terms} must be >= 1")
     k, n = topics.k, min(max_terms, topics.vocab_size)
 
     def candidates(batches):
@@ -193,7 +227,8 @@ def describe(topics: WordTopics, beta: float, max_terms: int, spark):
         if len(terms) < n:  # every term of non-zero count is here: fill with the smallest other ids
             taken = set(terms.tolist())
             fill = [w for w in range(n + len(taken)) if w not in taken][:n - len(terms)]
-            terms, counts = np.concatenate([terms, fill]).astype(np.int64), np.concatenate([counts, np.zeros(len(fill))])
+            terms = np.concatenate([terms, np.asarray(fill, np.int64)])
+            counts = np.concatenate([counts, np.zeros(len(fill), np.int64)])
         totals = topics.topic_totals[t:t + 1].astype(np.float64) + topics.vocab_size * beta
         weights = (counts.astype(np.float64) + beta) / totals[0]
         rows.append((t, [int(i) for i in terms], [float(w) for w in weights]))
@@ -256,10 +291,13 @@ class FoldIn:
         return False
 
     def _fold(self, features_index: int, phi=None):
-        return fold_in(features_index, self.alpha, self.n_iter, self.seed, phi)
+        return fold_in(features_index, self.alpha, self.n_iter, int(self.seed), phi)
 
     def mixtures(self, dataset, features_col: str, out_col: str):
-        """``dataset`` with each document's topic mixture in the vector column ``out_col``."""
+        """``dataset`` with each document's topic mixture in the vector column ``out_col`` (refused
+        when it exists)."""
+        if out_col in dataset.columns:
+            raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
         index = dataset.columns.index(features_col)
         schema = T.StructType(dataset.schema.fields + [T.StructField(out_col, VectorUDT(), True)])
         if self._local(dataset):

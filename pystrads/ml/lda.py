@@ -18,20 +18,16 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMaxIter, HasSeed
 from pyspark.sql import SparkSession
 
-from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, alpha_vector, choose_sampler
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._lda_data import _doc_records
-from ._lda_model import COUNTS_SCHEMA, FoldIn, WordTopics, describe, dense_counts, fitted_topics
+from ._lda_model import FoldIn, WordTopics, describe, fitted_topics, load_topics, save_topics, topics_matrix
 from ._params import HasNumWorkers, Rule, above, at_least, one_of, vector_column
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
-
-#: topicsMatrix() warns above this many cells (it collects the matrix onto the driver).
-LARGE_MODEL_CELLS = 50_000_000
 
 #: Default optimizeBurnIn: iterations of Gibbs sampling before the first update of a learned alpha.
 OPTIMIZE_BURN_IN = 0
@@ -256,8 +252,7 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
         :class:`~pystrads.ml._lda_model.WordTopics`; ``alpha``: the document-topic prior, one
         value per topic (a number: symmetric)."""
         super().__init__()
-        self._topics = word_topic if word_topic is None or isinstance(word_topic, WordTopics) \
-            else WordTopics.from_array(word_topic)
+        self._topics = WordTopics.of(word_topic)
         self._alpha_value = alpha_vector(alpha, 1 if word_topic is None else self._topics.k).copy()
         self._beta_value = float(beta)
 
@@ -275,34 +270,23 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
     def topicsMatrix(self) -> DenseMatrix:
         """vocabSize x k word-topic **counts** (they sum to the training tokens).
 
-        Collected onto the driver: for large models (more than ~5e7 cells) this
-        needs vocabSize * k * 12 bytes of driver memory; prefer
+        Collected onto the driver (MLlib's local matrix): a large model needs
+        vocabSize * k * 12 bytes of driver memory there, and warns; prefer
         :meth:`describeTopics`, which keeps only the top terms.
         """
-        v, k = self.vocabSize(), self._topics.k
-        if v * k > LARGE_MODEL_CELLS:
-            warnings.warn(f"topicsMatrix() collects a {v} x {k} dense matrix ({v * k * 8 / 1e9:.1f} GB as doubles) on "
-                          "the driver; use describeTopics() for the top terms", stacklevel=2)
-        counts = dense_counts(self._topics, SparkSession.active())
-        return DenseMatrix(v, k, counts.astype(np.float64).ravel(order="F"))
+        return topics_matrix(self._topics, SparkSession.active())
 
     def describeTopics(self, maxTermsPerTopic: int = 10):
         """DataFrame(topic, termIndices, termWeights): each topic's top terms by p(term | topic)."""
-        if maxTermsPerTopic < 1:
-            raise ConfigurationError(f"maxTermsPerTopic={maxTermsPerTopic} must be >= 1")
         return describe(self._topics, self._beta_value, maxTermsPerTopic, SparkSession.active())
 
     # -- inference (:class:`pystrads.ml._lda_model.FoldIn`)
     def _fold_in(self, dataset) -> FoldIn:
         self._check_columns(dataset, "featuresCol")
-        return FoldIn(self._topics, self._beta_value, self._alpha_value, self.getFoldInIterations(),
-                      int(self.getSeed()))
+        return FoldIn(self._topics, self._beta_value, self._alpha_value, self.getFoldInIterations(), self.getSeed())
 
     def _transform(self, dataset):
-        out_col = self.getTopicDistributionCol()
-        if out_col in dataset.columns:
-            raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
-        return self._fold_in(dataset).mixtures(dataset, self.getFeaturesCol(), out_col)
+        return self._fold_in(dataset).mixtures(dataset, self.getFeaturesCol(), self.getTopicDistributionCol())
 
     def logLikelihood(self, dataset) -> float:
         """log p(documents | topics) with each document's topic mixture from Gibbs
@@ -316,11 +300,8 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
 
     # -- persistence: one row per term that has tokens in data/, written and read by the executors
     def _save_data(self, write) -> dict:
-        write("data", COUNTS_SCHEMA, self._topics.rows_frame(SparkSession.active()))
-        return {"alpha": self._alpha_value.tolist(), "beta": self._beta_value, "vocabSize": self.vocabSize(),
-                "k": self._topics.k}
+        return save_topics(write, self._topics, self._alpha_value, self._beta_value, SparkSession.active())
 
     @classmethod
     def _load_data(cls, read, metadata) -> "StradsLDAModel":
-        topics = WordTopics.from_frame(read("data"), int(metadata["vocabSize"]), int(metadata["k"]))
-        return cls(topics, metadata["alpha"], metadata["beta"])  # alpha: k values (one before issue 19)
+        return cls(*load_topics(read, metadata))
