@@ -72,7 +72,7 @@ def _batch_counts(batch, k: int):
     return terms, values.reshape(len(terms), k)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class WordTopics:
     """The word-topic counts of a model (see the module docstring)."""
 
@@ -392,7 +392,7 @@ class FoldIn:
         pair_schema = T.StructType([T.StructField("bucket", T.IntegerType()), T.StructField("term", T.IntegerType())])
         needed = dataset.select(dataset.columns[index]).mapInArrow(
             pairs, pair_schema).distinct() \
-            .join(self.topics.rows_frame(dataset.sparkSession), "term")
+            .join(self.topics.rows_frame(dataset.sparkSession).hint("merge"), "term")  # never broadcast the model
         tagged = dataset.mapInArrow(tag, T.StructType(dataset.schema.fields + [T.StructField(BUCKET, T.IntegerType())]))
         return tagged.groupBy(BUCKET).cogroup(needed.groupBy("bucket")).applyInArrow(run, schema)
 
