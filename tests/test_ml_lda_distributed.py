@@ -60,7 +60,9 @@ def test_the_joined_fold_in_equals_the_fold_in_with_phi_shipped(spark, monkeypat
     df = _zipf_documents(spark, 400, 120, 30, seed=1).cache()
     assert model._topics.dense is None and model._topics.frame is not None  # the fit left the counts on the executors
     rows = model._topics.frame.count()
-    assert 0 < rows <= 300 and rows == int(model.topicsMatrix().toArray().any(axis=1).sum())
+    counts = model.topicsMatrix().toArray()
+    assert 0 < rows <= 300 and rows == int(counts.any(axis=1).sum())
+    assert model._topics.topic_totals.tolist() == counts.sum(axis=0).tolist()  # n_t read from the shards
 
     def results(m):
         out = m.transform(df).select("id", "topicDistribution").collect()
