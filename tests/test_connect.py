@@ -55,6 +55,7 @@ def test_strads_lda_fits_transforms_scores_and_persists_through_connect(connect_
     assert got["separated"] > 0.6  # each document leans to its own topic (alpha = 25 smooths it)
     assert 0 < got["log_perplexity"] < math.log(20)  # better than uniform over the 20 words
     assert got["loaded_equal"] and got["summary_iterations"] == 30
+    assert got["joined_equal"]  # the joined fold-in (large models) gives the same mixtures
 
 
 def test_strads_lasso_matches_mllib_through_connect(connect_results):

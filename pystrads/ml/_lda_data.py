@@ -3,14 +3,14 @@ program's records (one row per non-empty document, keyed by a hash of its conten
 scan that checks every vector before any training and counts documents, tokens and tokens per
 term (:func:`_doc_records`); for inference, the Gibbs fold-in of new documents with the topics
 fixed (:func:`fold_in`) and what a model makes of it: topic mixtures (:func:`with_topic_mixtures`)
-and the log-likelihood (:func:`log_likelihood`); and each topic's top terms as a DataFrame
-(:func:`topics_frame`).
+and the log-likelihood (:func:`log_likelihood`).  Where the topics come from: :mod:`._lda_model`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from typing import Optional
 
 import numpy as np
 
@@ -145,17 +145,18 @@ def _doc_records(dataset, features_col: str):
     return frame.mapInArrow(keep, DOC_RECORD_SCHEMA), stats
 
 
-def fold_in(features_index: int, phi: np.ndarray, alpha: np.ndarray, n_iter: int, seed: int):
-    """``fn(batches)``: a partition's batches (column ``features_index`` holding term counts) and,
-    per document, its Gibbs fold-in topic counts with the topics ``phi`` fixed --
-    ``(batches, counts, lengths, words, ptr)``, one fold-in per partition.  Each document draws
-    from its own random stream, seeded by ``seed`` and its digest: its topic distribution depends
-    on it alone, never on how the input is partitioned or ordered.  ``phi`` travels in the function
-    (Spark broadcasts large ones)."""
-    if phi.shape[0] == 0:
+def fold_in(features_index: int, alpha: np.ndarray, n_iter: int, seed: int, phi: Optional[np.ndarray] = None):
+    """``fn(batches, lookup=None)``: a partition's batches (column ``features_index`` holding term
+    counts) and, per document, its Gibbs fold-in topic counts with the topics fixed --
+    ``(batches, counts, lengths, rows, ptr, phi)``, one fold-in per call.  φ is ``phi`` (V x K,
+    travelling in the function: Spark broadcasts large ones) or, with ``lookup(words) -> (phi,
+    rows)``, the rows of the words the batches use; ``rows`` are the tokens' rows of that φ.  Each
+    document draws from its own random stream, seeded by ``seed`` and its digest: its topic
+    distribution depends on it alone, never on how the input is partitioned or ordered."""
+    if phi is not None and phi.shape[0] == 0:
         raise ConfigurationError("the model has an empty vocabulary")
 
-    def run(batches):
+    def run(batches, lookup=None):
         from ..kernels import lda as K
         from ._arrow import vectors
 
@@ -170,9 +171,10 @@ def fold_in(features_index: int, phi: np.ndarray, alpha: np.ndarray, n_iter: int
                 streams.append(int.from_bytes(digest, "little"))
         doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
         doc_ptr = np.asarray(ptr, dtype=np.int64)
-        counts = K.fold_in(doc_words, doc_ptr, phi, alpha, n_iter, K.doc_states(seed, streams)) if len(ptr) > 1 \
-            else np.zeros((0, phi.shape[1]))
-        return batches, counts, np.diff(doc_ptr), doc_words, doc_ptr
+        phi_rows, rows = (phi, doc_words) if lookup is None else lookup(doc_words)
+        counts = K.fold_in(rows, doc_ptr, phi_rows, alpha, n_iter, K.doc_states(seed, streams)) if len(ptr) > 1 \
+            else np.zeros((0, phi_rows.shape[1]))
+        return batches, counts, np.diff(doc_ptr), rows, doc_ptr, phi_rows
 
     return run
 
@@ -184,14 +186,14 @@ def _theta(counts: np.ndarray, length: int, alpha: np.ndarray) -> np.ndarray:
 
 
 def with_topic_mixtures(fold: callable, alpha: np.ndarray, features_index: int, out_col: str):
-    """``fn(batches)`` for ``mapInArrow``: the batches with a dense vector column ``out_col`` of
-    each document's topic mixture (``fold``: from :func:`fold_in`)."""
-    def attach(batches):
+    """``fn(batches, lookup=None)`` for ``mapInArrow``: the batches with a dense vector column
+    ``out_col`` of each document's topic mixture (``fold``: from :func:`fold_in`)."""
+    def attach(batches, lookup=None):
         import pyarrow as pa
 
         from ._arrow import dense_vectors
 
-        batches, counts, lengths, _, _ = fold(batches)
+        batches, counts, lengths, _, _, _ = fold(batches, lookup)
         start = 0
         for batch in batches:
             theta = [_theta(counts[i], lengths[i], alpha) for i in range(start, start + batch.num_rows)]
@@ -202,28 +204,13 @@ def with_topic_mixtures(fold: callable, alpha: np.ndarray, features_index: int, 
     return attach
 
 
-def log_likelihood(fold: callable, phi: np.ndarray, alpha: np.ndarray):
-    """``fn(batches) -> (sum of log p(token | theta_d, phi), tokens)`` over a partition's documents."""
-    def score(batches):
-        _, counts, lengths, words, ptr = fold(batches)
-        ll = sum(float(np.log(phi[words[ptr[i]:ptr[i + 1]]] @ _theta(counts[i], lengths[i], alpha)).sum())
-                 for i in np.flatnonzero(lengths))
-        return ll, int(lengths.sum())
+def log_likelihood(fold: callable, alpha: np.ndarray):
+    """``fn(batches, lookup=None)``: per document with tokens, ``(log p(its tokens | theta_d, phi),
+    its tokens)``."""
+    def score(batches, lookup=None):
+        _, counts, lengths, rows, ptr, phi = fold(batches, lookup)
+        for i in np.flatnonzero(lengths):
+            yield float(np.log(phi[rows[ptr[i]:ptr[i + 1]]] @ _theta(counts[i], lengths[i], alpha)).sum()), \
+                int(lengths[i])
 
     return score
-
-
-def topics_frame(spark, phi: np.ndarray, max_terms: int):
-    """DataFrame(topic, termIndices, termWeights), as LDAModel.describeTopics: each topic's
-    ``max_terms`` most likely terms by ``phi`` (V x k), in decreasing order (ties by index)."""
-    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
-
-    n = min(max_terms, phi.shape[0])
-    rows = []
-    for t in range(phi.shape[1]):
-        top = np.argsort(-phi[:, t], kind="stable")[:n]
-        rows.append((t, [int(i) for i in top], [float(phi[i, t]) for i in top]))
-    schema = StructType([StructField("topic", IntegerType(), False),
-                         StructField("termIndices", ArrayType(IntegerType(), False), False),
-                         StructField("termWeights", ArrayType(DoubleType(), False), False)])
-    return spark.createDataFrame(rows, schema)

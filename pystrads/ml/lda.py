@@ -13,26 +13,21 @@ from typing import Any, List, Optional
 
 import numpy as np
 from pyspark import keyword_only
-from pyspark.ml.linalg import DenseMatrix, DenseVector, VectorUDT
+from pyspark.ml.linalg import DenseMatrix, DenseVector
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasCheckpointInterval, HasFeaturesCol, HasMaxIter, HasSeed
 from pyspark.sql import SparkSession
-from pyspark.sql import types as T
 
-from ..errors import ConfigurationError, InputError
 from ..kernels.lda import SAMPLERS, alpha_vector, choose_sampler
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
-from ._arrow import collect_per_partition
-from ._lda_data import _doc_records, fold_in, log_likelihood, topics_frame, with_topic_mixtures
+from ._lda_data import _doc_records
+from ._lda_model import FoldIn, WordTopics, describe, fitted_topics, load_topics, save_topics, topics_matrix
 from ._params import HasNumWorkers, Rule, above, at_least, one_of, vector_column
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
-
-#: topicsMatrix() warns above this many cells (it builds the matrix on the driver).
-LARGE_MODEL_CELLS = 50_000_000
 
 #: Default optimizeBurnIn: iterations of Gibbs sampling before the first update of a learned alpha.
 OPTIMIZE_BURN_IN = 0
@@ -236,30 +231,37 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         return program
 
     def _read_model(self, result, fit: Fit) -> "StradsLDAModel":
-        # the driver's program holds the learned alpha
-        return StradsLDAModel(result.read_table("word_topic"), fit.program.alpha, self._beta())
+        # the driver's program holds the learned alpha; the counts stay on the executors
+        topics = fitted_topics(fit.dataset.sparkSession, result, fit.program.vocab_size, self.getK())
+        return StradsLDAModel(topics, fit.program.alpha, self._beta())
 
 
 class StradsLDAModel(_StradsModel, _StradsLDAParams):
     """A fitted :class:`StradsLDA` model: word-topic counts and the priors.  MLlib's LDAModel
     setters: ``setFeaturesCol``, ``setTopicDistributionCol`` and ``setSeed`` (of the fold-in
-    sampler that ``transform`` runs)."""
+    sampler that ``transform`` runs).
+
+    A fitted or loaded model keeps its word-topic counts as a DataFrame on the executors
+    (:mod:`pystrads.ml._lda_model`); only the topic totals and the priors are on the driver.
+    """
 
     _setters = ("featuresCol", "topicDistributionCol", "seed")
 
-    def __init__(self, word_topic: Optional[np.ndarray] = None, alpha=0.0, beta: float = 0.0):
-        """``alpha``: the document-topic prior, one value per topic (a number: symmetric)."""
+    def __init__(self, word_topic=None, alpha=0.0, beta: float = 0.0):
+        """``word_topic``: V x K counts (an array, kept on the driver) or a fit's
+        :class:`~pystrads.ml._lda_model.WordTopics`; ``alpha``: the document-topic prior, one
+        value per topic (a number: symmetric)."""
         super().__init__()
-        self._word_topic = None if word_topic is None else np.ascontiguousarray(word_topic, dtype=np.int32)
-        self._alpha_value = alpha_vector(alpha, 1 if word_topic is None else self._word_topic.shape[1]).copy()
+        self._topics = WordTopics.of(word_topic)
+        self._alpha_value = alpha_vector(alpha, 1 if word_topic is None else self._topics.k).copy()
         self._beta_value = float(beta)
 
     # -- MLlib LDAModel API
     def vocabSize(self) -> int:
-        return int(self._word_topic.shape[0])
+        return self._topics.vocab_size
 
     def isDistributed(self) -> bool:
-        return False
+        return False  # MLlib's LocalLDAModel API: no training-corpus methods (topicDistributions, ...)
 
     def estimatedDocConcentration(self) -> DenseVector:
         """The document-topic prior the model uses: learned (optimizeDocConcentration) or as given."""
@@ -268,70 +270,38 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
     def topicsMatrix(self) -> DenseMatrix:
         """vocabSize x k word-topic **counts** (they sum to the training tokens).
 
-        Built on the driver: for large models (more than ~5e7 cells) this
-        needs vocabSize * k * 8 bytes of driver memory; prefer
+        Collected onto the driver (MLlib's local matrix): a large model needs
+        vocabSize * k * 12 bytes of driver memory there, and warns; prefer
         :meth:`describeTopics`, which keeps only the top terms.
         """
-        v, k = self._word_topic.shape
-        if v * k > LARGE_MODEL_CELLS:
-            warnings.warn(f"topicsMatrix() builds a {v} x {k} dense matrix ({v * k * 8 / 1e9:.1f} GB) on the "
-                          "driver; use describeTopics() for the top terms", stacklevel=2)
-        return DenseMatrix(v, k, self._word_topic.astype(np.float64).ravel(order="F"))
-
-    def topic_word_prob(self) -> np.ndarray:
-        """phi: V x k, column t is p(word | topic t) = (n_wt + β) / (n_t + Vβ)."""
-        wt = self._word_topic.astype(np.float64)
-        return (wt + self._beta_value) / (wt.sum(axis=0) + wt.shape[0] * self._beta_value)
+        return topics_matrix(self._topics, SparkSession.active())
 
     def describeTopics(self, maxTermsPerTopic: int = 10):
         """DataFrame(topic, termIndices, termWeights): each topic's top terms by p(term | topic)."""
-        if maxTermsPerTopic < 1:
-            raise ConfigurationError(f"maxTermsPerTopic={maxTermsPerTopic} must be >= 1")
-        return topics_frame(SparkSession.active(), self.topic_word_prob(), maxTermsPerTopic)
+        return describe(self._topics, self._beta_value, maxTermsPerTopic, SparkSession.active())
 
-    # -- inference (:mod:`pystrads.ml._lda_data`)
-    def _fold_in(self, dataset):
-        """The fold-in function of ``dataset``'s documents, phi and the features column's index."""
+    # -- inference (:class:`pystrads.ml._lda_model.FoldIn`)
+    def _fold_in(self, dataset) -> FoldIn:
         self._check_columns(dataset, "featuresCol")
-        phi, index = self.topic_word_prob(), dataset.columns.index(self.getFeaturesCol())
-        return fold_in(index, phi, self._alpha_value, self.getFoldInIterations(), int(self.getSeed())), phi, index
+        return FoldIn(self._topics, self._beta_value, self._alpha_value, self.getFoldInIterations(), self.getSeed())
 
     def _transform(self, dataset):
-        out_col = self.getTopicDistributionCol()
-        if out_col in dataset.columns:
-            raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
-        fold, _, index = self._fold_in(dataset)
-        schema = T.StructType(dataset.schema.fields + [T.StructField(out_col, VectorUDT(), True)])
-        return dataset.mapInArrow(with_topic_mixtures(fold, self._alpha_value, index, out_col), schema)
-
-    def _score(self, dataset):
-        """(Σ log p(token | θ_d, φ), tokens) over the dataset's documents."""
-        fold, phi, _ = self._fold_in(dataset)
-        parts = collect_per_partition(dataset, log_likelihood(fold, phi, self._alpha_value))
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        return self._fold_in(dataset).mixtures(dataset, self.getFeaturesCol(), self.getTopicDistributionCol())
 
     def logLikelihood(self, dataset) -> float:
         """log p(documents | topics) with each document's topic mixture from Gibbs
         fold-in (topics fixed): Σ_tokens log Σ_t θ_dt φ_tw."""
-        return float(self._score(dataset)[0])
+        return float(self._fold_in(dataset).score(dataset, self.getFeaturesCol())[0])
 
     def logPerplexity(self, dataset) -> float:
         """−logLikelihood(dataset) / number of tokens (lower is better)."""
-        ll, tokens = self._score(dataset)
+        ll, tokens = self._fold_in(dataset).score(dataset, self.getFeaturesCol())
         return float(-ll / tokens) if tokens else float("nan")
 
-    # -- persistence: one row per term that has tokens in data/
+    # -- persistence: one row per term that has tokens in data/, written and read by the executors
     def _save_data(self, write) -> dict:
-        wt = self._word_topic
-        write("data", T.StructType([T.StructField("term", T.IntegerType(), False),
-                                    T.StructField("counts", T.ArrayType(T.IntegerType(), False), False)]),
-              [(int(i), wt[i].tolist()) for i in np.flatnonzero(wt.any(axis=1))])
-        return {"alpha": self._alpha_value.tolist(), "beta": self._beta_value, "vocabSize": self.vocabSize(),
-                "k": int(wt.shape[1])}
+        return save_topics(write, self._topics, self._alpha_value, self._beta_value, SparkSession.active())
 
     @classmethod
     def _load_data(cls, read, metadata) -> "StradsLDAModel":
-        word_topic = np.zeros((int(metadata["vocabSize"]), int(metadata["k"])), dtype=np.int32)
-        for row in read("data").toLocalIterator():
-            word_topic[row["term"]] = row["counts"]
-        return cls(word_topic, metadata["alpha"], metadata["beta"])  # alpha: k values (one before issue 19)
+        return cls(*load_topics(read, metadata))

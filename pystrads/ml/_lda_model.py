@@ -1,0 +1,403 @@
+"""A fitted StradsLDA model's topics kept off the driver, and the model operations over them.
+
+:class:`WordTopics` is what a :class:`~pystrads.ml.lda.StradsLDAModel` holds:
+
+- ``frame``: DataFrame(term int, counts array<int>) (:data:`COUNTS_SCHEMA`), one row per term
+  that has tokens (term in [0, V); ``counts[t]`` = n_wt, K int32), made by executor tasks
+  reading the fit's ``word_topic`` rows from the shards (:func:`fitted_topics`), or read from a
+  saved model's Parquet;
+- ``topic_totals``: n_t, K int64, and ``vocab_size`` V, on the driver;
+- ``dense``: V x K int32 on the driver only for a model built from an array, or cached once a
+  small model (at most ``spark.pystrads.lda.localModelBytes`` as int32) was collected.
+
+p(term | topic) = φ[w, t] = (n_wt + β) / (n_t + Vβ) (:meth:`WordTopics.phi`, the one formula
+every path uses, so they agree bit for bit).  The operations: :func:`describe` (each partition
+keeps its per-topic top n, the driver merges K x n candidates per partition),
+:func:`dense_counts` (``topicsMatrix``: collects), and :class:`FoldIn` (``transform``,
+``logLikelihood``): a small model ships φ in the task closure; a large one joins the documents'
+(bucket, term) pairs with the model rows and folds in per bucket of documents (a bucket is a
+hash of a document's content), so a task gets only the rows its documents use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+import warnings
+from typing import List, Optional
+
+import numpy as np
+import pyspark
+from pyspark.ml.linalg import VectorUDT
+from pyspark.sql import types as T
+
+from ..config import Config
+from ..errors import ConfigurationError, InputError
+from ..engine.frames import keep_frame, row_ranges, shard_frame
+from ._arrow import collect_per_partition, vectors
+from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
+
+#: the model's rows; a saved model's data/ folder (the layout of every earlier version)
+COUNTS_SCHEMA = T.StructType([T.StructField("term", T.IntegerType(), False),
+                              T.StructField("counts", T.ArrayType(T.IntegerType(), False), False)])
+
+#: topicsMatrix() warns above this many cells (it collects the matrix onto the driver)
+LARGE_MODEL_CELLS = 50_000_000
+
+#: bytes of word-topic rows one executor task reads from the shards per request / per task
+READ_BYTES, TASK_BYTES = 8 << 20, 64 << 20
+
+#: the bucket column the documents carry through the joined fold-in
+BUCKET = "__pystrads_bucket"
+
+#: cogroup(...).applyInArrow, which the joined fold-in needs, came with Spark 4.0
+_HAS_COGROUP_ARROW = int(pyspark.__version__.split(".")[0]) >= 4
+
+
+def _counts_batch(terms: np.ndarray, rows: np.ndarray):
+    """An Arrow batch of :data:`COUNTS_SCHEMA` from term ids and their (n, K) count rows."""
+    import pyarrow as pa
+
+    rows = np.ascontiguousarray(rows, dtype=np.int32)
+    offsets = pa.array(np.arange(len(terms) + 1, dtype=np.int32) * rows.shape[1])
+    counts = pa.ListArray.from_arrays(offsets, pa.array(rows.ravel(), pa.int32()))
+    return pa.RecordBatch.from_arrays([pa.array(np.asarray(terms, dtype=np.int32)), counts], ["term", "counts"])
+
+
+def _batch_counts(batch, k: int):
+    """(terms int64, counts (n, k) int32) of an Arrow batch of :data:`COUNTS_SCHEMA`."""
+    terms = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = batch.column(1).flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return terms, values.reshape(len(terms), k)
+
+
+@dataclasses.dataclass(eq=False)
+class WordTopics:
+    """The word-topic counts of a model (see the module docstring)."""
+
+    frame: object
+    topic_totals: np.ndarray
+    vocab_size: int
+    dense: Optional[np.ndarray] = None
+
+    @classmethod
+    def of(cls, word_topic) -> Optional["WordTopics"]:
+        """``word_topic`` itself (None or a WordTopics) or, for V x K counts, the model held on the driver."""
+        return word_topic if word_topic is None or isinstance(word_topic, WordTopics) else cls.from_array(word_topic)
+
+    @classmethod
+    def from_array(cls, word_topic) -> "WordTopics":
+        dense = np.ascontiguousarray(word_topic, dtype=np.int32)
+        return cls(None, dense.sum(axis=0, dtype=np.int64), int(dense.shape[0]), dense)
+
+    @classmethod
+    def from_frame(cls, frame, vocab_size: int, k: int) -> "WordTopics":
+        """Rows of a saved model: the topic totals summed on the executors (one job)."""
+        def totals(batches):
+            out = np.zeros(k, np.int64)
+            for batch in batches:
+                out += _batch_counts(batch, k)[1].sum(axis=0, dtype=np.int64)
+            return out
+
+        parts = collect_per_partition(frame.select("term", "counts"), totals)
+        return cls(frame, np.sum(parts, axis=0, dtype=np.int64) if parts else np.zeros(k, np.int64), int(vocab_size))
+
+    @property
+    def k(self) -> int:
+        return int(len(self.topic_totals))
+
+    @property
+    def int32_bytes(self) -> int:
+        return self.vocab_size * self.k * 4
+
+    def rows_frame(self, spark):
+        """The rows as a DataFrame (made from ``dense`` the first time, for a model built from an array)."""
+        if self.frame is None:
+            keep = np.flatnonzero(self.dense.any(axis=1))
+            self.frame = spark.createDataFrame([(int(i), self.dense[i].tolist()) for i in keep], COUNTS_SCHEMA)
+        return self.frame
+
+    def phi(self, counts: np.ndarray, beta: float) -> np.ndarray:
+        return topic_word_prob(counts, self.topic_totals, self.vocab_size, beta)
+
+
+def topic_word_prob(counts: np.ndarray, topic_totals: np.ndarray, vocab_size: int, beta: float) -> np.ndarray:
+    """p(term | topic) of count rows (n, K): (n_wt + β) / (n_t + Vβ)."""
+    return (counts.astype(np.float64) + beta) / (topic_totals.astype(np.float64) + vocab_size * beta)
+
+
+def fitted_topics(spark, result, vocab_size: int, k: int) -> WordTopics:
+    """The :class:`WordTopics` of a finished fit: executor tasks read the non-zero ``word_topic``
+    rows in ranges (each shard filters its part), materialised before the fit is released
+    (:func:`~pystrads.engine.frames.keep_frame`); the topic totals (K numbers) come to the driver."""
+    totals = np.asarray(result.read_table("topic_totals")[0], dtype=np.int64)
+    step = max(1, READ_BYTES // (4 * k))
+    tasks = row_ranges(vocab_size, max(result.engine.num_workers, -(-vocab_size * k * 4 // TASK_BYTES)))
+
+    def read(reader, task):
+        table = reader.table("word_topic")
+        for lo in range(task[0], task[1], step):
+            terms, rows = table.get_nonzero(lo, min(task[1], lo + step))
+            if len(terms):
+                yield _counts_batch(terms, rows)
+
+    frame = keep_frame(shard_frame(spark, result, tasks, read, COUNTS_SCHEMA), result, "word_topic")
+    return WordTopics(frame, totals, int(vocab_size))
+
+
+def dense_counts(topics: WordTopics, spark, cache: bool = False) -> np.ndarray:
+    """V x K int32 on the driver (collects the rows; kept on ``topics`` when ``cache``)."""
+    if topics.dense is not None:
+        return topics.dense
+    out = np.zeros((topics.vocab_size, topics.k), np.int32)
+    frame = topics.rows_frame(spark).select("term", "counts")
+    table = frame.toArrow() if hasattr(frame, "toArrow") else frame._collect_as_arrow()  # pyspark 3.5: private
+    for batch in (table.to_batches() if hasattr(table, "to_batches") else table):
+        terms, counts = _batch_counts(batch, topics.k)
+        out[terms] = counts
+    del table
+    if cache:
+        topics.dense = out
+    return out
+
+
+def topics_matrix(topics: WordTopics, spark):
+    """MLlib's topicsMatrix(): V x K counts as a local DenseMatrix (warns for large models)."""
+    from pyspark.ml.linalg import DenseMatrix
+
+    v, k = topics.vocab_size, topics.k
+    if v * k > LARGE_MODEL_CELLS:
+        warnings.warn(f"topicsMatrix() collects a {v} x {k} dense matrix ({v * k * 8 / 1e9:.1f} GB as doubles) on the "
+                      "driver; use describeTopics() for the top terms", stacklevel=3)
+    return DenseMatrix(v, k, dense_counts(topics, spark).astype(np.float64).ravel(order="F"))
+
+
+def save_topics(write, topics: WordTopics, alpha: np.ndarray, beta: float, spark) -> dict:
+    """A model's ``_save_data``: the rows (written by the executors) and the metadata."""
+    write("data", COUNTS_SCHEMA, topics.rows_frame(spark))
+    return {"alpha": alpha.tolist(), "beta": beta, "vocabSize": topics.vocab_size, "k": topics.k}
+
+
+def load_topics(read, metadata):
+    """``(WordTopics, alpha, beta)`` of a saved model (alpha: k values; one before issue 19)."""
+    return (WordTopics.from_frame(read("data"), int(metadata["vocabSize"]), int(metadata["k"])), metadata["alpha"],
+            metadata["beta"])
+
+
+# -- describeTopics: per-partition top n per topic, merged on the driver
+
+
+def _merge_top(terms: np.ndarray, counts: np.ndarray, n: int):
+    """The first ``n`` of (terms, counts) by decreasing count, ties by increasing term."""
+    order = np.lexsort((terms, -counts))[:n]
+    return terms[order], counts[order]
+
+
+def describe(topics: WordTopics, beta: float, max_terms: int, spark):
+    """DataFrame(topic, termIndices, termWeights), as LDAModel.describeTopics: each topic's
+    ``max_terms`` most likely terms by φ, in decreasing order, ties by term index (φ increases
+    with n_wt, so the top terms are the top counts).  A topic with fewer terms of non-zero
+    count than asked gets the smallest zero-count term ids after them, as a sort of the whole
+    column of φ gives."""
+    if max_terms < 1:
+        raise ConfigurationError(f"maxTermsPerTopic={max_terms} must be >= 1")
+    k, n = topics.k, min(max_terms, topics.vocab_size)
+
+    def candidates(batches):
+        best = [(np.zeros(0, np.int64), np.zeros(0, np.int64))] * k
+        positive = np.zeros(k, np.int64)
+        for batch in batches:
+            terms, counts = _batch_counts(batch, k)
+            positive += (counts > 0).sum(axis=0)
+            for t in range(k):
+                col = counts[:, t]
+                rows = np.flatnonzero(col > 0)
+                if len(rows) > n:  # all the rows tied with the n-th largest, then the exact order
+                    rows = rows[col[rows] >= np.partition(col[rows], len(rows) - n)[len(rows) - n]]
+                best[t] = _merge_top(np.concatenate([best[t][0], terms[rows]]),
+                                     np.concatenate([best[t][1], col[rows].astype(np.int64)]), n)
+        return best, positive
+
+    parts = collect_per_partition(topics.rows_frame(spark).select("term", "counts"), candidates)
+    rows = []
+    for t in range(k):
+        terms, counts = _merge_top(np.concatenate([p[0][t][0] for p in parts] or [np.zeros(0, np.int64)]),
+                                   np.concatenate([p[0][t][1] for p in parts] or [np.zeros(0, np.int64)]), n)
+        if len(terms) < n:  # every term of non-zero count is here: fill with the smallest other ids
+            taken = set(terms.tolist())
+            fill = [w for w in range(n + len(taken)) if w not in taken][:n - len(terms)]
+            terms = np.concatenate([terms, np.asarray(fill, np.int64)])
+            counts = np.concatenate([counts, np.zeros(len(fill), np.int64)])
+        totals = topics.topic_totals[t:t + 1].astype(np.float64) + topics.vocab_size * beta
+        weights = (counts.astype(np.float64) + beta) / totals[0]
+        rows.append((t, [int(i) for i in terms], [float(w) for w in weights]))
+    schema = T.StructType([T.StructField("topic", T.IntegerType(), False),
+                           T.StructField("termIndices", T.ArrayType(T.IntegerType(), False), False),
+                           T.StructField("termWeights", T.ArrayType(T.DoubleType(), False), False)])
+    return spark.createDataFrame(rows, schema)
+
+
+# -- transform / logLikelihood
+
+
+def _add_exact(partials: List[float], x: float) -> None:
+    """Adds ``x`` to the exact sum held as non-overlapping ``partials`` (Shewchuk, as math.fsum)."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
+
+
+def _bucket_count(dataset) -> int:
+    """Buckets of documents for the joined fold-in: the input's partitions (task slots under
+    Spark Connect, which knows partitions only by running a job)."""
+    from ..engine.preflight import default_num_workers
+    from ..engine.spark import handle_of
+
+    return max(1, dataset.rdd.getNumPartitions() if not handle_of(dataset).connect else default_num_workers(dataset))
+
+
+@dataclasses.dataclass
+class FoldIn:
+    """Gibbs fold-in of documents with the topics fixed: each document's stream is seeded by
+    ``seed`` and its content, so its result depends on it alone, on either path (module
+    docstring): φ shipped with the function when the model's int32 size is at most
+    ``spark.pystrads.lda.localModelBytes``, else the joined fold-in."""
+
+    topics: WordTopics
+    beta: float
+    alpha: np.ndarray
+    n_iter: int
+    seed: int
+
+    def _local(self, dataset) -> bool:
+        if self.topics.dense is not None:
+            return True
+        limit = Config.from_spark(dataset.sparkSession)["lda.localModelBytes"]
+        if self.topics.int32_bytes <= limit:
+            return True
+        if not _HAS_COGROUP_ARROW:
+            warnings.warn(f"pyspark {pyspark.__version__} has no cogroup applyInArrow: the fold-in collects the "
+                          f"{self.topics.int32_bytes / 2**20:.0f} MiB model on the driver (pyspark >= 4 does not)")
+            return True
+        return False
+
+    def _fold(self, features_index: int, phi=None):
+        return fold_in(features_index, self.alpha, self.n_iter, int(self.seed), phi)
+
+    def mixtures(self, dataset, features_col: str, out_col: str):
+        """``dataset`` with each document's topic mixture in the vector column ``out_col`` (refused
+        when it exists)."""
+        if out_col in dataset.columns:
+            raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
+        index = dataset.columns.index(features_col)
+        schema = T.StructType(dataset.schema.fields + [T.StructField(out_col, VectorUDT(), True)])
+        if self._local(dataset):
+            attach = with_topic_mixtures(self._fold(index, self._phi(dataset)), self.alpha, index, out_col)
+            return dataset.mapInArrow(attach, schema)
+        attach = with_topic_mixtures(self._fold(index), self.alpha, index, out_col)
+        return self._joined(dataset, index, lambda batches, lookup: list(attach(batches, lookup)), schema)
+
+    def score(self, dataset, features_col: str):
+        """(Σ over documents of log p(tokens | θ_d, φ), tokens), the sum exact (fsum: the same
+        for any partitioning and either path)."""
+        index = dataset.columns.index(features_col)
+
+        def exact(fn):
+            def run(batches, lookup=None):
+                partials, tokens = [], 0
+                for ll, n in fn(batches, lookup):
+                    _add_exact(partials, ll)
+                    tokens += n
+                return partials, tokens
+            return run
+
+        if self._local(dataset):
+            fn = exact(log_likelihood(self._fold(index, self._phi(dataset)), self.alpha))
+            parts = collect_per_partition(dataset, fn)
+        else:
+            import pyarrow as pa
+
+            fn = exact(log_likelihood(self._fold(index), self.alpha))
+
+            def run(batches, lookup):
+                out = pickle.dumps(fn(batches, lookup), protocol=pickle.HIGHEST_PROTOCOL)
+                return [pa.RecordBatch.from_arrays([pa.array([out], pa.binary())], ["result"])]
+
+            rows = self._joined(dataset, index, run, T.StructType([T.StructField("result", T.BinaryType())])).collect()
+            parts = [pickle.loads(r.result) for r in rows]
+        return math.fsum(x for p in parts for x in p[0]), sum(p[1] for p in parts)
+
+    def _phi(self, dataset) -> np.ndarray:
+        return self.topics.phi(dense_counts(self.topics, dataset.sparkSession, cache=True), self.beta)
+
+    def _joined(self, dataset, index: int, fn, schema):
+        """``fn(batches, lookup)`` once per bucket of documents, on the executors: the
+        documents' distinct (bucket, term) pairs joined with the model's rows, cogrouped with
+        the documents by bucket; ``lookup(words) -> (φ rows, row of each word)`` builds φ for
+        the bucket's terms only (a term without tokens gets β / (n_t + Vβ))."""
+        import pyarrow as pa
+
+        buckets, k, beta = _bucket_count(dataset), self.topics.k, self.beta
+        totals, vocab = self.topics.topic_totals, self.topics.vocab_size  # not the frame: tasks cannot hold it
+
+        def doc_buckets(column):
+            for vec in vectors(column):
+                terms, _, digest = _doc_terms(*(vec[1:] if vec is not None else (np.zeros(0, np.int64), np.zeros(0))))
+                yield int.from_bytes(digest, "little") % buckets, terms
+
+        def pairs(batches):
+            seen = set()
+            for batch in batches:
+                for bucket, terms in doc_buckets(batch.column(0)):
+                    seen.update((bucket, int(t)) for t in terms)
+            if seen:
+                arr = np.array(sorted(seen), dtype=np.int32).reshape(-1, 2)
+                yield pa.RecordBatch.from_arrays([pa.array(arr[:, 0]), pa.array(arr[:, 1])], ["bucket", "term"])
+
+        def tag(batches):
+            for batch in batches:
+                ids = np.array([b for b, _ in doc_buckets(batch.column(index))], dtype=np.int32)
+                yield pa.RecordBatch.from_arrays(list(batch.columns) + [pa.array(ids)], batch.schema.names + [BUCKET])
+
+        def run(docs, rows):
+            model_terms, counts = np.zeros(0, np.int64), np.zeros((0, k), np.int32)
+            if rows.num_rows:
+                parts = [_batch_counts(b, k) for b in rows.select(["term", "counts"]).to_batches()]
+                model_terms, counts = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+            def lookup(words):
+                needed = np.unique(words)
+                at = np.searchsorted(model_terms, needed)
+                found = at < len(model_terms)
+                found[found] = model_terms[at[found]] == needed[found]
+                block = np.zeros((len(needed), k), np.int32)
+                block[found] = counts[at[found]]
+                return topic_word_prob(block, totals, vocab, beta), np.searchsorted(needed, words)
+
+            order = np.argsort(model_terms, kind="stable")
+            model_terms, counts = model_terms[order], counts[order]
+            docs = docs.drop_columns([BUCKET])
+            out = fn(docs.to_batches(), lookup)
+            return pa.Table.from_batches(out) if out else pa.Table.from_batches([], schema=_arrow_schema(schema))
+
+        pair_schema = T.StructType([T.StructField("bucket", T.IntegerType()), T.StructField("term", T.IntegerType())])
+        needed = dataset.select(dataset.columns[index]).mapInArrow(
+            pairs, pair_schema).distinct() \
+            .join(self.topics.rows_frame(dataset.sparkSession).hint("merge"), "term")  # never broadcast the model
+        tagged = dataset.mapInArrow(tag, T.StructType(dataset.schema.fields + [T.StructField(BUCKET, T.IntegerType())]))
+        return tagged.groupBy(BUCKET).cogroup(needed.groupBy("bucket")).applyInArrow(run, schema)
+
+
+def _arrow_schema(schema):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema)
