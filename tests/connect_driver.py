@@ -78,7 +78,12 @@ def lda(spark):
     path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/lda"
     model.write().overwrite().save(path)
     loaded = StradsLDAModel.load(path)
+    spark.conf.set("spark.pystrads.lda.localModelBytes", "0")  # the loaded model (no driver copy): the join
+    joined_path = not loaded._fold_in(df)._local(df)
+    joined = dict((r["id"], r["topicDistribution"].toArray().tolist()) for r in loaded.transform(df).collect())
+    spark.conf.unset("spark.pystrads.lda.localModelBytes")
     return {"tokens": int(counts.sum()), "expected_tokens": 300 * 30, "top": top,
+            "joined_equal": joined_path and joined == dict(theta),
             "theta_sum_range": [float(min(sum(t) for _, t in theta)), float(max(sum(t) for _, t in theta))],
             "rows": len(theta),
             "separated": float(np.mean([max(t) for _, t in theta])),
