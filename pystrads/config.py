@@ -87,6 +87,11 @@ _SETTINGS = [
     Setting("checkpoint.interval", 0, int,
             "steps between checkpoints; 0 = none (the estimators pass their checkpointInterval param); a fit "
             "started again with the same program, data, workers and seed resumes from the latest one", 0),
+    Setting("model.dir", "", str,
+            "directory where a fitted model's distributed tables (e.g. StradsMF's factors) are written as "
+            "Parquet by the executors before the shards drop them: a shared path or pyarrow filesystem URI, "
+            "one folder per fit, deleted by you; empty = Spark local checkpoints (executor memory and disk, "
+            "lost with an executor after the fit)"),
     Setting("recovery.maxAttempts", 3, int,
             "times a fit restarts lost shards or lost worker states (from the latest checkpoint, or from the "
             "start without one) before it fails", 0),

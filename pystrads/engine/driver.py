@@ -580,10 +580,9 @@ class FitResult:
 
     @property
     def exports(self) -> List[Any]:
-        """The ``export(worker, data, state)`` results of the Engine's workers, in worker order."""
-        if self.engine.exports is None:
-            raise PystradsError("no exports: make the Engine with export=fn(worker, data, state) (resident runtime)")
-        return self.engine.exports
+        """The ``export(worker, data, state)`` results of the Engine's workers, in worker order, on
+        the driver (:func:`pystrads.engine.frames.shard_frame` reads them on the executors instead)."""
+        return self.engine.fetch_exports()
 
     def release(self) -> None:
         self.engine.release()

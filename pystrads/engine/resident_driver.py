@@ -208,8 +208,8 @@ class ResidentMixin:
         self.group.client(0).action("post", namespace=self.namespace,
                                     command={"kind": "finish", "step": self._step - 1})
         job = self._job
-        if self.export is not None:
-            self.exports = self._collect_exports(job)
+        if self.export is not None:  # left on the shards until asked for (fetch_exports, engine.frames)
+            self._wait_exports(job)
         if not self.keep_states:
             # nothing to hand over: the tasks end on their own (~0.3 s of Spark's job teardown the
             # fit need not wait for; a failure then is only logged)
@@ -225,9 +225,8 @@ class ResidentMixin:
         self._job = None
         self.summary.fixed["finish_s"] = time.perf_counter() - t0
 
-    def _collect_exports(self, job) -> List[Any]:
-        """Each worker's ``export`` result, read from the shard it left it on."""
-        from ..ps.client import fan_out
+    def _wait_exports(self, job) -> None:
+        """Wait until every worker has left its ``export`` result on its shard."""
         from .resident import export_key
 
         S = len(self.group.shards)
@@ -241,8 +240,23 @@ class ResidentMixin:
             if not job.thread.is_alive():
                 raise StepFailedError(f"the fit's job ended before every worker exported its results (missing "
                                       f"{missing}): {_python_cause(job.error) if job.error else 'no error'}")
-        blobs = fan_out([lambda w=w: self.group.client(w % S).get_blob(keys[w]) for w in range(self.num_workers)])
-        return [pickle.loads(b) for b in blobs]
+
+    def fetch_exports(self) -> List[Any]:
+        """Each worker's ``export`` result on the driver, read once from the shards (resident
+        runtime) or kept from the states (the first runtime)."""
+        from ..ps.client import fan_out
+        from .resident import export_key
+
+        if self.exports is None and self.resident and self.export is not None and self.group is not None:
+            S = len(self.group.shards)
+            blobs = fan_out([lambda w=w: self.group.client(w % S).get_blob(export_key(self.namespace, w))
+                             for w in range(self.num_workers)])
+            if any(b is None for b in blobs):
+                raise PystradsError("the workers' exports are gone from the shards (was the fit released?)")
+            self.exports = [pickle.loads(b) for b in blobs]
+        if self.exports is None:
+            raise PystradsError("no exports: make the Engine with export=fn(worker, data, state) (resident runtime)")
+        return self.exports
 
     def _resident_checkpoint(self, target: str) -> int:
         """Shards write their tables and the workers' state snapshots of the last step."""

@@ -1,0 +1,108 @@
+"""A fit's results as Spark DataFrames made on the executors, never through the driver.
+
+:func:`shard_frame` builds a DataFrame whose partitions are executor tasks that read from the
+fit's shards through the Flight client: a model table's rows (:meth:`ShardReader.table`, a
+:class:`~pystrads.ps.client.TableHandle`) and what each worker left there when the fit ended
+(:meth:`ShardReader.export`, the ``export(worker, data, state)`` results of the resident
+runtime, kept on the shards until the driver asks for them).  The caller says what each task
+reads and how it becomes Arrow record batches; this module knows no algorithm.
+
+The shards drop a fit's tables and exports when the fit is released, so a frame read from them
+must be materialised first: :func:`keep_frame` writes it as Parquet under
+``spark.pystrads.model.dir`` when that is set (it then survives anything but the files'
+deletion), else it local-checkpoints it (Spark keeps the blocks on the executors, memory and
+disk; losing an executor after the fit loses its blocks, and Spark then fails the next job
+that needs them, naming the lost checkpoint block).  :func:`row_ranges` cuts rows into tasks.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable, Iterator, List, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import PystradsError
+from ..ps import storage
+from ..ps.client import ShardGroup, TableHandle
+from ..ps.partition import TableLayout
+
+#: rows a table-reading task aims for when the caller gives no task count: big enough that
+#: Spark's per-task cost is small beside the read, small enough to keep tasks' memory modest
+ROWS_PER_TASK = 1 << 18
+
+
+class ShardReader:
+    """What an executor task may read from a finished fit: its tables and its workers' exports.
+    Small and picklable (addresses, the run token, the table layouts)."""
+
+    def __init__(self, group: ShardGroup, layouts: dict, namespace: str, num_workers: int):
+        self.group = group
+        self.layouts = dict(layouts)
+        self.namespace = namespace
+        self.num_workers = num_workers
+
+    def table(self, name: str) -> TableHandle:
+        """The handle of the fit's table ``name`` (reads only)."""
+        try:
+            layout: TableLayout = self.layouts[name]
+        except KeyError:
+            raise KeyError(f"no table {name!r}; the fit has {sorted(self.layouts)}") from None
+        return self.group.table(layout)
+
+    def export(self, worker: int) -> Any:
+        """Worker ``worker``'s ``export`` result, read from the shard it left it on."""
+        from .resident import export_key
+
+        blob = self.group.client(worker % len(self.group.shards)).get_blob(export_key(self.namespace, worker))
+        if blob is None:
+            raise PystradsError(f"worker {worker}'s export is not on the shards any more: the fit was released "
+                                "before this frame was materialised (keep_frame), or its shard restarted")
+        return pickle.loads(blob)
+
+
+def reader_of(result) -> ShardReader:
+    """The :class:`ShardReader` of a :class:`~pystrads.engine.driver.FitResult` not yet released."""
+    engine = result.engine
+    if engine.group is None or not engine.layouts:
+        raise PystradsError("this fit has no shards to read from (not started, or released)")
+    return ShardReader(engine.group, engine.layouts, engine.namespace, engine.num_workers)
+
+
+def row_ranges(num_rows: int, num_tasks: int = 0) -> List[Tuple[int, int]]:
+    """``[lo, hi)`` ranges cutting ``num_rows`` rows into ``num_tasks`` (0: about
+    :data:`ROWS_PER_TASK` rows each) nearly equal non-empty pieces."""
+    if num_rows <= 0:
+        return []
+    num_tasks = num_tasks or -(-num_rows // ROWS_PER_TASK)
+    cuts = np.linspace(0, num_rows, min(num_tasks, num_rows) + 1).round().astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def shard_frame(spark, result, tasks: Sequence[Any], read: Callable[[ShardReader, Any], Iterator[Any]], schema):
+    """A DataFrame of ``schema`` with one partition per entry of ``tasks``: the executor task
+    of partition ``t`` yields the Arrow record batches of ``read(reader, tasks[t])``, where
+    ``reader`` is the fit's :class:`ShardReader`.  Lazy: materialise it (:func:`keep_frame`)
+    before the fit is released.  ``tasks`` travel in the closure: keep them small (ranges,
+    worker numbers, id slices)."""
+    reader = reader_of(result)
+    tasks = list(tasks)
+
+    def run(batches):
+        for batch in batches:
+            for t in batch.column(0).to_numpy():
+                yield from read(reader, tasks[int(t)])
+
+    return spark.range(0, len(tasks), 1, max(len(tasks), 1)).mapInArrow(run, schema)
+
+
+def keep_frame(frame, result, name: str):
+    """``frame`` materialised so that it outlives the fit's shards (see the module docstring):
+    Parquet under ``<model.dir>/<fit namespace>/<name>`` when ``spark.pystrads.model.dir`` is
+    set, else an eager local checkpoint.  One Spark job either way."""
+    root = result.engine.config["model.dir"]
+    if root:
+        path = storage.join(root, result.engine.namespace, name)
+        frame.write.parquet(path)
+        return frame.sparkSession.read.schema(frame.schema).parquet(path)
+    return frame.localCheckpoint(eager=True)
