@@ -4,7 +4,8 @@ overwrite that also works under Spark Connect.
 The base writes what every model has -- pyspark's params metadata (class, uid, params, plus the
 model's extra metadata) in ``path/metadata`` -- and a model adds its arrays through two hooks:
 ``_save_data(write)`` calls ``write(name, schema, rows)`` for each parquet folder
-``path/<name>`` and returns the extra metadata; the classmethod ``_load_data(read, metadata)``
+``path/<name>`` (``rows`` a list made on the driver, or a DataFrame the executors write) and
+returns the extra metadata; the classmethod ``_load_data(read, metadata)``
 reads them back with ``read(name)`` (a DataFrame) and returns the model, without its params.
 Spark writes and reads the data, so any Hadoop / DBFS path works.
 """
@@ -81,8 +82,11 @@ class PersistentModel(MLReadable, MLWritable):
     def _save(self, path: str, spark) -> None:
         from pyspark.ml.util import DefaultParamsWriter
 
-        def write(name: str, schema, rows: list) -> None:
-            spark.createDataFrame(rows, schema).write.parquet(os.path.join(path, name))
+        from ..engine.spark import is_dataframe
+
+        def write(name: str, schema, rows) -> None:
+            frame = rows if is_dataframe(rows) else spark.createDataFrame(rows, schema)
+            frame.write.parquet(os.path.join(path, name))
 
         extra = self._save_data(write)
         DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark), extraMetadata=extra)
