@@ -217,21 +217,24 @@ def recommendations(src, dst, num: int, src_col: str, dst_col: str, block_size: 
             yield pa.RecordBatch.from_pydict(out, pa.schema([("block", pa.int64()), ("ids", pa.binary()),
                                                              ("top_ids", pa.binary()), ("top_scores", pa.binary())]))
 
-    def merge(table):
-        ids = np.frombuffer(table.column("ids")[0].as_py(), np.int32)
-        cand = np.hstack([np.frombuffer(b, np.int32).reshape(len(ids), -1) for b in table.column("top_ids").to_pylist()])
-        vals = np.hstack([np.frombuffer(b, np.float32).reshape(len(ids), -1)
-                          for b in table.column("top_scores").to_pylist()])
-        order = np.lexsort((cand, -vals), axis=1)[:, :min(num, cand.shape[1])]  # best first, ties: smaller id
-        best, best_vals = np.take_along_axis(cand, order, 1), np.take_along_axis(vals, order, 1)
-        k = best.shape[1]
-        recs = pa.ListArray.from_arrays(
-            pa.array(np.arange(len(ids) + 1, dtype=np.int32) * k),
-            pa.StructArray.from_arrays([pa.array(best.ravel()), pa.array(best_vals.ravel())], [dst_col, "rating"]))
-        return pa.Table.from_arrays([pa.array(ids), recs], [src_col, "recommendations"])
+    def merge(batches):
+        for batch in batches:
+            for pairs in batch.column("pairs").to_pylist():  # one source block: its pairs' candidates
+                ids = np.frombuffer(pairs[0]["ids"], np.int32)
+                cand = np.hstack([np.frombuffer(p["top_ids"], np.int32).reshape(len(ids), -1) for p in pairs])
+                vals = np.hstack([np.frombuffer(p["top_scores"], np.float32).reshape(len(ids), -1) for p in pairs])
+                order = np.lexsort((cand, -vals), axis=1)[:, :min(num, cand.shape[1])]  # best first, ties: smaller id
+                best, best_vals = np.take_along_axis(cand, order, 1), np.take_along_axis(vals, order, 1)
+                recs = pa.ListArray.from_arrays(
+                    pa.array(np.arange(len(ids) + 1, dtype=np.int32) * best.shape[1]),
+                    pa.StructArray.from_arrays([pa.array(best.ravel()), pa.array(best_vals.ravel())],
+                                               [dst_col, "rating"]))
+                yield pa.RecordBatch.from_arrays([pa.array(ids), recs], [src_col, "recommendations"])
 
     scored = pairs.mapInArrow(score, "block long, ids binary, top_ids binary, top_scores binary")
-    return scored.groupBy("block").applyInArrow(merge, _recommend_schema(src_col, dst_col))
+    # the pairs of one source block meet in one row (collect_list: no grouped-Arrow UDF, which pyspark 3.5 lacks)
+    grouped = scored.groupBy("block").agg(F.collect_list(F.struct("ids", "top_ids", "top_scores")).alias("pairs"))
+    return grouped.mapInArrow(merge, _recommend_schema(src_col, dst_col))
 
 
 def save_factors(write, users, items) -> None:
