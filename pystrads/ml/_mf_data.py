@@ -99,6 +99,12 @@ def _factors_batch(ids: np.ndarray, rows: np.ndarray):
     return pa.RecordBatch.from_arrays([pa.array(np.asarray(ids, dtype=np.int32)), features], ["id", "features"])
 
 
+def _factors_batches(ids: np.ndarray, rows: np.ndarray, size: int = 1 << 16):
+    """:func:`_factors_batch` of at most ``size`` rows at a time (bounded Arrow batches)."""
+    for a in range(0, len(ids), size):
+        yield _factors_batch(ids[a:a + size], rows[a:a + size])
+
+
 def _features(column, rows: int) -> np.ndarray:
     """An Arrow list<float> column of equal-length rows as a (rows, rank) float32 matrix."""
     values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
@@ -114,13 +120,13 @@ def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray)
 
     def read_users(reader, worker):
         positions, w = reader.export(worker)
-        yield _factors_batch(users[positions], w)
+        yield from _factors_batches(users[positions], w)
 
     tasks = [(lo, hi, items[lo:hi]) for lo, hi in row_ranges(len(items), workers)]
 
     def read_items(reader, task):
         lo, hi, ids = task
-        yield _factors_batch(ids, program.item_rows(reader.table("item_factors"), lo, hi))
+        yield from _factors_batches(ids, program.item_rows(reader.table("item_factors"), lo, hi))
 
     user_frame = shard_frame(spark, result, range(workers), read_users, FACTORS_SCHEMA)
     item_frame = shard_frame(spark, result, tasks, read_items, FACTORS_SCHEMA)
