@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError, InputError
-from ..engine.frames import keep_frame, row_ranges, shard_frame
+from ..engine.frames import keep_frames, row_ranges, shard_frame
 from ._arrow import collect_per_partition, partition_id
 from ._validation import check_ratings
 
@@ -114,7 +114,7 @@ def _features(column, rows: int) -> np.ndarray:
 def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray):
     """``(userFactors, itemFactors)`` of a finished fit, made by executor tasks: each worker's
     users from its export, the items in ranges of the ``item_factors`` table (``program.item_rows``),
-    both materialised before the fit is released (:func:`~pystrads.engine.frames.keep_frame`).
+    both materialised before the fit is released (:func:`~pystrads.engine.frames.keep_frames`).
     Only the ids (already on the driver) travel in the tasks' closures."""
     workers = result.engine.num_workers
 
@@ -130,7 +130,8 @@ def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray)
 
     user_frame = shard_frame(spark, result, range(workers), read_users, FACTORS_SCHEMA)
     item_frame = shard_frame(spark, result, tasks, read_items, FACTORS_SCHEMA)
-    return keep_frame(user_frame, result, "userFactors"), keep_frame(item_frame, result, "itemFactors")
+    kept = keep_frames(result, {"userFactors": user_frame, "itemFactors": item_frame})
+    return kept["userFactors"], kept["itemFactors"]
 
 
 def predictions(dataset, ucol: str, icol: str, out_col: str, users, items, drop: bool):
