@@ -159,24 +159,30 @@ def _blocks(factors, block_size: int):
 
     def run(batches):
         part, count = partition_id(), 0
-        ids, feats = [], []
+        ids, feats, held = [], [], 0  # rows read but not yet in a block
 
-        def block(a, b):
-            nonlocal count
+        def blocks(final):
+            nonlocal ids, feats, held, count
             i, f = np.concatenate(ids), np.concatenate(feats)
-            count += 1
-            return pa.RecordBatch.from_arrays(
-                [pa.array([(part << 32) | count], pa.int64()), pa.array([i[a:b].tobytes()], pa.binary()),
-                 pa.array([f[a:b].tobytes()], pa.binary()), pa.array([f.shape[1]], pa.int32())],
-                ["block", "ids", "features", "rank"])
+            full = held if final else held - held % block_size
+            for a in range(0, full, block_size):
+                count += 1
+                b = min(full, a + block_size)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([(part << 32) | count], pa.int64()), pa.array([i[a:b].tobytes()], pa.binary()),
+                     pa.array([f[a:b].tobytes()], pa.binary()), pa.array([f.shape[1]], pa.int32())],
+                    ["block", "ids", "features", "rank"])
+            ids, feats, held = [i[full:]], [f[full:]], held - full
 
-        for batch in batches:
+        for batch in batches:  # streamed: at most one block and one batch held at a time
             if batch.num_rows:
                 ids.append(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int32))
                 feats.append(_features(batch.column(1), batch.num_rows))
-        n = sum(len(i) for i in ids)
-        for a in range(0, n, block_size):
-            yield block(a, min(n, a + block_size))
+                held += batch.num_rows
+                if held >= block_size:
+                    yield from blocks(False)
+        if held:
+            yield from blocks(True)
 
     return factors.mapInArrow(run, "block long, ids binary, features binary, rank int")
 
