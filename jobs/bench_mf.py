@@ -3,6 +3,13 @@
     python jobs/bench_mf.py [--ranks 10,50] [--reg 0.1] [--iters 15] [--repeats 3] [--high-rank 500]
                             [--sgd-step 0.05]
     python jobs/bench_mf.py --implicit [--ranks 10,50] [--alphas 1,40] [--repeats 3]
+    python jobs/bench_mf.py --recommend-only [--recommend-repeats 5]
+
+``recommendForAllUsers(10)`` of StradsMFModel (factors as DataFrames, blocked distributed
+top-k) against ALSModel's on the same machine, from models of the first ``--ranks`` rank on all
+ratings: one warm-up call each, then ``--recommend-repeats`` calls each, interleaved, every
+output materialised the same way (written to Spark's ``noop`` sink); medians and their ratio
+(target <= 1).  Run with every benchmark, or alone with ``--recommend-only``.
 
 ``--implicit``: implicit feedback (ratings >= 4 as interactions, a seeded per-user 80/20 split);
 StradsMF(implicitPrefs=True) and ALS(implicitPrefs=True) with ALS's params, plus the
@@ -49,6 +56,8 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="JSON path (default out/bench_mf.json, out/bench_mf_implicit.json)")
     p.add_argument("--implicit", action="store_true", help="the implicit-feedback benchmark instead")
     p.add_argument("--alphas", default="1,40", help="--implicit: confidence slopes alpha")
+    p.add_argument("--recommend-repeats", type=int, default=5, help="timed recommendForAllUsers(10) calls each")
+    p.add_argument("--recommend-only", action="store_true", help="only the recommendForAllUsers(10) timing")
     args = p.parse_args(argv)
     if args.implicit:
         from bench_mf_implicit import implicit_benchmark
@@ -74,6 +83,10 @@ def main(argv=None):
     common = dict(userCol="userId", itemCol="movieId", ratingCol="rating", regParam=args.reg, maxIter=args.iters,
                   seed=1, coldStartStrategy="drop")
     results = []
+    recommend = recommend_timing(train, common, int(args.ranks.split(",")[0]), args.recommend_repeats)
+    if args.recommend_only:
+        spark.stop()
+        return recommend
 
     def run(system, rank, est):
         t0 = time.perf_counter()
@@ -146,7 +159,8 @@ def main(argv=None):
                       f"(target <= +0.005), time ratio {a['fit_s'] / b['fit_s']:.2f} (target <= 1)")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"results": results, "summary": summary, "high_rank": high, "reg": args.reg, "iters": args.iters,
+        json.dump({"results": results, "summary": summary, "high_rank": high, "recommend": recommend,
+                   "reg": args.reg, "iters": args.iters,
                    "sgd_step": args.sgd_step,
                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}, fh, indent=2)
     try:
@@ -170,6 +184,35 @@ def main(argv=None):
         pass
     print(f"wrote {args.out}")
     spark.stop()
+
+
+def recommend_timing(train, common, rank, repeats):
+    """Median seconds of ``recommendForAllUsers(10)`` for StradsMF's and ALS's models (see the
+    module docstring); prints them and their ratio."""
+    from pyspark.ml.recommendation import ALS
+
+    from pystrads.ml import StradsMF
+
+    params = dict(common, rank=rank)
+    models = {"pystrads": StradsMF(**params).fit(train), "ALS": ALS(**params).fit(train)}
+
+    def call(model):
+        t0 = time.perf_counter()
+        model.recommendForAllUsers(10).write.format("noop").mode("overwrite").save()
+        return time.perf_counter() - t0
+
+    for model in models.values():  # warm-up: Python workers, JIT, the factors' first read
+        call(model)
+    times = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            times[name].append(call(model))
+    medians = {name: float(np.median(t)) for name, t in times.items()}
+    ratio = medians["pystrads"] / medians["ALS"]
+    print(f"recommendForAllUsers(10), rank {rank}, {train.select(common['userCol']).distinct().count()} users: "
+          f"pystrads {medians['pystrads']:.3f} s, ALS {medians['ALS']:.3f} s (medians of {repeats}), "
+          f"ratio {ratio:.2f} (target <= 1)", flush=True)
+    return {"rank": rank, "repeats": repeats, "times_s": times, "median_s": medians, "ratio": ratio}
 
 
 if __name__ == "__main__":

@@ -138,19 +138,16 @@ def mf(spark):
     pred = model.transform(df).select("user", "item", "rating", "prediction").collect()
     rmse = float(np.sqrt(np.mean([(r["rating"] - r["prediction"]) ** 2 for r in pred])))
     recs = {r["user"]: [x["item"] for x in r["recommendations"]] for r in model.recommendForAllUsers(5).collect()}
-    def factors(frame):  # (sorted ids, matrix) of userFactors / itemFactors, through the public API
-        rows = sorted((r["id"], r["features"]) for r in frame.collect())
-        return np.array([r[0] for r in rows]), np.array([r[1] for r in rows], dtype=np.float64)
-
-    (user_ids, uw), (item_ids, ih) = factors(model.userFactors), factors(model.itemFactors)
-    scores = uw @ ih.T
-    brute = {int(u): [int(item_ids[j]) for j in np.argsort(-scores[k], kind="stable")[:5]]
-             for k, u in enumerate(user_ids)}
+    users = sorted((r["id"], r["features"]) for r in model.userFactors.collect())
+    items = sorted((r["id"], r["features"]) for r in model.itemFactors.collect())
+    scores = np.array([f for _, f in users], np.float32) @ np.array([f for _, f in items], np.float32).T
+    brute = {u: [items[j][0] for j in np.lexsort((np.arange(len(items)), -scores[k]))[:5]]
+             for k, (u, _) in enumerate(users)}
     path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/mf"
     model.write().overwrite().save(path)
     loaded = StradsMFModel.load(path)
     return {"rmse": rmse, "predictions": len(pred), "ratings": len(rows), "recs_equal_brute_force": recs == brute,
-            "users_recommended": len(recs), "loaded_equal": bool(np.array_equal(factors(loaded.userFactors)[1], uw))}
+            "users_recommended": len(recs), "loaded_equal": sorted(map(tuple, loaded.userFactors.collect())) == sorted(map(tuple, model.userFactors.collect()))}
 
 
 CASES = {"rotation": rotation, "refusals": refusals, "lda": lda, "lasso": lasso, "mf": mf}

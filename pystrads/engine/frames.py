@@ -12,7 +12,8 @@ must be materialised first: :func:`keep_frame` writes it as Parquet under
 ``spark.pystrads.model.dir`` when that is set (it then survives anything but the files'
 deletion), else it local-checkpoints it (Spark keeps the blocks on the executors, memory and
 disk; losing an executor after the fit loses its blocks, and Spark then fails the next job
-that needs them, naming the lost checkpoint block).  :func:`row_ranges` cuts rows into tasks.
+that needs them, naming the lost checkpoint block); :func:`keep_frames` materialises several
+at once.  :func:`row_ranges` cuts rows into tasks.
 """
 
 from __future__ import annotations
@@ -94,6 +95,16 @@ def shard_frame(spark, result, tasks: Sequence[Any], read: Callable[[ShardReader
                 yield from read(reader, tasks[int(t)])
 
     return spark.range(0, len(tasks), 1, max(len(tasks), 1)).mapInArrow(run, schema)
+
+
+def keep_frames(result, frames: dict) -> dict:
+    """:func:`keep_frame` of every ``{name: frame}``, as concurrent Spark jobs (each job of a
+    small frame costs mostly its fixed overhead, which overlaps)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(frames))) as pool:
+        futures = {name: pool.submit(keep_frame, frame, result, name) for name, frame in frames.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def keep_frame(frame, result, name: str):

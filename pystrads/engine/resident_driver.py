@@ -4,8 +4,8 @@ One barrier job per fit (:class:`_ResidentJob`, collected in a driver thread)
 whose tasks are the workers (:mod:`pystrads.engine.resident`): the driver
 launches it, waits for every worker's hello on shard 0, posts each step's
 command and gathers the answers, watches for a job that waits for task
-slots, and at the end collects the exports and the states kept for
-``map_states``.  Checkpoints of the resident workers' states go through the
+slots, and at the end waits for the workers' exports (left on the shards, fetched only
+when asked for) and collects the states kept for ``map_states``.  Checkpoints of the resident workers' states go through the
 shards' blob store.
 """
 

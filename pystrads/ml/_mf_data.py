@@ -1,12 +1,16 @@
-"""StradsMF's data through Spark: the ratings in, the factors out.
+"""StradsMF's data through Spark: the ratings in, the factors out -- the factors never on the driver.
 
 - Reading the ratings: :func:`read_ratings` (checked, with the sorted distinct ids and each item's
   number of ratings from :func:`ids_and_item_counts`), :func:`dense_ids` (a rating's ids as
-  positions, on the workers) and :func:`user_factors` (what each worker hands over when the fit
-  ends, gathered by :func:`gather_user_factors`).
-- The factors out, as ALS gives them: :func:`factors_frame` (``userFactors`` / ``itemFactors``),
-  :func:`predictions` (``transform``'s column) and :func:`recommendations` (``recommendFor*``);
-  a saved model's factor tables: :func:`save_factors` / :func:`load_factors`.
+  positions, on the workers) and :func:`user_factors` (what each worker leaves on the shards
+  when the fit ends).
+- The factors out, as ALS holds them: :func:`fitted_factors` makes ``userFactors`` /
+  ``itemFactors`` (DataFrames of id int, features array<float>) on the executors, from the
+  workers' exports and the ``item_factors`` table (:mod:`pystrads.engine.frames`), and
+  materialises them before the shards drop the fit; :func:`predictions` (``transform``: two
+  left joins) and :func:`recommendations` (``recommendFor*``: ALS's blocked top-k -- blocks of
+  ``blockSize`` rows cross-joined, each pair scored by one matmul, the pairs' candidates merged
+  per block); a saved model's factor tables: :func:`save_factors` / :func:`load_factors`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError, InputError
-from ._arrow import collect_per_partition
+from ..engine.frames import keep_frames, row_ranges, shard_frame
+from ._arrow import collect_per_partition, partition_id
 from ._validation import check_ratings
 
 #: ALSModel.transform casts the ids to int from Spark 4 on (3.5 keeps their input type)
@@ -71,118 +76,191 @@ def dense_ids(users: np.ndarray, items: np.ndarray, row):
 
 
 def user_factors(worker: int, data, state):
-    """What a worker hands over when the fit ends: its users' positions and factor rows."""
+    """What a worker leaves on the shards when the fit ends: its users' positions and factor rows."""
     return data.users, state.w
 
 
-def gather_user_factors(exports, num_users: int, rank: int) -> np.ndarray:
-    """The user factor matrix from the workers' :func:`user_factors`."""
-    w = np.zeros((num_users, rank))
-    for local, rows in exports:
-        w[local] = rows
-    return w
+#: ALSModel.userFactors / itemFactors
+FACTORS_SCHEMA = T.StructType([T.StructField("id", T.IntegerType(), False),
+                               T.StructField("features", T.ArrayType(T.FloatType(), False), True)])
+#: a saved model's userFactors/ and itemFactors/ (the layout of every earlier version)
+SAVED_SCHEMA = T.StructType([T.StructField("id", T.LongType(), False),
+                             T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
 
 
-def factors_frame(spark, ids: np.ndarray, factors: np.ndarray):
-    """DataFrame (id int, features array<float>), as ALSModel.userFactors / itemFactors."""
-    schema = T.StructType([T.StructField("id", T.IntegerType(), False),
-                           T.StructField("features", T.ArrayType(T.FloatType(), False), True)])
-    rows = [(int(i), [float(x) for x in f]) for i, f in zip(ids, factors.astype(np.float32))]
-    return spark.createDataFrame(rows, schema)
+def _factors_batch(ids: np.ndarray, rows: np.ndarray):
+    """An Arrow batch of :data:`FACTORS_SCHEMA` from ids and a (len(ids), rank) matrix."""
+    import pyarrow as pa
+
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    rank = rows.shape[1] if rows.ndim == 2 else 0
+    offsets = pa.array(np.arange(len(ids) + 1, dtype=np.int32) * rank)
+    features = pa.ListArray.from_arrays(offsets, pa.array(rows.ravel(), pa.float32()))
+    return pa.RecordBatch.from_arrays([pa.array(np.asarray(ids, dtype=np.int32)), features], ["id", "features"])
 
 
-def predictions(dataset, ucol: str, icol: str, out_col: str, user_ids, w, item_ids, h, drop: bool):
-    """``dataset`` with column ``out_col``, as ALSModel.transform: the predicted rating as a
-    non-null float, NaN for an unknown user or item (those rows dropped with ``drop``)."""
-    from pyspark.sql.functions import pandas_udf
+def _factors_batches(ids: np.ndarray, rows: np.ndarray, size: int = 1 << 16):
+    """:func:`_factors_batch` of at most ``size`` rows at a time (bounded Arrow batches)."""
+    for a in range(0, len(ids), size):
+        yield _factors_batch(ids[a:a + size], rows[a:a + size])
 
-    factors = (user_ids, w.astype(np.float32), item_ids, h.astype(np.float32))
 
-    @pandas_udf("float")  # the factors travel with the function (Spark broadcasts large ones)
-    def predict(users, items):
-        import pandas as pd
+def _features(column, rows: int) -> np.ndarray:
+    """An Arrow list<float> column of equal-length rows as a (rows, rank) float32 matrix."""
+    values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return values.reshape(rows, -1) if rows else np.zeros((0, 0), np.float32)
 
-        uid, w, iid, h = factors
-        u = users.to_numpy(dtype=np.float64, na_value=np.nan)
-        i = items.to_numpy(dtype=np.float64, na_value=np.nan)
-        ui = np.searchsorted(uid, np.nan_to_num(u, nan=-1).astype(np.int64))
-        ii = np.searchsorted(iid, np.nan_to_num(i, nan=-1).astype(np.int64))
-        ui_c, ii_c = np.minimum(ui, len(uid) - 1), np.minimum(ii, len(iid) - 1)
-        known = (uid[ui_c] == u) & (iid[ii_c] == i)
-        out = np.full(len(u), np.nan, dtype=np.float32)
-        out[known] = np.einsum("ij,ij->i", w[ui_c[known]], h[ii_c[known]])
-        return pd.Series(out)
 
+def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray):
+    """``(userFactors, itemFactors)`` of a finished fit, made by executor tasks: each worker's
+    users from its export, the items in ranges of the ``item_factors`` table (``program.item_rows``),
+    both materialised before the fit is released (:func:`~pystrads.engine.frames.keep_frames`).
+    Only the ids (already on the driver) travel in the tasks' closures."""
+    workers = result.engine.num_workers
+
+    def read_users(reader, worker):
+        positions, w = reader.export(worker)
+        yield from _factors_batches(users[positions], w)
+
+    tasks = [(lo, hi, items[lo:hi]) for lo, hi in row_ranges(len(items), workers)]
+
+    def read_items(reader, task):
+        lo, hi, ids = task
+        yield from _factors_batches(ids, program.item_rows(reader.table("item_factors"), lo, hi))
+
+    user_frame = shard_frame(spark, result, range(workers), read_users, FACTORS_SCHEMA)
+    item_frame = shard_frame(spark, result, tasks, read_items, FACTORS_SCHEMA)
+    kept = keep_frames(result, {"userFactors": user_frame, "itemFactors": item_frame})
+    return kept["userFactors"], kept["itemFactors"]
+
+
+def predictions(dataset, ucol: str, icol: str, out_col: str, users, items, drop: bool):
+    """``dataset`` with column ``out_col``, as ALSModel.transform: left joins with the factor
+    frames ``users`` and ``items``; the predicted rating as a non-null float, NaN for an unknown
+    user or item (those rows dropped with ``drop``)."""
     out = dataset
     if _ALS_CASTS_IDS:
         out = out.withColumn(ucol, F.col(ucol).cast("int")).withColumn(icol, F.col(icol).cast("int"))
-    out = out.withColumn(out_col, F.coalesce(predict(F.col(ucol), F.col(icol)), F.lit(float("nan")).cast("float")))
+    u_id, u_f, i_id, i_f = (f"__pystrads_{n}" for n in ("uid", "ufeatures", "iid", "ifeatures"))
+    out = out.join(users.select(F.col("id").alias(u_id), F.col("features").alias(u_f)),
+                   F.col(ucol).cast("double") == F.col(u_id).cast("double"), "left") \
+        .join(items.select(F.col("id").alias(i_id), F.col("features").alias(i_f)),
+              F.col(icol).cast("double") == F.col(i_id).cast("double"), "left")
+    dot = F.aggregate(F.zip_with(u_f, i_f, lambda a, b: a.cast("double") * b), F.lit(0.0), lambda acc, x: acc + x)
+    prediction = F.coalesce(dot.cast("float"), F.lit(float("nan")).cast("float"))  # an unknown id: null -> NaN
+    out = out.withColumn(out_col, prediction).drop(u_id, u_f, i_id, i_f)
     return out.where(~F.isnan(F.col(out_col))) if drop else out
 
 
-def recommendations(spark, src_ids, src, dst_ids, dst, num: int, src_col: str, dst_col: str, block_size: int,
-                    subset=None):
-    """DataFrame(src_col, recommendations: array<struct<dst_col, rating>>), ALS's schema: the
-    ``num`` best destinations of each source (of those in ``subset``, when given) by the dot
-    product of their factors; ``block_size`` sources are scored at once."""
-    if num < 1:
-        raise ConfigurationError(f"numItems/numUsers={num} must be >= 1")
-    if subset is not None:
-        pos = np.minimum(np.searchsorted(src_ids, subset), len(src_ids) - 1)
-        rows_idx = np.unique(pos[src_ids[pos] == subset])
-    else:
-        rows_idx = np.arange(len(src_ids))
-    factors = (src_ids, src.astype(np.float32), dst_ids, dst.astype(np.float32))
-    n = min(num, len(dst_ids))
-    blocks = [rows_idx[i:i + block_size] for i in range(0, len(rows_idx), block_size)]
+def _blocks(factors, block_size: int):
+    """``factors`` (id, features) as blocks of at most ``block_size`` rows of one partition:
+    (block long, ids binary int32, features binary float32 row-major, rank int)."""
+    import pyarrow as pa
 
-    def top(block):
-        s_ids, s, d_ids, d = factors
-        scores = s[block] @ d.T
-        part = np.argpartition(-scores, n - 1, axis=1)[:, :n] if n < scores.shape[1] else \
-            np.tile(np.arange(scores.shape[1]), (len(block), 1))
-        for r, row in enumerate(block):
-            cand = part[r]
-            order = cand[np.argsort(-scores[r, cand], kind="stable")]
-            yield (int(s_ids[row]), [(int(d_ids[j]), float(scores[r, j])) for j in order])
+    def run(batches):
+        part, count = partition_id(), 0
+        ids, feats, held = [], [], 0  # rows read but not yet in a block
 
-    schema = T.StructType([
+        def blocks(final):
+            nonlocal ids, feats, held, count
+            i, f = np.concatenate(ids), np.concatenate(feats)
+            full = held if final else held - held % block_size
+            for a in range(0, full, block_size):
+                count += 1
+                b = min(full, a + block_size)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([(part << 32) | count], pa.int64()), pa.array([i[a:b].tobytes()], pa.binary()),
+                     pa.array([f[a:b].tobytes()], pa.binary()), pa.array([f.shape[1]], pa.int32())],
+                    ["block", "ids", "features", "rank"])
+            ids, feats, held = [i[full:]], [f[full:]], held - full
+
+        for batch in batches:  # streamed: at most one block and one batch held at a time
+            if batch.num_rows:
+                ids.append(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int32))
+                feats.append(_features(batch.column(1), batch.num_rows))
+                held += batch.num_rows
+                if held >= block_size:
+                    yield from blocks(False)
+        if held:
+            yield from blocks(True)
+
+    return factors.mapInArrow(run, "block long, ids binary, features binary, rank int")
+
+
+def _recommend_schema(src_col: str, dst_col: str):
+    return T.StructType([
         T.StructField(src_col, T.IntegerType(), False),
         T.StructField("recommendations", T.ArrayType(T.StructType([
             T.StructField(dst_col, T.IntegerType(), True), T.StructField("rating", T.FloatType(), True)]),
             True), True)])
-    # one row per block of block_size source rows, spread over partitions; each partition scores
-    # its blocks against all destinations (the factors travel with the function)
-    parts = max(1, min(len(blocks), int(spark.conf.get("spark.sql.shuffle.partitions", "4") or 4)))
-    starts = spark.range(0, len(blocks), 1, parts)
+
+
+def recommendations(src, dst, num: int, src_col: str, dst_col: str, block_size: int, subset=None):
+    """DataFrame(src_col, recommendations: array<struct<dst_col, rating>>), ALS's schema: the
+    ``num`` best rows of the factor frame ``dst`` for each row of ``src`` (of those whose id is
+    in ``subset``'s ``src_col``, when given) by the dot product of their features, best first
+    (ties: the smaller id).  ALS's blocked top-k: blocks of ``block_size`` rows of each side are
+    cross-joined, each block pair is scored by one matmul and keeps each source's best ``num``
+    (argpartition), and a source block's candidates from every destination block are merged."""
+    import pyarrow as pa
+
+    if num < 1:
+        raise ConfigurationError(f"numItems/numUsers={num} must be >= 1")
+    if subset is not None:
+        src = src.join(subset.select(F.col(src_col).cast("int").alias("id")), "id", "left_semi")
+    d = _blocks(dst, block_size).select(*(F.col(c).alias("d_" + c) for c in ("ids", "features")))
+    pairs = _blocks(src, block_size).crossJoin(d)
 
     def score(batches):
-        import pyarrow as pa
-
-        rec_type = pa.list_(pa.struct([(dst_col, pa.int32()), ("rating", pa.float32())]))
         for batch in batches:
-            out = [rec for b in batch.column(0).to_pylist() for rec in top(blocks[int(b)])]
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([r[0] for r in out], pa.int32()),
-                 pa.array([[{dst_col: d, "rating": v} for d, v in r[1]] for r in out], rec_type)],
-                [src_col, "recommendations"])
+            cols = {name: batch.column(name).to_pylist() for name in ("block", "ids", "features", "rank", "d_ids",
+                                                                      "d_features")}
+            out = {"block": [], "ids": [], "top_ids": [], "top_scores": []}
+            for block, ids, f, rank, d_ids, d_f in zip(*cols.values()):
+                s = np.frombuffer(f, np.float32).reshape(-1, rank)
+                d_id = np.frombuffer(d_ids, np.int32)
+                scores = s @ np.frombuffer(d_f, np.float32).reshape(-1, rank).T
+                k = min(num, len(d_id))
+                top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < len(d_id) else \
+                    np.broadcast_to(np.arange(k), scores.shape)
+                out["block"].append(block)
+                out["ids"].append(ids)
+                out["top_ids"].append(d_id[top].tobytes())
+                out["top_scores"].append(np.take_along_axis(scores, top, axis=1).tobytes())
+            yield pa.RecordBatch.from_pydict(out, pa.schema([("block", pa.int64()), ("ids", pa.binary()),
+                                                             ("top_ids", pa.binary()), ("top_scores", pa.binary())]))
 
-    return starts.mapInArrow(score, schema)
+    def merge(batches):
+        for batch in batches:
+            for pairs in batch.column("pairs").to_pylist():  # one source block: its pairs' candidates
+                ids = np.frombuffer(pairs[0]["ids"], np.int32)
+                cand = np.hstack([np.frombuffer(p["top_ids"], np.int32).reshape(len(ids), -1) for p in pairs])
+                vals = np.hstack([np.frombuffer(p["top_scores"], np.float32).reshape(len(ids), -1) for p in pairs])
+                order = np.lexsort((cand, -vals), axis=1)[:, :min(num, cand.shape[1])]  # best first, ties: smaller id
+                best, best_vals = np.take_along_axis(cand, order, 1), np.take_along_axis(vals, order, 1)
+                recs = pa.ListArray.from_arrays(
+                    pa.array(np.arange(len(ids) + 1, dtype=np.int32) * best.shape[1]),
+                    pa.StructArray.from_arrays([pa.array(best.ravel()), pa.array(best_vals.ravel())],
+                                               [dst_col, "rating"]))
+                yield pa.RecordBatch.from_arrays([pa.array(ids), recs], [src_col, "recommendations"])
+
+    scored = pairs.mapInArrow(score, "block long, ids binary, top_ids binary, top_scores binary")
+    # the pairs of one source block meet in one row (collect_list: no grouped-Arrow UDF, which pyspark 3.5 lacks)
+    grouped = scored.groupBy("block").agg(F.collect_list(F.struct("ids", "top_ids", "top_scores")).alias("pairs"))
+    return grouped.mapInArrow(merge, _recommend_schema(src_col, dst_col))
 
 
-def save_factors(write, user_ids, w, item_ids, h) -> None:
-    """A saved model's ``userFactors/`` and ``itemFactors/``: (id long, features array<double>) rows."""
-    schema = T.StructType([T.StructField("id", T.LongType(), False),
-                           T.StructField("features", T.ArrayType(T.DoubleType(), False), False)])
-    for name, ids, factors in (("userFactors", user_ids, w), ("itemFactors", item_ids, h)):
-        write(name, schema, [(int(i), row.tolist()) for i, row in zip(ids, factors)])
+def save_factors(write, users, items) -> None:
+    """A saved model's ``userFactors/`` and ``itemFactors/``: (id long, features array<double>)
+    rows, written by the executors from the factor frames."""
+    for name, frame in (("userFactors", users), ("itemFactors", items)):
+        write(name, SAVED_SCHEMA, frame.select(F.col("id").cast("long").alias("id"),
+                                               F.col("features").cast("array<double>").alias("features")))
 
 
 def load_factors(read):
-    """``(user_ids, w, item_ids, h)`` of a model written by :func:`save_factors`."""
-    parts = []
-    for name in ("userFactors", "itemFactors"):
-        rows = sorted((r["id"], r["features"]) for r in read(name).collect())
-        parts += [np.array([r[0] for r in rows], dtype=np.int64),
-                  np.array([r[1] for r in rows], dtype=np.float64).reshape(len(rows), -1)]
-    return parts
+    """``(userFactors, itemFactors)`` frames (ALS's column types) of a model written by
+    :func:`save_factors` (by this version or an earlier one)."""
+    return tuple(read(name).select(F.col("id").cast("int").alias("id"),
+                                   F.col("features").cast("array<float>").alias("features"))
+                 for name in ("userFactors", "itemFactors"))

@@ -14,19 +14,17 @@ import functools
 import logging
 from typing import Any, List, Optional
 
-import numpy as np
 from pyspark import keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed,
                                      HasStepSize)
-from pyspark.sql import SparkSession
 
 from ..errors import ConfigurationError
 from ..programs.mf import MFProgram, MFSGDProgram
 from ..programs.mf_implicit import ImplicitMFProgram
 from ._base import Fit, _StradsEstimator, _StradsModel
-from ._mf_data import (dense_ids, factors_frame, gather_user_factors, load_factors, predictions, read_ratings,
-                       recommendations, save_factors, user_factors)
+from ._mf_data import (dense_ids, fitted_factors, load_factors, predictions, read_ratings, recommendations,
+                       save_factors, user_factors)
 from ._params import HasNumWorkers, _StradsParams, above, at_least, numeric_column, one_of
 from ._summary import FitSummary
 
@@ -236,29 +234,32 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
         return program
 
     def _engine_args(self, fit: Fit):
-        # the workers hand their users' factors over when the fit ends (no second job, nothing cached)
+        # the workers leave their users' factors on the shards when the fit ends (nothing cached)
         return {"prepartitioned": True, "decode": functools.partial(dense_ids, fit.stats["users"], fit.stats["items"]),
                 "export": user_factors}
 
     def _read_model(self, result, fit: Fit) -> "StradsMFModel":
-        users, items = fit.stats["users"], fit.stats["items"]
-        return StradsMFModel(self.getRank(), users, gather_user_factors(result.exports, len(users), self.getRank()),
-                             items, fit.program.item_matrix(result.read_table("item_factors")))
+        # executors read the factors from the shards into DataFrames; none reach the driver
+        users, items = fitted_factors(fit.dataset.sparkSession, result, fit.program, fit.stats["users"],
+                                      fit.stats["items"])
+        return StradsMFModel(self.getRank(), users, items)
 
 
 class StradsMFModel(_StradsModel, _StradsMFModelParams):
     """A fitted :class:`StradsMF`: user and item factors, predictions, recommendations (ALS's
-    model setters: the columns, ``coldStartStrategy`` and ``blockSize``)."""
+    model setters: the columns, ``coldStartStrategy`` and ``blockSize``).
+
+    As ``ALSModel``, the model holds its factors as DataFrames, never on the driver: made by
+    the executors from the shards when the fit ends (kept as Spark local checkpoints, or as
+    Parquet under ``spark.pystrads.model.dir``), or read from a saved model's Parquet."""
 
     _setters = ("userCol", "itemCol", "predictionCol", "coldStartStrategy", "blockSize")
 
-    def __init__(self, rank: int = 0, user_ids=None, user_factors=None, item_ids=None, item_factors=None):
+    def __init__(self, rank: int = 0, user_factors=None, item_factors=None):
         super().__init__()
         self._rank = int(rank)
-        self._user_ids = None if user_ids is None else np.asarray(user_ids, dtype=np.int64)
-        self._w = None if user_factors is None else np.asarray(user_factors, dtype=np.float64)
-        self._item_ids = None if item_ids is None else np.asarray(item_ids, dtype=np.int64)
-        self._h = None if item_factors is None else np.asarray(item_factors, dtype=np.float64)
+        self._user_factors = user_factors  # DataFrame (id int, features array<float>)
+        self._item_factors = item_factors
 
     @property
     def rank(self) -> int:
@@ -267,27 +268,27 @@ class StradsMFModel(_StradsModel, _StradsMFModelParams):
     @property
     def userFactors(self):
         """DataFrame (id int, features array<float>), as ALSModel.userFactors."""
-        return factors_frame(SparkSession.active(), self._user_ids, self._w)
+        return self._user_factors
 
     @property
     def itemFactors(self):
-        return factors_frame(SparkSession.active(), self._item_ids, self._h)
+        """DataFrame (id int, features array<float>), as ALSModel.itemFactors."""
+        return self._item_factors
 
     def _transform(self, dataset):
         self._check_params()
         self._check_columns(dataset, "userCol", "itemCol")
-        return predictions(dataset, self.getUserCol(), self.getItemCol(), self.getPredictionCol(), self._user_ids,
-                           self._w, self._item_ids, self._h, drop=self.getColdStartStrategy() == "drop")
+        return predictions(dataset, self.getUserCol(), self.getItemCol(), self.getPredictionCol(), self.userFactors,
+                           self.itemFactors, drop=self.getColdStartStrategy() == "drop")
 
     # -- recommendations (ALS's schemas)
     def _recommend(self, for_users: bool, num: int, dataset=None):
         self._check_params()
-        sides = [(self._user_ids, self._w, self.getUserCol()), (self._item_ids, self._h, self.getItemCol())]
-        (src_ids, src, src_col), (dst_ids, dst, dst_col) = sides if for_users else sides[::-1]
-        subset = None if dataset is None else np.array(
-            [int(r[0]) for r in dataset.select(src_col).distinct().collect()], dtype=np.int64)
-        return recommendations(SparkSession.active(), src_ids, src, dst_ids, dst, num, src_col, dst_col,
-                               self.getBlockSize(), subset)
+        sides = [(self.userFactors, self.getUserCol()), (self.itemFactors, self.getItemCol())]
+        (src, src_col), (dst, dst_col) = sides if for_users else sides[::-1]
+        if dataset is not None:
+            self._check_columns(dataset, "userCol" if for_users else "itemCol")
+        return recommendations(src, dst, num, src_col, dst_col, self.getBlockSize(), dataset)
 
     def recommendForAllUsers(self, numItems: int):
         """DataFrame(userCol, recommendations: array<struct<itemCol, rating>>): each user's top items."""
@@ -305,9 +306,9 @@ class StradsMFModel(_StradsModel, _StradsMFModelParams):
         """The top users of the items in ``dataset``'s itemCol."""
         return self._recommend(False, numUsers, dataset)
 
-    # -- persistence: userFactors/ and itemFactors/ hold (id, features) rows
+    # -- persistence: userFactors/ and itemFactors/ hold (id long, features array<double>) rows
     def _save_data(self, write) -> dict:
-        save_factors(write, self._user_ids, self._w, self._item_ids, self._h)
+        save_factors(write, self.userFactors, self.itemFactors)
         return {"rank": self.rank}
 
     @classmethod

@@ -147,6 +147,12 @@ class MFProgram(Program):
         h = np.asarray(table).reshape(self.num_blocks, n, b).transpose(1, 0, 2).reshape(n, self.num_blocks * b)
         return np.ascontiguousarray(h[:, :self.rank])
 
+    def item_rows(self, table, lo: int, hi: int) -> np.ndarray:
+        """Items ``[lo, hi)`` as (hi - lo, rank), read from the ``item_factors`` table handle
+        (one range per feature block)."""
+        n = self.num_items
+        return np.hstack([table.get_range(c * n + lo, c * n + hi) for c in range(self.num_blocks)])[:, :self.rank]
+
     def _features(self, block: int):
         lo = block * self.block_size
         return lo, min(self.rank, lo + self.block_size)
@@ -367,6 +373,10 @@ class MFSGDProgram(Program):
     def item_matrix(self, table: np.ndarray) -> np.ndarray:
         """The ``item_factors`` table as (num_items, rank)."""
         return np.ascontiguousarray(np.asarray(table).reshape(self.num_items, self.rank))
+
+    def item_rows(self, table, lo: int, hi: int) -> np.ndarray:
+        """Items ``[lo, hi)`` as (hi - lo, rank), read from the ``item_factors`` table handle."""
+        return table.get_range(lo, hi)
 
     def step_size_at(self, iteration: int) -> float:
         return self.step_size / np.sqrt(1.0 + iteration)
