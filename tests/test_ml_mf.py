@@ -69,10 +69,13 @@ def test_block_sizes_reach_the_same_quality(ratings):
     assert max(rmse.values()) <= theirs + 0.005, (rmse, theirs)
 
 
-def test_sgd_block_rotation_fits_close_to_als_and_saves_its_params(ratings):
+def test_sgd_block_rotation_fits_close_to_als_and_saves_its_params(ratings, caplog):
     ev = RegressionEvaluator(labelCol="rating")
-    est = mf(algorithm="sgd", maxIter=30)
-    model = est.fit(ratings)
+    est = mf(algorithm="sgd", maxIter=30, featureBlockSize=3)  # a CD param SGD ignores: said in the log
+    with caplog.at_level("WARNING", logger="pystrads.ml.recommendation"):
+        model = est.fit(ratings)
+    assert "StradsMF: featureBlockSize=3 is ignored with algorithm='sgd'" in caplog.text
+    assert "innerIterations" not in caplog.text  # not set: nothing to say
     ours = ev.evaluate(model.transform(ratings))
     theirs = ev.evaluate(als().fit(ratings).transform(ratings))
     assert ours <= theirs + 0.03, (ours, theirs)

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any, Callable, Dict, List, Union
 
@@ -192,6 +193,14 @@ class _StradsParams(Params):
             if self.hasParam(name) and self.isDefined(name):
                 for one in rule if isinstance(rule, list) else [rule]:
                     one.check(self, name)
+
+    def _warn_ignored(self, mode: str, *params: str) -> None:
+        """Log a warning for each of ``params`` the user set (to a non-zero value) that ``mode``
+        (e.g. "algorithm='sgd'") ignores: the fit goes on, the user learns why it had no effect."""
+        for name in params:
+            if self.isSet(name) and self.getOrDefault(name):
+                logging.getLogger(type(self).__module__).warning(
+                    "%s: %s=%r is ignored with %s", type(self).__name__, name, self.getOrDefault(name), mode)
 
     def _check_columns(self, dataset, *params: str) -> None:
         """The input columns the ``params`` name exist and have the declared kind (no Spark

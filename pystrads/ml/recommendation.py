@@ -19,13 +19,12 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasCheckpointInterval, HasMaxIter, HasPredictionCol, HasRegParam, HasSeed,
                                      HasStepSize)
 
-from ..errors import ConfigurationError
 from ..programs.mf import MFProgram, MFSGDProgram
 from ..programs.mf_implicit import ImplicitMFProgram
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._mf_data import (dense_ids, fitted_factors, load_factors, predictions, read_ratings, recommendations,
                        save_factors, user_factors)
-from ._params import HasNumWorkers, _StradsParams, above, at_least, numeric_column, one_of
+from ._params import HasNumWorkers, Rule, _StradsParams, above, at_least, numeric_column, one_of
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,13 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "rank": at_least(1),
         "alpha": at_least(0, finite=True, note="ALS's range; the confidence of an observation is 1 + alpha |rating|"),
         "innerIterations": at_least(0, note="0 = automatic"),
-        "featureBlockSize": at_least(0, note="0 = automatic"),
+        "featureBlockSize": [at_least(0, note="0 = automatic"),
+                             Rule(lambda v, p: v <= 1 or not p.getNonnegative(),
+                                  "with nonnegative=True: nonnegative factors are updated one feature at a time; "
+                                  "set featureBlockSize=1 (or 0)")],
+        "implicitPrefs": Rule(lambda v, p: not v or p.getAlgorithm() != "sgd",
+                              "with algorithm='sgd': SGD covers explicit ratings only (the implicit objective sums "
+                              "over every user-item pair); use algorithm='cd', the default"),
         "algorithm": one_of("cd", "sgd", note="'cd': coordinate descent, the default; 'sgd': SGD with block "
                                               "rotation"),
         "stepSize": above(0, finite=True, note="SGD's initial step size; the default 0.05 suits ratings on a "
@@ -108,17 +113,6 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         self._setDefault(rank=10, maxIter=10, regParam=0.1, implicitPrefs=False, alpha=1.0, ratingCol="rating",
                          nonnegative=False, checkpointInterval=10, innerIterations=0, featureBlockSize=0,
                          algorithm="cd", stepSize=0.05)
-
-    def _check_params(self) -> None:
-        super()._check_params()
-        if self.getImplicitPrefs() and self.getAlgorithm() == "sgd":
-            raise ConfigurationError("implicitPrefs=True with algorithm='sgd': SGD covers explicit ratings only "
-                                     "(the implicit objective sums over every user-item pair); use "
-                                     "algorithm='cd', the default")
-        if self.getNonnegative() and self.getFeatureBlockSize() > 1:
-            raise ConfigurationError(f"featureBlockSize={self.getFeatureBlockSize()} with nonnegative=True: "
-                                     "nonnegative factors are updated one feature at a time; set featureBlockSize=1 "
-                                     "(or 0)")
 
     def _inner_iterations(self) -> int:
         """The resolved innerIterations (0 = automatic)."""
@@ -155,9 +149,8 @@ class StradsMFSummary(FitSummary):
     def plot(self, ax=None):
         """Training RMSE (or the implicit objective) per iteration (needs matplotlib:
         ``pip install 'pystrads[plot]'``)."""
-        if "train_rmse" in self.iterations:
-            return self._plot(ax, "train_rmse", "training RMSE")
-        return self._plot(ax, "objective", "objective")
+        explicit = "train_rmse" in self.iterations
+        return self._plot(ax, *(("train_rmse", "training RMSE") if explicit else ("objective", "objective")))
 
 
 class StradsMF(_StradsEstimator, _StradsMFParams):
@@ -213,16 +206,12 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     def _program(self, fit: Fit):
         users, items, item_counts = fit.stats["users"], fit.stats["items"], fit.stats["item_counts"]
         if self.getImplicitPrefs():
-            if self.isSet("innerIterations") and self.getInnerIterations():
-                log.warning("StradsMF: innerIterations=%s is ignored with implicitPrefs=True (exact block solves)",
-                            self.getInnerIterations())
+            self._warn_ignored("implicitPrefs=True (exact block solves)", "innerIterations")
             program = ImplicitMFProgram(len(users), len(items), self.getRank(), self.getRegParam(),
                                         fit.stats["item_positives"], self.getAlpha(), fit.workers, self.getMaxIter(),
                                         self.getNonnegative(), fit.seed, block_size=self._block_size())
         elif self.getAlgorithm() == "sgd":
-            for name in ("featureBlockSize", "innerIterations"):
-                if self.isSet(name) and self.getOrDefault(name):
-                    log.warning("StradsMF: %s=%s is ignored with algorithm='sgd'", name, self.getOrDefault(name))
+            self._warn_ignored("algorithm='sgd'", "featureBlockSize", "innerIterations")
             program = MFSGDProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,
                                    self.getMaxIter(), fit.workers, self.getStepSize(), self.getNonnegative(), fit.seed)
         else:
