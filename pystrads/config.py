@@ -92,6 +92,11 @@ _SETTINGS = [
             "Parquet by the executors before the shards drop them: a shared path or pyarrow filesystem URI, "
             "one folder per fit, deleted by you; empty = Spark local checkpoints (executor memory and disk, "
             "lost with an executor after the fit)"),
+    Setting("mf.localModelBytes", 32 * 1024 * 1024, int,
+            "StradsMF models up to this size as float64 ((users + items) x rank x 8 bytes) are read onto the "
+            "driver when the fit ends (one read of the shards, no Spark job) and their userFactors / itemFactors "
+            "become DataFrames from that copy; larger ones are made by executor tasks reading the shards and "
+            "kept on the executors, never on the driver; 0 = always on the executors", 0),
     Setting("lda.localModelBytes", 32 * 1024 * 1024, int,
             "StradsLDA models up to this size as int32 (vocabSize x k x 4 bytes) are applied (transform, "
             "logLikelihood, logPerplexity) by collecting the word-topic counts onto the driver once and shipping "

@@ -17,6 +17,18 @@ MOVIELENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                          "movielens-latest-small", "ratings.csv.gz")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def distributed_path():
+    """This module checks the executors' path, which models above spark.pystrads.mf.localModelBytes
+    take: set to 0 here, so that every model, however small, takes it."""
+    from pystrads import config
+
+    before = config.DEFAULTS["mf.localModelBytes"]
+    config.DEFAULTS["mf.localModelBytes"] = 0
+    yield
+    config.DEFAULTS["mf.localModelBytes"] = before
+
+
 @pytest.fixture(scope="module")
 def movielens(spark):
     if not os.path.exists(MOVIELENS):
@@ -203,3 +215,28 @@ def test_the_driver_memory_does_not_grow_with_the_factors(spark):
     w_bytes = users * rank * 8
     assert peak < w_bytes / 4, f"driver peak {peak / 2**20:.1f} MiB for a W of {w_bytes / 2**20:.1f} MiB"
     assert fitted.userFactors.count() == users
+
+
+def test_a_small_model_is_read_once_onto_the_driver_with_the_same_factors(spark, monkeypatch):
+    """At most spark.pystrads.mf.localModelBytes, the factors are read onto the driver when the
+    fit ends (no Spark job) and become local DataFrames: the same factors, schema and predictions
+    as the executors' path."""
+    from pystrads import config
+
+    ratings = spark.createDataFrame([(u, i, float((u * i) % 5 + 1)) for u in range(40) for i in range(25)
+                                     if (u + i) % 3], ["user", "item", "rating"])
+    distributed = StradsMF(rank=3, maxIter=3, seed=1, numWorkers=2).fit(ratings)  # this module: limit 0
+    monkeypatch.setitem(config.DEFAULTS, "mf.localModelBytes", (40 + 25) * 3 * 8)  # exactly this model's size
+    local = StradsMF(rank=3, maxIter=3, seed=1, numWorkers=2).fit(ratings)
+    for frame in (local.userFactors, local.itemFactors):
+        assert "LocalRelation" in frame._jdf.queryExecution().analyzed().toString()
+    for frame in (distributed.userFactors, distributed.itemFactors):
+        assert "LocalRelation" not in frame._jdf.queryExecution().analyzed().toString()
+    for a, b in ((local.userFactors, distributed.userFactors), (local.itemFactors, distributed.itemFactors)):
+        assert a.schema == b.schema
+        ids_a, f_a = _factors(a)
+        ids_b, f_b = _factors(b)
+        assert np.array_equal(ids_a, ids_b) and np.array_equal(f_a, f_b)
+    p_a = local.transform(ratings).orderBy("user", "item").select("prediction").toPandas()["prediction"]
+    p_b = distributed.transform(ratings).orderBy("user", "item").select("prediction").toPandas()["prediction"]
+    assert np.array_equal(p_a.to_numpy(), p_b.to_numpy())

@@ -111,11 +111,23 @@ def _features(column, rows: int) -> np.ndarray:
     return values.reshape(rows, -1) if rows else np.zeros((0, 0), np.float32)
 
 
-def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray):
-    """``(userFactors, itemFactors)`` of a finished fit, made by executor tasks: each worker's
-    users from its export, the items in ranges of the ``item_factors`` table (``program.item_rows``),
-    both materialised before the fit is released (:func:`~pystrads.engine.frames.keep_frames`).
-    Only the ids (already on the driver) travel in the tasks' closures."""
+def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray, rank: int):
+    """``(userFactors, itemFactors)`` of a finished fit.  A model of at most
+    ``spark.pystrads.mf.localModelBytes`` is read onto the driver (the workers' exports and the
+    ``item_factors`` table: one read, no Spark job, which a small fit would otherwise pay as two
+    jobs) and becomes two local DataFrames.  A larger one is made by executor tasks: each
+    worker's users from its export, the items in ranges of the ``item_factors`` table
+    (``program.item_rows``), both materialised before the fit is released
+    (:func:`~pystrads.engine.frames.keep_frames`); only the ids (already on the driver) travel
+    in the tasks' closures."""
+    from ..config import Config
+
+    if (len(users) + len(items)) * rank * 8 <= Config.from_spark(spark)["mf.localModelBytes"]:
+        w = np.zeros((len(users), rank))
+        for positions, rows in result.exports:
+            w[positions] = rows
+        h = program.item_matrix(result.read_table("item_factors"))
+        return _local_frame(spark, users, w), _local_frame(spark, items, h)
     workers = result.engine.num_workers
 
     def read_users(reader, worker):
@@ -132,6 +144,16 @@ def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray)
     item_frame = shard_frame(spark, result, tasks, read_items, FACTORS_SCHEMA)
     kept = keep_frames(result, {"userFactors": user_frame, "itemFactors": item_frame})
     return kept["userFactors"], kept["itemFactors"]
+
+
+def _local_frame(spark, ids: np.ndarray, factors: np.ndarray):
+    """A factor DataFrame (:data:`FACTORS_SCHEMA`) from driver arrays: a local relation, no job."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches(list(_factors_batches(ids, factors)) or [_factors_batch(ids[:0], factors[:0])])
+    if _ALS_CASTS_IDS:  # pyspark >= 4 takes an Arrow table as it is
+        return spark.createDataFrame(table, FACTORS_SCHEMA)
+    return spark.createDataFrame(table.to_pandas(), FACTORS_SCHEMA)
 
 
 def predictions(dataset, ucol: str, icol: str, out_col: str, users, items, drop: bool):

@@ -230,7 +230,7 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     def _read_model(self, result, fit: Fit) -> "StradsMFModel":
         # executors read the factors from the shards into DataFrames; none reach the driver
         users, items = fitted_factors(fit.dataset.sparkSession, result, fit.program, fit.stats["users"],
-                                      fit.stats["items"])
+                                      fit.stats["items"], self.getRank())
         return StradsMFModel(self.getRank(), users, items)
 
 
