@@ -150,10 +150,12 @@ def _local_frame(spark, ids: np.ndarray, factors: np.ndarray):
     """A factor DataFrame (:data:`FACTORS_SCHEMA`) from driver arrays: a local relation, no job."""
     import pyarrow as pa
 
-    table = pa.Table.from_batches(list(_factors_batches(ids, factors)) or [_factors_batch(ids[:0], factors[:0])])
     if _ALS_CASTS_IDS:  # pyspark >= 4 takes an Arrow table as it is
-        return spark.createDataFrame(table, FACTORS_SCHEMA)
-    return spark.createDataFrame(table.to_pandas(), FACTORS_SCHEMA)
+        batches = list(_factors_batches(ids, factors)) or [_factors_batch(ids[:0], factors[:0])]
+        return spark.createDataFrame(pa.Table.from_batches(batches), FACTORS_SCHEMA)
+    # 3.5: rows of Python numbers (its pandas conversion without Arrow refuses numpy scalars)
+    return spark.createDataFrame([(int(i), row.tolist()) for i, row in zip(ids, factors.astype(np.float32))],
+                                 FACTORS_SCHEMA)
 
 
 def predictions(dataset, ucol: str, icol: str, out_col: str, users, items, drop: bool):
