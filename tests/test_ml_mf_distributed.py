@@ -240,3 +240,26 @@ def test_a_small_model_is_read_once_onto_the_driver_with_the_same_factors(spark,
     p_a = local.transform(ratings).orderBy("user", "item").select("prediction").toPandas()["prediction"]
     p_b = distributed.transform(ratings).orderBy("user", "item").select("prediction").toPandas()["prediction"]
     assert np.array_equal(p_a.to_numpy(), p_b.to_numpy())
+
+
+def test_recommendations_stay_exact_when_the_cross_join_is_a_cartesian_product(spark):
+    """Without a broadcast (large factor frames), the cross join of the blocks is a cartesian
+    product, which computes each source block once per destination partition: candidates must
+    meet by source id (as ALS's top-k aggregation), not by a block id taken from the task."""
+    from pystrads.ml._mf_data import _local_frame, recommendations
+
+    rng = np.random.default_rng(0)
+    users, items = rng.random((50, 3)).astype(np.float32), rng.random((30, 3)).astype(np.float32)
+    src = _local_frame(spark, np.arange(50), users).repartition(2)
+    dst = _local_frame(spark, np.arange(100, 130), items).repartition(3)
+    before = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    try:
+        recs = {r.user: [x.item for x in r.recommendations]
+                for r in recommendations(src, dst, 5, "user", "item", 10).collect()}
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", before)
+    scores = users @ items.T
+    assert len(recs) == 50
+    for u in range(50):
+        assert recs[u] == [100 + j for j in np.lexsort((np.arange(30), -scores[u]))[:5]], u

@@ -225,7 +225,7 @@ def recommendations(src, dst, num: int, src_col: str, dst_col: str, block_size: 
     in ``subset``'s ``src_col``, when given) by the dot product of their features, best first
     (ties: the smaller id).  ALS's blocked top-k: blocks of ``block_size`` rows of each side are
     cross-joined, each block pair is scored by one matmul and keeps each source's best ``num``
-    (argpartition), and a source block's candidates from every destination block are merged."""
+    (argpartition), and each source id's candidates from every destination block are merged."""
     import pyarrow as pa
 
     if num < 1:
@@ -235,42 +235,52 @@ def recommendations(src, dst, num: int, src_col: str, dst_col: str, block_size: 
     d = _blocks(dst, block_size).select(*(F.col(c).alias("d_" + c) for c in ("ids", "features")))
     pairs = _blocks(src, block_size).crossJoin(d)
 
-    def score(batches):
+    def score(batches):  # one output row per source row and destination block: its best num candidates
         for batch in batches:
-            cols = {name: batch.column(name).to_pylist() for name in ("block", "ids", "features", "rank", "d_ids",
+            cols = {name: batch.column(name).to_pylist() for name in ("ids", "features", "rank", "d_ids",
                                                                       "d_features")}
-            out = {"block": [], "ids": [], "top_ids": [], "top_scores": []}
-            for block, ids, f, rank, d_ids, d_f in zip(*cols.values()):
+            for ids, f, rank, d_ids, d_f in zip(*cols.values()):
                 s = np.frombuffer(f, np.float32).reshape(-1, rank)
                 d_id = np.frombuffer(d_ids, np.int32)
                 scores = s @ np.frombuffer(d_f, np.float32).reshape(-1, rank).T
                 k = min(num, len(d_id))
                 top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < len(d_id) else \
                     np.broadcast_to(np.arange(k), scores.shape)
-                out["block"].append(block)
-                out["ids"].append(ids)
-                out["top_ids"].append(d_id[top].tobytes())
-                out["top_scores"].append(np.take_along_axis(scores, top, axis=1).tobytes())
-            yield pa.RecordBatch.from_pydict(out, pa.schema([("block", pa.int64()), ("ids", pa.binary()),
-                                                             ("top_ids", pa.binary()), ("top_scores", pa.binary())]))
+                offsets = pa.array(np.arange(len(s) + 1, dtype=np.int32) * k)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(np.frombuffer(ids, np.int32)),
+                     pa.ListArray.from_arrays(offsets, pa.array(d_id[top].ravel())),
+                     pa.ListArray.from_arrays(offsets, pa.array(np.take_along_axis(scores, top, axis=1).ravel()))],
+                    ["id", "top_ids", "top_scores"])
 
-    def merge(batches):
+    def merge(batches):  # one row per source id: the candidates of every destination block, contiguous
         for batch in batches:
-            for pairs in batch.column("pairs").to_pylist():  # one source block: its pairs' candidates
-                ids = np.frombuffer(pairs[0]["ids"], np.int32)
-                cand = np.hstack([np.frombuffer(p["top_ids"], np.int32).reshape(len(ids), -1) for p in pairs])
-                vals = np.hstack([np.frombuffer(p["top_scores"], np.float32).reshape(len(ids), -1) for p in pairs])
-                order = np.lexsort((cand, -vals), axis=1)[:, :min(num, cand.shape[1])]  # best first, ties: smaller id
-                best, best_vals = np.take_along_axis(cand, order, 1), np.take_along_axis(vals, order, 1)
-                recs = pa.ListArray.from_arrays(
-                    pa.array(np.arange(len(ids) + 1, dtype=np.int32) * best.shape[1]),
-                    pa.StructArray.from_arrays([pa.array(best.ravel()), pa.array(best_vals.ravel())],
-                                               [dst_col, "rating"]))
-                yield pa.RecordBatch.from_arrays([pa.array(ids), recs], [src_col, "recommendations"])
+            if not batch.num_rows:
+                continue
+            pairs = batch.column("pairs")  # list<struct<top_ids list<int>, top_scores list<float>>>
+            pair_offsets = pairs.offsets.to_numpy()
+            flat = pairs.flatten()
+            ids_list, vals_list = flat.field("top_ids"), flat.field("top_scores")
+            cand_offsets = ids_list.offsets.to_numpy()[pair_offsets]  # each source row's candidate range
+            cand = ids_list.flatten().to_numpy()
+            vals = vals_list.flatten().to_numpy()
+            best_ids, best_vals, out_offsets = [], [], [0]
+            for r in range(batch.num_rows):
+                c, v = cand[cand_offsets[r]:cand_offsets[r + 1]], vals[cand_offsets[r]:cand_offsets[r + 1]]
+                order = np.lexsort((c, -v))[:num]  # best first, ties: the smaller id
+                best_ids.append(c[order])
+                best_vals.append(v[order])
+                out_offsets.append(out_offsets[-1] + len(order))
+            recs = pa.ListArray.from_arrays(
+                pa.array(np.array(out_offsets, dtype=np.int32)),
+                pa.StructArray.from_arrays([pa.array(np.concatenate(best_ids)), pa.array(np.concatenate(best_vals))],
+                                           [dst_col, "rating"]))
+            yield pa.RecordBatch.from_arrays([batch.column("id"), recs], [src_col, "recommendations"])
 
-    scored = pairs.mapInArrow(score, "block long, ids binary, top_ids binary, top_scores binary")
-    # the pairs of one source block meet in one row (collect_list: no grouped-Arrow UDF, which pyspark 3.5 lacks)
-    grouped = scored.groupBy("block").agg(F.collect_list(F.struct("ids", "top_ids", "top_scores")).alias("pairs"))
+    scored = pairs.mapInArrow(score, "id int, top_ids array<int>, top_scores array<float>")
+    # grouped by the source id, as ALS's top-k aggregation: never by a block, whose rows a cross join may
+    # compute once per partition of the other side (a cartesian product re-reads its left input)
+    grouped = scored.groupBy("id").agg(F.collect_list(F.struct("top_ids", "top_scores")).alias("pairs"))
     return grouped.mapInArrow(merge, _recommend_schema(src_col, dst_col))
 
 
