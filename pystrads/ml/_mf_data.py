@@ -257,7 +257,7 @@ def recommendations(src, dst, num: int, src_col: str, dst_col: str, block_size: 
         for batch in batches:
             if not batch.num_rows:
                 continue
-            pairs = batch.column("pairs")  # list<struct<top_ids list<int>, top_scores list<float>>>
+            pairs = batch.column("pairs")  # a list of structs (top_ids, top_scores), both lists
             pair_offsets = pairs.offsets.to_numpy()
             flat = pairs.flatten()
             ids_list, vals_list = flat.field("top_ids"), flat.field("top_scores")
