@@ -229,7 +229,9 @@ def run_case(args, case: str) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not line:
-        return {"case": case, "error": (proc.stderr or proc.stdout)[-4000:]}
+        err = proc.stderr or proc.stdout
+        at = err.rfind("Traceback (most recent call last)")  # the Python side first, then the end
+        return {"case": case, "error": (err[at:at + 3000] + "\n...\n" if at >= 0 else "") + err[-1500:]}
     return json.loads(line[0][len("RESULT "):])
 
 
