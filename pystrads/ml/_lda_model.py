@@ -35,7 +35,7 @@ from pyspark.sql import types as T
 from ..config import Config
 from ..errors import ConfigurationError, InputError
 from ..engine.frames import keep_frame, row_ranges, shard_frame
-from ._arrow import collect_per_partition, vectors
+from ._arrow import collect_binary, collect_per_partition, vectors
 from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
 
 #: the model's rows; a saved model's data/ folder (the layout of every earlier version)
@@ -332,8 +332,8 @@ class FoldIn:
                 out = pickle.dumps(fn(batches, lookup), protocol=pickle.HIGHEST_PROTOCOL)
                 return [pa.RecordBatch.from_arrays([pa.array([out], pa.binary())], ["result"])]
 
-            rows = self._joined(dataset, index, run, T.StructType([T.StructField("result", T.BinaryType())])).collect()
-            parts = [pickle.loads(r.result) for r in rows]
+            joined = self._joined(dataset, index, run, T.StructType([T.StructField("result", T.BinaryType())]))
+            parts = [pickle.loads(b) for b in collect_binary(joined, "result")]
         return math.fsum(x for p in parts for x in p[0]), sum(p[1] for p in parts)
 
     def _phi(self, dataset) -> np.ndarray:
