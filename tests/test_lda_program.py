@@ -87,6 +87,29 @@ def test_log_likelihood_matches_a_direct_recount(sc, corpus):
     assert reported == pytest.approx(direct, rel=1e-12)
 
 
+@pytest.mark.parametrize("sampler", ["dense", "fplus"])
+def test_a_round_read_in_row_chunks_samples_as_one_read(sc, corpus, sampler):
+    """A worker reads its block's rows ``rows_per_fetch`` at a time (its memory bound for a large V x K);
+    the counts stay exact, and with the dense sampler (no state kept across words) the chain is the
+    very same as a whole-block read's."""
+    docs, _ = corpus
+    tokens = sum(int(c.sum()) for _, _, c in docs)
+    models = []
+    for rows_bytes in (None, 4 * 5 * 7):  # whole blocks; 7 rows at a time
+        program = make_program(docs, 400, 2, iterations=4, sampler=sampler)
+        if rows_bytes:
+            program.round_rows_bytes = rows_bytes
+            assert program.rows_per_fetch == 7
+        with Engine(program, sc.parallelize(docs, 2), seed=1).fit() as res:
+            word_topic = res.read_table("word_topic")
+            assert word_topic.sum() == tokens
+            assert np.array_equal(res.read_table("topic_totals")[0], word_topic.sum(axis=0))
+            assert np.array_equal(word_topic, recount(res, 400, 5))
+            models.append(word_topic)
+    if sampler == "dense":
+        assert np.array_equal(models[0], models[1])
+
+
 class FailingLDA(LDAProgram):
     def __init__(self, *args, marker=None, **kw):
         super().__init__(*args, **kw)

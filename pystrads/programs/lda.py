@@ -54,6 +54,9 @@ from ..engine.program import Program, Schedule, Table
 #: The learned α's histograms hold at most this many cells ((K + 1) x (L + 1) float64, 32 MB):
 #: documents longer than HISTOGRAM_MAX_CELLS / (K + 1) tokens have their counts clipped.
 HISTOGRAM_MAX_CELLS = 1 << 22
+#: bytes of word_topic rows a worker holds at once in a round (rows_per_fetch); with V = 10^6 and
+#: K = 1000 a whole block would be 2 GB, read, copied and diffed
+ROUND_ROWS_BYTES = 64 << 20
 
 
 class _WorkerData:
@@ -159,6 +162,13 @@ class LDAProgram(Program):
                              f"optimize_interval >= 1 (got {optimize_interval})")
         self.histogram_length = int(min(max_doc_length, max(1, HISTOGRAM_MAX_CELLS // (self.num_topics + 1))))
 
+    #: bytes of word_topic rows a worker reads, samples and sends back at once within a round
+    round_rows_bytes = ROUND_ROWS_BYTES
+
+    @property
+    def rows_per_fetch(self) -> int:
+        return max(1, self.round_rows_bytes // (4 * self.num_topics))
+
     def __getstate__(self):
         d = dict(self.__dict__)
         d["word_weights"] = None  # only the driver needs them (shard layout)
@@ -242,15 +252,11 @@ class LDAProgram(Program):
 
         rng = new_state(self.seed, ctx.worker)
         token_topic = K.random_topics(data.num_tokens, self.num_topics, rng)
-        keys, rows = [], []
-        for b in range(self.num_workers):
-            lo, hi = data.block_tok[b], data.block_tok[b + 1]
-            if hi > lo:
-                keys.append(data.block_words[b])
-                rows.append(K.count_word_topic(data.token_row[lo:hi], token_topic[lo:hi], 0,
-                                               len(data.block_words[b]), self.num_topics))
-        if keys:
-            ctx.table("word_topic").inc(np.concatenate(keys), np.vstack(rows))
+        for block in range(self.num_workers):
+            words = data.block_words[block]
+            for a, b, t_lo, t_hi in self._row_chunks(data, block):
+                ctx.table("word_topic").inc(words[a:b], K.count_word_topic(
+                    data.token_row[t_lo:t_hi], token_topic[t_lo:t_hi], a, b, self.num_topics))
         totals = K.count_topic_totals(token_topic, self.num_topics)
         ctx.table("topic_totals").inc([0], totals.reshape(1, -1))
         ctx.report(tokens=data.num_tokens, docs=len(data.doc_ids))
@@ -262,6 +268,22 @@ class LDAProgram(Program):
         state.doc_topic = K.count_doc_topic(data.token_doc, state.token_topic, len(data.doc_ids),
                                             self.num_topics)
         state.doc_nz_topics, state.doc_nz_count = K.build_doc_nonzero(state.doc_topic, data.doc_ptr)
+
+    def _row_chunks(self, data: _WorkerData, block: int):
+        """``(a, b, t_lo, t_hi)``: the worker's rows ``[a, b)`` of ``block``'s words, ``rows_per_fetch``
+        at a time, and their tokens ``[t_lo, t_hi)`` (tokens are word-major, so a run of rows is a
+        run of tokens): a worker holds at most that many rows at once, whatever V x K."""
+        lo, hi = int(data.block_tok[block]), int(data.block_tok[block + 1])
+        n, step = len(data.block_words[block]), self.rows_per_fetch
+        if hi <= lo:
+            return
+        if n <= step:
+            yield 0, n, lo, hi
+            return
+        rows = data.token_row[lo:hi]
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            yield a, b, lo + int(np.searchsorted(rows, a)), lo + int(np.searchsorted(rows, b))
 
     def push(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:
         from ..kernels import lda as K
@@ -276,19 +298,25 @@ class LDAProgram(Program):
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
         if hi > lo:
-            rows = word_topic.get(words)
-            before_rows = rows.copy()
+            sampler = K.get_sampler(self.sampler)
             before_totals = totals.copy()
-            t0 = time.perf_counter()
-            changed = K.get_sampler(self.sampler)(
-                data.token_row, data.token_doc, state.token_topic, lo, hi, 0, rows, totals, state.doc_topic,
-                data.doc_ptr, data.doc_tokens, state.doc_nz_topics, state.doc_nz_count, self.alpha, self.beta,
-                self.vocab_size, state.rng_state)
-            ctx.report(sample_s=time.perf_counter() - t0, changed=changed)
-            delta = rows - before_rows
-            touched = np.flatnonzero(np.any(delta != 0, axis=1))
-            if len(touched):
-                word_topic.inc(words[touched], delta[touched])
+            sample_s, changed = 0.0, 0
+            for a, b, t_lo, t_hi in self._row_chunks(data, block):
+                rows = word_topic.get(words[a:b])
+                before_rows = rows.copy()
+                t0 = time.perf_counter()
+                changed += sampler(
+                    data.token_row, data.token_doc, state.token_topic, t_lo, t_hi, a, rows, totals,
+                    state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics, state.doc_nz_count,
+                    self.alpha, self.beta, self.vocab_size, state.rng_state)
+                sample_s += time.perf_counter() - t0
+                rows -= before_rows  # the chunk's delta
+                del before_rows
+                touched = np.flatnonzero(np.any(rows != 0, axis=1))
+                if len(touched):
+                    word_topic.inc(words[a:b][touched], rows[touched])
+                del rows
+            ctx.report(sample_s=sample_s, changed=changed)
             delta_totals = totals - before_totals
             if np.any(delta_totals):
                 totals_table.inc([0], delta_totals.reshape(1, -1))
