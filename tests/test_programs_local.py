@@ -358,3 +358,20 @@ def test_a_failed_task_of_a_dataframe_fit_is_relaunched_without_lost_or_doubled_
                     num_workers=2, keep_states=False, config={"recovery.maxAttempts": 1})
     with pytest.raises(StepFailedError, match="gave up after 1 recoveries.*broken program"):
         engine.fit()
+
+
+@pytest.mark.parametrize("done, hint, expected", [
+    (0, 1, 3),       # at least one whole iteration
+    (0, 7, 6),       # whole iterations only, below the hint
+    (0, 100, 12),    # never past the total
+    (9, 100, 3),     # what is left
+    (12, 5, 0),      # all ran
+])
+def test_rounds_this_step_sizes_whole_iterations_near_the_hint(done, hint, expected):
+    from types import SimpleNamespace
+
+    from pystrads.engine.program import ScheduleContext
+
+    ctx = ScheduleContext(SimpleNamespace(num_workers=3, seed=0))
+    ctx.rounds_done, ctx.rounds_hint = done, hint
+    assert ctx.rounds_this_step(12, 3) == expected

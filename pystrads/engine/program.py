@@ -290,6 +290,15 @@ class ScheduleContext:
         self._records: Dict[str, Any] = {}
         self._progress: Optional[tuple] = None
 
+    def rounds_this_step(self, total: int, per: int = 1) -> int:
+        """How many rounds the next step of a program that runs ``total`` rounds in all, in whole
+        groups of ``per`` (an iteration, a sweep), should run: whole groups as close to
+        ``rounds_hint`` as they come, at least one group, never past ``total``; 0 when all ran."""
+        left = int(total) - self.rounds_done
+        if left <= 0:
+            return 0
+        return int(min(left, max(per, self.rounds_hint // per * per)))
+
     def table(self, name: str):
         """Handle of table ``name`` for reads on the driver (dynamic schedules)."""
         return self._engine.table(name)

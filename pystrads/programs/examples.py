@@ -65,11 +65,8 @@ class RotationSum(Program):
 
     def schedule(self, ctx):
         U = ctx.num_workers
-        done = ctx.rounds_done // U
-        if done >= self.iterations:
-            return None
-        iterations = min(self.iterations - done, max(1, ctx.rounds_hint // U))
-        return Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(iterations * U)])
+        n = ctx.rounds_this_step(self.iterations * U, U)
+        return Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(n)]) if n else None
 
     def push(self, ctx, data, state, block):
         lo, hi = int(data["bounds"][block]), int(data["bounds"][block + 1])
@@ -122,9 +119,9 @@ class BlockLeastSquares(Program):
 
     def schedule(self, ctx):
         k = len(self.groups)
-        if ctx.rounds_done >= self.max_sweeps * k:
+        n = ctx.rounds_this_step(self.max_sweeps * k, k)
+        if not n:
             return None
-        n = min(self.max_sweeps * k - ctx.rounds_done, max(k, ctx.rounds_hint // k * k))
         return Schedule.shared([(ctx.rounds_done + r) % k for r in range(n)])
 
     def push(self, ctx, data, state, group):

@@ -348,10 +348,9 @@ class LDAProgram(Program):
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         U = self.num_workers
-        done = ctx.rounds_done // U
-        if done >= self.max_iter:
+        done, iterations = ctx.rounds_done // U, ctx.rounds_this_step(self.max_iter * U, U) // U
+        if not iterations:
             return None
-        iterations = int(min(self.max_iter - done, max(1, ctx.rounds_hint // U)))
         if self.optimize_alpha:  # end the step at the next α update: after_step makes it
             iterations = next((i for i in range(1, iterations) if self.alpha_update_due(done + i)), iterations)
         return Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(iterations * U)])

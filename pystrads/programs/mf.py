@@ -251,10 +251,9 @@ class MFProgram(Program):
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         per = self.rounds_per_iteration
-        total = per * self.max_iter
-        if ctx.rounds_done >= total:
+        n = ctx.rounds_this_step(per * self.max_iter, per)
+        if not n:
             return None
-        n = min(total - ctx.rounds_done, max(per, ctx.rounds_hint // per * per))
         T = self.inner_iterations
         return Schedule.shared([divmod(r % per, T) for r in range(ctx.rounds_done, ctx.rounds_done + n)])
 
@@ -422,12 +421,10 @@ class MFSGDProgram(Program):
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         U = self.num_workers
-        done = ctx.rounds_done // U
-        if done >= self.max_iter:
+        done, n = ctx.rounds_done // U, ctx.rounds_this_step(self.max_iter * U, U)
+        if not n:
             return None
-        iterations = int(min(self.max_iter - done, max(1, ctx.rounds_hint // U)))
-        return Schedule.per_worker([[((p + r) % U, done + r // U) for p in range(U)]
-                                    for r in range(iterations * U)])
+        return Schedule.per_worker([[((p + r) % U, done + r // U) for p in range(U)] for r in range(n)])
 
     def after_step(self, ctx, metrics) -> None:
         U = self.num_workers

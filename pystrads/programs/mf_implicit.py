@@ -217,10 +217,9 @@ class ImplicitMFProgram(MFProgram):
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         per = self.rounds_per_iteration
-        total = per * self.max_iter
-        if ctx.rounds_done >= total:
+        n = ctx.rounds_this_step(per * self.max_iter, per)
+        if not n:
             return None
-        n = min(total - ctx.rounds_done, max(per, ctx.rounds_hint // per * per))
         return Schedule.shared([self.work_of(r % per) for r in range(ctx.rounds_done, ctx.rounds_done + n)])
 
     def after_step(self, ctx, metrics) -> None:
