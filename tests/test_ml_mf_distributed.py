@@ -263,3 +263,23 @@ def test_recommendations_stay_exact_when_the_cross_join_is_a_cartesian_product(s
     assert len(recs) == 50
     for u in range(50):
         assert recs[u] == [100 + j for j in np.lexsort((np.arange(30), -scores[u]))[:5]], u
+
+
+def test_ids_past_the_per_partition_limit_come_from_spark_with_the_same_values(spark, monkeypatch):
+    """Millions of users spread over every partition: the partitions send no ids and Spark's
+    distinct / group-by make them -- the same sorted ids and item counts as the merged path."""
+    from pystrads.ml import _mf_data
+
+    ratings = spark.range(0, 3000, 1, 4).select(
+        (F.col("id") % 701 - 300).cast("double").alias("u"), (F.col("id") * 7919 % 97).cast("double").alias("i"),
+        (F.col("id") % 5 - 1).cast("double").alias("r"))
+    merged = _mf_data.ids_and_item_counts(ratings)
+    monkeypatch.setattr(_mf_data, "IDS_PER_PARTITION", 10)
+    spilled = _mf_data.ids_and_item_counts(ratings)
+    rows = ratings.toPandas()
+    assert np.array_equal(merged[0], np.unique(rows["u"].to_numpy()).astype(np.int64))
+    counts = rows.groupby("i")["r"].agg(["size", lambda r: int((r > 0).sum())])
+    assert np.array_equal(merged[1], counts.index.to_numpy().astype(np.int64))
+    assert np.array_equal(merged[2], counts.iloc[:, 0].to_numpy()) and np.array_equal(merged[3], counts.iloc[:, 1])
+    for a, b in zip(merged, spilled):
+        assert a.dtype == b.dtype and np.array_equal(a, b)

@@ -15,14 +15,27 @@ import numpy as np
 
 def vectors(column) -> Iterator[Optional[Tuple[int, np.ndarray, np.ndarray]]]:
     """Per row of an Arrow vector column: ``(size, indices int64, values float64)`` (a dense
-    vector's non-zeros), or None for a null."""
-    for v in column.to_pylist():
-        if v is None:
+    vector's non-zeros), or None for a null.  Read from the column's buffers (no Python
+    objects per value); the arrays of a sparse row are views into the batch."""
+    if hasattr(column, "chunks"):  # a ChunkedArray
+        for chunk in column.chunks:
+            yield from vectors(chunk)
+        return
+    fields = dict(zip((f.name for f in column.type), column.flatten()))  # flatten: slices applied
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    kind = fields["type"].fill_null(1).to_numpy(zero_copy_only=False)
+    size = fields["size"].fill_null(-1).to_numpy(zero_copy_only=False)
+    ind, val = fields["indices"], fields["values"]
+    ind_off, val_off = ind.offsets.to_numpy(), val.offsets.to_numpy()
+    ind_all = ind.values.to_numpy(zero_copy_only=False).astype(np.int64)
+    val_all = val.values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    for r in range(len(column)):
+        if not valid[r]:
             yield None
-        elif v["type"] == 0:
-            yield int(v["size"]), np.asarray(v["indices"], dtype=np.int64), np.asarray(v["values"], dtype=np.float64)
+        elif kind[r] == 0:
+            yield int(size[r]), ind_all[ind_off[r]:ind_off[r + 1]], val_all[val_off[r]:val_off[r + 1]]
         else:
-            arr = np.asarray(v["values"], dtype=np.float64)
+            arr = val_all[val_off[r]:val_off[r + 1]]
             idx = np.flatnonzero(arr)
             yield len(arr), idx.astype(np.int64), arr[idx]
 

@@ -44,29 +44,73 @@ def read_ratings(dataset, ucol: str, icol: str, rcol: str, workers: int):
                                                "item_positives": item_positives}
 
 
+#: a partition that holds more distinct users (items) than this sends none; the driver then asks
+#: Spark for the distinct ids (a shuffle) instead of merging every partition's (bounded memory)
+IDS_PER_PARTITION = 1 << 18
+
+
 def ids_and_item_counts(triples):
     """``(users, items, item_counts, item_positives)`` of checked ``triples`` (columns u, i, r as
-    double): sorted distinct ids as int64, each item's number of ratings and of ratings > 0.  One Spark job and no shuffle: each
-    partition reduces its rows to its distinct users and item counts with numpy (Arrow batches),
-    the driver merges them -- the ids end up on the driver anyway."""
+    double): sorted distinct ids as int64, each item's number of ratings and of ratings > 0.
+    One Spark job and no shuffle while each partition has at most :data:`IDS_PER_PARTITION`
+    distinct users and items: it reduces its rows to them and the item counts with numpy (Arrow
+    batches) and the driver merges them.  Past that (millions of users, spread over every
+    partition) Spark's distinct / group-by make the ids, so the driver holds each id once."""
+    limit = IDS_PER_PARTITION  # read here: the tasks see the driver's value
+
     def reduce(batches):
-        us, its, cs, ps = ([np.zeros(0, np.int64)] for _ in range(4))
+        us, its, cs, ps = ([np.zeros(0, np.int32)] for _ in range(4))
         for batch in batches:
-            us.append(np.unique(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)))
-            ids, where, counts = np.unique(batch.column(1).to_numpy(zero_copy_only=False).astype(np.int64),
+            us.append(np.unique(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int32)))
+            ids, where, counts = np.unique(batch.column(1).to_numpy(zero_copy_only=False).astype(np.int32),
                                            return_inverse=True, return_counts=True)
             its.append(ids)
             cs.append(counts)
             positive = batch.column(2).to_numpy(zero_copy_only=False) > 0
             ps.append(np.bincount(where, weights=positive, minlength=len(ids)).astype(np.int64))
-        return np.unique(np.concatenate(us)), np.concatenate(its), np.concatenate(cs), np.concatenate(ps)
+            if len(us) > 64:  # keep a partition's memory bounded by its distinct ids
+                us = [np.unique(np.concatenate(us))]
+        users = np.unique(np.concatenate(us))
+        items, where = np.unique(np.concatenate(its), return_inverse=True)
+        if len(users) > limit:
+            users = None
+        if len(items) > limit:
+            return users, None, None, None
+        return (users, items, np.bincount(where, weights=np.concatenate(cs), minlength=len(items)).astype(np.int64),
+                np.bincount(where, weights=np.concatenate(ps), minlength=len(items)).astype(np.int64))
 
-    parts = collect_per_partition(triples.select("u", "i", "r"), reduce) or [(np.zeros(0, np.int64),) * 4]
-    users = np.unique(np.concatenate([p[0] for p in parts]))
+    parts = collect_per_partition(triples.select("u", "i", "r"), reduce)
+    if any(p[0] is None for p in parts):
+        users = _distinct_ids(triples.select(F.col("u").cast("int").alias("id")).distinct(), "id")[0]
+    else:
+        users = np.unique(np.concatenate([np.zeros(0, np.int32)] + [p[0] for p in parts]))
+    users = users.astype(np.int64)  # dense_ids searches them with Python ints: int32 would be cast per search
+    if any(p[1] is None for p in parts):
+        items, item_counts, item_positives = _distinct_ids(
+            triples.groupBy(F.col("i").cast("int").alias("id"))
+            .agg(F.count(F.lit(1)).alias("n"), F.sum((F.col("r") > 0).cast("long")).alias("p")), "id", "n", "p")
+        return users, items.astype(np.int64), item_counts.astype(np.float64), item_positives.astype(np.float64)
+    parts = parts or [(None,) + (np.zeros(0, np.int32),) * 3]  # no partitions at all
     items, where = np.unique(np.concatenate([p[1] for p in parts]), return_inverse=True)
     item_counts = np.bincount(where, weights=np.concatenate([p[2] for p in parts]), minlength=len(items))
     item_positives = np.bincount(where, weights=np.concatenate([p[3] for p in parts]), minlength=len(items))
-    return users, items, item_counts.astype(np.float64), item_positives.astype(np.float64)
+    return users, items.astype(np.int64), item_counts.astype(np.float64), item_positives.astype(np.float64)
+
+
+def _distinct_ids(frame, id_col: str, *value_cols: str):
+    """A frame of distinct ids (and values per id) as numpy arrays sorted by id (ids int32)."""
+    def columns(batches):
+        got = [[] for _ in range(1 + len(value_cols))]
+        for batch in batches:
+            for out, name in zip(got, (id_col,) + value_cols):
+                out.append(batch.column(name).to_numpy(zero_copy_only=False))
+        return [np.concatenate(c) if c else np.zeros(0) for c in got]
+
+    parts = collect_per_partition(frame.select(id_col, *value_cols), columns)
+    cols = [np.concatenate([p[j] for p in parts]) if parts else np.zeros(0) for j in range(1 + len(value_cols))]
+    del parts
+    order = np.argsort(cols[0], kind="stable")
+    return [cols[0][order].astype(np.int32)] + [c[order] for c in cols[1:]]
 
 
 def dense_ids(users: np.ndarray, items: np.ndarray, row):
