@@ -206,10 +206,8 @@ def describe(topics: WordTopics, beta: float, max_terms: int, spark):
 
     def candidates(batches):
         best = [(np.zeros(0, np.int64), np.zeros(0, np.int64))] * k
-        positive = np.zeros(k, np.int64)
         for batch in batches:
             terms, counts = _batch_counts(batch, k)
-            positive += (counts > 0).sum(axis=0)
             for t in range(k):
                 col = counts[:, t]
                 rows = np.flatnonzero(col > 0)
@@ -217,13 +215,22 @@ def describe(topics: WordTopics, beta: float, max_terms: int, spark):
                     rows = rows[col[rows] >= np.partition(col[rows], len(rows) - n)[len(rows) - n]]
                 best[t] = _merge_top(np.concatenate([best[t][0], terms[rows]]),
                                      np.concatenate([best[t][1], col[rows].astype(np.int64)]), n)
-        return best, positive
+        # three flat arrays, not 2 k small ones: pickled per partition, those weighed ~200 bytes each
+        sizes = [len(b[0]) for b in best]
+        return (np.repeat(np.arange(k, dtype=np.int32), sizes), np.concatenate([b[0] for b in best]),
+                np.concatenate([b[1] for b in best]))
 
     parts = collect_per_partition(topics.rows_frame(spark).select("term", "counts"), candidates)
+    flat = [np.concatenate([p[j] for p in parts] or [np.zeros(0, np.int64)]) for j in range(3)]
+    del parts
+    order = np.lexsort((flat[1], -flat[2], flat[0]))  # by topic, then decreasing count, then term
+    cand_topic, cand_term, cand_count = (a[order] for a in flat)
+    bounds = np.searchsorted(cand_topic, np.arange(k + 1))
     rows = []
     for t in range(k):
-        terms, counts = _merge_top(np.concatenate([p[0][t][0] for p in parts] or [np.zeros(0, np.int64)]),
-                                   np.concatenate([p[0][t][1] for p in parts] or [np.zeros(0, np.int64)]), n)
+        lo = bounds[t]
+        hi = min(bounds[t + 1], lo + n)
+        terms, counts = cand_term[lo:hi], cand_count[lo:hi]
         if len(terms) < n:  # every term of non-zero count is here: fill with the smallest other ids
             taken = set(terms.tolist())
             fill = [w for w in range(n + len(taken)) if w not in taken][:n - len(terms)]
