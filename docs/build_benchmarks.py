@@ -163,7 +163,28 @@ def mf_implicit_table(data):
     return out
 
 
+# -- models of 10^9 parameters (jobs/bench_scale.py) ---------------------------------------------
+
+def scale_table(data):
+    roles = ["python driver", "JVM driver", "shard", "python worker"]
+    out = ["| case | phase | seconds | Python driver peak MiB | JVM driver peak MiB | shard peak MiB | "
+           "largest Python worker MiB |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in data["results"]:
+        for phase, p in r["phases"].items():
+            cells = [f"{p['peaks'][role]['max_mib']:,.0f}" if p["peaks"].get(role) else "—" for role in roles]
+            out.append(f"| {r['case']} | {phase} | {p['seconds']} | " + " | ".join(cells) + " |")
+    out += ["", "| case | model (int32 / float32) | Python driver before | peak growth | of the model |",
+            "|---|---:|---:|---:|---:|"]
+    for r in data["results"]:
+        size = ", ".join(f"{k} {v:,}" for k, v in r["size"].items())
+        out.append(f"| {r['case']} ({size}) | {r['model_bytes'] / 2**20:,.0f} MiB | "
+                   f"{r['driver_rss_before'] / 2**20:,.0f} MiB | {r['driver_peak_rss_growth'] / 2**20:,.0f} MiB | "
+                   f"**{r['driver_peak_rss_growth'] / r['model_bytes']:.1%}** |")
+    return out
+
+
 RENDERERS = {
+    "scale": scale_table,
     "mf_implicit": mf_implicit_table,
     "lda_reuters": lda_table,
     "lda_reuters_resident": lda_table,

@@ -277,9 +277,9 @@ def test_ids_past_the_per_partition_limit_come_from_spark_with_the_same_values(s
     monkeypatch.setattr(_mf_data, "IDS_PER_PARTITION", 10)
     spilled = _mf_data.ids_and_item_counts(ratings)
     rows = ratings.toPandas()
-    assert np.array_equal(merged[0], np.unique(rows["u"].to_numpy()).astype(np.int64))
+    assert np.array_equal(merged[0], np.unique(rows["u"].to_numpy()).astype(np.int32))
     counts = rows.groupby("i")["r"].agg(["size", lambda r: int((r > 0).sum())])
-    assert np.array_equal(merged[1], counts.index.to_numpy().astype(np.int64))
+    assert np.array_equal(merged[1], counts.index.to_numpy().astype(np.int32))
     assert np.array_equal(merged[2], counts.iloc[:, 0].to_numpy()) and np.array_equal(merged[3], counts.iloc[:, 1])
     for a, b in zip(merged, spilled):
         assert a.dtype == b.dtype and np.array_equal(a, b)

@@ -51,7 +51,7 @@ IDS_PER_PARTITION = 1 << 18
 
 def ids_and_item_counts(triples):
     """``(users, items, item_counts, item_positives)`` of checked ``triples`` (columns u, i, r as
-    double): sorted distinct ids as int64, each item's number of ratings and of ratings > 0.
+    double): sorted distinct ids as int32 (ALS's ids), each item's number of ratings and of ratings > 0.
     One Spark job and no shuffle while each partition has at most :data:`IDS_PER_PARTITION`
     distinct users and items: it reduces its rows to them and the item counts with numpy (Arrow
     batches) and the driver merges them.  Past that (millions of users, spread over every
@@ -84,17 +84,16 @@ def ids_and_item_counts(triples):
         users = _distinct_ids(triples.select(F.col("u").cast("int").alias("id")).distinct(), "id")[0]
     else:
         users = np.unique(np.concatenate([np.zeros(0, np.int32)] + [p[0] for p in parts]))
-    users = users.astype(np.int64)  # dense_ids searches them with Python ints: int32 would be cast per search
     if any(p[1] is None for p in parts):
         items, item_counts, item_positives = _distinct_ids(
             triples.groupBy(F.col("i").cast("int").alias("id"))
             .agg(F.count(F.lit(1)).alias("n"), F.sum((F.col("r") > 0).cast("long")).alias("p")), "id", "n", "p")
-        return users, items.astype(np.int64), item_counts.astype(np.float64), item_positives.astype(np.float64)
+        return users, items, item_counts.astype(np.float64), item_positives.astype(np.float64)
     parts = parts or [(None,) + (np.zeros(0, np.int32),) * 3]  # no partitions at all
     items, where = np.unique(np.concatenate([p[1] for p in parts]), return_inverse=True)
     item_counts = np.bincount(where, weights=np.concatenate([p[2] for p in parts]), minlength=len(items))
     item_positives = np.bincount(where, weights=np.concatenate([p[3] for p in parts]), minlength=len(items))
-    return users, items.astype(np.int64), item_counts.astype(np.float64), item_positives.astype(np.float64)
+    return users, items, item_counts.astype(np.float64), item_positives.astype(np.float64)
 
 
 def _distinct_ids(frame, id_col: str, *value_cols: str):
@@ -109,14 +108,18 @@ def _distinct_ids(frame, id_col: str, *value_cols: str):
     parts = collect_per_partition(frame.select(id_col, *value_cols), columns)
     cols = [np.concatenate([p[j] for p in parts]) if parts else np.zeros(0) for j in range(1 + len(value_cols))]
     del parts
+    if not value_cols:  # in place: the driver's peak stays ~2x the ids
+        cols[0] = cols[0].astype(np.int32, copy=False)
+        cols[0].sort()
+        return cols
     order = np.argsort(cols[0], kind="stable")
     return [cols[0][order].astype(np.int32)] + [c[order] for c in cols[1:]]
 
 
 def dense_ids(users: np.ndarray, items: np.ndarray, row):
     """A rating ``(u, i, r)`` with its ids as positions in the sorted ``users`` / ``items``."""
-    u, i, r = row
-    return int(np.searchsorted(users, int(u))), int(np.searchsorted(items, int(i))), float(r)
+    u, i, r = row  # searched as int32 scalars: a Python int would have numpy cast the whole array per search
+    return int(np.searchsorted(users, np.int32(u))), int(np.searchsorted(items, np.int32(i))), float(r)
 
 
 def user_factors(worker: int, data, state):
