@@ -42,7 +42,9 @@ def long_solve(seconds):
         return time.perf_counter() - t0
 
     run(1)  # compile
-    per_pass = run(2000) / 2000
+    # the fastest of five short runs: a calibration slowed by a busy moment (another process, a
+    # previous test's JVM going down) made the solve 28 % short of its target in a CI rehearsal
+    per_pass = min(run(1000) for _ in range(5)) / 1000
     return run(max(1, int(seconds / per_pass)))
 
 
