@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pystrads.engine import Engine
-from pystrads.programs.mf import MFProgram, MFSGDProgram, hash_uniform
+from pystrads.programs.mf import MFProgram, MFSGDProgram, RatingBlock, _triples, hash_uniform
 
 
 def ccdpp_reference(users, items, ratings, n_users, n_items, rank, lam, iters, inner, seed):
@@ -271,3 +271,28 @@ def test_sgd_divergence_is_reported_with_the_step_size(sc, sparse_problem):
     users, items, ratings, nu, ni = sparse_problem
     with pytest.raises(FloatingPointError, match=r"SGD diverged in iteration \d+.*stepSize=50"):
         fit_sgd(sc, users, items, ratings, nu, ni, rank=3, lam=0.05, iters=10, step=50.0)
+
+
+def test_rating_blocks_and_tuples_load_as_the_same_sorted_triples():
+    """A columnar decode hands ``load`` RatingBlocks; with tuples, blocks, or both mixed, in any
+    order, a worker's data is the same (a restored state must match it)."""
+    import pyarrow as pa
+
+    from pystrads.ml._mf_data import dense_ids
+
+    rng = np.random.default_rng(5)
+    users, items = np.array([3, 10, 42, 77], np.int32), np.array([5, 6, 900], np.int32)
+    u, i, r = users[rng.integers(0, 4, 200)], items[rng.integers(0, 3, 200)], rng.random(200)
+    batch = pa.RecordBatch.from_arrays([pa.array(u.astype(float)), pa.array(i.astype(float)), pa.array(r)],
+                                       ["u", "i", "r"])
+    (block,) = dense_ids(users, items, batch)
+    assert np.array_equal(users[block.users], u) and np.array_equal(items[block.items], i)
+    assert np.array_equal(block.ratings, r)
+    tuples = list(zip(block.users.tolist(), block.items.tolist(), block.ratings.tolist()))
+    want = _triples(tuples)
+    order = np.lexsort((r, block.items, block.users))
+    assert all(np.array_equal(a, b[order]) for a, b in zip(want, block))
+    halves = [RatingBlock(*(a[100:] for a in block)), *tuples[50:100][::-1], RatingBlock(*(a[:50] for a in block))]
+    assert all(np.array_equal(a, b) for a, b in zip(_triples(halves), want))
+    assert [len(a) for a in _triples([])] == [0, 0, 0]
+

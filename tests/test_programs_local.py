@@ -335,6 +335,15 @@ def test_a_dataframe_input_gives_the_same_exact_model_as_its_rdd(spark):
     by_key = df.repartition(2, "key")
     with Engine(ex.RotationSum(300, iterations=2), by_key, num_workers=2, seed=1, prepartitioned=True).fit() as res:
         np.testing.assert_allclose(res.read_table("sums")[:, 0], exact * 2 / 3, rtol=0, atol=1e-9)
+    # decode_batch: each Arrow batch becomes the records (here every value doubled)
+    doubled = Engine(ex.RotationSum(300, iterations=1), df, num_workers=2, seed=1,
+                     decode_batch=lambda b: zip(b.column(0).to_pylist(), (2 * b.column(1).to_numpy()).tolist()))
+    with doubled.fit() as res:
+        np.testing.assert_allclose(res.read_table("sums")[:, 0], exact * 2 / 3, rtol=0, atol=1e-9)
+    with pytest.raises(ConfigurationError, match="decode= .per row. or decode_batch= .per Arrow batch., not both"):
+        Engine(ex.RotationSum(300), df, num_workers=2, decode=tuple, decode_batch=list)
+    with pytest.raises(ConfigurationError, match="decode_batch= applies to DataFrame inputs"):
+        Engine(ex.RotationSum(300), spark.sparkContext.parallelize([(1, 1.0)]), num_workers=2, decode_batch=list)
     with pytest.raises(ConfigurationError, match="keep_states=True needs an RDD.*export="):
         Engine(ex.RotationSum(300), df, num_workers=2, keep_states=True)
     with pytest.raises(ConfigurationError, match="runtime.mode=steps runs on RDDs only"):

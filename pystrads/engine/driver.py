@@ -25,7 +25,7 @@ import secrets
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
@@ -124,12 +124,19 @@ class Engine(CheckpointMixin, ResidentMixin):
     decode : callable, optional
         DataFrame input only: ``fn(row) -> record`` applied to every row on the
         workers before ``load`` (e.g. to unpickle a binary column).
+    decode_batch : callable, optional
+        DataFrame input only, instead of ``decode``: ``fn(batch) -> records``
+        applied to every ``pyarrow.RecordBatch`` of a worker's partition, its
+        records reaching ``load`` in order.  Columnar: a program whose ``load``
+        accepts blocks of rows (numpy arrays) skips the Python tuple per row,
+        which costs ~10 µs (a second per 100 k rows).
     """
 
     def __init__(self, program: Program, rdd, num_workers: Optional[int] = None, seed: int = 0,
                  config: Optional[Mapping[str, Any]] = None, keep_states: Optional[bool] = None,
                  export: Optional[Callable[[int, Any, Any], Any]] = None, prepartitioned: bool = False,
-                 decode: Optional[Callable[[Any], Any]] = None):
+                 decode: Optional[Callable[[Any], Any]] = None,
+                 decode_batch: Optional[Callable[[Any], Iterable[Any]]] = None):
         if not isinstance(program, Program):
             raise TypeError(f"program must be a pystrads Program, got {type(program).__name__}")
         self.program = program
@@ -138,9 +145,12 @@ class Engine(CheckpointMixin, ResidentMixin):
         self.rdd = None if self.frame is not None else rdd
         self.sc = None if self.spark.connect else getattr(self.spark, "sc", None)
         self.prepartitioned = bool(prepartitioned)
-        if decode is not None and self.frame is None:
-            raise ConfigurationError("decode= applies to DataFrame inputs; map the RDD instead")
-        self.decode = decode
+        for name, fn in (("decode", decode), ("decode_batch", decode_batch)):
+            if fn is not None and self.frame is None:
+                raise ConfigurationError(f"{name}= applies to DataFrame inputs; map the RDD instead")
+        if decode is not None and decode_batch is not None:
+            raise ConfigurationError("give decode= (per row) or decode_batch= (per Arrow batch), not both")
+        self.decode, self.decode_batch = decode, decode_batch
         self.config = Config.from_spark(self.spark, config)
         self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF  # numpy seeds must be >= 0 (pyspark's default seeds are not)
         if num_workers is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import itertools
 import pickle
 import time
 from typing import Any, Dict, Iterator, Optional
@@ -203,13 +204,17 @@ def arrow_records(batches) -> Iterator[tuple]:
         yield from zip(*columns)
 
 
-def run_resident_arrow(spec: ResidentSpec, batches, decode=None) -> Iterator[Any]:
+def run_resident_arrow(spec: ResidentSpec, batches, decode=None, decode_batch=None) -> Iterator[Any]:
     """:func:`run_resident` over a DataFrame partition (``mapInArrow(..., barrier=True)``): the
-    records are the rows (:func:`arrow_records`), through ``decode`` when given; the task returns
-    no rows."""
-    records = arrow_records(batches)
-    if decode is not None:
-        records = map(decode, records)
+    records are the rows (:func:`arrow_records`), through ``decode`` when given, or whatever
+    ``decode_batch`` makes of each Arrow batch (columnar: no Python object per row); the task
+    returns no rows."""
+    if decode_batch is not None:
+        records = itertools.chain.from_iterable(map(decode_batch, batches))
+    else:
+        records = arrow_records(batches)
+        if decode is not None:
+            records = map(decode, records)
     for _ in run_resident(spec, records):
         pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)
     yield from ()

@@ -55,9 +55,9 @@ class ResidentMixin:
                 frame = frame.repartition(self.num_workers)
             # a barrier result stage: Spark does not retry it, the driver relaunches the job (from
             # the snapshots) as it does for any failed resident job
-            decode = self.decode
-            out = frame.mapInArrow(lambda batches: run_resident_arrow(spec, batches, decode), "unused binary",
-                                   barrier=True)
+            decode, decode_batch = self.decode, self.decode_batch
+            out = frame.mapInArrow(lambda batches: run_resident_arrow(spec, batches, decode, decode_batch),
+                                   "unused binary", barrier=True)
         else:
             rdd = to_workers(self.rdd, self.num_workers)
             out = rdd.barrier().mapPartitions(lambda it: run_resident(spec, it))

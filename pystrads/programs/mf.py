@@ -25,7 +25,7 @@ reason) and, after the last inner iteration, its residuals.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -47,17 +47,35 @@ def hash_uniform(ids: np.ndarray, column: int, seed: int) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
+class RatingBlock(NamedTuple):
+    """Many ``(user, item, rating)`` records at once, as three equal-length arrays: what a
+    columnar decode (``Engine(decode_batch=...)``) hands the MF programs instead of a tuple per rating."""
+
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+
+
 def _triples(records):
-    """(user, item, rating) records as three arrays, sorted by (user, item, rating): a worker's
-    data (and the per-rating arrays of its state) must not depend on the order a recomputed
-    partition delivers its records in (a shuffle does not keep it), or a restored state
-    would not match it."""
-    triples = list(records)
-    if not triples:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    raw_u = np.fromiter((t[0] for t in triples), dtype=np.int64, count=len(triples))
-    raw_i = np.fromiter((t[1] for t in triples), dtype=np.int64, count=len(triples))
-    ratings = np.fromiter((t[2] for t in triples), dtype=np.float64, count=len(triples))
+    """(user, item, rating) records (tuples or :class:`RatingBlock` s) as three arrays, sorted by
+    (user, item, rating): a worker's data (and the per-rating arrays of its state) must not depend
+    on the order a recomputed partition delivers its records in (a shuffle does not keep it), or a
+    restored state would not match it."""
+    us, its, rs, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)], []
+    for rec in records:
+        if isinstance(rec, RatingBlock):
+            us.append(np.asarray(rec.users, dtype=np.int64))
+            its.append(np.asarray(rec.items, dtype=np.int64))
+            rs.append(np.asarray(rec.ratings, dtype=np.float64))
+        else:
+            rows.append(rec)
+    if rows:
+        us.append(np.fromiter((t[0] for t in rows), dtype=np.int64, count=len(rows)))
+        its.append(np.fromiter((t[1] for t in rows), dtype=np.int64, count=len(rows)))
+        rs.append(np.fromiter((t[2] for t in rows), dtype=np.float64, count=len(rows)))
+    del rows
+    raw_u, raw_i, ratings = np.concatenate(us), np.concatenate(its), np.concatenate(rs)
+    del us, its, rs
     order = np.lexsort((ratings, raw_i, raw_u))
     return raw_u[order], raw_i[order], ratings[order]
 
