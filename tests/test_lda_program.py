@@ -10,7 +10,7 @@ from pyspark import cloudpickle
 
 from pystrads.engine import Engine
 from pystrads.kernels import lda as K
-from pystrads.programs.lda import LDAProgram
+from pystrads.programs.lda import DocBlock, LDAProgram, _documents
 from pystrads.ps.partition import range_bounds
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -233,3 +233,33 @@ def test_the_learned_alpha_is_checkpointed_and_resumed(sc, skewed_corpus):
     np.testing.assert_array_equal(alpha, stopped.alpha)
     assert [r["iteration"] for r in second.iterations if "alpha_sum" in r] == [2, 4, 6, 8, 10, 12]
     assert not np.array_equal(resumed.alpha, stopped.alpha)
+
+
+def test_doc_blocks_and_tuples_load_as_the_same_documents_in_id_order():
+    """A columnar decode hands ``load`` DocBlocks; tuples, blocks or both, in any order, give the
+    same documents in id order (a worker's tokens must not depend on the delivery order)."""
+    import pyarrow as pa
+
+    from pystrads.ml._lda_data import DOC_RECORD_SCHEMA, doc_blocks
+
+    rng = np.random.default_rng(2)
+    docs = [(int(d), np.sort(rng.choice(50, rng.integers(1, 6), replace=False)), rng.integers(1, 4, 6))
+            for d in rng.permutation(40) * 7 - 100]
+    docs = [(d, t, c[:len(t)]) for d, t, c in docs]
+    want = sorted(docs, key=lambda r: r[0])
+    names = [f.split()[0] for f in DOC_RECORD_SCHEMA.split(", ")]
+    batch = pa.RecordBatch.from_arrays([pa.array([d for d, _, _ in docs], pa.int64()),
+                                        pa.array([t.tolist() for _, t, _ in docs], pa.list_(pa.int64())),
+                                        pa.array([c.tolist() for _, _, c in docs], pa.list_(pa.int64()))], names)
+    mixed = doc_blocks(batch.slice(25)) + docs[10:25][::-1] + doc_blocks(batch.slice(0, 10)) + doc_blocks(batch[:0])
+    for records in (docs, doc_blocks(batch), mixed):
+        got = _documents(records)
+        assert got.docs.tolist() == [d for d, _, _ in want]
+        assert got.lengths.tolist() == [len(t) for _, t, _ in want]
+        assert np.array_equal(got.terms, np.concatenate([t for _, t, _ in want]))
+        assert np.array_equal(got.counts, np.concatenate([c for _, _, c in want]))
+    assert len(_documents([]).docs) == 0
+    # ids that do not compare keep the input order
+    odd = [("b", [3], [2]), (1, [1, 2], [1, 1])]
+    assert _documents(odd).terms.tolist() == [3, 1, 2] and isinstance(_documents(odd), DocBlock)
+

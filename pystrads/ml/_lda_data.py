@@ -145,6 +145,19 @@ def _doc_records(dataset, features_col: str):
     return frame.mapInArrow(keep, DOC_RECORD_SCHEMA), stats
 
 
+def doc_blocks(batch):
+    """A batch of :data:`DOC_RECORD_SCHEMA` rows as one :class:`~pystrads.programs.lda.DocBlock`
+    (``Engine(decode_batch=...)``: the lists' buffers as numpy arrays, no Python list per document)."""
+    from ..programs.lda import DocBlock
+
+    if batch.num_rows == 0:
+        return []
+    terms, counts = batch.column(1), batch.column(2)
+    return [DocBlock(batch.column(0).to_numpy(zero_copy_only=False),
+                     terms.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64),
+                     terms.flatten().to_numpy(zero_copy_only=False), counts.flatten().to_numpy(zero_copy_only=False))]
+
+
 def fold_in(features_index: int, alpha: np.ndarray, n_iter: int, seed: int, phi: Optional[np.ndarray] = None):
     """``fn(batches, lookup=None)``: a partition's batches (column ``features_index`` holding term
     counts) and, per document, its Gibbs fold-in topic counts with the topics fixed --

@@ -22,7 +22,7 @@ from ..kernels.lda import SAMPLERS, alpha_vector, choose_sampler
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
-from ._lda_data import _doc_records
+from ._lda_data import _doc_records, doc_blocks
 from ._lda_model import FoldIn, WordTopics, describe, fitted_topics, load_topics, save_topics, topics_matrix
 from ._params import HasNumWorkers, Rule, above, at_least, one_of, vector_column
 from ._summary import FitSummary
@@ -229,6 +229,9 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, %d workers, %r", stats["docs"],
                  stats["empty"], stats["tokens"], vocab, fit.workers, program)
         return program
+
+    def _engine_args(self, fit: Fit):
+        return {"decode_batch": doc_blocks}  # the documents' CSR arrays straight from Arrow
 
     def _read_model(self, result, fit: Fit) -> "StradsLDAModel":
         # the driver's program holds the learned alpha; the counts stay on the executors

@@ -45,7 +45,7 @@ the s-error.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
 
@@ -57,6 +57,50 @@ HISTOGRAM_MAX_CELLS = 1 << 22
 #: bytes of word_topic rows a worker holds at once in a round (rows_per_fetch); with V = 10^6 and
 #: K = 1000 a whole block would be 2 GB, read, copied and diffed
 ROUND_ROWS_BYTES = 64 << 20
+
+
+class DocBlock(NamedTuple):
+    """Many ``(doc id, term indices, term counts)`` records at once, as CSR arrays: what a columnar
+    decode (``Engine(decode_batch=...)``) hands :meth:`LDAProgram.load` instead of a tuple per document."""
+
+    docs: np.ndarray  # (n_docs,) ids
+    lengths: np.ndarray  # (n_docs,) terms per document
+    terms: np.ndarray  # (sum(lengths),) term indices, document after document
+    counts: np.ndarray  # (sum(lengths),) their counts
+
+
+def _documents(records):
+    """Records (tuples or :class:`DocBlock` s) as one DocBlock in document-id order: the worker's
+    data (and so its state's token order) must not depend on the order a recomputed partition
+    delivers its records in (checkpoint restore).  Ids that do not compare keep the input order."""
+    blocks, rows = [], []
+    for rec in records:
+        (blocks if isinstance(rec, DocBlock) else rows).append(rec)
+    if rows:
+        terms = [np.asarray(r[1], dtype=np.int64) for r in rows]
+        ids = np.asarray([r[0] for r in rows])
+        if ids.dtype.kind not in "iuf":  # compared as Python compares them (mixed types: no order)
+            ids = np.empty(len(rows), dtype=object)
+            ids[:] = [r[0] for r in rows]
+        blocks.append(DocBlock(ids, np.array([len(t) for t in terms], np.int64),
+                               np.concatenate(terms), np.concatenate([np.asarray(r[2], np.int64) for r in rows])))
+    del rows
+    if not blocks:
+        return DocBlock(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    docs = np.concatenate([b.docs for b in blocks])
+    lengths = np.concatenate([np.asarray(b.lengths, np.int64) for b in blocks])
+    terms = np.concatenate([np.asarray(b.terms, np.int64) for b in blocks])
+    counts = np.concatenate([np.asarray(b.counts, np.int64) for b in blocks])
+    try:
+        order = np.argsort(docs, kind="stable")
+    except TypeError:
+        return DocBlock(docs, lengths, terms, counts)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[order]
+    lengths = lengths[order]
+    ends = np.cumsum(lengths)
+    # each ordered document's terms: its old start plus the position within it
+    take = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(ends) else 0)
+    return DocBlock(docs[order], lengths, terms[take], counts[take])
 
 
 class _WorkerData:
@@ -209,28 +253,11 @@ class LDAProgram(Program):
     def load(self, ctx, records) -> _WorkerData:
         from ..kernels import lda as K
 
-        doc_ids, word_parts, count_parts = [], [], []
-        # documents in id order: the worker's data (and so its state's token order) must not
-        # depend on the order a recomputed partition delivers its records in (checkpoint restore)
-        records = list(records)
-        try:
-            records.sort(key=lambda r: r[0])
-        except TypeError:  # ids that do not compare: keep the input order
-            pass
-        for doc_id, indices, counts in records:
-            doc_ids.append(doc_id)
-            word_parts.append(np.asarray(indices, dtype=np.int64))
-            count_parts.append(np.asarray(counts, dtype=np.int64))
+        doc_ids, per_doc, terms, counts = _documents(records)
         n_docs = len(doc_ids)
-        if n_docs:
-            per_doc = np.array([len(w) for w in word_parts])
-            counts = np.concatenate(count_parts)
-            words = np.repeat(np.concatenate(word_parts), counts)
-            docs = np.repeat(np.repeat(np.arange(n_docs), per_doc), counts)
-            lengths = np.array([c.sum() for c in count_parts], dtype=np.int64)
-        else:
-            words = docs = np.zeros(0, dtype=np.int64)
-            lengths = np.zeros(0, dtype=np.int64)
+        term_doc = np.repeat(np.arange(n_docs), per_doc)
+        words, docs = np.repeat(terms, counts), np.repeat(term_doc, counts)
+        lengths = np.bincount(term_doc, weights=counts, minlength=n_docs).astype(np.int64)
         order = np.argsort(words, kind="stable")
         token_word = words[order]
         token_doc = docs[order].astype(np.int32)
