@@ -237,6 +237,37 @@ def test_round_clocks_bsp_and_contributions(shards):
     assert [metrics["rounds"][str(r)]["n"] for r in range(4)] == [3.0] * 4
 
 
+class _Replace:
+    """pull: the new rows are the summed partials."""
+
+    def pull(self, table, keys, partials, current):
+        return partials
+
+
+@pytest.mark.parametrize("spread", [1, 25])  # a dense key range, and a sparse one
+def test_a_rounds_contributions_sum_exactly_whatever_their_keys(shards, spread):
+    """The shard sums a round's parts before ``pull``: sorted parts, a part with repeated keys
+    in any order, keys seen by one part only; rows nobody contributed to stay as they were."""
+    servers, group = shards
+    table = make_table(group, rows=1000, width=2)
+    table.put_range(0, np.full((1000, 2), -1.0))
+    group.client(0).action("register_program", namespace="fit", payload=__import__("base64").b64encode(
+        __import__("pyspark").cloudpickle.dumps(_Replace())).decode())
+    rng = np.random.default_rng(spread)
+    parts = [(np.arange(0, 20 * spread, spread), rng.random((20, 2))),
+             (np.arange(5 * spread, 19 * spread, spread), rng.random((14, 2))),
+             (np.array([3, 3, 0, 3, 7]) * spread + 1, rng.random((5, 2))),
+             (np.array([9, 2, 4]) * spread, rng.random((3, 2)))]
+    servers[0]._apply_pull("fit/t", parts)
+    want = np.full((1000, 2), np.nan)
+    for keys, vals in parts:
+        want[keys] = 0.0
+    for keys, vals in parts:
+        np.add.at(want, keys, vals)
+    want[np.isnan(want)] = -1.0
+    np.testing.assert_allclose(table.read_all(), want, rtol=1e-15)
+
+
 def test_ssp_lets_a_worker_run_ahead_by_the_staleness_bound(shards):
     _, group = shards
     group.broadcast("begin_step", step=2, num_workers=2, namespace="fit")

@@ -225,8 +225,7 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     def _engine_args(self, fit: Fit):
         # the workers leave their users' factors on the shards when the fit ends (nothing cached)
         ids = functools.partial(dense_ids, fit.stats["users"], fit.stats["items"])
-        return {"prepartitioned": True, "decode_batch": ids,
-                "export": user_factors}
+        return {"prepartitioned": True, "decode_batch": ids, "export": user_factors}
 
     def _read_model(self, result, fit: Fit) -> "StradsMFModel":
         # executors read the factors from the shards into DataFrames; none reach the driver

@@ -144,17 +144,25 @@ class StepFences:
 
     def _apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]]) -> None:
         table = self._table(name)
-        keys = np.concatenate([k for k, _ in parts])
-        vals = np.concatenate([v for _, v in parts])
-        lo, hi = int(keys.min()), int(keys.max())
-        span = hi - lo + 1
-        if span <= 4 * len(keys):  # dense key range (e.g. one factor column): O(n) bincount
-            offsets = keys - lo
-            present = np.bincount(offsets, minlength=span) > 0
+        parts = [(k, v) for k, v in parts if len(k)]
+        if not parts:
+            return
+        lo, hi = min(int(k.min()) for k, _ in parts), max(int(k.max()) for k, _ in parts)
+        span, count = hi - lo + 1, sum(len(k) for k, _ in parts)
+        if span <= 4 * count:  # dense key range (e.g. one factor column): O(n), part after part
+            sums, present = np.zeros((span, parts[0][1].shape[1])), np.zeros(span, dtype=bool)
+            for k, v in parts:  # in arrival order, as the sparse branch adds them
+                offsets = k - lo
+                if bool(np.all(k[1:] > k[:-1])):  # a client's part: sorted, each key once
+                    sums[offsets] += v
+                else:
+                    np.add.at(sums, offsets, v)
+                present[offsets] = True
             uniq = lo + np.flatnonzero(present)
-            sums = np.stack([np.bincount(offsets, weights=vals[:, c], minlength=span)[present]
-                             for c in range(vals.shape[1])], axis=1)
+            sums = sums[uniq - lo]
         else:
+            keys = np.concatenate([k for k, _ in parts])
+            vals = np.concatenate([v for _, v in parts])
             order = np.argsort(keys, kind="stable")
             keys, vals = keys[order], vals[order]
             starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
