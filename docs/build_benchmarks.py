@@ -138,6 +138,34 @@ def runtime_every_round_table(data):
 
 # -- implicit MF (jobs/bench_mf.py --implicit) ---------------------------------------------------
 
+# -- MF on MovieLens (jobs/bench_mf.py) ----------------------------------------------------------
+
+MF_NAMES = {"pystrads": "**pystrads StradsMF (defaults)**", "pystrads sgd": "pystrads StradsMF, `algorithm=\"sgd\"`",
+            "ALS": "MLlib ALS"}
+
+
+def mf_table(data):
+    out = ["| system | rank | fit time | × ALS | test RMSE | vs ALS |", "|---|---:|---:|---:|---:|---:|"]
+    summary = data["summary"]
+    for rank in sorted({r["rank"] for r in data["results"]}):
+        als = summary[f"ALS_rank{rank}"]
+        for key, row in summary.items():
+            system, _, at = key.rpartition("_rank")
+            if int(at) != rank:
+                continue
+            ours = system != "ALS"
+            label = MF_NAMES.get(system, system)
+            out.append(f"| {label} | {rank} | {_f(row['fit_s'], 2)} s | "
+                       + (f"**{_f(row['fit_s'] / als['fit_s'], 2)}×** | " if ours else "| ")
+                       + f"{row['test_rmse']:.4f} | "
+                       + (f"{row['test_rmse'] - als['test_rmse']:+.4f} |".replace("-", "−") if ours else "|"))
+    rec = data.get("recommend")
+    if rec:
+        out += ["", f"recommendForAllUsers(10) at rank {rec['rank']}: pystrads {_f(rec['median_s']['pystrads'], 2)} s, "
+                f"ALS {_f(rec['median_s']['ALS'], 2)} s (medians of {rec['repeats']}), **{_f(rec['ratio'], 2)}×**."]
+    return out
+
+
 MF_IMPLICIT_NAMES = {"pystrads": "**pystrads `StradsMF(implicitPrefs=True)`**", "ALS": "MLlib `ALS(implicitPrefs=True)`",
                      "implicit": "`implicit` 0.7 (CG, 2 threads)"}
 
@@ -186,6 +214,7 @@ def scale_table(data):
 RENDERERS = {
     "scale": scale_table,
     "mf_implicit": mf_implicit_table,
+    "mf_movielens": mf_table,
     "lda_reuters": lda_table,
     "lda_reuters_resident": lda_table,
     "lasso_strads_resident": lasso_table,

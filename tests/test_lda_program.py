@@ -262,4 +262,10 @@ def test_doc_blocks_and_tuples_load_as_the_same_documents_in_id_order():
     # ids that do not compare keep the input order
     odd = [("b", [3], [2]), (1, [1, 2], [1, 1])]
     assert _documents(odd).terms.tolist() == [3, 1, 2] and isinstance(_documents(odd), DocBlock)
+    # string and tuple ids sort as Python sorts them, into arrays whose bytes are the ids (the
+    # checkpoint fingerprint hashes them)
+    named = _documents([("b", [3], [2]), ("a", [1], [1])])
+    assert named.docs.tolist() == ["a", "b"] and named.docs.dtype.kind == "U" and named.terms.tolist() == [1, 3]
+    pairs = _documents([((1, 2), [3], [2]), ((0, 5), [1], [1])])
+    assert pairs.docs.tolist() == [[0, 5], [1, 2]] and pairs.terms.tolist() == [1, 3]
 

@@ -296,3 +296,29 @@ def test_rating_blocks_and_tuples_load_as_the_same_sorted_triples():
     assert all(np.array_equal(a, b) for a, b in zip(_triples(halves), want))
     assert [len(a) for a in _triples([])] == [0, 0, 0]
 
+
+
+def test_the_shards_block_solve_matches_numpy_with_padding_and_rank_deficient_items():
+    """``pull`` solves each item's feature block exactly (Cholesky); features past the rank stay 0,
+    and an item whose matrix is singular (regParam 0, fewer ratings than features) gets the
+    least-norm solution, as ``numpy.linalg.pinv`` gives it."""
+    rng = np.random.default_rng(7)
+    n_items, b, rank = 60, 4, 6  # blocks [0, 4) and [4, 6): the second is padded to width 4
+    counts = rng.integers(1, 9, n_items).astype(float)
+    counts[::3] = 0  # no regularisation for every third item ...
+    program = MFProgram(50, n_items, rank, 0.1, counts, 1, 1, False, 0, block_size=b)
+    keys = np.concatenate([np.arange(n_items), n_items + np.arange(0, n_items, 2)])
+    partials = np.zeros((len(keys), b * b + b))
+    dense = []
+    for row, key in enumerate(keys):
+        item, f = key % n_items, min(b, rank - (key // n_items) * b)
+        x = rng.random((3 if item % 3 == 0 else 9, f))  # ... and only 3 ratings (< 4 features) for them
+        gram, rhs = np.zeros((b, b)), np.zeros(b)
+        gram[:f, :f], rhs[:f] = x.T @ x, x.T @ rng.random(len(x))
+        partials[row] = np.concatenate([gram.ravel(), rhs])
+        want = np.zeros(b)
+        want[:f] = np.linalg.pinv(gram[:f, :f] + 0.1 * counts[item] * np.eye(f)) @ rhs[:f]
+        dense.append(want)
+    got = program.pull("item_factors", keys, partials, np.zeros((len(keys), b)))
+    np.testing.assert_allclose(got, np.array(dense), rtol=1e-6, atol=1e-9)
+    assert np.all(got[n_items:, 2:] == 0.0)  # features 6 and 7 do not exist

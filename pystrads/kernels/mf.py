@@ -135,16 +135,18 @@ def item_block_partials(item_ptr, item_ratings, rating_user, rhat, w, out):
 
 
 @njit(cache=True, nogil=True)
-def _cholesky_solve(a, x, b):
-    """Solve ``a x = rhs`` in place (a: b x b SPD, overwritten by its factor; x holds rhs)."""
+def _cholesky_solve(a, x, b, tiny):
+    """Solve ``a x = rhs`` in place (a: b x b SPD, its lower triangle read and overwritten by its
+    factor; x holds rhs).  False (x zeroed) when a pivot is ``<= tiny``: ``a`` is not (numerically)
+    positive definite."""
     for c in range(b):
         s = a[c, c]
         for k in range(c):
             s -= a[c, k] * a[c, k]
-        if s <= 0.0:
+        if s <= tiny:
             for k in range(b):
                 x[k] = 0.0
-            return
+            return False
         a[c, c] = np.sqrt(s)
         for r in range(c + 1, b):
             s = a[r, c]
@@ -161,6 +163,39 @@ def _cholesky_solve(a, x, b):
         for k in range(c + 1, b):
             s -= a[k, c] * x[k]
         x[c] = s / a[c, c]
+    return True
+
+
+@njit(cache=True, nogil=True)
+def solve_item_blocks(partials, reg, features, out):
+    """The shard's exact block solve per row n (an item's feature block): ``partials[n]`` holds the
+    summed Gram matrix (``b * b``, row-major) and right-hand side (``b``); ``out[n] = (G + reg[n] I)^-1
+    rhs`` over the first ``features[n]`` features, 0 beyond them (a last block narrower than b).
+    Returns per row whether the matrix was positive definite (where not, ``out[n]`` is 0 and the
+    caller solves that row another way)."""
+    n, b = out.shape
+    a = np.empty((b, b))
+    x = np.empty(b)
+    ok = np.ones(n, dtype=np.bool_)
+    for i in range(n):
+        f = features[i]
+        if b == 1:  # CCD++: one division (bit for bit the serial update)
+            den = partials[i, 0] + reg[i]
+            ok[i] = f == 0 or den > 0.0
+            out[i, 0] = partials[i, 1] / den if f == 1 and den > 0.0 else 0.0
+            continue
+        scale = 0.0
+        for c in range(b):
+            x[c] = partials[i, b * b + c] if c < f else 0.0
+            for d in range(c):
+                a[c, d] = partials[i, c * b + d] if c < f and d < f else 0.0
+            a[c, c] = partials[i, c * b + c] + reg[i] if c < f else 1.0
+            scale = max(scale, abs(a[c, c]))
+        # a pivot lost to rounding (a singular G + reg I) fails rather than blow up the solution
+        ok[i] = _cholesky_solve(a, x, b, 1e-10 * scale)
+        for c in range(b):
+            out[i, c] = x[c]
+    return ok
 
 
 @njit(cache=True, nogil=True)
@@ -188,7 +223,7 @@ def user_block_update(user_ptr, user_ratings, rating_item, rhat, h, reg, w):
             for c in range(b):
                 w[i, c] = 0.0
             continue
-        _cholesky_solve(a, x, b)
+        _cholesky_solve(a, x, b, 0.0)
         for c in range(b):
             w[i, c] = x[c]
 
@@ -292,7 +327,7 @@ def implicit_user_block_update(user_ptr, user_ratings, rating_item, c1, target, 
                 ch = c1[n] * hc
                 for d in range(c + 1):
                     a[c, d] += ch * h[j, d]
-        _cholesky_solve(a, x, b)
+        _cholesky_solve(a, x, b, 0.0)
         if nonnegative:
             for c in range(b):
                 x[c] = max(x[c], 0.0)

@@ -154,7 +154,7 @@ def doc_blocks(batch):
         return []
     terms, counts = batch.column(1), batch.column(2)
     return [DocBlock(batch.column(0).to_numpy(zero_copy_only=False),
-                     terms.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64),
+                     terms.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
                      terms.flatten().to_numpy(zero_copy_only=False), counts.flatten().to_numpy(zero_copy_only=False))]
 
 

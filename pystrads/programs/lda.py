@@ -79,9 +79,10 @@ def _documents(records):
     if rows:
         terms = [np.asarray(r[1], dtype=np.int64) for r in rows]
         ids = np.asarray([r[0] for r in rows])
-        if ids.dtype.kind not in "iuf":  # compared as Python compares them (mixed types: no order)
+        if ids.dtype.kind not in "iuf" or ids.ndim != 1:  # compared as Python compares them
             ids = np.empty(len(rows), dtype=object)
-            ids[:] = [r[0] for r in rows]
+            for j, r in enumerate(rows):
+                ids[j] = r[0]
         blocks.append(DocBlock(ids, np.array([len(t) for t in terms], np.int64),
                                np.concatenate(terms), np.concatenate([np.asarray(r[2], np.int64) for r in rows])))
     del rows
@@ -93,14 +94,20 @@ def _documents(records):
     counts = np.concatenate([np.asarray(b.counts, np.int64) for b in blocks])
     try:
         order = np.argsort(docs, kind="stable")
-    except TypeError:
-        return DocBlock(docs, lengths, terms, counts)
+    except TypeError:  # ids of mixed types: no order
+        return DocBlock(_plain(docs), lengths, terms, counts)
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[order]
     lengths = lengths[order]
     ends = np.cumsum(lengths)
     # each ordered document's terms: its old start plus the position within it
     take = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(ends) else 0)
-    return DocBlock(docs[order], lengths, terms[take], counts[take])
+    return DocBlock(_plain(docs[order]), lengths, terms[take], counts[take])
+
+
+def _plain(ids: np.ndarray) -> np.ndarray:
+    """Ids as numpy makes them of a list (strings as ``<U``): an object array's bytes are pointers,
+    and the data's checkpoint fingerprint hashes the bytes."""
+    return np.asarray(ids.tolist()) if ids.dtype == object else ids
 
 
 class _WorkerData:

@@ -225,28 +225,30 @@ class MFProgram(Program):
         return padded
 
     def pull(self, table, keys, partials, current):
+        from ..kernels import mf as K
+
         b, n = self.block_size, self.num_items
-        items = keys % n
-        blocks = keys // n
-        gram = partials[:, :b * b].reshape(-1, b, b).copy()
-        rhs = partials[:, b * b:].copy()
-        diag = np.arange(b)
-        gram[:, diag, diag] += (self.reg_param * self.item_counts[items])[:, None]
-        lo = blocks * b
-        padding = (lo[:, None] + diag[None, :]) >= self.rank  # features past the rank: keep them 0
-        gram[:, diag, diag] += padding
-        rhs[padding] = 0.0
-        if b == 1:
-            den = gram[:, 0, 0]
-            new = np.divide(rhs[:, 0], den, out=np.zeros(len(keys)), where=den > 0)[:, None]
-        else:
-            try:
-                new = np.linalg.solve(gram, rhs[..., None])[..., 0]
-            except np.linalg.LinAlgError:  # regParam 0 and a rank-deficient item: least norm
-                new = np.einsum("nij,nj->ni", np.linalg.pinv(gram), rhs)
+        reg = self.reg_param * self.item_counts[keys % n]
+        features = np.clip(self.rank - (keys // n) * b, 0, b).astype(np.int64)  # features past the rank stay 0
+        new = np.empty((len(keys), b))
+        ok = K.solve_item_blocks(np.ascontiguousarray(partials, dtype=np.float64), reg, features, new)
+        if not ok.all():  # regParam 0 and a rank-deficient item: the least-norm solution
+            bad = ~ok
+            new[bad] = self._least_norm(partials[bad], reg[bad], features[bad])
         if self.nonnegative:
             new = np.maximum(new, 0.0)
         return new
+
+    def _least_norm(self, partials: np.ndarray, reg: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """``pinv(G + reg I) rhs`` per row, over each row's first ``features`` features (0 beyond)."""
+        b = self.block_size
+        gram = partials[:, :b * b].reshape(-1, b, b).copy()
+        rhs = partials[:, b * b:].copy()
+        diag = np.arange(b)
+        padding = diag[None, :] >= features[:, None]
+        gram[:, diag, diag] += reg[:, None] + padding
+        rhs[padding] = 0.0
+        return np.einsum("nij,nj->ni", np.linalg.pinv(gram), rhs)
 
     def apply(self, ctx, data: _MFData, state: _MFState, work) -> _MFState:
         from ..kernels import mf as K
