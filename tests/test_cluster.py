@@ -33,7 +33,7 @@ def _free_port():
 
 #: Workers beyond the two an application uses: each executor-loss test kills one (with its
 #: executor), and the master moves the application onto a spare.
-SPARE_WORKERS = 4
+SPARE_WORKERS = 2
 
 
 @contextlib.contextmanager
@@ -121,11 +121,13 @@ def test_program_shapes_on_two_executors_match_local_mode(standalone_cluster, sc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("program", ["lda", "mf", "lasso", "lasso_rounds"])
+@pytest.mark.parametrize("program", ["lda", "mf"])
 def test_lost_executor_is_replaced_and_the_fit_recovers(standalone_cluster, program):
     """A lost machine: SIGKILL a standalone worker JVM, its executor and that executor's shard
     mid-step. Spark moves the application to a spare worker; the engine restarts the shards and
-    continues from the latest checkpoint."""
+    continues from the latest checkpoint.  Two programs (~75 s each): the recovery path knows no
+    program; LDA (exact counts, a sampling chain) and MF (parameters to 1e-8 of the fault-free
+    run) stand for the others, which the local fault suite (test_faults.py) kills every way."""
     from test_faults import check, reference, run_driver
 
     url, work = standalone_cluster

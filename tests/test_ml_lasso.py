@@ -119,7 +119,7 @@ def test_logistic_objective_equals_mllib(problem, fit_intercept, standardization
     here within 100 iterations), with weights."""
     x, _, yb, w, df = problem
     lam = 0.02
-    for alpha in (0.0, 0.3, 0.7, 1.0):
+    for alpha in (0.0, 0.5, 1.0):  # ridge, elastic net, lasso (each pair of fits ~2-10 s)
         model = StradsLogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=alpha,
                                          fitIntercept=fit_intercept, standardization=standardization, weightCol="w",
                                          tol=1e-10, maxIter=50).fit(df)
