@@ -63,6 +63,8 @@ LDA_NAMES = {
     "pystrads 2 workers": "pystrads, 2 workers",
     "pystrads 1 worker": "pystrads, 1 worker",
     "tomotopy 2 threads": "tomotopy 0.14 (C++), 2 threads",
+    "pystrads 2 workers, learned alpha": "pystrads, 2 workers, learned α",
+    "tomotopy 2 threads, learned alpha": "tomotopy, 2 threads, learned α",
 }
 
 
@@ -217,6 +219,7 @@ RENDERERS = {
     "mf_movielens": mf_table,
     "lda_reuters": lda_table,
     "lda_reuters_resident": lda_table,
+    "lda_reuters_current": lda_table,
     "lasso_strads_resident": lasso_table,
     "runtime_every_round": runtime_every_round_table,
 }
