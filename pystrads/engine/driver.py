@@ -25,7 +25,7 @@ import secrets
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -125,18 +125,14 @@ class Engine(CheckpointMixin, ResidentMixin):
         DataFrame input only: ``fn(row) -> record`` applied to every row on the
         workers before ``load`` (e.g. to unpickle a binary column).
     decode_batch : callable, optional
-        DataFrame input only, instead of ``decode``: ``fn(batch) -> records``
-        applied to every ``pyarrow.RecordBatch`` of a worker's partition, its
-        records reaching ``load`` in order.  Columnar: a program whose ``load``
-        accepts blocks of rows (numpy arrays) skips the Python tuple per row,
-        which costs ~10 µs (a second per 100 k rows).
+        DataFrame input only, instead of ``decode``: ``fn(pyarrow.RecordBatch) -> records``, in
+        order (columnar: a ``load`` taking blocks of numpy arrays skips the ~10 µs tuple per row).
     """
 
     def __init__(self, program: Program, rdd, num_workers: Optional[int] = None, seed: int = 0,
                  config: Optional[Mapping[str, Any]] = None, keep_states: Optional[bool] = None,
                  export: Optional[Callable[[int, Any, Any], Any]] = None, prepartitioned: bool = False,
-                 decode: Optional[Callable[[Any], Any]] = None,
-                 decode_batch: Optional[Callable[[Any], Iterable[Any]]] = None):
+                 decode: Optional[Callable[[Any], Any]] = None, decode_batch: Optional[Callable] = None):
         if not isinstance(program, Program):
             raise TypeError(f"program must be a pystrads Program, got {type(program).__name__}")
         self.program = program
