@@ -1,7 +1,7 @@
 """One fit of LDA, MF or Lasso on local[2] with one injected fault, for the fault-injection suite
 (tests/test_faults.py).  Usage::
 
-    python tests/fault_driver.py PROGRAM FAULT OUT_JSON CHECKPOINT_DIR [MASTER]
+    python tests/fault_driver.py PROGRAM FAULT[,FAULT...] OUT_JSON CHECKPOINT_DIR [MASTER]
 
 PROGRAM: lda | mf | lasso | lasso_rounds (Lasso with ``workingSetLimit=0``: parallel rounds only).  MASTER: local[2] (default) or a standalone master URL (two
 one-core executors).  FAULT:
@@ -19,6 +19,11 @@ one-core executors).  FAULT:
 * ``executor`` -- (standalone cluster) SIGKILL one executor's standalone worker JVM, the executor
   JVM it runs and that executor's shard -- a lost machine -- once step ``TRIGGER`` runs.
 
+Several faults (``none,drop,worker,shard``; not ``driver`` or ``resume``) run one after another in
+this one driver process -- one Spark application, fresh checkpoints for each fit, the patch of
+each fault undone before the next -- and ``OUT_JSON`` maps each fault to its result: the suite
+pays a driver's start (Python, the JVM, Spark) once per program instead of once per cell.
+
 Writes ``OUT_JSON``: quality (LDA: final log-likelihood; MF: training RMSE; Lasso:
 objective), the parameters (to compare with the fault-free run), ``exact`` -- the program's
 invariant between the model on the shards and the workers' states (LDA: word-topic counts equal
@@ -32,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -231,6 +237,7 @@ def strike_during_step(fault, out, checkpoint_dir):
         return run_job(self, step, work)
 
     driver.Engine._run_job = _run_job
+    return lambda: setattr(driver.Engine, "_run_job", run_job)
 
 
 def drop_one_step():
@@ -254,32 +261,20 @@ def drop_one_step():
             print(f"FAULT drop: step {step}'s model updates rolled back after its tasks ran", flush=True)
 
     driver.Engine._run_job = _run_job
+    return lambda: setattr(driver.Engine, "_run_job", run_job)
 
 
-def main():
-    program, fault, out, checkpoint_dir = sys.argv[1:5]
-    master = sys.argv[5] if len(sys.argv) > 5 else "local[2]"
-    from pystrads.session import spark_session
-
-    conf = {"spark.ui.enabled": "false", "spark.pystrads.shard.leaseSeconds": str(LEASE)}
-    if not master.startswith("local"):
-        conf.update({"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "1g",
-                     "spark.pystrads.executor.waitSeconds": "120"})
-    spark = spark_session(master, f"pystrads-fault-{program}-{fault}", conf)
-    spark.sparkContext.setLogLevel("OFF")
-    if not master.startswith("local"):
-        deadline = time.time() + 120
-        while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1 < 2 and time.time() < deadline:
-            time.sleep(0.5)
+def run_one(spark, program, fault, out, checkpoint_dir):
+    """One fit of ``program`` with ``fault`` injected: its result (with the summary's recovery figures)."""
     config = {"checkpoint.dir": checkpoint_dir, "checkpoint.interval": 2, "step.targetSeconds": 0.15,
               "progress": "off"}
     if program == "lasso_rounds":
         # steps sized by the round cap alone (not by time), so its dynamic schedule -- planned
         # per step -- is the same in every run and the coefficients can be compared exactly
         config.update({"step.targetSeconds": 3600.0, "step.maxRounds": ROUNDS_PER_STEP})
+    undo = None
     if fault in ("shard", "worker", "driver", "executor"):
-        strike_during_step(fault, out, checkpoint_dir)
-    t0 = time.perf_counter()
+        undo = strike_during_step(fault, out, checkpoint_dir)
     fits = {"lda": lda_fit, "mf": mf_fit, "lasso": lasso_fit,
             "lasso_rounds": lambda sc, cfg: lasso_fit(sc, cfg, working_set_limit=0)}
     if fault == "drop" and program == "lasso":
@@ -287,14 +282,49 @@ def main():
         # and its steps carry them to the workers: lose that instead
         fits["lasso"] = lambda sc, cfg: lasso_fit(sc, cfg, lose_step=TRIGGER)
     elif fault == "drop":
-        drop_one_step()
-    result, summary = fits[program](spark.sparkContext, config)
+        undo = drop_one_step()
+    t0 = time.perf_counter()
+    try:
+        result, summary = fits[program](spark.sparkContext, config)
+    finally:
+        if undo is not None:
+            undo()
     result.update(seconds=time.perf_counter() - t0, steps=len(summary.rows),
                   recoveries=summary.fixed.get("recoveries", 0),
                   resumed_from_step=summary.fixed.get("resumed_from_step"),
                   checkpoints=summary.fixed.get("checkpoints", 0),
                   checkpoint_s=summary.fixed.get("checkpoint_s", 0.0),
                   recovery_s=summary.fixed.get("recovery_s", 0.0))
+    return result
+
+
+def main():
+    program, faults, out, checkpoint_dir = sys.argv[1:5]
+    master = sys.argv[5] if len(sys.argv) > 5 else "local[2]"
+    faults = faults.split(",")
+    if len(faults) > 1 and {"driver", "resume"} & set(faults):
+        sys.exit("fault_driver: 'driver' and 'resume' each need a driver process of their own")
+    from pystrads.session import spark_session
+
+    conf = {"spark.ui.enabled": "false", "spark.pystrads.shard.leaseSeconds": str(LEASE)}
+    if not master.startswith("local"):
+        conf.update({"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "1g",
+                     "spark.pystrads.executor.waitSeconds": "120"})
+    spark = spark_session(master, f"pystrads-fault-{program}-{'-'.join(faults)}", conf)
+    spark.sparkContext.setLogLevel("OFF")
+    if not master.startswith("local"):
+        deadline = time.time() + 120
+        while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1 < 2 and time.time() < deadline:
+            time.sleep(0.5)
+    if len(faults) == 1:
+        result = run_one(spark, program, faults[0], out, checkpoint_dir)
+    else:
+        result = {}
+        for fault in faults:  # a fit that fails is reported as its cell's error; the others still run
+            try:
+                result[fault] = run_one(spark, program, fault, out, os.path.join(checkpoint_dir, fault))
+            except Exception:
+                result[fault] = {"error": traceback.format_exc()}
     with open(out, "w") as fh:
         json.dump(result, fh)
     spark.stop()
