@@ -197,6 +197,33 @@ def test_abort_step_restores_rows(shards):
         table.fenced(**fence).inc([0], [[1, 1]])
 
 
+def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards):
+    """The undo log saves each row once, at its first write of the step, whatever the order
+    and repeats of the keys (it dedups them by a sort: :mod:`pystrads.kernels.sets`)."""
+    from pystrads.kernels.sets import union, unique
+
+    rng = np.random.default_rng(8)
+    for a in (np.zeros(0, np.int64), np.array([4]), rng.integers(0, 50, 1000), rng.integers(-9, 9, 77).astype(np.int32)):
+        np.testing.assert_array_equal(unique(a), np.unique(a))
+        assert unique(a).dtype == a.dtype
+    np.testing.assert_array_equal(union([5, 1, 5], [3, 1]), [1, 3, 5])
+    _, group = shards
+    table = make_table(group, rows=50, width=2)
+    base = rng.random((50, 2))
+    table.put_range(0, base)
+    group.broadcast("begin_step", step=5, num_workers=1, namespace="fit")
+    fence = _enter(group, 5, 0, task=1)
+    keys = np.array([7, 3, 7, 41, 3, 3, 0, 49])
+    table.fenced(**fence).inc(keys, np.ones((len(keys), 2)))
+    table.fenced(**fence).inc(keys[::-1], np.ones((len(keys), 2)))
+    after = base.copy()
+    np.add.at(after, keys, 2.0)
+    np.testing.assert_allclose(table.read_all(), after)
+    restored = sum(a["restored_rows"] for a in group.broadcast("abort_step", step=5))
+    assert restored == 5  # rows 0, 3, 7, 41, 49: each saved once
+    assert np.array_equal(table.read_all(), base)
+
+
 def test_round_clocks_bsp_and_contributions(shards):
     _, group = shards
     table = make_table(group, rows=10, width=1, contrib_width=2)

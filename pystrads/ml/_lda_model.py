@@ -34,6 +34,7 @@ from pyspark.sql import types as T
 
 from ..config import Config
 from ..errors import ConfigurationError, InputError
+from ..kernels.sets import unique
 from ..engine.frames import keep_frame, row_ranges, shard_frame
 from ._arrow import collect_binary, collect_per_partition, vectors
 from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
@@ -382,7 +383,7 @@ class FoldIn:
                 model_terms, counts = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
             def lookup(words):
-                needed = np.unique(words)
+                needed = unique(words)
                 at = np.searchsorted(model_terms, needed)
                 found = at < len(model_terms)
                 found[found] = model_terms[at[found]] == needed[found]

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError, InputError
+from ..kernels.sets import unique
 from ..programs.mf import RatingBlock
 from ..engine.frames import keep_frames, row_ranges, shard_frame
 from ._arrow import collect_per_partition, partition_id
@@ -64,7 +65,7 @@ def ids_and_item_counts(triples):
     def reduce(batches):
         us, its, cs, ps = ([np.zeros(0, np.int32)] for _ in range(4))
         for batch in batches:
-            us.append(np.unique(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int32)))
+            us.append(unique(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int32)))
             ids, where, counts = np.unique(batch.column(1).to_numpy(zero_copy_only=False).astype(np.int32),
                                            return_inverse=True, return_counts=True)
             its.append(ids)
@@ -72,8 +73,8 @@ def ids_and_item_counts(triples):
             positive = batch.column(2).to_numpy(zero_copy_only=False) > 0
             ps.append(np.bincount(where, weights=positive, minlength=len(ids)).astype(np.int64))
             if len(us) > 64:  # keep a partition's memory bounded by its distinct ids
-                us = [np.unique(np.concatenate(us))]
-        users = np.unique(np.concatenate(us))
+                us = [unique(np.concatenate(us))]
+        users = unique(np.concatenate(us))
         items, where = np.unique(np.concatenate(its), return_inverse=True)
         if len(users) > limit:
             users = None
@@ -86,7 +87,7 @@ def ids_and_item_counts(triples):
     if any(p[0] is None for p in parts):
         users = _distinct_ids(triples.select(F.col("u").cast("int").alias("id")).distinct(), "id")[0]
     else:
-        users = np.unique(np.concatenate([np.zeros(0, np.int32)] + [p[0] for p in parts]))
+        users = unique(np.concatenate([np.zeros(0, np.int32)] + [p[0] for p in parts]))
     if any(p[1] is None for p in parts):
         items, item_counts, item_positives = _distinct_ids(
             triples.groupBy(F.col("i").cast("int").alias("id"))

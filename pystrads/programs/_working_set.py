@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import cd as K
+from ..kernels.sets import union
 from ._coef import BETA, CURV, DELTA, L2, MEAN, PEN
 
 
@@ -55,7 +56,7 @@ class WorkingSetSolver:
             size = min(self.gram_limit, max(self.gram_limit // 2, 2 * len(nz), len(active) + len(active) // 4 + 64))
             rest = np.flatnonzero(live & ~nonzero)
             order = np.argsort(-np.abs(d["grad"][rest]) / np.maximum(coef[rest, PEN], 1e-300), kind="stable")
-            d["gram_set"] = np.union1d(nz, rest[order[:max(size - len(nz), 0)]]).astype(np.int64)
+            d["gram_set"] = union(nz, rest[order[:max(size - len(nz), 0)]]).astype(np.int64)
             d["need_gram"] = d["gram_set"]
             d.pop("gram", None)
             return

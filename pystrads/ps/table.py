@@ -15,6 +15,8 @@ from typing import Any, List, Tuple
 import numpy as np
 import pyarrow.flight as flight
 
+from ..kernels.sets import unique
+
 
 class ShardTable:
     """The rows ``[row_start, row_stop)`` of one table, with an undo log."""
@@ -61,7 +63,7 @@ class ShardTable:
             index = np.arange(index.start, index.stop)
         fresh = index[~self._saved[index]]
         if fresh.size:
-            fresh = np.unique(fresh)
+            fresh = unique(fresh)
             self._undo.append((fresh, self.values[fresh].copy()))
             self._saved[fresh] = True
 
