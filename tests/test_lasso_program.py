@@ -117,6 +117,35 @@ def test_gram_entries_and_working_set_solver_match_dense_algebra():
     np.testing.assert_allclose(beta, ref, atol=1e-9)
 
 
+def test_working_set_solver_extrapolates_through_correlated_columns():
+    """Anderson acceleration in ``gram_lasso``: on 60 columns drawn from 6 shared factors (plain
+    cyclic CD needs 385 passes to a 1e-12 step here) it stops within 200 passes at the exact
+    Lasso solution; and it keeps an extrapolation only where the objective goes down (kept
+    blindly, they raise it by 4e-3 on the second problem)."""
+    def problem(seed, lam):
+        rng = np.random.default_rng(seed)
+        n, m = 400, 60
+        x = rng.standard_normal((n, 6))[:, rng.integers(0, 6, m)] + 0.3 * rng.standard_normal((n, m))
+        y = x[:, :10] @ rng.standard_normal(10) + 0.1 * rng.standard_normal(n)
+        G = x.T @ x / n
+        indptr, cols = np.arange(m + 1, dtype=np.int64) * m, np.tile(np.arange(m), m).astype(np.int64)
+
+        def solve(passes):
+            beta = np.zeros(m)
+            updates = K.gram_lasso(indptr, cols, G.ravel(), np.diag(G).copy(), np.zeros(m), -x.T @ y / n, beta,
+                                   np.full(m, lam), np.zeros(m), passes, 1e-12)
+            return beta, updates // m, 0.5 * np.mean((y - x @ beta) ** 2) + lam * np.abs(beta).sum()
+        return x, y, solve
+
+    x, y, solve = problem(3, 0.01)
+    beta, passes, _ = solve(100000)
+    assert passes <= 200, passes
+    np.testing.assert_allclose(beta, reference_lasso(x, y, 0.01), atol=1e-8)
+    _, _, solve = problem(1, 0.05)
+    trace = [solve(passes)[2] for passes in range(1, 40)]  # the objective after every pass: never up
+    assert np.all(np.diff(trace) <= 1e-15), np.diff(trace).max()
+
+
 def test_soft_step_freezes_and_thresholds():
     step = soft_step(np.array([0.0, 1.0, 0.0, 2.0]), np.array([-3.0, 0.0, 0.5, 1.0]),
                      np.array([1.0, 2.0, 1.0, 0.0]), np.array([1.0, 0.5, 1.0, 1.0]))

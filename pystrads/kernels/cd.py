@@ -312,6 +312,71 @@ def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
     return keys[:e].copy(), out[:e].copy()
 
 
+#: passes between two Anderson extrapolations of :func:`gram_lasso` (celer's and skglm's choice)
+ANDERSON_K = 5
+
+
+@njit(cache=True, nogil=True)
+def _gram_times(indptr, indices, data, l2, d, out):
+    """``out = (G + diag(l2)) d`` for the symmetric CSR Gram ``G`` (the raw, uncentred one)."""
+    for k in range(d.shape[0]):
+        acc = l2[k] * d[k]
+        for p in range(indptr[k], indptr[k + 1]):
+            acc += data[p] * d[indices[p]]
+        out[k] = acc
+
+
+@njit(cache=True, nogil=True)
+def _anderson_weights(hist, out) -> bool:
+    """Anderson mixing weights ``c`` (summing to 1) of the iterates ``hist[1:]``: ``c``
+    minimises ``|U c|`` for ``U`` the successive differences of ``hist`` (Bertrand & Massias,
+    *Anderson acceleration of coordinate descent*, 2021).  False where ``U'U`` is singular."""
+    K, m = hist.shape[0] - 1, hist.shape[1]
+    C = np.empty((K, K))
+    for i in range(K):
+        for j in range(i, K):
+            s = 0.0
+            for q in range(m):
+                s += (hist[i + 1, q] - hist[i, q]) * (hist[j + 1, q] - hist[j, q])
+            C[i, j] = s
+            C[j, i] = s
+    scale = 0.0
+    for i in range(K):
+        scale = max(scale, C[i, i])
+    if not scale > 0.0:
+        return False
+    z = np.ones(K)
+    for i in range(K):
+        C[i, i] += 1e-10 * scale
+    for col in range(K):  # Gaussian elimination with partial pivoting: C z = 1
+        piv = col
+        for r in range(col + 1, K):
+            if abs(C[r, col]) > abs(C[piv, col]):
+                piv = r
+        if abs(C[piv, col]) <= 1e-14 * scale:
+            return False
+        if piv != col:
+            for q in range(K):
+                C[col, q], C[piv, q] = C[piv, q], C[col, q]
+            z[col], z[piv] = z[piv], z[col]
+        for r in range(col + 1, K):
+            f = C[r, col] / C[col, col]
+            for q in range(col, K):
+                C[r, q] -= f * C[col, q]
+            z[r] -= f * z[col]
+    for col in range(K - 1, -1, -1):
+        s = z[col]
+        for q in range(col + 1, K):
+            s -= C[col, q] * z[q]
+        z[col] = s / C[col, col]
+    total = z.sum()
+    if total == 0.0 or not np.isfinite(total):
+        return False
+    for i in range(K):
+        out[i] = z[i] / total
+    return True
+
+
 @njit(cache=True, nogil=True)
 def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, l2, max_passes, tol):
     """Cyclic coordinate descent on the Lasso (elastic net) restricted to a working set,
@@ -321,11 +386,23 @@ def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, l2, max_passe
     ``grad`` is the gradient of the smooth part (L2 included) at the starting
     ``beta``; ``curv`` the centred diagonal plus ``l2``.  Updates ``beta`` in place;
     stops when a pass moves no coefficient by more than ``tol`` (scaled by
-    sqrt(curv)).  Returns the coordinate updates done."""
+    sqrt(curv)).  Every ``ANDERSON_K`` passes the last iterates are extrapolated
+    (Anderson acceleration, as celer and skglm do) and the extrapolated point is kept
+    when it lowers the objective -- computed exactly, the problem being quadratic plus
+    L1; on correlated columns it cuts the slow linear tail of plain CD (a tight solve
+    took 2 807 passes on the STRADS generator's working set, 68 with it).  Returns the
+    coordinate updates done (coefficients visited)."""
     m = beta.shape[0]
     base = grad.copy()
     t = 0.0
     updates = 0
+    K = ANDERSON_K
+    hist = np.empty((K + 1, m))
+    hist[0] = beta
+    filled = 1
+    weights = np.empty(K)
+    ext = np.empty(m)
+    h_ext = np.empty(m)
     for _ in range(max_passes):
         biggest = 0.0
         for k in range(m):
@@ -351,6 +428,35 @@ def gram_lasso(indptr, indices, data, curv, mean, grad, beta, pen, l2, max_passe
                     biggest = s
         if biggest <= tol:
             break
+        hist[filled] = beta
+        filled += 1
+        if filled <= K:
+            continue
+        filled = 1
+        if _anderson_weights(hist, weights):
+            for j in range(m):  # the step to the extrapolated point (frozen coefficients stay)
+                s = 0.0
+                if curv[j] > 0 and pen[j] >= 0:
+                    for i in range(K):
+                        s += weights[i] * hist[i + 1, j]
+                    s -= beta[j]
+                ext[j] = s
+            _gram_times(indptr, indices, data, l2, ext, h_ext)
+            m_ext = 0.0
+            for j in range(m):
+                m_ext += mean[j] * ext[j]
+            change = 0.0  # F(beta + ext) - F(beta): exact, the smooth part being quadratic
+            for j in range(m):
+                if ext[j] != 0.0:
+                    g = base[j] - mean[j] * t
+                    change += ext[j] * (g + 0.5 * (h_ext[j] - mean[j] * m_ext)) \
+                        + pen[j] * (abs(beta[j] + ext[j]) - abs(beta[j]))
+            if change < 0.0:
+                for j in range(m):
+                    beta[j] += ext[j]
+                    base[j] += h_ext[j]
+                t += m_ext
+        hist[0] = beta
     return updates
 
 
