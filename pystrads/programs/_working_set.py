@@ -68,7 +68,7 @@ class WorkingSetSolver:
         gap = self.duality_gap(coef, d["grad"], d["sums"])
         tol = 1e-6 * np.sqrt(self.tol * max(abs(objective), 1e-300))
         if np.isfinite(gap) and gap > 1e3 * self.tol * max(abs(objective), 1e-300):
-            tol = max(tol, 1e-3 * np.sqrt(gap / len(gs)))
+            tol = max(tol, 1e-2 * np.sqrt(gap / len(gs)))
         indptr, cols, vals = d["gram"]
         l2 = coef[gs, L2].copy()
         curv = np.where(coef[gs, CURV] > 0, coef[gs, CURV] + l2, 0.0)
