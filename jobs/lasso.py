@@ -111,6 +111,9 @@ def main(argv=None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pystrads.ml import StradsLasso, StradsLogisticRegression
 
+    from pyspark.sql import SparkSession
+
+    owned = SparkSession.getActiveSession() is None  # else a notebook's or a caller's: left running
     spark = spark_session(args.master, "pystrads-lasso")
     spark.sparkContext.setLogLevel("WARN")
     df = load(spark, args).cache()
@@ -164,7 +167,8 @@ def main(argv=None) -> int:
         except ImportError:
             pass
         print(f"wrote {out}/model, metrics.json, coefficients.json, convergence.png")
-    spark.stop()
+    if owned:
+        spark.stop()
     return 0
 
 

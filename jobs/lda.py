@@ -66,6 +66,9 @@ def main(argv=None) -> int:
     from pystrads.datasets import load_debian_sample, read_text_corpus
     from pystrads.ml import StradsLDA
 
+    from pyspark.sql import SparkSession
+
+    owned = SparkSession.getActiveSession() is None  # else a notebook's or a caller's: left running
     spark = spark_session(args.master, "pystrads-lda")
     spark.sparkContext.setLogLevel("WARN")
     t0 = time.perf_counter()
@@ -145,7 +148,8 @@ def main(argv=None) -> int:
         spark.createDataFrame([(json.dumps(metrics, default=float),)], ["value"]).coalesce(1).write.mode(
             "overwrite").text(os.path.join(out, "metrics.json"))
         print(f"wrote {out}/model and {out}/metrics.json")
-    spark.stop()
+    if owned:
+        spark.stop()
     return 0
 
 

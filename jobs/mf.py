@@ -64,6 +64,9 @@ def main(argv=None) -> int:
 
     from pystrads.ml import StradsMF
 
+    from pyspark.sql import SparkSession
+
+    owned = SparkSession.getActiveSession() is None  # else a notebook's or a caller's: left running
     spark = spark_session(args.master, "pystrads-mf")
     spark.sparkContext.setLogLevel("WARN")
     name = args.input.lower()
@@ -121,7 +124,8 @@ def main(argv=None) -> int:
         except ImportError:
             pass
         print(f"wrote {out}/model, metrics.json, recommendations.json" + (", convergence.png"))
-    spark.stop()
+    if owned:
+        spark.stop()
     return 0
 
 
