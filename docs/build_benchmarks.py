@@ -221,6 +221,7 @@ RENDERERS = {
     "lda_reuters_resident": lda_table,
     "lda_reuters_current": lda_table,
     "lasso_strads_resident": lasso_table,
+    "lasso_strads_current": lasso_table,
     "runtime_every_round": runtime_every_round_table,
 }
 
