@@ -154,12 +154,10 @@ def main(argv=None) -> int:
         with open(os.path.join(out, "coefficients.json"), "w") as fh:
             json.dump({int(j): float(coef[j]) for j in top}, fh, indent=2)
         try:
-            import matplotlib
+            from matplotlib.figure import Figure  # no pyplot: no backend switch, no figure left open in a caller
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            fig, ax = plt.subplots(figsize=(6, 4))
+            fig = Figure(figsize=(6, 4))
+            ax = fig.subplots()
             s.plot(ax=ax)
             ax.set_title(f"{cls.__name__} ({args.schedule})")
             fig.tight_layout()

@@ -131,12 +131,10 @@ def main(argv=None) -> int:
             for t in topics:
                 fh.write(f"{t['topic']}\t{' '.join(t['words'])}\n")
         try:
-            import matplotlib
+            from matplotlib.figure import Figure  # no pyplot: no backend switch, no figure left open in a caller
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            fig, ax = plt.subplots(figsize=(6, 4))
+            fig = Figure(figsize=(6, 4))
+            ax = fig.subplots()
             summary.plot(ax)
             ax.set_title(f"StradsLDA, k={args.topics}: training log-likelihood")
             fig.tight_layout()

@@ -109,12 +109,10 @@ def main(argv=None) -> int:
         with open(os.path.join(out, "recommendations.json"), "w") as fh:
             json.dump(sample, fh, indent=2)
         try:
-            import matplotlib
+            from matplotlib.figure import Figure  # no pyplot: no backend switch, no figure left open in a caller
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            fig, ax = plt.subplots(figsize=(6, 4))
+            fig = Figure(figsize=(6, 4))
+            ax = fig.subplots()
             ax.plot(history["iteration"], history[column], marker=".")
             ax.set_xlabel("iteration")
             ax.set_ylabel(label)
