@@ -94,6 +94,24 @@ def test_get_put_inc_round_trip_across_shards(shards):
         table.put([1, 2], np.ones((2, 4)))
 
 
+@pytest.mark.parametrize("keys", [[3, 9, 40], [3, 3, 9, 40, 40], [40, 3, 9], [9, 3, 9, 40, 9], [7], []])
+def test_shard_table_adds_every_key_each_time_it_is_given(keys):
+    """A shard's write adds each key's row once per occurrence, whichever of its two paths the
+    index takes (strictly increasing: fancy ``+=``; anything else: ``np.add.at``)."""
+    from pystrads.ps.table import ShardTable
+
+    table = ShardTable("t", 0, 50, 4, "int32", np.zeros((50, 4), np.int32), 4)
+    rows = np.arange(4 * len(keys), dtype=np.int32).reshape(-1, 4) + 1
+    table.add(np.asarray(keys, dtype=np.int64), rows)
+    want = np.zeros((50, 4), np.int64)
+    for k, r in zip(keys, rows):
+        want[k] += r
+    assert np.array_equal(table.values, want)
+    table.add(slice(10, 12), np.ones((2, 4), np.int32))
+    want[10:12] += 1
+    assert np.array_equal(table.values, want)
+
+
 def test_chunked_transfers_are_exact(shards):
     _, group = shards  # chunk_bytes=4096 -> many batches per request
     table = make_table(group, rows=20000, width=5)

@@ -245,10 +245,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                         table.remember(index)
                     if op == "put":
                         table.values[index] = rows
-                    elif isinstance(index, slice):
-                        table.values[index] += rows
                     else:
-                        np.add.at(table.values, index, rows)
+                        table.add(index, rows)
         self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
         self._count_time("put_s", time.perf_counter() - t_start)
 

@@ -67,6 +67,16 @@ class ShardTable:
             self._undo.append((fresh, self.values[fresh].copy()))
             self._saved[fresh] = True
 
+    def add(self, index: Any, rows: np.ndarray) -> None:
+        """``values[index] += rows``, a key given more than once adding each time: a slice or
+        a strictly increasing index (what a client sends: its keys sorted, each once) takes
+        numpy's fancy ``+=``; only other indexes pay ``np.add.at`` (5-7x slower for row blocks,
+        LDA's whole-block writes spent most of a shard's time there)."""
+        if isinstance(index, slice) or len(index) < 2 or bool(np.all(index[1:] > index[:-1])):
+            self.values[index] += rows
+        else:
+            np.add.at(self.values, index, rows)
+
     def rollback(self) -> int:
         restored = 0
         for index, rows in reversed(self._undo):
