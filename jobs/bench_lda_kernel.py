@@ -22,6 +22,7 @@ Usage::
 
     python jobs/bench_lda_kernel.py --quick            # < 1 minute
     python jobs/bench_lda_kernel.py --out bench_lda_kernel.json
+    python jobs/bench_lda_kernel.py --corpus reuters --topics 20 50 100 1000 --blocks 1
 """
 
 import argparse
@@ -70,6 +71,10 @@ def parse_args(argv=None):
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES),
                         help="document-length regimes: 'short' (~50), 'long' (~1000) or "
                              "'L<n>' for a mean length of n tokens")
+    parser.add_argument("--corpus", choices=["synthetic", "reuters", "debian"], default="synthetic",
+                        help="'reuters' / 'debian': the training documents of ../shared/data tokenised as "
+                             "jobs/bench_lda.py does (one regime, named after the corpus; --tokens, --vocab "
+                             "and --regimes do not apply; beta defaults to bench_lda.py's 0.1)")
     parser.add_argument("--samplers", nargs="+", default=None, help="default: all")
     parser.add_argument("--blocks", type=int, default=2, help="word blocks per sweep (U)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per cell (median)")
@@ -81,7 +86,7 @@ def parse_args(argv=None):
     parser.add_argument("--alpha-spread", type=float, default=0.0,
                         help="an asymmetric prior: alpha_t = alpha * exp(spread * N(0, 1)), rescaled to the "
                              "symmetric prior's sum (0 = symmetric)")
-    parser.add_argument("--beta", type=float, default=0.01)
+    parser.add_argument("--beta", type=float, default=None, help="default 0.01 (synthetic), 0.1 (a real corpus)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warm-cache", action="store_true",
                         help="use the normal numba cache instead of a fresh one "
@@ -97,7 +102,30 @@ def parse_args(argv=None):
         args.convergence_sweeps = 0 if args.quick else 15
     if args.quick:
         args.runs = min(args.runs, 3)
+    if args.beta is None:
+        args.beta = 0.01 if args.corpus == "synthetic" else 0.1
+    if args.corpus != "synthetic":
+        args.regimes = [args.corpus]
     return args
+
+
+def real_corpus(name):
+    """The training documents of ``name`` ("reuters" or "debian") as bench_lda.py tokenises them:
+    (token_word sorted, token_doc, n_docs, V).  Spark's English stop words need a JVM: a local
+    session is started for them and stopped."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "jobs"))
+    from bench_lda import tokenize_corpus
+    from pyspark.ml.feature import StopWordsRemover
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.master("local[1]").appName("stop-words").getOrCreate()
+    stop = set(StopWordsRemover.loadDefaultStopWords("english"))
+    spark.stop()
+    vocab, train_ids, _ = tokenize_corpus(name, stop, False)
+    token_word = np.concatenate([np.asarray(d, dtype=np.int64) for d in train_ids])
+    token_doc = np.repeat(np.arange(len(train_ids)), [len(d) for d in train_ids])
+    order = np.argsort(token_word, kind="stable")
+    return token_word[order].astype(np.int32), token_doc[order].astype(np.int32), len(train_ids), len(vocab)
 
 
 def make_corpus(n_tokens, mean_doc_len, vocab_size, seed, n_true_topics=50, zipf_exponent=1.07):
@@ -255,9 +283,13 @@ def main(argv=None):
 
     rows, convergence = [], []
     for regime in args.regimes:
-        mean_len = REGIMES[regime] if regime in REGIMES else int(regime.lstrip("L"))
-        token_word, token_doc, n_docs = make_corpus(args.tokens, mean_len, args.vocab,
-                                                    args.seed + mean_len)
+        if args.corpus == "synthetic":
+            mean_len = REGIMES[regime] if regime in REGIMES else int(regime.lstrip("L"))
+            token_word, token_doc, n_docs = make_corpus(args.tokens, mean_len, args.vocab,
+                                                        args.seed + mean_len)
+            vocab_size = args.vocab
+        else:
+            token_word, token_doc, n_docs, vocab_size = real_corpus(args.corpus)
         n = token_word.size
         for n_topics in args.topics:
             alpha = prior(args.alpha if args.alpha is not None else 50.0 / n_topics, n_topics, args.alpha_spread,
@@ -266,7 +298,7 @@ def main(argv=None):
             rng_state = new_state(args.seed, stream=n_topics)
             init_topic = lda.random_topics(n, n_topics, rng_state)
             start = WorkerState(lda, token_word, token_doc, init_topic.copy(), n_docs, n_topics,
-                                args.vocab, args.blocks)
+                                vocab_size, args.blocks)
             burned = start.copy()
             for _ in range(args.burn_in):
                 burned.sweep(lda.sample_block_fplus, alpha, beta, rng_state)
@@ -306,8 +338,10 @@ def main(argv=None):
                                     "log_likelihood": lls, "seconds": elapsed})
 
     print()
+    corpus = (f"V={args.vocab}, {args.tokens} tokens/regime" if args.corpus == "synthetic"
+              else f"{args.corpus}: V={vocab_size}, {n} tokens")
     print(f"LDA kernel throughput, one core, median of {args.runs} sweeps after "
-          f"{args.burn_in} F+LDA burn-in sweeps; V={args.vocab}, {args.tokens} tokens/regime, "
+          f"{args.burn_in} F+LDA burn-in sweeps; {corpus}, "
           f"alpha=50/K{f' spread {args.alpha_spread}' if args.alpha_spread else ''}, beta={args.beta}, "
           f"U={args.blocks} blocks")
     header = f"{'regime':6s} {'K':>5s} {'K_d':>6s} " + " ".join(f"{s:>9s}" for s in samplers)
@@ -331,7 +365,7 @@ def main(argv=None):
         for regime in args.regimes:
             for n_topics in args.topics:
                 cells = [c for c in convergence if c["regime"] == regime and c["K"] == n_topics]
-                n = args.tokens
+                n = args.tokens if args.corpus == "synthetic" else n
                 print(f"{regime:6s} {n_topics:5d} " + " ".join(
                     f"{c['sampler']} {c['log_likelihood'][-1] / n:.3f} ({c['seconds'][-1]:.1f})"
                     for c in cells))

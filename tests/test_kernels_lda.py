@@ -181,6 +181,39 @@ def test_single_token_draws_follow_exact_conditional(name, alpha):
     assert chain.topic_totals.sum() == TINY_WORD.size
 
 
+@pytest.mark.parametrize("name", SAMPLER_NAMES)
+def test_draws_over_many_topics_follow_exact_conditional(name):
+    """K = 21: the dense sampler's draw walks block sums of ``DENSE_BLOCK`` topics (3 blocks here,
+    the last one padded), the tree samplers' trees have 32 leaves; every topic must be drawn
+    in proportion to the exact conditional, whichever block it lies in."""
+    n_topics, vocab_size, beta, n_docs = 21, 5, 0.1, 4
+    rng = np.random.default_rng(5)
+    token_word = np.sort(rng.integers(0, vocab_size, 80)).astype(np.int32)
+    token_doc = rng.integers(0, n_docs, 80).astype(np.int32)
+    topics = rng.integers(0, n_topics, 80).astype(np.int32)
+    alpha = np.linspace(0.05, 1.5, n_topics)
+    i = int(np.flatnonzero(token_word == 2)[0])
+    chain = Chain(token_word, token_doc, topics.copy(), vocab_size, n_docs, n_topics)
+    w, d, t0 = token_word[i], token_doc[i], topics[i]
+    n_wt, n_t, n_dt = chain.word_topic[w].copy(), chain.topic_totals.copy(), chain.doc_topic[d].copy()
+    n_wt[t0] -= 1
+    n_t[t0] -= 1
+    n_dt[t0] -= 1
+    p = (n_dt + alpha) * (n_wt + beta) / (n_t + vocab_size * beta)
+    p /= p.sum()
+    thin = 5 if name == "mh" else 1
+    n_draws = 40000
+    kernel, rng_state = lda.SAMPLERS[name], new_state(12)
+    hits = np.zeros(n_topics)
+    for _ in range(n_draws):
+        for _ in range(thin):
+            chain.sample(kernel, i, i + 1, w, w + 1, alpha, beta, rng_state)
+        hits[chain.token_topic[i]] += 1
+    chi2 = ((hits - n_draws * p) ** 2 / (n_draws * p)).sum()
+    assert chi2 < chi2_critical(n_topics - 1), (hits / n_draws, p)
+    assert np.array_equal(chain.doc_topic, lda.count_doc_topic(token_doc, chain.token_topic, n_docs, n_topics))
+
+
 @pytest.mark.parametrize("layout, alpha", [("word_blocks", 0.5), ("interleaved", 0.5),
                                            ("word_blocks", (0.1, 0.5, 1.2))])
 @pytest.mark.parametrize("name", SAMPLER_NAMES)
@@ -525,8 +558,10 @@ def test_dispatch_by_name_and_recommendation():
     assert set(lda.SAMPLERS) == {"dense", "sparse", "fplus", "mh"}
     with pytest.raises(ValueError, match="unknown LDA sampler 'gibbs'"):
         lda.get_sampler("gibbs")
+    # the measured crossover (choose_sampler's notes): dense through K = 600 whatever the length
     for n_topics, doc_len in itertools.product([2, 20, 100, 1000, 10000], [1, 50, 1000, 10**5]):
-        assert lda.choose_sampler(n_topics, doc_len) in lda.SAMPLERS
+        assert lda.choose_sampler(n_topics, doc_len) == ("dense" if n_topics <= 600 else "fplus")
+    assert (lda.choose_sampler(600, 80), lda.choose_sampler(601, 80)) == ("dense", "fplus")
 
     token_word, token_doc, true_topic, _ = make_lda_corpus(4, doc_len=10)
     a = Chain(token_word, token_doc, true_topic.copy(), 100, 80, 5)

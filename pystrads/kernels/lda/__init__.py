@@ -34,12 +34,15 @@ interchangeable at any time):
 ``doc_nz_topics`` int32[n], ``doc_nz_count`` int32[n_docs]
     the topics with ``doc_topic[d, t] > 0`` in the first
     ``doc_nz_count[d]`` slots of document ``d`` (in no particular order),
-    kept exact by every sampler through append / swap-remove.
+    exact whenever a sampler returns (kept per token through append /
+    swap-remove, or rebuilt for the documents a dense sweep touched).
 
 Samplers (all with the signature documented in :func:`sample_block`)
 ---------------------------------------------------------------------
 ``"dense"``
-    Plain O(K) conditional; the correctness reference and speed baseline.
+    The O(K) conditional, vectorised: the word's part cached across its
+    tokens, the weights summed in float32 in one SIMD pass, a blocked search;
+    the fastest up to a few hundred topics.
 ``"sparse"``
     SparseLDA's s/r/q buckets (Yao, Mimno & McCallum, KDD 2009, the sampler
     STRADS used), with the roles of word and document swapped for the
@@ -56,8 +59,9 @@ Samplers (all with the signature documented in :func:`sample_block`)
     cycles per token.  Exact MH for each token given the others.
 
 :func:`choose_sampler` returns the recommended one for K and the mean
-document length (dense for K <= 40, F+LDA beyond), from the measurements
-of ``jobs/bench_lda_kernel.py`` recorded in its docstring.
+document length (dense for K <= 600, F+LDA beyond), from the measurements
+of ``jobs/bench_lda_kernel.py`` on Reuters and the Debian descriptions
+recorded in its docstring.
 
 Equations (LDA* eq. 1; Griffiths & Steyvers 2004), with ``¬`` meaning the
 token's own assignment removed from the counts::
