@@ -89,14 +89,21 @@ def test_log_likelihood_matches_a_direct_recount(sc, corpus):
 
 @pytest.mark.parametrize("sampler", ["dense", "fplus"])
 def test_a_round_read_in_row_chunks_samples_as_one_read(sc, corpus, sampler):
-    """A worker reads its block's rows ``rows_per_fetch`` at a time (its memory bound for a large V x K);
-    the counts stay exact, and with the dense sampler (no state kept across words) the chain is the
+    """A worker reads its block's rows ``rows_per_fetch`` at a time (its memory bound for a large V x K),
+    or in ``pipeline_pieces`` runs of equal token mass, the next run read while one is sampled; the
+    counts stay exact, and with the dense sampler (no state kept across words) the chain is the
     very same as a whole-block read's."""
     docs, _ = corpus
     tokens = sum(int(c.sum()) for _, _, c in docs)
     models = []
-    for rows_bytes in (None, 4 * 5 * 7):  # whole blocks; 7 rows at a time
+    for rows_bytes, pieces in ((None, 1), (4 * 5 * 7, 1), (None, 3)):  # whole blocks; 7 rows; 3 runs
         program = make_program(docs, 400, 2, iterations=4, sampler=sampler)
+        program.pipeline_pieces = pieces
+        if pieces > 1:
+            data = program.load(None, docs[:20])
+            runs = list(program._row_chunks(data, 0, pieces))
+            assert len(runs) == pieces and runs[0][2] == data.block_tok[0] and runs[-1][3] == data.block_tok[1]
+            assert all(r[1] == s[0] and r[3] == s[2] for r, s in zip(runs, runs[1:]))  # contiguous
         if rows_bytes:
             program.round_rows_bytes = rows_bytes
             assert program.rows_per_fetch == 7

@@ -384,3 +384,36 @@ def test_rounds_this_step_sizes_whole_iterations_near_the_hint(done, hint, expec
     ctx = ScheduleContext(SimpleNamespace(num_workers=3, seed=0))
     ctx.rounds_done, ctx.rounds_hint = done, hint
     assert ctx.rounds_this_step(12, 3) == expected
+
+
+def test_background_work_is_done_and_its_error_raised_before_a_call_counts_as_done():
+    """``ctx.background``: a round's push may leave reads and writes running on a thread; the
+    worker waits for all of them (and raises the first error) before the round's metrics --
+    and so its clock tick -- go out."""
+    import threading
+    import time
+
+    from pystrads.engine.program import WorkerContext
+
+    ctx = WorkerContext(0, 1, 1, 0, {}, 0, 0)
+    done = threading.Event()
+
+    def slow():
+        time.sleep(0.2)
+        done.set()
+        return 7
+
+    future = ctx.background(slow)
+    ctx.report(x=1.0)
+    assert ctx._take_metrics() == {"x": 1.0} and done.is_set() and future.result() == 7
+
+    def fail():
+        raise ValueError("write refused")
+
+    ctx.background(fail)
+    ctx.background(slow)
+    done.clear()
+    with pytest.raises(ValueError, match="write refused"):
+        ctx._take_metrics()
+    assert done.is_set()  # the other call still ran to the end
+    assert ctx._take_metrics() == {}  # nothing left pending

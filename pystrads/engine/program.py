@@ -50,7 +50,9 @@ worker until the driver's copy changes; keep worker-side state in ``state``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -206,6 +208,18 @@ class Program:
         return type(self).apply is not Program.apply
 
 
+_POOL: Optional["concurrent.futures.ThreadPoolExecutor"] = None
+_POOL_LOCK = threading.Lock()
+
+
+def _background_pool() -> "concurrent.futures.ThreadPoolExecutor":
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="pystrads-background")
+    return _POOL
+
+
 class WorkerContext:
     """What a worker sees in ``load`` / ``init_state`` / ``push`` / ``apply``
     (``load`` sees no tables)."""
@@ -221,6 +235,7 @@ class WorkerContext:
         self.seed = seed
         self._handles = handles
         self._metrics: Dict[str, float] = {}
+        self._pending: List[Any] = []
 
     @property
     def round(self) -> int:
@@ -248,11 +263,36 @@ class WorkerContext:
         for key, value in values.items():
             self._metrics[key] = self._metrics.get(key, 0.0) + float(value)
 
+    def background(self, fn: Callable[..., Any], *args: Any) -> "concurrent.futures.Future":
+        """Run ``fn(*args)`` on a worker thread and return its future, so that table reads
+        and writes (Flight calls, which release the GIL) overlap compute that releases it
+        too (numba ``nogil`` kernels).  Every call's future is waited for before the
+        ``push`` / ``apply`` / ``init_state`` that started it counts as done (its error, if
+        any, is raised then): nothing outlives the round's clock tick."""
+        future = _background_pool().submit(fn, *args)
+        self._pending.append(future)
+        return future
+
+    def _settle(self, quiet: bool = False) -> None:
+        """Wait for every :meth:`background` call; raise the first error (``quiet``: do not,
+        the caller is failing already)."""
+        pending, self._pending = self._pending, []
+        error = None
+        for future in pending:
+            try:
+                future.result()
+            except BaseException as exc:  # noqa: BLE001 -- re-raised below, after all are done
+                error = error or exc
+        if error is not None and not quiet:
+            raise error
+
     def rng(self, salt: int = 0) -> np.random.Generator:
         """A generator seeded by (fit seed, worker, round, salt): reproducible."""
         return np.random.default_rng([self.seed, self.worker, self.round, salt])
 
     def _take_metrics(self) -> Dict[str, float]:
+        """The metrics of the call that just returned, once its :meth:`background` work is done."""
+        self._settle()
         out, self._metrics = self._metrics, {}
         return out
 

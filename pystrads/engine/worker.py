@@ -89,7 +89,11 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
         ctx.local_round = rnd
         work = schedule.work(rnd, ctx.worker)
         t0 = time.perf_counter()
-        new = program.push(ctx, data, state, work)
+        try:
+            new = program.push(ctx, data, state, work)
+        except BaseException:
+            ctx._settle(quiet=True)  # no background write outlives the failed push
+            raise
         state = state if new is None else new
         t1 = time.perf_counter()
         metrics = ctx._take_metrics()

@@ -54,9 +54,16 @@ from ..engine.program import Program, Schedule, Table
 #: The learned α's histograms hold at most this many cells ((K + 1) x (L + 1) float64, 32 MB):
 #: documents longer than HISTOGRAM_MAX_CELLS / (K + 1) tokens have their counts clipped.
 HISTOGRAM_MAX_CELLS = 1 << 22
-#: bytes of word_topic rows a worker holds at once in a round (rows_per_fetch); with V = 10^6 and
+#: bytes of word_topic rows in one run of a round (rows_per_fetch; a worker holds up to three runs at
+#: once: one sampled, the next arriving, the last leaving); with V = 10^6 and
 #: K = 1000 a whole block would be 2 GB, read, copied and diffed
 ROUND_ROWS_BYTES = 64 << 20
+#: runs of rows a round's block is at least cut into (LDAProgram.pipeline_pieces; more when a block
+#: exceeds ROUND_ROWS_BYTES). Reuters, K = 50, 2 workers: reading a block took 4.7 ms, writing it
+#: 4.4 ms, sampling it 24.5 ms; cutting it into 2 or 4 runs to overlap them was slower on 2 cores
+#: (more calls, the sampler preempted), so one run, with the topic totals and the writes in the
+#: background
+PIPELINE_PIECES = 1
 
 
 class DocBlock(NamedTuple):
@@ -215,6 +222,9 @@ class LDAProgram(Program):
 
     #: bytes of word_topic rows a worker reads, samples and sends back at once within a round
     round_rows_bytes = ROUND_ROWS_BYTES
+    #: a round's block is sampled in at least this many runs of rows; reading the next run and
+    #: writing the last one overlap sampling
+    pipeline_pieces = PIPELINE_PIECES
 
     @property
     def rows_per_fetch(self) -> int:
@@ -303,20 +313,21 @@ class LDAProgram(Program):
                                             self.num_topics)
         state.doc_nz_topics, state.doc_nz_count = K.build_doc_nonzero(state.doc_topic, data.doc_ptr)
 
-    def _row_chunks(self, data: _WorkerData, block: int):
-        """``(a, b, t_lo, t_hi)``: the worker's rows ``[a, b)`` of ``block``'s words, ``rows_per_fetch``
-        at a time, and their tokens ``[t_lo, t_hi)`` (tokens are word-major, so a run of rows is a
-        run of tokens): a worker holds at most that many rows at once, whatever V x K."""
+    def _row_chunks(self, data: _WorkerData, block: int, pieces: int = 1):
+        """``(a, b, t_lo, t_hi)``: the worker's rows ``[a, b)`` of ``block``'s words in at least
+        ``pieces`` runs of about equal token mass, each at most ``rows_per_fetch`` rows, and their
+        tokens ``[t_lo, t_hi)`` (tokens are word-major, so a run of rows is a run of tokens): a
+        worker holds at most that many rows at once, whatever V x K."""
         lo, hi = int(data.block_tok[block]), int(data.block_tok[block + 1])
         n, step = len(data.block_words[block]), self.rows_per_fetch
         if hi <= lo:
             return
-        if n <= step:
-            yield 0, n, lo, hi
-            return
         rows = data.token_row[lo:hi]
-        for a in range(0, n, step):
-            b = min(a + step, n)
+        # row cuts: token quantiles (whole rows), then no run longer than rows_per_fetch
+        cuts = np.unique(np.concatenate((
+            [0, n], rows[(np.arange(1, pieces) * (hi - lo)) // pieces], np.arange(0, n, step)))) \
+            if pieces > 1 or n > step else np.array([0, n])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             yield a, b, lo + int(np.searchsorted(rows, a)), lo + int(np.searchsorted(rows, b))
 
     def push(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:
@@ -328,15 +339,25 @@ class LDAProgram(Program):
         words = data.block_words[block]
         word_topic = ctx.table("word_topic")
         totals_table = ctx.table("topic_totals")
-        totals = totals_table.get_range(0, 1)[0]
+        chunks = list(self._row_chunks(data, block, self.pipeline_pieces))
+        # reads, writes and sampling overlap (background Flight calls, a nogil kernel): the next
+        # run of rows arrives and the last one's deltas leave while a run is sampled
+        totals_read = ctx.background(totals_table.get_range, 0, 1)
+        if chunks:
+            a, b = chunks[0][:2]
+            reading = ctx.background(word_topic.get, words[a:b])
+        totals = totals_read.result()[0]
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
-        if hi > lo:
+        if chunks:
             sampler = K.get_sampler(self.sampler)
             before_totals = totals.copy()
             sample_s, changed = 0.0, 0
-            for a, b, t_lo, t_hi in self._row_chunks(data, block):
-                rows = word_topic.get(words[a:b])
+            for j, (a, b, t_lo, t_hi) in enumerate(chunks):
+                rows = reading.result()
+                if j + 1 < len(chunks):
+                    a2, b2 = chunks[j + 1][:2]
+                    reading = ctx.background(word_topic.get, words[a2:b2])
                 before_rows = rows.copy()
                 t0 = time.perf_counter()
                 changed += sampler(
@@ -344,16 +365,16 @@ class LDAProgram(Program):
                     state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics, state.doc_nz_count,
                     self.alpha, self.beta, self.vocab_size, state.rng_state)
                 sample_s += time.perf_counter() - t0
-                rows -= before_rows  # the chunk's delta
+                rows -= before_rows  # the run's delta
                 del before_rows
                 touched = np.flatnonzero(np.any(rows != 0, axis=1))
                 if len(touched):
-                    word_topic.inc(words[a:b][touched], rows[touched])
+                    ctx.background(word_topic.inc, words[a:b][touched], rows[touched])
                 del rows
             ctx.report(sample_s=sample_s, changed=changed)
             delta_totals = totals - before_totals
             if np.any(delta_totals):
-                totals_table.inc([0], delta_totals.reshape(1, -1))
+                ctx.background(totals_table.inc, [0], delta_totals.reshape(1, -1))
         state.last_totals = totals
         ctx.report(tokens=hi - lo)
         every = self.log_likelihood_every
