@@ -220,6 +220,8 @@ RENDERERS = {
     "lda_reuters": lda_table,
     "lda_reuters_resident": lda_table,
     "lda_reuters_current": lda_table,
+    "lda_reuters_kernels": lda_table,
+    "lda_debian_current": lda_table,
     "lasso_strads_resident": lasso_table,
     "lasso_strads_current": lasso_table,
     "runtime_every_round": runtime_every_round_table,
