@@ -148,34 +148,39 @@ TINY_TOPIC = np.array([0, 3, 3, 1, 0, 5, 6, 3, 2, 4, 0, 3], np.int32)
 ASYMMETRIC_ALPHA = (0.02, 0.05, 0.1, 1.5, 2.0, 0.6, 0.3)
 
 
+def _draw_token_against_exact_conditional(name, chain, i, alpha, beta, n_draws, seed):
+    """Resample token ``i`` of ``chain`` ``n_draws`` times with sampler ``name`` and return the
+    chi-square statistic of its topics against the exact conditional (the token's own
+    assignment removed). Gibbs kernels draw independently each call; the MH chain is thinned
+    (5 calls = 10 MH cycles between kept draws) so draws are ~independent."""
+    n_topics = chain.n_topics
+    w, d, t0 = chain.token_word[i], chain.token_doc[i], chain.token_topic[i]
+    n_wt, n_t, n_dt = chain.word_topic[w].copy(), chain.topic_totals.copy(), chain.doc_topic[d].copy()
+    n_wt[t0] -= 1
+    n_t[t0] -= 1
+    n_dt[t0] -= 1
+    p = (n_dt + alpha) * (n_wt + beta) / (n_t + chain.vocab_size * beta)
+    p /= p.sum()
+    thin = 5 if name == "mh" else 1
+    kernel, rng_state = lda.SAMPLERS[name], new_state(seed)
+    hits = np.zeros(n_topics)
+    for _ in range(n_draws):
+        for _ in range(thin):
+            chain.sample(kernel, i, i + 1, w, w + 1, alpha, beta, rng_state)
+        hits[chain.token_topic[i]] += 1
+    return ((hits - n_draws * p) ** 2 / (n_draws * p)).sum(), hits / n_draws, p
+
+
 @pytest.mark.parametrize("alpha", [0.05, 2.0, ASYMMETRIC_ALPHA])  # document part / word part dominates / per topic
 @pytest.mark.parametrize("name", SAMPLER_NAMES)
 def test_single_token_draws_follow_exact_conditional(name, alpha):
     n_topics, vocab_size, beta, i = 7, 4, 0.2, 2
     alpha = lda.alpha_vector(alpha, n_topics)
     chain = Chain(TINY_WORD, TINY_DOC, TINY_TOPIC.copy(), vocab_size, 3, n_topics)
-    # Exact conditional with the token's own assignment removed.
-    w, d, t0 = TINY_WORD[i], TINY_DOC[i], TINY_TOPIC[i]
-    n_wt, n_t, n_dt = chain.word_topic[w].copy(), chain.topic_totals.copy(), chain.doc_topic[d].copy()
-    n_wt[t0] -= 1
-    n_t[t0] -= 1
-    n_dt[t0] -= 1
-    p = (n_dt + alpha) * (n_wt + beta) / (n_t + vocab_size * beta)
-    p /= p.sum()
-    # Gibbs kernels draw independently each call; the MH chain is thinned
-    # (5 calls = 10 MH cycles between kept draws) so draws are ~independent.
-    thin = 5 if name == "mh" else 1
-    n_draws = 30000
-    kernel, rng_state = lda.SAMPLERS[name], new_state(11)
-    hits = np.zeros(n_topics)
-    for _ in range(n_draws):
-        for _ in range(thin):
-            chain.sample(kernel, i, i + 1, w, w + 1, alpha, beta, rng_state)
-        hits[chain.token_topic[i]] += 1
-    chi2 = ((hits - n_draws * p) ** 2 / (n_draws * p)).sum()
+    chi2, freq, p = _draw_token_against_exact_conditional(name, chain, i, alpha, beta, 30000, 11)
     # p = 1e-4 critical value of chi2(6) ~ 28; ignoring the token's own count
     # instead gives chi2 > 2000 at this number of draws.
-    assert chi2 < chi2_critical(n_topics - 1), (hits / n_draws, p)
+    assert chi2 < chi2_critical(n_topics - 1), (freq, p)
     # Other tokens and the counts are untouched apart from token i.
     assert np.array_equal(np.delete(chain.token_topic, i), np.delete(TINY_TOPIC, i))
     assert chain.topic_totals.sum() == TINY_WORD.size
@@ -186,31 +191,16 @@ def test_draws_over_many_topics_follow_exact_conditional(name):
     """K = 21: the dense sampler's draw walks block sums of ``DENSE_BLOCK`` topics (3 blocks here,
     the last one padded), the tree samplers' trees have 32 leaves; every topic must be drawn
     in proportion to the exact conditional, whichever block it lies in."""
-    n_topics, vocab_size, beta, n_docs = 21, 5, 0.1, 4
+    n_topics, vocab_size, n_docs = 21, 5, 4
     rng = np.random.default_rng(5)
     token_word = np.sort(rng.integers(0, vocab_size, 80)).astype(np.int32)
     token_doc = rng.integers(0, n_docs, 80).astype(np.int32)
-    topics = rng.integers(0, n_topics, 80).astype(np.int32)
-    alpha = np.linspace(0.05, 1.5, n_topics)
+    chain = Chain(token_word, token_doc, rng.integers(0, n_topics, 80).astype(np.int32), vocab_size, n_docs,
+                  n_topics)
     i = int(np.flatnonzero(token_word == 2)[0])
-    chain = Chain(token_word, token_doc, topics.copy(), vocab_size, n_docs, n_topics)
-    w, d, t0 = token_word[i], token_doc[i], topics[i]
-    n_wt, n_t, n_dt = chain.word_topic[w].copy(), chain.topic_totals.copy(), chain.doc_topic[d].copy()
-    n_wt[t0] -= 1
-    n_t[t0] -= 1
-    n_dt[t0] -= 1
-    p = (n_dt + alpha) * (n_wt + beta) / (n_t + vocab_size * beta)
-    p /= p.sum()
-    thin = 5 if name == "mh" else 1
-    n_draws = 40000
-    kernel, rng_state = lda.SAMPLERS[name], new_state(12)
-    hits = np.zeros(n_topics)
-    for _ in range(n_draws):
-        for _ in range(thin):
-            chain.sample(kernel, i, i + 1, w, w + 1, alpha, beta, rng_state)
-        hits[chain.token_topic[i]] += 1
-    chi2 = ((hits - n_draws * p) ** 2 / (n_draws * p)).sum()
-    assert chi2 < chi2_critical(n_topics - 1), (hits / n_draws, p)
+    chi2, freq, p = _draw_token_against_exact_conditional(name, chain, i, np.linspace(0.05, 1.5, n_topics), 0.1,
+                                                          40000, 12)
+    assert chi2 < chi2_critical(n_topics - 1), (freq, p)
     assert np.array_equal(chain.doc_topic, lda.count_doc_topic(token_doc, chain.token_topic, n_docs, n_topics))
 
 

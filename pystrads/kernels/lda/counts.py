@@ -130,18 +130,24 @@ def build_doc_nonzero(doc_topic, doc_ptr):
     doc_nz_topics : ndarray of int32, shape (doc_ptr[-1],)
     doc_nz_count : ndarray of int32, shape (n_docs,)
     """
-    n_docs, n_topics = doc_topic.shape
+    n_docs = doc_topic.shape[0]
     doc_nz_topics = np.zeros(doc_ptr[n_docs], dtype=np.int32)
     doc_nz_count = np.zeros(n_docs, dtype=np.int32)
     for d in range(n_docs):
-        base = doc_ptr[d]
-        count = 0
-        for t in range(n_topics):
-            if doc_topic[d, t] > 0:
-                doc_nz_topics[base + count] = t
-                count += 1
-        doc_nz_count[d] = count
+        _doc_nz_rebuild(doc_topic, d, doc_ptr, doc_nz_topics, doc_nz_count)
     return doc_nz_topics, doc_nz_count
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _doc_nz_rebuild(doc_topic, d, doc_ptr, doc_nz_topics, doc_nz_count):
+    # Document d's non-zero list from its row of doc_topic (ascending topics).
+    base = doc_ptr[d]
+    count = 0
+    for t in range(doc_topic.shape[1]):
+        if doc_topic[d, t] > 0:
+            doc_nz_topics[base + count] = t
+            count += 1
+    doc_nz_count[d] = count
 
 
 @njit(cache=True, nogil=True, inline="always")

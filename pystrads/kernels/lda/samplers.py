@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from ..random import uniform
-from .counts import _doc_decrement, _doc_increment, _word_nz_add, _word_nz_remove, _word_nz_scan
+from .counts import _doc_decrement, _doc_increment, _doc_nz_rebuild, _word_nz_add, _word_nz_remove, _word_nz_scan
 from .fplus_tree import _tree_depth, _tree_leaf_offset, _tree_rebuild, _tree_sample, _tree_set, _tree_switch_word
 
 #: ``choose_sampler`` picks the dense sampler up to this many topics (the measured crossover).
@@ -103,13 +103,7 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
             n_changed += 1
     for d in range(touched.shape[0]):
         if touched[d]:
-            base = doc_ptr[d]
-            count = 0
-            for t in range(n_topics):
-                if doc_topic[d, t] > 0:
-                    doc_nz_topics[base + count] = t
-                    count += 1
-            doc_nz_count[d] = count
+            _doc_nz_rebuild(doc_topic, d, doc_ptr, doc_nz_topics, doc_nz_count)
     return n_changed
 
 
