@@ -222,6 +222,8 @@ class LDAProgram(Program):
 
     #: bytes of word_topic rows a worker reads, samples and sends back at once within a round
     round_rows_bytes = ROUND_ROWS_BYTES
+    #: word_topic rows travel as their non-zero entries (8 % of a row on Reuters at K = 50)
+    sparse_rows = True
     #: a round's block is sampled in at least this many runs of rows; reading the next run and
     #: writing the last one overlap sampling
     pipeline_pieces = PIPELINE_PIECES
@@ -300,7 +302,7 @@ class LDAProgram(Program):
             words = data.block_words[block]
             for a, b, t_lo, t_hi in self._row_chunks(data, block):
                 ctx.table("word_topic").inc(words[a:b], K.count_word_topic(
-                    data.token_row[t_lo:t_hi], token_topic[t_lo:t_hi], a, b, self.num_topics))
+                    data.token_row[t_lo:t_hi], token_topic[t_lo:t_hi], a, b, self.num_topics), self.sparse_rows)
         totals = K.count_topic_totals(token_topic, self.num_topics)
         ctx.table("topic_totals").inc([0], totals.reshape(1, -1))
         ctx.report(tokens=data.num_tokens, docs=len(data.doc_ids))
@@ -345,7 +347,7 @@ class LDAProgram(Program):
         totals_read = ctx.background(totals_table.get_range, 0, 1)
         if chunks:
             a, b = chunks[0][:2]
-            reading = ctx.background(word_topic.get, words[a:b])
+            reading = ctx.background(word_topic.get, words[a:b], self.sparse_rows)
         totals = totals_read.result()[0]
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
@@ -357,7 +359,7 @@ class LDAProgram(Program):
                 rows = reading.result()
                 if j + 1 < len(chunks):
                     a2, b2 = chunks[j + 1][:2]
-                    reading = ctx.background(word_topic.get, words[a2:b2])
+                    reading = ctx.background(word_topic.get, words[a2:b2], self.sparse_rows)
                 before_rows = rows.copy()
                 t0 = time.perf_counter()
                 changed += sampler(
@@ -369,7 +371,7 @@ class LDAProgram(Program):
                 del before_rows
                 touched = np.flatnonzero(np.any(rows != 0, axis=1))
                 if len(touched):
-                    ctx.background(word_topic.inc, words[a:b][touched], rows[touched])
+                    ctx.background(word_topic.inc, words[a:b][touched], rows[touched], self.sparse_rows)
                 del rows
             ctx.report(sample_s=sample_s, changed=changed)
             delta_totals = totals - before_totals

@@ -115,12 +115,15 @@ class ShardClient:
 
     def get_rows(self, table: str, width: int, dtype: str, keys: Optional[np.ndarray] = None,
                  start: int = 0, stop: int = 0, out: Optional[np.ndarray] = None,
-                 view: bool = False) -> np.ndarray:
+                 view: bool = False, sparse: bool = False) -> np.ndarray:
         """Rows by key list (any order) or by range ``[start, stop)``.
 
         ``view``: ask for one batch and return it as a read-only numpy view of the
         received Arrow buffer (no copy, no fresh memory); ``out`` must be None.
+        ``sparse``: the rows travel as their non-zero entries (see :mod:`.protocol`).
         """
+        if sparse:
+            return self._get_sparse(table, width, dtype, keys, start, stop, out)
         chunk_bytes = self.chunk_bytes
         if view:
             n_rows = len(keys) if keys is not None else stop - start
@@ -153,6 +156,32 @@ class ShardClient:
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
         return out
 
+    def _get_sparse(self, table, width, dtype, keys, start, stop, out):
+        from ..kernels.rows import csr_into
+
+        header: Dict[str, Any] = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "sparse": True}
+        if keys is None:
+            header.update(start=int(start), stop=int(stop))
+            ticket, n = protocol.encode_header(header), stop - start
+        else:
+            keys = np.ascontiguousarray(keys, dtype="<i8")
+            ticket, n = protocol.encode_header(header, keys.tobytes()), len(keys)
+        if out is None:
+            out = np.empty((n, width), dtype=protocol.DTYPES[dtype][0])
+        pos = 0
+        try:
+            for chunk in self._client.do_get(flight.Ticket(ticket), self._options):
+                batch = chunk.data
+                if pos + batch.num_rows > n:
+                    break
+                csr_into(*protocol.sparse_entries(batch.column(0), batch.column(1), dtype, width), out, pos)
+                pos += batch.num_rows
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+        if pos != n:
+            raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
+        return out
+
     def get_nonzero_rows(self, table: str, width: int, dtype: str, start: int, stop: int):
         """``(keys, rows)`` of the rows in ``[start, stop)`` that hold a non-zero value: the shard
         filters, so only those travel (a sparse read of a mostly-zero table)."""
@@ -168,12 +197,27 @@ class ShardClient:
         return np.concatenate(keys), np.concatenate(rows)
 
     def write_rows(self, op: str, table: str, keys: Optional[np.ndarray], values: np.ndarray, dtype: str,
-                   header: Optional[Dict[str, Any]] = None, start: Optional[int] = None) -> None:
+                   header: Optional[Dict[str, Any]] = None, start: Optional[int] = None,
+                   sparse: bool = False) -> None:
         """``put`` / ``inc`` / ``contribute`` rows ``values[i]`` at sorted unique ``keys[i]``,
         or at rows ``start, start + 1, ...`` (a contiguous run travels as a range,
         without a key column)."""
         width = values.shape[1]
         head = dict(header or {}, op=op, table=table, token=self._token)
+        if sparse:  # the rows' non-zero entries, with the key column
+            head["sparse"] = True
+            descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
+            schema = protocol.sparse_schema(dtype, with_keys=True)
+            chunk = protocol.sparse_rows_per_chunk(width, dtype, self.chunk_bytes)
+            try:
+                writer, _ = self._client.do_put(descriptor, schema, self._options)
+                for k, v in protocol.iter_chunks(keys, values, chunk):
+                    writer.write_batch(pa.record_batch([pa.array(k, pa.int64()), *protocol.rows_to_sparse(v)],
+                                                       schema=schema))
+                writer.close()
+            except flight.FlightError as exc:
+                raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+            return
         if start is None and len(keys) > 0 and int(keys[-1]) - int(keys[0]) + 1 == len(keys):
             start = int(keys[0])
         contiguous = start is not None
@@ -353,8 +397,11 @@ class TableHandle:
         return values
 
     # -- reads
-    def get(self, keys) -> np.ndarray:
-        """Rows at ``keys`` as a ``(len(keys), width)`` array (in the order asked)."""
+    def get(self, keys, sparse: bool = False) -> np.ndarray:
+        """Rows at ``keys`` as a ``(len(keys), width)`` array (in the order asked).
+
+        ``sparse``: the rows travel as their non-zero entries (fewer bytes for mostly-zero
+        rows, e.g. LDA's word-topic counts; the same array arrives)."""
         keys = _as_keys(keys)
         self._check_keys(keys)
         out = np.empty((len(keys), self.layout.width), dtype=protocol.DTYPES[self.layout.dtype][0])
@@ -372,10 +419,10 @@ class TableHandle:
                 seg = sorted_keys[a:b]
                 if seg[-1] - seg[0] + 1 == len(seg) and len(seg) > 1 and np.all(np.diff(seg) == 1):
                     client.get_rows(self.layout.name, self.layout.width, self.layout.dtype,
-                                    start=int(seg[0]), stop=int(seg[-1]) + 1, out=buf[a:b])
+                                    start=int(seg[0]), stop=int(seg[-1]) + 1, out=buf[a:b], sparse=sparse)
                 else:
                     client.get_rows(self.layout.name, self.layout.width, self.layout.dtype,
-                                    keys=seg, out=buf[a:b])
+                                    keys=seg, out=buf[a:b], sparse=sparse)
         if not ordered:
             out[order] = buf
         return out
@@ -429,7 +476,7 @@ class TableHandle:
         return self.get_range(0, self.layout.num_rows, copy=copy)
 
     # -- writes
-    def _write(self, op: str, keys, values, width=None, dtype=None, extra=None) -> None:
+    def _write(self, op: str, keys, values, width=None, dtype=None, extra=None, sparse: bool = False) -> None:
         keys = _as_keys(keys)
         self._check_keys(keys)
         values = self._values(values, len(keys), width, dtype)
@@ -447,15 +494,17 @@ class TableHandle:
         header = dict(self._fence or {}, **(extra or {}))
         for part, lo, hi in self._segments(keys):
             self.group.client(self.layout.shards[part]).write_rows(
-                op, self.layout.name, keys[lo:hi], values[lo:hi], dtype or self.layout.dtype, header)
+                op, self.layout.name, keys[lo:hi], values[lo:hi], dtype or self.layout.dtype, header,
+                sparse=sparse)
 
-    def inc(self, keys, deltas) -> None:
-        """Add ``deltas`` to the rows at ``keys`` (duplicate keys add up)."""
-        self._write("inc", keys, deltas)
+    def inc(self, keys, deltas, sparse: bool = False) -> None:
+        """Add ``deltas`` to the rows at ``keys`` (duplicate keys add up); ``sparse``: only
+        their non-zero entries travel (see :meth:`get`)."""
+        self._write("inc", keys, deltas, sparse=sparse)
 
-    def put(self, keys, values) -> None:
-        """Overwrite the rows at ``keys``."""
-        self._write("put", keys, values)
+    def put(self, keys, values, sparse: bool = False) -> None:
+        """Overwrite the rows at ``keys`` (``sparse``: see :meth:`get`)."""
+        self._write("put", keys, values, sparse=sparse)
 
     def _write_range(self, op: str, start: int, values, width=None, dtype=None, extra=None) -> None:
         values = self._values(values, len(np.asarray(values)), width, dtype)

@@ -180,6 +180,13 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 where = np.flatnonzero(np.any(rows != 0, axis=1))
                 rows, keys = rows[where], where + header.int("start")
         nonzero = bool(header.get("nonzero"))
+        if header.get("sparse") and not nonzero:  # each row as its non-zero entries
+            chunk = protocol.sparse_rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
+            schema = protocol.sparse_schema(table.dtype, with_keys=False)
+            batches = [pa.record_batch(list(protocol.rows_to_sparse(rows[start:start + chunk])), schema=schema)
+                       for start in range(0, max(len(rows), 1), chunk)]
+            self._count(requests=1, bytes_out=sum(b.nbytes for b in batches), rows_out=len(rows))
+            return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
         chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
         schema = protocol.value_schema(table.dtype, table.width, with_keys=nonzero)
         self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
@@ -206,13 +213,33 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         nbytes = nrows = 0
         start = header.int("start", None)  # a contiguous row run: no key column
         round_index = header.int("round") if op == "contribute" else None
-        expected = protocol.value_schema(dtype, width, with_keys=start is None)
+        sparse = bool(header.get("sparse"))
+        if sparse and (op == "contribute" or start is not None):
+            raise flight.FlightServerError("a sparse write is a put or an inc with a key column")
+        expected = protocol.sparse_schema(dtype, with_keys=True) if sparse else \
+            protocol.value_schema(dtype, width, with_keys=start is None)
         if not reader.schema.equals(expected):
             raise flight.FlightServerError(
                 f"table {table.name!r}: a {op} stream must have the schema {expected.to_string(show_schema_metadata=False)!r}"
                 f", got {reader.schema.to_string(show_schema_metadata=False)!r}")
         for chunk in reader:  # apply batch by batch: received buffers are freed as we go
             batch = chunk.data
+            if sparse:
+                keys = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                try:
+                    offsets, cols, vals = protocol.sparse_entries(batch.column(1), batch.column(2), dtype, width)
+                except ValueError as exc:
+                    raise flight.FlightServerError(f"table {table.name!r}: {exc}") from None
+                nbytes += keys.nbytes + cols.nbytes + vals.nbytes
+                nrows += len(keys)
+                with self.cond:
+                    self._check_fence(header)
+                    with table.lock:
+                        index = table.local(keys)
+                        if self.step.open:
+                            table.remember(index)
+                        table.add_entries(index, offsets, cols, vals, replace=op == "put")
+                continue
             if start is not None:
                 if batch.num_columns != 1:
                     raise flight.FlightServerError("a range write batch has exactly one column, value")

@@ -77,6 +77,15 @@ class ShardTable:
         else:
             np.add.at(self.values, index, rows)
 
+    def add_entries(self, index: Any, offsets: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                    replace: bool = False) -> None:
+        """A sparse write (CSR entries of the rows at ``index``): ``values[index[r], cols[k]] +=
+        vals[k]`` (``replace``: the rows become the entries, a put); repeated rows add up."""
+        from ..kernels.rows import csr_add
+
+        rows = np.arange(index.start, index.stop) if isinstance(index, slice) else index
+        csr_add(self.values, rows, offsets, cols, vals, replace)
+
     def rollback(self) -> int:
         restored = 0
         for index, rows in reversed(self._undo):
