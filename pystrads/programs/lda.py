@@ -342,13 +342,15 @@ class LDAProgram(Program):
         word_topic = ctx.table("word_topic")
         totals_table = ctx.table("topic_totals")
         chunks = list(self._row_chunks(data, block, self.pipeline_pieces))
+        # the totals first, synchronously: other workers write theirs at the end of this same round;
+        # read on a thread, the read raced with a fast worker's write on small corpora and the chain
+        # depended on timing (the learned-alpha test saw two different fits from one seed)
+        totals = totals_table.get_range(0, 1)[0]
         # reads, writes and sampling overlap (background Flight calls, a nogil kernel): the next
         # run of rows arrives and the last one's deltas leave while a run is sampled
-        totals_read = ctx.background(totals_table.get_range, 0, 1)
         if chunks:
             a, b = chunks[0][:2]
             reading = ctx.background(word_topic.get, words[a:b], self.sparse_rows)
-        totals = totals_read.result()[0]
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
         if chunks:
