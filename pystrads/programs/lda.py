@@ -50,6 +50,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import numpy as np
 
 from ..engine.program import Program, Schedule, Table
+from ..kernels.sets import unique
 
 #: The learned α's histograms hold at most this many cells ((K + 1) x (L + 1) float64, 32 MB):
 #: documents longer than HISTOGRAM_MAX_CELLS / (K + 1) tokens have their counts clipped.
@@ -61,8 +62,7 @@ ROUND_ROWS_BYTES = 64 << 20
 #: runs of rows a round's block is at least cut into (LDAProgram.pipeline_pieces; more when a block
 #: exceeds ROUND_ROWS_BYTES). Reuters, K = 50, 2 workers: reading a block took 4.7 ms, writing it
 #: 4.4 ms, sampling it 24.5 ms; cutting it into 2 or 4 runs to overlap them was slower on 2 cores
-#: (more calls, the sampler preempted), so one run, with the topic totals and the writes in the
-#: background
+#: (more calls, the sampler preempted), so one run, its writes in the background
 PIPELINE_PIECES = 1
 
 
@@ -326,7 +326,7 @@ class LDAProgram(Program):
             return
         rows = data.token_row[lo:hi]
         # row cuts: token quantiles (whole rows), then no run longer than rows_per_fetch
-        cuts = np.unique(np.concatenate((
+        cuts = unique(np.concatenate((
             [0, n], rows[(np.arange(1, pieces) * (hi - lo)) // pieces], np.arange(0, n, step)))) \
             if pieces > 1 or n > step else np.array([0, n])
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
