@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from pyspark import cloudpickle
 
-from pystrads.engine import Engine, Schedule
+from pystrads.engine import Engine, Program, Schedule, Table
 from pystrads.errors import ConfigurationError, PystradsError, ScheduleError, StepFailedError
 from pystrads.programs import examples as ex
 
@@ -417,3 +417,65 @@ def test_background_work_is_done_and_its_error_raised_before_a_call_counts_as_do
         ctx._take_metrics()
     assert done.is_set()  # the other call still ran to the end
     assert ctx._take_metrics() == {}  # nothing left pending
+
+
+class _ReadBackProgram(Program):
+    """Each round every worker contributes ones at unsorted, repeated keys
+    (``read_back=True``); ``apply`` compares ``ctx.pulled`` with a ``get`` of the same
+    keys and notes whether the rows had come back with the tick."""
+
+    def __init__(self, rows=40, rounds=6):
+        self.rows, self.rounds = rows, rounds
+
+    def tables(self):
+        return [Table("x", self.rows, 2, "float64", contrib_width=1)]
+
+    def load(self, ctx, records):
+        return list(records)
+
+    def init_state(self, ctx, data):
+        return {"mismatch": 0, "fused": 0, "post": 0}
+
+    def schedule(self, ctx):
+        return Schedule.shared(list(range(self.rounds))) if ctx.rounds_done == 0 else None
+
+    def keys(self, worker, rnd):
+        rng = np.random.default_rng([worker, rnd])
+        return rng.integers(0, self.rows, 25)  # unsorted, with repeats
+
+    def push(self, ctx, data, state, work):
+        keys = self.keys(ctx.worker, work)
+        ctx.contribute("x", keys, np.ones((len(keys), 1)), read_back=True)
+        return state
+
+    def pull(self, table, keys, partials, current):
+        return current + np.column_stack([partials[:, 0], np.ones(len(keys))])
+
+    def apply(self, ctx, data, state, work):
+        keys = self.keys(ctx.worker, work)
+        state["fused"] += int("x" in ctx._pulled)  # there before apply asked: came with the tick
+        back = ctx.pulled("x")
+        state["mismatch"] += int(not np.array_equal(back, ctx.table("x").get(keys)))
+        state["post"] += int(back[:, 1].min() >= 1)  # every key went through this round's pull
+        return state
+
+
+@pytest.mark.parametrize("mode", ["resident", "steps"])
+def test_rows_read_back_with_the_tick_are_the_rows_a_get_reads_after_the_round(sc, mode):
+    """``contribute(..., read_back=True)`` + ``ctx.pulled``: the resident runtime brings the
+    rows back with the round's tick; they equal a ``get`` of the same (unsorted, repeated)
+    keys after the round's pull; the first runtime reads them with a ``get`` and gives the
+    same.  (Two shards: ``test_shard.py``'s round exchange test.)"""
+    program = _ReadBackProgram()
+    config = {"runtime.mode": mode}
+    with Engine(program, sc.parallelize(range(4), 2), config=config).fit() as res:
+        table = res.read_table("x")
+        states = res.map_states(lambda worker, data, state: state)
+    expected = np.zeros(program.rows)
+    for w in range(2):
+        for r in range(program.rounds):
+            np.add.at(expected, program.keys(w, r), 1.0)
+    np.testing.assert_array_equal(table[:, 0], expected)
+    assert [s["mismatch"] for s in states] == [0, 0]
+    assert [s["fused"] for s in states] == ([program.rounds] * 2 if mode == "resident" else [0, 0])
+    assert [s["post"] for s in states] == [program.rounds] * 2

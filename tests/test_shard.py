@@ -288,6 +288,69 @@ def test_sparse_entries_refuse_column_indexes_outside_the_row():
         protocol.sparse_entries(cols, vals, "float64", 2)
 
 
+def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(shards):
+    """The resident worker's tick (``contribute(..., read_back=True)``): one exchange per shard
+    carries the contribution and the tick and brings back the rows after the round's pull;
+    over two shards, with unsorted repeated keys and a second table contributed by range, the
+    rows equal a ``get`` after the round, in the keys' order, and the table holds every sum."""
+    import base64
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from pystrads.engine.program import WorkerContext
+    from pystrads.engine.resident import ResidentSpec, _Worker
+
+    _, group = shards
+    table = make_table(group, rows=30, width=1, contrib_width=2)
+    other = make_table(group, name="fit/g", rows=6, width=1, contrib_width=1)
+    for i in range(2):
+        group.client(i).action("register_program", namespace="fit",
+                               payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
+    group.broadcast("begin_step", step=1, num_workers=3, namespace="fit")
+    fences = [_enter(group, 1, w, task=100 + w) for w in range(3)]
+    spec = ResidentSpec(program=pickle.dumps(None), program_hash="", group=group,
+                        layouts={"t": table.layout, "g": other.layout}, num_workers=3, seed=0, timeout=30,
+                        namespace="fit", fingerprint=False)
+    keys_of = lambda w, rnd: np.random.default_rng([w, rnd]).integers(0, 30, 12)  # noqa: E731
+    seen, errors = {}, []
+
+    def worker(w):
+        try:
+            runner = _Worker(spec, w, 100 + w, 0)
+            handles = {name: group.table(layout).fenced(**fences[w]) for name, layout in spec.layouts.items()}
+            ctx = WorkerContext(w, 3, 1, 0, handles, 0, 0)
+            ctx._outbox = []
+            for rnd in range(4):
+                ctx._begin_round(rnd)
+                keys = keys_of(w, rnd)
+                ctx.contribute("t", keys, np.column_stack([np.ones(len(keys)), np.zeros(len(keys))]),
+                               read_back=True)
+                ctx.contribute_range("g", 0, np.ones((6, 1)))
+                runner.tick(fences[w], rnd, rnd, None, ctx=ctx)
+                seen[(w, rnd)] = ("t" in ctx._pulled, ctx.pulled("t").copy(), table.get(keys))
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    group.broadcast("commit_step", step=1)
+    assert len(seen) == 12
+    for (w, rnd), (fused, back, got) in seen.items():
+        assert fused, (w, rnd)
+        assert np.array_equal(back, got), (w, rnd)
+    want = np.zeros(30)
+    for w in range(3):
+        for rnd in range(4):
+            np.add.at(want, keys_of(w, rnd), 1.0)
+    assert np.array_equal(table.read_all()[:, 0], want)
+    assert np.array_equal(other.read_all()[:, 0], np.full(6, 12.0))
+
+
 def test_round_clocks_bsp_and_contributions(shards):
     _, group = shards
     table = make_table(group, rows=10, width=1, contrib_width=2)
@@ -426,7 +489,7 @@ def test_range_bounds_balance_weights():
 
 
 def test_fuzzed_requests_get_deliberate_errors_and_never_crash_or_hang(shards):
-    """1,500 random tickets, put descriptors / batches and action bodies (most with the valid
+    """1,500 random tickets, put and exchange descriptors / batches and action bodies (most with the valid
     token, so they reach the handlers): every refusal is a deliberate Flight error (no Python
     traceback), no call hangs (5 s deadline), and the shard still serves correctly after."""
     import json
@@ -442,10 +505,10 @@ def test_fuzzed_requests_get_deliberate_errors_and_never_crash_or_hang(shards):
     rng = random.Random(7)
     nprng = np.random.default_rng(7)
     values = [None, -1, 0, 1, 99, 100, 101, 2 ** 63, -2 ** 70, 1e308, float("nan"), "x", "", [], {}, [1, 2],
-              {"a": 1}, True, "fit/t", 3, 10 ** 12]
+              {"a": 1}, True, "fit/t", 3, 10 ** 12, "round", {"table": "fit/t"}, {"table": "fit/t", "start": 0}]
     fields = ["table", "start", "stop", "chunk", "op", "round", "name", "row_start", "row_stop", "width", "dtype",
               "prefix", "step", "num_workers", "namespace", "worker", "task", "wait_for", "timeout", "fill",
-              "contrib_width", "payload", "metrics", "late", "late_round"]
+              "contrib_width", "payload", "metrics", "late", "late_round", "contribute", "read_back"]
 
     def request():
         head = {"token": TOKEN} if rng.random() < 0.85 else {}
@@ -471,12 +534,20 @@ def test_fuzzed_requests_get_deliberate_errors_and_never_crash_or_hang(shards):
                "metrics", "stats", "nope", ""]
     outcomes = {"ok": 0}
     for _ in range(1500):
-        kind = rng.choice(["get", "put", "action"])
+        kind = rng.choice(["get", "put", "action", "exchange"])
         try:
             if kind == "get":
                 list(client.do_get(flight.Ticket(request()), options))
             elif kind == "action":
                 list(client.do_action(flight.Action(rng.choice(actions), request()), options))
+            elif kind == "exchange":  # a worker's round (contribute, tick, read back)
+                b = batch()
+                writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(request()), options)
+                writer.begin(b.schema)
+                writer.write_batch(b)
+                writer.done_writing()
+                reader.read_all()
+                writer.close()
             else:
                 b = batch()
                 writer, _ = client.do_put(flight.FlightDescriptor.for_command(request()), b.schema, options)

@@ -236,6 +236,11 @@ class WorkerContext:
         self._handles = handles
         self._metrics: Dict[str, float] = {}
         self._pending: List[Any] = []
+        #: None: ``contribute`` sends at once; a list (the resident runtime sets one): the
+        #: contributions wait there and travel with the round's clock tick, one request per shard
+        self._outbox: Optional[List[Any]] = None
+        self._read_back: Dict[str, Any] = {}  # table -> keys asked with read_back=True this round
+        self._pulled: Dict[str, np.ndarray] = {}  # table -> those rows, once the round's tick returned
 
     @property
     def round(self) -> int:
@@ -249,14 +254,59 @@ class WorkerContext:
         except KeyError:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self._handles)}") from None
 
-    def contribute(self, name: str, keys, partials) -> None:
-        """Partial sums for this round's ``pull`` of table ``name``."""
-        self.table(name).contribute(keys, partials, self.local_round)
+    def contribute(self, name: str, keys, partials, read_back: bool = False) -> None:
+        """Partial sums for this round's ``pull`` of table ``name``.
+
+        ``read_back=True``: ``apply`` of this round will read the rows of ``keys`` as the
+        pull left them (:meth:`pulled`); the runtime then brings them back with the round's
+        clock tick instead of a separate ``get``.  At most one ``read_back`` contribution
+        per table and round."""
+        if read_back:
+            if name in self._read_back:
+                raise ValueError(f"table {name!r}: a second contribute(..., read_back=True) in round "
+                                 f"{self.local_round}; one per table and round")
+            self._read_back[name] = np.asarray(keys)
+        if self._outbox is None:
+            self.table(name).contribute(keys, partials, self.local_round)
+        else:
+            self._outbox.append((name, keys, partials, None, read_back))
 
     def contribute_range(self, name: str, start: int, partials) -> None:
         """:meth:`contribute` for rows ``start, start + 1, ...`` of table ``name``
         (e.g. a partial gradient over every row of the table)."""
-        self.table(name).contribute_range(start, partials, self.local_round)
+        if self._outbox is None:
+            self.table(name).contribute_range(start, partials, self.local_round)
+        else:
+            self._outbox.append((name, None, partials, int(start), False))
+
+    def pulled(self, name: str) -> np.ndarray:
+        """In ``apply``: the rows of table ``name`` at the keys this round's
+        ``contribute(name, keys, ..., read_back=True)`` named (in that order), as the round's
+        ``pull`` left them -- the same rows a ``get(keys)`` would read then, without its
+        request."""
+        if name not in self._read_back:
+            raise KeyError(f"table {name!r}: no contribute(..., read_back=True) in round {self.local_round}")
+        if name not in self._pulled:  # the runtime did not bring them with the tick
+            self._pulled[name] = self.table(name).get(self._read_back[name])
+        return self._pulled[name]
+
+    def _begin_round(self, local_round: int) -> None:
+        self.local_round = local_round
+        self._read_back.clear()
+        self._pulled.clear()
+
+    def _take_outbox(self) -> List[Any]:
+        out, self._outbox = self._outbox, ([] if self._outbox is not None else None)
+        return out or []
+
+    def _flush_outbox(self) -> None:
+        """Send what waits in the outbox now (contributions made outside ``push``, e.g. in
+        ``apply``: no tick of their round follows)."""
+        for name, keys, partials, start, _ in self._take_outbox():
+            if start is None:
+                self.table(name).contribute(keys, partials, self.local_round)
+            else:
+                self.table(name).contribute_range(start, partials, self.local_round)
 
     def report(self, **values: float) -> None:
         """Add numbers to this round's metrics (summed over workers)."""

@@ -20,6 +20,8 @@ import pickle
 import time
 from typing import Any, Dict, Iterator, Optional
 
+import numpy as np
+
 from ..ps.client import fan_out
 from .program import WorkerContext
 from .worker import run_schedule
@@ -122,17 +124,57 @@ class _Worker:
         handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
         ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,
                             int(cmd["round_offset"]), spec.seed)
+        ctx._outbox = []  # contributions travel with the round's tick (see tick)
         return ctx, fence
 
-    def tick(self, fence, rnd: int, wait_for: int, metrics, late=None) -> None:
+    def tick(self, fence, rnd: int, wait_for: int, metrics, late=None, ctx: Optional[WorkerContext] = None) -> None:
+        """Advance this worker's round clock on every shard (metrics go to shard 0), sending
+        the round's contributions (``ctx``'s outbox) with the tick: one exchange per shard
+        that receives any, which also brings back the rows ``ctx.pulled`` will give."""
         timeout = self.spec.timeout
+        parts: Dict[int, list] = {i: [] for i in self.shards}
+        for name, keys, partials, start, read_back in (ctx._take_outbox() if ctx is not None else []):
+            handle = ctx.table(name)
+            if start is None:
+                for shard, k, v in handle.contribution_parts(keys, partials):
+                    parts[shard].append((handle, k, v, None, read_back))
+            else:
+                for shard, lo, v in handle.contribution_range_parts(start, partials):
+                    parts[shard].append((handle, None, v, lo, False))
 
         def call(i):
-            extra = {"metrics": metrics, "late": late, "late_round": rnd - 1} if i == 0 else {}
-            return self.group.client(i).action("tick", **fence, round=rnd, wait_for=wait_for, timeout=timeout,
-                                               **extra)
+            head = dict(fence, round=rnd, wait_for=wait_for, timeout=timeout)
+            if i == 0:
+                head.update(metrics=metrics, late=late, late_round=rnd - 1)
+            client = self.group.client(i)
+            mine = sorted(parts[i], key=lambda p: not p[4])  # a read-back part rides the exchange
+            if not mine:
+                client.action("tick", **head)
+                return []
+            for handle, k, v, lo, _ in mine[1:]:  # more than one table this round: sent first
+                client.write_rows("contribute", handle.name, k, v, "float64", dict(fence, round=rnd), start=lo)
+            handle, k, v, lo, read_back = mine[0]
+            rows = client.round_exchange(head, handle.name, k, v, lo,
+                                         (handle.layout.width, handle.layout.dtype) if read_back else None)
+            back = [(handle.layout.short_name, k, rows)] if read_back else []
+            for h, k2, _, _, rb in mine[1:]:
+                if rb:
+                    back.append((h.layout.short_name, k2, client.get_rows(h.name, h.layout.width, h.layout.dtype,
+                                                                          keys=k2)))
+            return back
 
-        fan_out([lambda i=i: call(i) for i in self.shards])
+        answers = fan_out([lambda i=i: call(i) for i in self.shards])
+        if ctx is not None and ctx._read_back:
+            got: Dict[str, list] = {}
+            for back in answers:
+                for name, k, rows in back:
+                    got.setdefault(name, []).append((k, rows))
+            for name, pieces in got.items():
+                pieces.sort(key=lambda p: int(p[0][0]) if len(p[0]) else -1)
+                keys = np.concatenate([p[0] for p in pieces])
+                rows = np.concatenate([p[1] for p in pieces])
+                asked = np.asarray(ctx._read_back[name], dtype=np.int64)
+                ctx._pulled[name] = rows[np.searchsorted(keys, asked)]
 
     def run_init(self, cmd, data) -> Any:
         ctx, fence = self.open(cmd)
@@ -140,7 +182,7 @@ class _Worker:
         state = self.program.init_state(ctx, data)
         metrics = ctx._take_metrics()
         metrics["_compute_s"] = time.perf_counter() - t0
-        self.tick(fence, 0, 0, metrics)
+        self.tick(fence, 0, 0, metrics, ctx=ctx)
         return state, fence, {}, 0
 
     def run_step(self, cmd, data, state) -> Any:
@@ -148,7 +190,7 @@ class _Worker:
         ctx, fence = self.open(cmd)
         state, late, last = run_schedule(
             self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
-            lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_))
+            lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_, ctx=ctx))
         return state, fence, late, last
 
 

@@ -86,7 +86,7 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
     last = len(schedule) - 1
     late: Dict[str, float] = {}  # what apply() of the previous round reported
     for rnd in range(len(schedule)):
-        ctx.local_round = rnd
+        ctx._begin_round(rnd)
         work = schedule.work(rnd, ctx.worker)
         t0 = time.perf_counter()
         try:
@@ -106,6 +106,7 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
             new = program.apply(ctx, data, state, work)
             state = state if new is None else new
             late.update(ctx._take_metrics())
+            ctx._flush_outbox()
             late["_compute_s"] = time.perf_counter() - t2
     return state, late, last
 

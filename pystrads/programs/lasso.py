@@ -228,7 +228,8 @@ class LassoProgram(WorkingSetSolver, Program):
         else:
             K.column_dots(data["col_ptr"], data["row_idx"], data["vals"], work, wr, z)
             c_omega[:] = 0.0
-        ctx.contribute("coef", work, np.column_stack([z, np.full(len(work), wr.sum()), c_omega, c_plain]) * inv_w)
+        ctx.contribute("coef", work, np.column_stack([z, np.full(len(work), wr.sum()), c_omega, c_plain]) * inv_w,
+                       read_back=True)  # apply reads the stepped rows: they come back with the tick
         return state
 
     def apply(self, ctx, data, state, work):
@@ -238,7 +239,9 @@ class LassoProgram(WorkingSetSolver, Program):
             kind, work = work
             if kind != "delta":
                 return state
-        delta = ctx.table("coef").get(work)[:, DELTA]
+            delta = ctx.table("coef").get(work)[:, DELTA]
+        else:
+            delta = ctx.pulled("coef")[:, DELTA]
         K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["r"], -1.0)
         return state
 

@@ -68,13 +68,13 @@ class L1LogisticProgram(LassoProgram):
             gho[:] = ghx2
         n = len(work)
         ctx.contribute("coef", work, np.column_stack([gu, np.full(n, u.sum()), ghx2, ghx, np.full(n, h.sum()),
-                                                      gho]) * inv_w)
+                                                      gho]) * inv_w, read_back=True)
         return state
 
     def apply(self, ctx, data, state, work):
         if isinstance(work, str):
             return state
-        rows = ctx.table("coef").get(work)
+        rows = ctx.pulled("coef")  # the stepped rows, back with the round's tick
         delta = rows[:, DELTA]
         K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["m"], 1.0)
         state["m"] -= float(rows[:, MEAN] @ delta)  # implicit centring: (x - mean) delta

@@ -209,8 +209,8 @@ class MFProgram(Program):
         be = hi - lo
         partials = np.empty((len(data.items), be * be + be))
         K.item_block_partials(data.item_ptr, data.item_ratings, data.rating_user, state.rhat, state.u, partials)
-        if len(data.items):
-            ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be))
+        if len(data.items):  # apply reads the solved rows of these items: they come back with the tick
+            ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be), read_back=True)
         return state
 
     def _pad(self, partials: np.ndarray, be: int) -> np.ndarray:
@@ -255,7 +255,10 @@ class MFProgram(Program):
 
         c, t = work
         lo, hi = self._features(c)
-        state.v = self._block(ctx, data, c)
+        if len(data.items):
+            state.v = np.ascontiguousarray(ctx.pulled("item_factors")[:, :hi - lo])
+        else:
+            state.v = self._block(ctx, data, c)
         K.user_block_update(data.user_ptr, data.user_ratings, data.rating_item, state.rhat, state.v,
                             data.user_reg, state.u)
         if self.nonnegative:

@@ -54,7 +54,7 @@ import pyarrow.flight as flight
 from . import protocol
 from .mailbox import ResidentMailbox
 from .memory import _mem_available, _rss_bytes, tune_malloc
-from .request import _refuse, authorize_payload, decode_action, decode_request
+from .request import _refuse, _Request, authorize_payload, decode_action, decode_request
 from .snapshots import TableSnapshots
 from .steps import StepFences, _StepState
 from .table import ShardTable
@@ -208,6 +208,14 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         if op not in ("put", "inc", "contribute"):
             raise flight.FlightServerError(f"unknown write op {op!r}; expected put, inc or contribute")
         table = self._table(header.str("table", ""))
+        nbytes, nrows = self._receive_rows(header, table, op, reader)
+        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
+        self._count_time("put_s", time.perf_counter() - t_start)
+
+    def _receive_rows(self, header, table, op: str, reader, keys_seen: Optional[list] = None) -> Tuple[int, int]:
+        """Apply (``put`` / ``inc``) or queue (``contribute``) the rows a write stream carries,
+        batch by batch; returns ``(bytes, rows)`` received (``keys_seen``: a list that gets
+        each batch's keys)."""
         width = table.contrib_width if op == "contribute" else table.width
         dtype = "float64" if op == "contribute" else table.dtype
         nbytes = nrows = 0
@@ -263,6 +271,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                     if isinstance(keys, slice):
                         keys = np.arange(keys.start, keys.stop, dtype=np.int64)
                     table.local(keys)  # range check
+                    if keys_seen is not None:
+                        keys_seen.append(keys)
                     self.step.contrib.setdefault((table.name, round_index), []).append(
                         (keys.copy(), rows.copy()))
                     continue
@@ -274,8 +284,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                         table.values[index] = rows
                     else:
                         table.add(index, rows)
-        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
-        self._count_time("put_s", time.perf_counter() - t_start)
+        return nbytes, nrows
 
     def _put_blob(self, header, reader) -> None:
         """Store the byte string a stream of binary chunks carries under ``key``; with a
@@ -313,7 +322,34 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         _refuse()
 
     def do_exchange(self, context, descriptor, reader, writer):
-        _refuse()
+        """A worker's round in one call (``op: "round"``): its partial sums for this round
+        (``contribute``: the table, and ``start`` for a contiguous run), then its tick of the
+        round clock (the fields of the ``tick`` action), then, with ``read_back``, the rows of
+        the contributed keys as the round's ``pull`` left them -- one request where
+        ``contribute``, ``tick`` and ``get`` took three."""
+        header, _ = decode_request(descriptor.command, self._token)
+        if header.get("op") != "round":
+            raise flight.FlightServerError(f"unknown exchange op {header.get('op')!r}; expected 'round'")
+        contrib = header.dict("contribute", None)
+        nbytes = nrows = 0
+        keys_seen: List[Any] = []
+        table = None
+        if contrib is not None:
+            table = self._table(_Request(contrib).str("table"))
+            fields = {k: header[k] for k in ("step", "worker", "task", "round") if k in header}
+            nbytes, nrows = self._receive_rows(_Request(fields, **contrib), table, "contribute", reader, keys_seen)
+        self._action_tick(header)
+        if header.get("read_back") and table is not None:
+            keys = np.concatenate(keys_seen) if keys_seen else np.zeros(0, np.int64)
+            with table.lock:
+                rows = table.values[table.local(keys)].copy()
+            schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
+            chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, header.int("chunk", protocol.CHUNK_BYTES)))
+            writer.begin(schema)
+            for start in range(0, len(rows), chunk):
+                writer.write_batch(pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema))
+            self._count(bytes_out=rows.nbytes, rows_out=len(rows))
+        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
 
     def do_action(self, context, action):
         body = action.body.to_pybytes() if action.body is not None else b""
