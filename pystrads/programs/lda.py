@@ -23,8 +23,12 @@ Schedule
     r worker p samples the tokens whose word is in block (p + r) mod U, so
     every token is sampled exactly once per iteration (U rounds) and no two
     workers touch the same ``word_topic`` rows in a round.  ``topic_totals``
-    is re-read every round; the drift of each worker's local copy within a
-    round is the STRADS supplement's s-error (eq. 1), reported per iteration.
+    is re-read every round; each worker's change to it is a contribution,
+    summed into the table at the round's clock (``pull``), so every read sees
+    the totals as the previous round left them whatever the timing (the chain
+    is a function of the seed).  The drift of each worker's local copy within
+    a round is the STRADS supplement's s-error (eq. 1), reported per
+    iteration.
 
 Learned α (``optimize_alpha``)
     after every ``optimize_interval``-th iteration (from iteration
@@ -262,7 +266,8 @@ class LDAProgram(Program):
 
     def tables(self):
         tables = [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self._shard_weights()),
-                  Table("topic_totals", 1, self.num_topics, "int64", single_shard=True)]
+                  Table("topic_totals", 1, self.num_topics, "int64", single_shard=True,
+                        contrib_width=self.num_topics)]
         if self.optimize_alpha:
             tables.append(Table("doc_topic_hist", self.num_topics + 1, self.histogram_length + 1, "float64",
                                 single_shard=True))
@@ -342,9 +347,9 @@ class LDAProgram(Program):
         word_topic = ctx.table("word_topic")
         totals_table = ctx.table("topic_totals")
         chunks = list(self._row_chunks(data, block, self.pipeline_pieces))
-        # the totals first, synchronously: other workers write theirs at the end of this same round;
-        # read on a thread, the read raced with a fast worker's write on small corpora and the chain
-        # depended on timing (the learned-alpha test saw two different fits from one seed)
+        # the totals as the last round's clock committed them: every worker's change to them is a
+        # contribution summed at the clock (pull), so no worker's read can see another's write of
+        # this round (a direct inc raced with the reads, and one seed gave two chains)
         totals = totals_table.get_range(0, 1)[0]
         # reads, writes and sampling overlap (background Flight calls, a nogil kernel): the next
         # run of rows arrives and the last one's deltas leave while a run is sampled
@@ -378,7 +383,7 @@ class LDAProgram(Program):
             ctx.report(sample_s=sample_s, changed=changed)
             delta_totals = totals - before_totals
             if np.any(delta_totals):
-                ctx.background(totals_table.inc, [0], delta_totals.reshape(1, -1))
+                ctx.contribute("topic_totals", [0], delta_totals.reshape(1, -1).astype(np.float64))
         state.last_totals = totals
         ctx.report(tokens=hi - lo)
         every = self.log_likelihood_every
@@ -392,6 +397,8 @@ class LDAProgram(Program):
         return state
 
     def pull(self, table: str, keys: np.ndarray, partials: np.ndarray, current: np.ndarray) -> np.ndarray:
+        if table == "topic_totals":  # the round's summed changes (exact in float64 below 2^53)
+            return current + np.rint(partials).astype(current.dtype)
         # doc_topic_hist: the workers' summed histograms replace the previous update's
         return partials
 
