@@ -59,7 +59,9 @@ Columns: time to 1e-3 and to 1e-6 ("not reached" when the run never got
 there), their ratios to MLlib's, the final gap (last iterate for pystrads,
 tightest rung run for a ladder), the wall time of that run, coordinate
 updates to 1e-3 (pystrads) and non-zeros.  pystrads variants all use the
-same parallel width (``--width`` coefficients per round); "rounds only"
+same parallel width (``--width`` coefficients per round), and the dynamic
+rounds-only fit runs once more with ``--wide-width`` (a round's cost is
+mostly its requests, not its width); "rounds only"
 (``workingSetLimit=0``) switches the driver's working-set solver off so
 every update is a parallel round over the data (the STRADS algorithm
 proper); its dynamic-schedule variant runs to a duality gap of
@@ -115,6 +117,9 @@ def parse_args(argv=None):
                         "(docs/benchmarks.md)")
     p.add_argument("--reg-ratio", type=float, default=0.05)
     p.add_argument("--width", type=int, default=256, help="coefficients per round (L) for every schedule")
+    p.add_argument("--wide-width", type=int, default=4096,
+                   help="also run the rounds-only fit with this L (0: skip); a round costs a few ms whatever "
+                        "its width, so wider rounds reach a gap sooner")
     p.add_argument("--rounds-max-iter", type=int, default=60,
                    help="maxIter of the dynamic rounds-only variant (it should reach a 1e-6 gap before)")
     p.add_argument("--rounds-tol", type=float, default=1e-7,
@@ -179,6 +184,8 @@ def median(values):
 def run_pystrads(df, lam, width, seed, **params):
     from pystrads.ml import StradsLasso
 
+    params = dict(params)
+    width = params.pop("coordinatesPerRound", width)  # a variant may set its own L (and L' = 2L)
     est = StradsLasso(regParam=lam, fitIntercept=False, standardization=False, coordinatesPerRound=width,
                       candidatesPerRound=2 * width, seed=seed, **params)
     t0 = time.perf_counter()
@@ -510,6 +517,10 @@ def main(argv=None) -> int:
                     (ROUNDS, {"workingSetLimit": 0, "maxIter": args.rounds_max_iter, "tol": args.rounds_tol}),
                     ("pystrads shotgun, rounds only", {"schedule": "shotgun", "workingSetLimit": 0,
                                                        "maxIter": args.schedule_max_iter})]
+        if args.wide_width:
+            variants.insert(2, (f"{ROUNDS} (L = {args.wide_width})",
+                                {"workingSetLimit": 0, "maxIter": args.rounds_max_iter, "tol": args.rounds_tol,
+                                 "coordinatesPerRound": args.wide_width}))
         if not args.quick:
             variants += [
                 ("pystrads STRADS priority (delta^2+eta), rounds only",

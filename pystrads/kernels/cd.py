@@ -179,6 +179,11 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
     node_next = np.empty(cap, dtype=np.int64)
     touched_rows = np.empty(cap, dtype=np.int64)
     dots = np.zeros(max_per_round, dtype=np.float64)
+    # the kept columns a candidate's sampled rows reach (so the check costs what it touches, not
+    # O(kept) per candidate: O(L^2) a round was most of a wide schedule's time)
+    reached = np.empty(max_per_round, dtype=np.int64)
+    stamp = np.full(max_per_round, -1, dtype=np.int64)
+    cand = 0
     pos = 0
     r = 0
     total = 0
@@ -205,15 +210,22 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
                 continue
             ok = True
             if check and j < num_cols and kept > 0:
+                cand += 1
+                n_reached = 0
                 for p in range(s_ptr[j], s_ptr[j + 1]):
                     node = row_head[s_rows[p]]
                     while node >= 0:
-                        dots[node_col[node]] += s_vals[p] * node_val[node]
+                        q = node_col[node]
+                        if stamp[q] != cand:
+                            stamp[q] = cand
+                            dots[q] = 0.0
+                            reached[n_reached] = q
+                            n_reached += 1
+                        dots[q] += s_vals[p] * node_val[node]
                         node = node_next[node]
-                for q in range(kept):
-                    if abs(dots[q]) >= rho:
+                for i in range(n_reached):
+                    if abs(dots[reached[i]]) >= rho:
                         ok = False
-                    dots[q] = 0.0
             if not ok:
                 next_deferred[n_next] = j
                 n_next += 1
