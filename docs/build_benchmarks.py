@@ -225,6 +225,7 @@ RENDERERS = {
     "lda_debian_k1000": lda_table,
     "lasso_strads_resident": lasso_table,
     "lasso_strads_current": lasso_table,
+    "lasso_strads_exchange": lasso_table,
     "runtime_every_round": runtime_every_round_table,
 }
 
