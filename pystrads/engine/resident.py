@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 
 from ..ps.client import fan_out
+from ..ps.rounds import round_exchange
 from .program import WorkerContext
 from .worker import run_schedule
 
@@ -154,8 +155,8 @@ class _Worker:
             for handle, k, v, lo, _ in mine[1:]:  # more than one table this round: sent first
                 client.write_rows("contribute", handle.name, k, v, "float64", dict(fence, round=rnd), start=lo)
             handle, k, v, lo, read_back = mine[0]
-            rows = client.round_exchange(head, handle.name, k, v, lo,
-                                         (handle.layout.width, handle.layout.dtype) if read_back else None)
+            rows = round_exchange(client, head, handle.name, k, v, lo,
+                                  (handle.layout.width, handle.layout.dtype) if read_back else None)
             back = [(handle.layout.short_name, k, rows)] if read_back else []
             for h, k2, _, _, rb in mine[1:]:
                 if rb:
