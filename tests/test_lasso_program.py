@@ -47,6 +47,55 @@ def test_rows_to_csc_round_trip():
     np.testing.assert_allclose(back, dense)
 
 
+def test_column_sample_normalises_each_column_and_keeps_empty_ones():
+    """Unit-norm sample columns; columns the sample never touches -- in the middle and at the
+    end (a last feature that is zero in every sampled row) -- stay empty with norm 1."""
+    rows = [(np.array([0, 2]), np.array([3.0, 1.0])), (np.array([0]), np.array([4.0])),
+            (np.array([2]), np.array([-2.0]))]
+    sample = ColumnSample(rows, 5)
+    assert sample.num_rows == 3
+    np.testing.assert_array_equal(np.diff(sample.ptr), [2, 0, 2, 0, 0])
+    np.testing.assert_allclose(sample.vals, [3 / 5, 4 / 5, 1 / np.sqrt(5), -2 / np.sqrt(5)])
+    np.testing.assert_array_equal(sample.rows, [0, 1, 0, 2])
+
+
+def test_workers_samples_merge_into_the_sample_of_their_stacked_rows():
+    """Each worker sends the columns (CSC) of the rows it sampled; the driver's merge is the
+    sample built from those rows stacked in worker order -- and a worker whose sample is every
+    row sends exactly its data."""
+    rng = np.random.default_rng(3)
+    J = 7
+    rows = [(np.sort(rng.choice(J, size=int(rng.integers(0, 4)), replace=False)), None) for _ in range(30)]
+    rows = [(i, rng.normal(size=len(i))) for i, _ in rows]
+    prog = LassoProgram(J, 0.1, sample_rows=1000)
+
+    class Ctx:
+        num_workers, worker = 2, 0
+
+        @staticmethod
+        def rng(salt=0):
+            return np.random.default_rng(salt)
+
+    parts = []
+    for lo, hi in ((0, 12), (12, 30)):
+        data = prog.load(None, [(0.0, 1.0, i, v) for i, v in rows[lo:hi]])
+        parts.append(prog.data_summary(Ctx, data))
+        assert parts[-1][0] == hi - lo
+    merged = ColumnSample.from_columns(parts)
+    direct = ColumnSample(rows, J)
+    assert merged.num_rows == direct.num_rows == 30
+
+    def dense(sample):
+        out = np.zeros((sample.num_rows, J))
+        out[sample.rows, np.repeat(np.arange(J), np.diff(sample.ptr))] = sample.vals
+        return out[np.lexsort(out.T[::-1])]  # rows in a fixed order (load sorts each worker's rows)
+
+    np.testing.assert_array_equal(merged.ptr, direct.ptr)
+    np.testing.assert_allclose(dense(merged), dense(direct), rtol=0, atol=1e-15)
+    few = LassoProgram(J, 0.1, sample_rows=10).data_summary(Ctx, prog.load(None, [(0.0, 1.0, i, v) for i, v in rows]))
+    assert few[0] == 5 and few[2].max() < 5 and len(few[1]) == J + 1  # 10 rows over 2 workers
+
+
 def test_plan_rounds_keeps_correlated_columns_apart_and_loses_nothing():
     p = strads_lasso_problem(300, 400, nnz_per_col=10, corr_prob=0.5, seed=2)
     x = p.dense()
@@ -219,16 +268,23 @@ def test_dependency_check_matters_on_correlated_columns(sc):
     lam = 0.01 * float(np.abs(x.T @ y).max() / n)
     best = lasso_objective(x, y, reference_lasso(x, y, lam), lam)
     results = {}
-    for name, rho, gram in (("check", 0.5, 0), ("no check", 0.0, 0), ("shipped", 0.3, 4096)):
+    # "workers' sample": the sample drawn by the workers as they load (every row), not given
+    for name, rho, gram in (("check", 0.5, 0), ("no check", 0.0, 0), ("shipped", 0.3, 4096),
+                            ("workers' sample", 0.5, 0)):
+        given = name != "workers' sample"
         prog = LassoProgram(J, lam, fit_intercept=False, standardization=False, schedule="dynamic",
                             coords_per_round=J, candidates_per_round=J, rho=rho, tol=1e-9, max_iter=40,
-                            gram_limit=gram, min_rounds_per_step=8, sample=sample,
+                            gram_limit=gram, min_rounds_per_step=8, sample=sample if given else None,
+                            sample_rows=0 if given else n,
                             damping="eso" if name == "shipped" else "none")  # STRADS's plain update
         with Engine(prog, rdd, num_workers=2, seed=1, config={"step.targetSeconds": 1.0}).fit() as res:
             beta, _ = prog.result(res.read_table("coef"))
         results[name] = lasso_objective(x, y, beta, lam)
+        if not given:
+            assert prog.driver_state["sample"].num_rows == n
     assert results["shipped"] <= best * (1 + 1e-7), results
     assert results["check"] <= best * 1.01, results  # the plain rounds with the check: slow but steady
+    assert results["workers' sample"] == pytest.approx(results["check"], rel=1e-9), results
     assert not results["no check"] <= best * 2, results  # without it: diverged (inf / nan) or far off
 
 

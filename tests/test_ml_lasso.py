@@ -284,10 +284,11 @@ def test_empty_input_and_non_binary_labels_are_refused(spark, problem):
 
 
 def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
-    """The estimators read vectors through Arrow (``mapInArrow``) in blocks; the rows, the
-    counts and the sample must be what the row-by-row reader gives, for dense rows (zeros
+    """The estimators read vectors through Arrow (``mapInArrow``) in batches; the rows and the
+    counts must be what the row-by-row reader gives, for dense rows (zeros
     dropped), sparse rows, empty rows and weights -- and a bad value is named the same way."""
-    from pystrads.ml._linear_input import _block_of, scan_input
+    from pystrads.ml._arrow import collect_per_partition
+    from pystrads.ml._linear_input import batch_blocks, scan_input
     from pystrads.programs.lasso import canonical_order, rows_to_arrays
 
     rng = np.random.default_rng(5)
@@ -303,16 +304,17 @@ def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
             vec = Vectors.sparse(6, idx.tolist(), rng.normal(size=len(idx)).tolist())
         rows.append((float(rng.normal()), float(rng.integers(0, 3)), vec))
     df = spark.createDataFrame(rows, ["label", "w", "features"]).repartition(3)
-    arrow_records, arrow_stats = scan_input(df, "features", "label", "w", 50, False, num_workers=2)
-    row_records, row_stats = scan_input(df, "features", "label", "w", 50, False, num_workers=0)
-    assert arrow_records.rdd.getNumPartitions() == 2  # a DataFrame of row blocks, one partition per worker
-    blocks = [_block_of(r) for r in arrow_records.collect()]
+    arrow_records, arrow_stats = scan_input(df, "features", "label", "w", False, num_workers=2)
+    row_records, row_stats = scan_input(df, "features", "label", "w", False, num_workers=0)
+    assert arrow_records.rdd.getNumPartitions() == 2  # one partition per worker
+    # what the workers' load reads: each Arrow batch as a row block
+    blocks = [blk for part in collect_per_partition(arrow_records, lambda bs: [x for b in bs for x in batch_blocks(b)])
+              for blk in part]
     assert blocks and all(type(b).__name__ == "RowBlock" for b in blocks)
     for key in ("rows", "nnz", "sizes", "error"):
         assert arrow_stats[key] == row_stats[key], key
     assert arrow_stats["rows"] == 700 and arrow_stats["sizes"] == {6}
     assert arrow_stats["wsum"] == pytest.approx(row_stats["wsum"], rel=1e-12)
-    assert len(arrow_stats["sample"]) == 50
     a = canonical_order(*rows_to_arrays(blocks, 6))
     b = canonical_order(*rows_to_arrays(row_records.collect(), 6))
     assert len(a[3]) == sum(1 for r in rows if r[1] != 0)
@@ -320,7 +322,7 @@ def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
         np.testing.assert_array_equal(x, y)
     bad = spark.createDataFrame(rows[:5] + [(1.0, 1.0, Vectors.dense([0.0, float("nan"), 1, 0, 0, 0]))],
                                 ["label", "w", "features"])
-    _, stats = scan_input(bad, "features", "label", "w", 10, False, num_workers=2)
+    _, stats = scan_input(bad, "features", "label", "w", False, num_workers=2)
     assert stats["error"][0] == "featuresCol 'features' has a value nan"
 
 

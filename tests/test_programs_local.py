@@ -89,6 +89,55 @@ def test_both_runtimes_give_the_same_exact_model_and_states(sc, mode):
     assert len(res.summary.rows) == 3
 
 
+class SummarisedCounter(ex.CounterProgram):
+    """The counter, whose workers summarise their loaded data for the driver's check_data;
+    ``refuse``: the check refuses the data (init_state would leave ``marker``)."""
+
+    def __init__(self, marker, refuse=False, **kw):
+        super().__init__(**kw)
+        self.marker, self.refuse = marker, refuse
+        self.seen = None
+
+    def load(self, ctx, records):
+        return sorted(records)
+
+    def data_summary(self, ctx, data):
+        return {"worker": ctx.worker, "count": len(data), "sum": sum(data)}
+
+    def check_data(self, summaries):
+        self.seen = summaries
+        if self.refuse:
+            raise ValueError(f"worker sums {[s['sum'] for s in summaries]}: refused")
+
+    def init_state(self, ctx, data):
+        open(self.marker, "a").close()
+        return super().init_state(ctx, data)
+
+
+@pytest.mark.parametrize("mode", ["resident", "steps"])
+def test_the_driver_checks_every_workers_data_summary_before_the_init_step(sc, mode, tmp_path):
+    """``data_summary`` runs on each worker once its data is loaded; ``check_data`` gets them
+    in worker order on the driver before the init step, and an exception there ends the fit
+    before any worker's init_state ran, with no task left running."""
+    import time
+
+    config = {"runtime.mode": mode}
+    program = SummarisedCounter(str(tmp_path / "init-ran"), num_keys=5, rounds_per_step=2, steps=1)
+    with Engine(program, sc.parallelize(range(10), 2), config=config).fit() as res:
+        assert np.array_equal(res.read_table("counter")[:, 0], program.expected(2))
+    assert program.seen == [{"worker": 0, "count": 5, "sum": 10}, {"worker": 1, "count": 5, "sum": 35}]
+    marker = tmp_path / "refused-init-ran"
+    program = SummarisedCounter(str(marker), refuse=True, num_keys=5, rounds_per_step=2, steps=1)
+    with pytest.raises(ValueError, match=r"worker sums \[10, 35\]: refused"):
+        Engine(program, sc.parallelize(range(10), 2), config=config).fit()
+    assert not marker.exists()
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + 20
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not tracker.getActiveJobsIds()
+
+
 def test_a_fit_without_kept_states_refuses_map_states_and_says_how(sc):
     program = ex.CounterProgram(num_keys=7, rounds_per_step=5, steps=2)
     with Engine(program, sc.parallelize(range(10), 2), keep_states=False).fit() as res:

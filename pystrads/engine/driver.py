@@ -426,10 +426,8 @@ class Engine(CheckpointMixin, ResidentMixin):
         if self._checkpoint_dir and self.spark.connect:  # the hosts are known once the shards run
             check_checkpoint_storage(self._checkpoint_dir, {s.host for s in self.group.shards})
         try:
-            if self.resident:
-                self._launch_job()
-            else:
-                self._load_data()
+            self._launch_job() if self.resident else self._load_data()
+            self._check_data()
             if not (self._checkpoint_dir and self._resume()):
                 self._init_state()
             self.progress = ProgressReporter(f"{type(self.program).__name__} {self.namespace}",

@@ -8,6 +8,12 @@ A :class:`Program` declares its model :class:`Table` s and implements
   independent of the records' order (sort them by an id): a partition
   recomputed after an executor loss may deliver them in another order, and a
   checkpoint's states only resume onto identical data;
+* ``data_summary(ctx, data)`` and ``check_data(summaries)`` (optional) -- a
+  small picklable summary of each worker's loaded data (e.g. a row sample),
+  handed in worker order to ``check_data`` on the **driver** before the init
+  step: it may keep what ``schedule`` needs (never sent to the workers if
+  kept out of the pickled program) or raise to end the fit before any table
+  is written;
 * ``init_state(ctx, data) -> state`` -- in the (atomic) init step: the
   worker's mutable ``state``, carried from step to step; may write initial
   values into tables (e.g. LDA's initial counts);
@@ -177,6 +183,14 @@ class Program:
     def load(self, ctx: "WorkerContext", records: Iterable[Any]) -> Any:
         raise NotImplementedError
 
+    def data_summary(self, ctx: "WorkerContext", data: Any) -> Any:
+        """On each worker, once its data is loaded: what :meth:`check_data` receives."""
+        return None
+
+    def check_data(self, summaries: List[Any]) -> None:
+        """On the driver, before the init step: every worker's :meth:`data_summary`."""
+        return None
+
     def init_state(self, ctx: "WorkerContext", data: Any) -> Any:
         return None
 
@@ -206,6 +220,9 @@ class Program:
     # -- helpers used by the engine
     def has_apply(self) -> bool:
         return type(self).apply is not Program.apply
+
+    def checks_data(self) -> bool:
+        return type(self).check_data is not Program.check_data
 
 
 _POOL: Optional["concurrent.futures.ThreadPoolExecutor"] = None

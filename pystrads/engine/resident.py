@@ -64,6 +64,11 @@ def states_prefix(namespace: str) -> str:
     return f"{namespace}/state/"
 
 
+def summary_key(namespace: str, worker: int) -> str:
+    """Blob key of a worker's ``data_summary`` (on its home shard)."""
+    return f"{namespace}/summary/{worker}"
+
+
 def program_hash(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()[:24]
 
@@ -200,8 +205,13 @@ def run_resident(spec: ResidentSpec, records: Iterator[Any]) -> Iterator[Any]:
     worker, task, attempt = _task_identity()
     w = _Worker(spec, worker, task, attempt)
     t0 = time.perf_counter()
-    data = w.program.load(WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed), records)
+    load_ctx = WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed)
+    data = w.program.load(load_ctx, records)
     load_s = time.perf_counter() - t0
+    if w.program.checks_data():  # before the hello: the driver reads it once every worker said hello
+        w.group.client(w.home).put_blob(summary_key(spec.namespace, worker),
+                                        pickle.dumps(w.program.data_summary(load_ctx, data),
+                                                     protocol=pickle.HIGHEST_PROTOCOL))
     fingerprint = None
     if spec.fingerprint:
         from .fingerprint import _data_fingerprint

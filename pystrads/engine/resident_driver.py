@@ -24,7 +24,9 @@ from ..ps import storage
 from .preflight import to_workers
 from .preflight import _python_cause
 from .program import Schedule, StepMetrics
-from .resident import ResidentSpec, program_hash, run_resident, run_resident_arrow, states_prefix
+from .resident import (ResidentSpec, program_hash, run_resident, run_resident_arrow, states_prefix,
+                       summary_key)
+from .worker import run_summary
 
 log = logging.getLogger("pystrads.engine.driver")
 
@@ -120,6 +122,30 @@ class ResidentMixin:
             if error is not None:
                 raise StepFailedError(f"the fit's barrier job ended before every worker loaded its data. "
                                       f"Cause: {_python_cause(error)}") from error
+
+    def _check_data(self) -> None:
+        """Hand every worker's ``data_summary`` to the program's ``check_data`` (driver side,
+        before the init step): from the shards' blob store once every resident worker said
+        hello, or by a job over the loaded data (steps runtime)."""
+        if not self.program.checks_data():
+            return
+        t0 = time.perf_counter()
+        if self.resident:
+            from ..ps.client import fan_out
+
+            self._hellos()
+            shards = len(self.group.shards)
+            blobs = fan_out([lambda w=w: self.group.client(w % shards).get_blob(summary_key(self.namespace, w))
+                             for w in range(self.num_workers)])
+            if any(b is None for b in blobs):
+                raise StepFailedError(f"workers {[w for w, b in enumerate(blobs) if b is None]} said hello without "
+                                      "leaving their data summary on the shards (was a shard restarted?)")
+        else:
+            spec = self._spec(0, None)
+            blobs = self._data_rdd.mapPartitionsWithIndex(lambda index, datas: run_summary(spec, index, datas)) \
+                .collect()
+        self.program.check_data([pickle.loads(b) for b in blobs])
+        self.summary.fixed["check_data_s"] = time.perf_counter() - t0  # (resident: the loads' wait included)
 
     def _command(self, step: int, schedule: Optional[Schedule]) -> Dict[str, Any]:
         from pyspark import cloudpickle

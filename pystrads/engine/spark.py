@@ -72,11 +72,17 @@ class ClassicHandle(SparkHandle):
     def master(self) -> str:
         return self.sc.master
 
+    def _conf(self):
+        # the context's own SparkConf: one py4j call per read; getConf() copies every entry
+        # first (~30 ms each time, and a fit reads a few keys)
+        conf = getattr(self.sc, "_conf", None)
+        return conf if conf is not None else self.sc.getConf()
+
     def conf(self, key, default=None):
-        return self.sc.getConf().get(key, default)
+        return self._conf().get(key, default)
 
     def conf_items(self, prefix):
-        return {k: v for k, v in self.sc.getConf().getAll() if k.startswith(prefix)}
+        return {k: v for k, v in self._conf().getAll() if k.startswith(prefix)}
 
     def run_tasks(self, fn, num_tasks):
         return self.sc.parallelize(range(num_tasks), num_tasks).mapPartitions(

@@ -9,6 +9,7 @@ failed attempt and refuse writes from its zombie tasks.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
@@ -62,6 +63,13 @@ def run_load(spec: StepSpec, index: int, records: Iterator[Any]) -> Iterator[Any
     """Plain (non-barrier) task: the worker's immutable data from its input records."""
     ctx = WorkerContext(index, spec.num_workers, 0, 0, {}, 0, spec.seed)
     yield spec.program.load(ctx, records)
+
+
+def run_summary(spec: StepSpec, index: int, datas: Iterator[Any]) -> Iterator[bytes]:
+    """The worker's pickled ``data_summary`` of its loaded data (``check_data``'s input)."""
+    ctx = WorkerContext(index, spec.num_workers, 0, 0, {}, 0, spec.seed)
+    for data in datas:
+        yield pickle.dumps(spec.program.data_summary(ctx, data), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def run_init(spec: StepSpec, datas: Iterator[Any]) -> Iterator[Any]:

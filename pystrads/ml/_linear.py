@@ -2,9 +2,9 @@
 summary and the model (the input scan is :mod:`pystrads.ml._linear_input`).
 
 The estimators only orchestrate (:class:`~pystrads.ml._base._StradsEstimator`'s ``_fit``):
-check params and schema (no Spark job), scan the input once (bad values, sizes, counts and
-the row sample for the correlation check), build the program (:mod:`pystrads.programs.lasso`,
-:mod:`pystrads.programs.logistic`) and run it on the engine, then wrap the coefficients in a
+check params and schema (no Spark job), scan the input once (bad values, sizes, counts),
+build the program (:mod:`pystrads.programs.lasso`, :mod:`pystrads.programs.logistic`; its
+workers draw the correlation check's row sample as they load) and run it on the engine, then wrap the coefficients in a
 model.
 """
 
@@ -22,9 +22,9 @@ from pyspark.sql import types as T
 
 from ..engine.spark import is_dataframe
 from ..errors import InputError
-from ..programs.lasso import PRIORITIES, SCHEDULES, ColumnSample
+from ..programs.lasso import PRIORITIES, SCHEDULES
 from ._base import Fit, _StradsEstimator, _StradsModel
-from ._linear_input import _block_of, scan_input
+from ._linear_input import batch_blocks, scan_input
 from ._params import NUMBERS, VECTORS, HasNumWorkers, at_least, one_of, within
 from ._summary import FitSummary
 
@@ -145,8 +145,7 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams):
     def _scan(self, fit: Fit):
         fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
         wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
-        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self.getCorrelationSampleSize(),
-                                    self._binary_labels, fit.workers)
+        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self._binary_labels, fit.workers)
         if stats["rows"] == 0:
             raise InputError("the input has no rows; fit needs at least one (label, features) row")
         if stats["error"]:
@@ -172,15 +171,15 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams):
             schedule=self.getSchedule(), priority=self.getPriority(), coords_per_round=self.getCoordinatesPerRound(),
             candidates_per_round=self.getCandidatesPerRound(), rho=self.getCorrelationThreshold(),
             max_iter=self.getMaxIter(), tol=self.getTol(), gram_limit=self.getWorkingSetLimit(),
-            sample=ColumnSample(stats["sample"], stats["features"]))
+            sample_rows=self.getCorrelationSampleSize())
         program.t_origin = fit.t_start
         log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(self).__name__,
                  stats["rows"], stats["features"], stats["nnz"], fit.workers, self.getSchedule())
         return program
 
     def _engine_args(self, fit: Fit):
-        frame = is_dataframe(fit.records)  # row blocks through Arrow, already one partition per worker
-        return {"prepartitioned": frame, "decode": _block_of if frame else None}
+        frame = is_dataframe(fit.records)  # (y, w, x) through Arrow, already one partition per worker
+        return {"prepartitioned": frame, "decode_batch": batch_blocks if frame else None}
 
     def _read_model(self, result, fit: Fit):
         return self._model_class(*fit.program.result(result.read_table("coef")))

@@ -1,7 +1,7 @@
 """Reading the linear estimators' input: one pass over the data that refuses bad rows before any
-training (naming the column, the value and the row), counts rows, non-zeros and labels, draws the
-row sample for the correlation check, and builds the workers' row blocks -- from Arrow batches
-(``mapInArrow``), or row by row where Arrow cannot carry the vectors.
+training (naming the column, the value and the row) and counts rows, non-zeros and labels -- from
+Arrow batches (``mapInArrow``), or row by row where Arrow cannot carry the vectors -- and turns each
+Arrow batch into a worker's row block at the load.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 from pyspark.ml.linalg import SparseVector
@@ -30,13 +30,11 @@ def _vector_parts(v):
     return len(arr), nz.astype(np.int64), arr[nz]
 
 
-def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: int, binary_labels: bool):
+def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool):
     """The row-by-row scan (Python ``Row`` objects): the fallback when Spark cannot hand
     the vector column to Python as Arrow."""
     weight = F.col(wcol).cast("double") if wcol else F.lit(1.0)
     rows = dataset.select(F.col(lcol).cast("double").alias("y"), weight.alias("w"), F.col(fcol).alias("x")).rdd
-    parts = max(1, rows.getNumPartitions())
-    per_part = max(1, int(math.ceil(sample_rows / parts)))
 
     def to_record(row):
         size, idx, val = _vector_parts(row.x) if row.x is not None else (-1, None, None)
@@ -44,13 +42,11 @@ def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: 
 
     records = rows.map(to_record)
 
-    def check(index, it):
-        rng = np.random.default_rng(index)
+    def check(it):
         n = nnz = 0
         wsum = 0.0
         sizes = set()
         error = None
-        reservoir: List[Any] = []
         for y, w, idx, val, size in it:
             n += 1
             if error is None:
@@ -59,16 +55,9 @@ def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: 
             if w is not None and math.isfinite(w):
                 wsum += w
             nnz += len(idx) if idx is not None else 0
-            if idx is not None:
-                if len(reservoir) < per_part:
-                    reservoir.append((idx, val))
-                else:
-                    k = int(rng.integers(0, n))
-                    if k < per_part:
-                        reservoir[k] = (idx, val)
-        yield {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error, "sample": reservoir}
+        yield {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error}
 
-    return records.map(lambda r: r[:4]), _merge_stats(records.mapPartitionsWithIndex(check).collect())
+    return records.map(lambda r: r[:4]), _merge_stats(records.mapPartitions(check).collect())
 
 
 def _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels):
@@ -90,14 +79,13 @@ def _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels):
 
 
 def _merge_stats(parts) -> Dict[str, Any]:
-    stats: Dict[str, Any] = {"rows": 0, "nnz": 0, "wsum": 0.0, "sizes": set(), "error": None, "sample": []}
+    stats: Dict[str, Any] = {"rows": 0, "nnz": 0, "wsum": 0.0, "sizes": set(), "error": None}
     for part in parts:
         stats["rows"] += part["rows"]
         stats["nnz"] += part["nnz"]
         stats["wsum"] += part["wsum"]
         stats["sizes"] |= part["sizes"]
         stats["error"] = stats["error"] or part["error"]
-        stats["sample"].extend(part["sample"])
     return stats
 
 
@@ -139,51 +127,12 @@ def _arrow_block(batch) -> Dict[str, np.ndarray]:
             "col_idx": cols, "vals": flat_v}
 
 
-BLOCK_NONZEROS = 1 << 17  # per block (~1.5 MB): one binary value each, which the JVM copies a few times
-
-
-def _split_block(b: Dict[str, np.ndarray], max_nnz: int):
-    """Cut a block into blocks of at most ``max_nnz`` non-zeros (at least one row each)."""
-    ptr = b["row_ptr"]
-    n = len(b["y"])
-    if ptr[-1] <= max_nnz:
-        yield b
-        return
-    start = 0
-    while start < n:
-        stop = int(np.searchsorted(ptr, ptr[start] + max_nnz, side="right")) - 1
-        stop = min(max(stop, start + 1), n)
-        lo, hi = ptr[start], ptr[stop]
-        part = {key: b[key][start:stop] for key in ("y", "w", "y_null", "w_null", "size")}
-        part.update(row_ptr=ptr[start:stop + 1] - lo, col_idx=b["col_idx"][lo:hi], vals=b["vals"][lo:hi])
-        yield part
-        start = stop
-
-
-def _arrow_blocks(sel):
-    """DataFrame of pickled :func:`_arrow_block` dicts (column ``block``), one or more per Arrow
-    batch (``mapInArrow``), and the function that unpickles a row of it."""
-    import pickle
-
-    def blocks(batches):
-        import pyarrow as pa
-
-        schema = pa.schema([("block", pa.binary())])
-        for batch in batches:
-            if batch.num_rows:
-                for part in _split_block(_arrow_block(batch), BLOCK_NONZEROS):
-                    payload = pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
-                    yield pa.RecordBatch.from_arrays([pa.array([payload], type=pa.binary())], schema=schema)
-
-    return sel.mapInArrow(blocks, "block binary")
-
-
-def _block_of(row):
-    """A worker's record from a row of :func:`_arrow_blocks`."""
-    import pickle
-
-    b = pickle.loads(row[0])
-    return RowBlock(b["y"], b["w"], b["row_ptr"], b["col_idx"], b["vals"])
+def batch_blocks(batch):
+    """A worker's records from one Arrow batch of the input (``Engine(decode_batch=...)``):
+    one :class:`RowBlock`, built from the batch's buffers (no Python object per row).  The
+    scan has refused null vectors and bad values before the load runs."""
+    b = _arrow_block(batch)
+    return [RowBlock(b["y"], b["w"], b["row_ptr"], b["col_idx"], b["vals"])] if len(b["y"]) else []
 
 
 def _block_error(b, fcol, lcol, wcol, binary_labels):
@@ -207,75 +156,52 @@ def _block_error(b, fcol, lcol, wcol, binary_labels):
                       b["vals"][lo:hi], int(size[i]), fcol, lcol, wcol, binary_labels)
 
 
-def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: int, binary_labels: bool,
-                num_workers: int):
+def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int):
     weight = F.col(wcol).cast("double") if wcol else F.lit(1.0)
     sel = dataset.select(F.col(lcol).cast("double").alias("y"), weight.alias("w"), F.col(fcol).alias("x"))
     # row-wise, in the JVM (blocks would balance badly); under Spark Connect the partitions are
     # unknown without a job, so always
     if handle_of(dataset).connect or sel.rdd.getNumPartitions() != num_workers:
         sel = sel.repartition(num_workers)
-    blocks = _arrow_blocks(sel)
-    per_part = max(1, int(math.ceil(sample_rows / max(1, num_workers))))
 
     def check(batches):
-        import pickle
-
-        from ._arrow import partition_id
-
-        rng = np.random.default_rng(partition_id())
-        it = (pickle.loads(b) for batch in batches for b in batch.column(0).to_pylist())
         n = nnz = 0
         wsum = 0.0
         sizes: set = set()
         error = None
-        pool_keys = np.zeros(0)
-        pool: List[Any] = []
-        for b in it:
-            m = len(b["y"])
-            n += m
+        for b in (_arrow_block(batch) for batch in batches if batch.num_rows):
+            n += len(b["y"])
             if error is None:
                 error = _block_error(b, fcol, lcol, wcol, binary_labels)
             sizes.update(np.unique(b["size"]).tolist())
             ok_w = ~b["w_null"] & np.isfinite(b["w"])
             wsum += float(b["w"][ok_w].sum())
             nnz += int(b["row_ptr"][-1])
-            # bottom-k of random keys: a uniform row sample without replacement
-            keys = rng.random(m)
-            keys[b["size"] < 0] = np.inf
-            cand = np.concatenate([pool_keys, keys])
-            take = np.argsort(cand, kind="stable")[:per_part]
-            take = take[np.isfinite(cand[take])]
-            ptr = b["row_ptr"]
-            pool = [pool[t] if t < len(pool_keys) else
-                    (b["col_idx"][ptr[t - len(pool_keys)]:ptr[t - len(pool_keys) + 1]].copy(),
-                     b["vals"][ptr[t - len(pool_keys)]:ptr[t - len(pool_keys) + 1]].copy()) for t in take]
-            pool_keys = cand[take]
-        return {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error, "sample": pool}
+        return {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error}
 
     from ._arrow import collect_per_partition
 
-    stats = _merge_stats(collect_per_partition(blocks, check))
-    return blocks, stats
+    return sel, _merge_stats(collect_per_partition(sel, check))
 
 
-def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: int, binary_labels: bool,
-               num_workers: int = 0):
-    """One pass over the input: records for the engine, counts, the first bad row, a row sample.
+def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int = 0):
+    """One pass over the input: records for the engine, counts, the first bad row.
 
     Returns ``(records, stats)``; ``stats`` has ``rows``, ``nnz``, ``sizes``
-    (distinct vector sizes), ``error`` (first problem found, or None) and
-    ``sample`` (list of ``(indices, values)``).  The records are a DataFrame
-    of pickled row blocks, one partition per worker (read through Arrow with
-    ``mapInArrow``: vectors arrive as numpy arrays, ~4x faster than Python
-    ``Row`` objects; the workers turn each into a :class:`RowBlock` with
-    :func:`_block_of`); where Spark cannot give the vector column to Arrow
-    (classic sessions only), an RDD of ``(label, weight, indices, values)``
-    tuples, one per row.
+    (distinct vector sizes) and ``error`` (first problem found, or None).
+    (The correlation check's row sample is drawn by the workers as they load:
+    ``LassoProgram.data_summary``.)  The records are the input's
+    ``(y, w, x)`` columns as a DataFrame, one partition per worker, read
+    through Arrow (``mapInArrow``: vectors arrive as numpy arrays, ~4x faster
+    than Python ``Row`` objects; the workers turn each Arrow batch into a
+    :class:`RowBlock` with :func:`batch_blocks`, without pickling the
+    blocks between two jobs); where Spark cannot give the vector column to
+    Arrow (classic sessions only), an RDD of ``(label, weight, indices,
+    values)`` tuples, one per row.
     """
     if num_workers > 0 and _arrow_scan_ok:
         try:
-            return _scan_arrow(dataset, fcol, lcol, wcol, sample_rows, binary_labels, num_workers)
+            return _scan_arrow(dataset, fcol, lcol, wcol, binary_labels, num_workers)
         except Exception as exc:  # noqa: BLE001 - e.g. a Spark without Arrow support for UDT columns
             if isinstance(exc, (KeyboardInterrupt, InputError)):
                 raise
@@ -284,7 +210,7 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], sample_rows: 
                         text.splitlines()[0][:300] if text else type(exc).__name__)
             if "UserDefinedType" in text or "nsupported" in text:  # this Spark cannot: do not try again
                 _disable_arrow_scan()
-    return _scan_rows(dataset, fcol, lcol, wcol, sample_rows, binary_labels)
+    return _scan_rows(dataset, fcol, lcol, wcol, binary_labels)
 
 
 _arrow_scan_ok = os.environ.get("PYSTRADS_ARROW_INPUT", "1") != "0"

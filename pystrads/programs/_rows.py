@@ -92,11 +92,41 @@ def canonical_order(row_ptr, col_idx, vals, y, w):
 class ColumnSample:
     """Columns of a row sample, scaled to unit norm, for the correlation check."""
 
-    def __init__(self, records: Iterable[Tuple[Any, Any]], num_features: int):
-        row_ptr, col_idx, vals, _, _ = rows_to_arrays(((0.0, 1.0, i, v) for i, v in records), num_features)
-        self.num_rows = len(row_ptr) - 1
-        ptr, rows, vals = K.rows_to_csc(row_ptr, col_idx, vals, num_features)
-        norms = np.sqrt(np.add.reduceat(vals * vals, ptr[:-1]) if len(vals) else np.zeros(num_features))
+    def __init__(self, records: Iterable[Any], num_features: int):
+        """``records``: sampled rows as ``(indices, values)`` pairs or :class:`RowBlock` s."""
+        row_ptr, col_idx, vals, _, _ = rows_to_arrays(
+            (r if isinstance(r, RowBlock) else (0.0, 1.0, r[0], r[1]) for r in records), num_features)
+        self._set(len(row_ptr) - 1, *K.rows_to_csc(row_ptr, col_idx, vals, num_features))
+
+    @classmethod
+    def from_columns(cls, parts) -> "ColumnSample":
+        """The sample made of several workers' samples, each ``(num_rows, col_ptr, rows, vals)``
+        (CSC over the same columns, rows numbered within the part): the parts' rows stacked
+        in order."""
+        parts = list(parts)
+        counts = [np.diff(p[1]) for p in parts]
+        total = np.sum(counts, axis=0)
+        ptr = np.zeros(len(total) + 1, dtype=np.int64)
+        np.cumsum(total, out=ptr[1:])
+        rows, vals = np.empty(ptr[-1], dtype=np.int64), np.empty(ptr[-1])
+        before = ptr[:-1].copy()  # where the next part's entries of each column go
+        row_offset = 0
+        for (n, p_ptr, p_rows, p_vals), c in zip(parts, counts):
+            dest = np.repeat(before - p_ptr[:-1], c) + np.arange(p_ptr[-1], dtype=np.int64)
+            rows[dest] = np.asarray(p_rows, dtype=np.int64) + row_offset
+            vals[dest] = p_vals
+            before += c
+            row_offset += int(n)
+        sample = cls.__new__(cls)
+        sample._set(row_offset, ptr, rows, vals)
+        return sample
+
+    def _set(self, num_rows, ptr, rows, vals) -> None:
+        self.num_rows = int(num_rows)
+        num_features = len(ptr) - 1
+        # per column (bincount: reduceat fails on trailing empty columns and misreads empty ones)
+        col_of = np.repeat(np.arange(num_features, dtype=np.int64), np.diff(ptr))
+        norms = np.sqrt(np.bincount(col_of, weights=vals * vals, minlength=num_features))
         norms[np.diff(ptr) == 0] = 1.0
         self.ptr, self.rows = ptr, rows
         self.vals = vals / np.repeat(np.where(norms > 0, norms, 1.0), np.diff(ptr))

@@ -106,6 +106,9 @@ class LassoProgram(WorkingSetSolver, Program):
         objective.
     sample : ColumnSample, optional
         Row sample for the dependency check (driver only).
+    sample_rows : int
+        Without ``sample``: rows the workers sample from their data for the dependency check
+        (split evenly; sent to the driver once, before the init step; 0 = no sample).
     """
 
     loss_name = "squared"
@@ -117,7 +120,7 @@ class LassoProgram(WorkingSetSolver, Program):
                  coords_per_round: int = 256, candidates_per_round: int = 512, rho: float = 0.3,
                  eta: float = 1e-6, passes: float = 3.0, max_iter: int = 100, tol: float = 1e-6,
                  min_rounds_per_step: int = 32, gram_limit: int = 4096, damping: str = "eso",
-                 sample: Optional[ColumnSample] = None):
+                 sample: Optional[ColumnSample] = None, sample_rows: int = 0):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}")
         if priority not in PRIORITIES:
@@ -144,6 +147,7 @@ class LassoProgram(WorkingSetSolver, Program):
             raise ValueError(f"damping={damping!r} is not one of ('eso', 'none')")
         self.damping = damping
         self.t_origin = time.perf_counter()  # history times count from here (the estimator sets its start)
+        self.sample_rows = 0 if sample is not None else max(0, int(sample_rows))
         self._d = {"sample": sample or ColumnSample.empty(self.num_features)}  # driver-only state
 
     def __getstate__(self):
@@ -172,6 +176,25 @@ class LassoProgram(WorkingSetSolver, Program):
         row_ptr, col_idx, vals, y, w = canonical_order(*rows_to_arrays(records, self.num_features))
         col_ptr, row_idx, cvals = K.rows_to_csc(row_ptr, col_idx, vals, self.num_features)
         return {"col_ptr": col_ptr, "row_idx": row_idx, "vals": cvals, "y": y, "w": w}
+
+    def data_summary(self, ctx, data):
+        """This worker's share of the dependency check's row sample: its rows' columns (CSC)."""
+        n = len(data["y"])
+        k = min(n, -(-self.sample_rows // ctx.num_workers))
+        if k <= 0:
+            return None
+        chosen = np.sort(ctx.rng(0x5A4D).choice(n, size=k, replace=False))
+        new_row = np.full(n, -1, dtype=np.int64)
+        new_row[chosen] = np.arange(k)
+        mapped = new_row[data["row_idx"]]
+        keep = mapped >= 0
+        kept = np.concatenate([[0], np.cumsum(keep)])
+        return k, kept[data["col_ptr"]], mapped[keep].astype(np.int32), data["vals"][keep]
+
+    def check_data(self, summaries):
+        parts = [s for s in summaries if s is not None]
+        if self.sample_rows and parts:
+            self._d["sample"] = ColumnSample.from_columns(parts)
 
     # ------------------------------------------------------------------ worker side
     def init_state(self, ctx, data):
