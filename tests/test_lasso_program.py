@@ -280,7 +280,7 @@ def test_dependency_check_matters_on_correlated_columns(sc):
         with Engine(prog, rdd, num_workers=2, seed=1, config={"step.targetSeconds": 1.0}).fit() as res:
             beta, _ = prog.result(res.read_table("coef"))
         results[name] = lasso_objective(x, y, beta, lam)
-        if not given:
+        if not given:  # (built at the first round's planning)
             assert prog.driver_state["sample"].num_rows == n
     assert results["shipped"] <= best * (1 + 1e-7), results
     assert results["check"] <= best * 1.01, results  # the plain rounds with the check: slow but steady

@@ -193,8 +193,8 @@ class LassoProgram(WorkingSetSolver, Program):
 
     def check_data(self, summaries):
         parts = [s for s in summaries if s is not None]
-        if self.sample_rows and parts:
-            self._d["sample"] = ColumnSample.from_columns(parts)
+        if self.sample_rows and parts:  # built when a round is first planned (the working set may do without)
+            self._d["sample_parts"] = parts
 
     # ------------------------------------------------------------------ worker side
     def init_state(self, ctx, data):
@@ -480,6 +480,8 @@ class LassoProgram(WorkingSetSolver, Program):
                 pos = (d["cursor"] + np.arange(budget)) % max(len(ids), 1)
                 stream = ids[pos] if len(ids) else ids
                 d["cursor"] = int((d["cursor"] + budget) % max(len(ids), 1))
+        if "sample_parts" in d:
+            d["sample"] = ColumnSample.from_columns(d.pop("sample_parts"))
         sample = d["sample"]
         round_ptr, coords, _ = K.plan_rounds(stream.astype(np.int64), L, Lp if rho > 0 else L, max_rounds,
                                              self.num_features, sample.ptr, sample.rows, sample.vals, rho,
