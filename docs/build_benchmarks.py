@@ -226,6 +226,7 @@ RENDERERS = {
     "lasso_strads_resident": lasso_table,
     "lasso_strads_current": lasso_table,
     "lasso_strads_exchange": lasso_table,
+    "lasso_strads_input": lasso_table,
     "runtime_every_round": runtime_every_round_table,
 }
 
