@@ -139,6 +139,16 @@ class _WorkerData:
         return len(self.token_row)
 
 
+class _Ready:
+    """A finished "background read" (rows already in hand)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
 class _WorkerState:
     """Token topics + RNG, carried between steps; doc structures are rebuilt."""
 
@@ -149,6 +159,9 @@ class _WorkerState:
         self.doc_topic = None
         self.doc_nz_topics = None
         self.doc_nz_count = None
+        # (step, block, rows): a lone worker's block rows as its last round left them (never pickled:
+        # a restored state reads them again)
+        self.kept_rows = None
 
     def __getstate__(self):
         return {"token_topic": self.token_topic, "rng_state": self.rng_state, "last_totals": self.last_totals}
@@ -228,6 +241,9 @@ class LDAProgram(Program):
     round_rows_bytes = ROUND_ROWS_BYTES
     #: word_topic rows travel as their non-zero entries (8 % of a row on Reuters at K = 50)
     sparse_rows = True
+    #: a lone worker (U = 1) keeps its block's rows from one round to the next within a step instead
+    #: of reading them again: nobody else writes them (its own changes are still written every round)
+    keep_rows = True
     #: a round's block is sampled in at least this many runs of rows; reading the next run and
     #: writing the last one overlap sampling
     pipeline_pieces = PIPELINE_PIECES
@@ -347,6 +363,8 @@ class LDAProgram(Program):
         word_topic = ctx.table("word_topic")
         totals_table = ctx.table("topic_totals")
         chunks = list(self._row_chunks(data, block, self.pipeline_pieces))
+        keep = self.keep_rows and self.num_workers == 1 and len(chunks) == 1
+        kept, state.kept_rows = state.kept_rows, None
         # the totals as the last round's clock committed them: every worker's change to them is a
         # contribution summed at the clock (pull), so no worker's read can see another's write of
         # this round (a direct inc raced with the reads, and one seed gave two chains)
@@ -355,7 +373,10 @@ class LDAProgram(Program):
         # run of rows arrives and the last one's deltas leave while a run is sampled
         if chunks:
             a, b = chunks[0][:2]
-            reading = ctx.background(word_topic.get, words[a:b], self.sparse_rows)
+            if keep and kept is not None and kept[:2] == (ctx.step, block):
+                reading = _Ready(kept[2])
+            else:
+                reading = ctx.background(word_topic.get, words[a:b], self.sparse_rows)
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
         if chunks:
@@ -367,19 +388,20 @@ class LDAProgram(Program):
                 if j + 1 < len(chunks):
                     a2, b2 = chunks[j + 1][:2]
                     reading = ctx.background(word_topic.get, words[a2:b2], self.sparse_rows)
-                before_rows = rows.copy()
+                before = rows.copy()
                 t0 = time.perf_counter()
                 changed += sampler(
                     data.token_row, data.token_doc, state.token_topic, t_lo, t_hi, a, rows, totals,
                     state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics, state.doc_nz_count,
                     self.alpha, self.beta, self.vocab_size, state.rng_state)
                 sample_s += time.perf_counter() - t0
-                rows -= before_rows  # the run's delta
-                del before_rows
-                touched = np.flatnonzero(np.any(rows != 0, axis=1))
+                delta = np.subtract(rows, before, out=before)  # the run's delta (rows: its new counts)
+                touched = np.flatnonzero(np.any(delta != 0, axis=1))
                 if len(touched):
-                    ctx.background(word_topic.inc, words[a:b][touched], rows[touched], self.sparse_rows)
-                del rows
+                    ctx.background(word_topic.inc, words[a:b][touched], delta[touched], self.sparse_rows)
+                if keep:
+                    state.kept_rows = (ctx.step, block, rows)
+                del rows, delta, before
             ctx.report(sample_s=sample_s, changed=changed)
             delta_totals = totals - before_totals
             if np.any(delta_totals):
