@@ -223,6 +223,7 @@ RENDERERS = {
     "lda_reuters_kernels": lda_table,
     "lda_debian_current": lda_table,
     "lda_debian_k1000": lda_table,
+    "lda_reuters_lone_worker": lda_table,
     "lasso_strads_resident": lasso_table,
     "lasso_strads_current": lasso_table,
     "lasso_strads_exchange": lasso_table,
