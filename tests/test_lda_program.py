@@ -118,28 +118,37 @@ def test_a_round_read_in_row_chunks_samples_as_one_read(sc, corpus, sampler):
 
 
 def test_a_lone_worker_keeps_its_rows_between_rounds_and_samples_the_same_chain(sc, corpus, tmp_path):
-    """With U = 1 nobody else writes the block, so the worker keeps its rows from one round to the
-    next within a step (still writing its changes every round): the same chain as reading them
-    every round, far fewer bytes read, and exact counts after a failure in the middle of a step
-    (the restored state has no rows kept)."""
+    """With U = 1 nobody else reads or writes the block, so the worker keeps its rows and the
+    totals from one round to the next within a step, and sends its changes only at the step's
+    last round and at the rounds whose log-likelihood the shards compute: the same chain and the
+    same log-likelihoods as reading and writing every round, far fewer bytes either way, and exact
+    counts after a failure in the middle of a step (the restored state has nothing kept)."""
     docs, _ = corpus
     tokens = sum(int(c.sum()) for _, _, c in docs)
-    tables, read = [], []
+    tables, read, written, lls = [], [], [], []
     for keep in (False, True):
-        program = make_program(docs, 400, 1, iterations=6, sampler="dense")
+        program = make_program(docs, 400, 1, iterations=12, sampler="dense", log_likelihood_every=3)
         program.keep_rows = keep
-        with Engine(program, sc.parallelize(docs, 1), seed=1).fit() as res:
+        with Engine(program, sc.parallelize(docs, 1), seed=1, config={"step.targetSeconds": 60}).fit() as res:
             word_topic = res.read_table("word_topic")
             assert word_topic.sum() == tokens
+            assert np.array_equal(res.read_table("topic_totals")[0], word_topic.sum(axis=0))
             assert np.array_equal(word_topic, recount(res, 400, 5))
             tables.append(word_topic)
             read.append(sum(row["bytes_out"] for row in res.summary.rows))
-            assert len(res.summary.rows) >= 2 and res.summary.rows[-1]["rounds"] >= 2
+            written.append(sum(row["bytes_in"] - row["snapshot_bytes"] for row in res.summary.rows[1:]))
+            lls.append([(r["iteration"], r["log_likelihood"]) for r in res.summary.iterations
+                        if "log_likelihood" in r])
+            assert len(res.summary.rows) >= 2 and res.summary.rows[-1]["rounds"] >= 4
     assert np.array_equal(tables[0], tables[1])
+    assert [i for i, _ in lls[1]] == [3, 6, 9, 12] and lls[0] == lls[1]
     assert read[1] < 0.6 * read[0], read
-    program = make_program(docs, 400, 1, iterations=6, cls=FailingLDA, marker=str(tmp_path / "failed"),
-                           sampler="dense")
-    with Engine(program, sc.parallelize(docs, 1), seed=1).fit() as res:
+    assert written[1] < 0.6 * written[0], written  # 4 writes in 11 rounds (plus the ticks)
+    # the failure comes in step 2's sixth round: after the write of its fifth (a log-likelihood
+    # round), with that round's changes still held back
+    program = make_program(docs, 400, 1, iterations=12, cls=FailingLDA, marker=str(tmp_path / "failed"),
+                           sampler="dense", log_likelihood_every=3, fail_round=5)
+    with Engine(program, sc.parallelize(docs, 1), seed=1, config={"step.targetSeconds": 60}).fit() as res:
         assert (tmp_path / "failed").exists()
         word_topic = res.read_table("word_topic")
         assert np.array_equal(word_topic, recount(res, 400, 5))
@@ -179,13 +188,15 @@ def test_the_chain_is_a_function_of_the_seed_whatever_the_workers_timing(sc, cor
 
 
 class FailingLDA(LDAProgram):
-    def __init__(self, *args, marker=None, **kw):
+    def __init__(self, *args, marker=None, fail_round=1, **kw):
         super().__init__(*args, **kw)
         self.marker = marker
+        self.fail_round = fail_round
 
     def push(self, ctx, data, state, block):
         state = super().push(ctx, data, state, block)
-        if ctx.step == 2 and ctx.worker == 0 and ctx.local_round == 1 and not os.path.exists(self.marker):
+        if ctx.step == 2 and ctx.worker == 0 and ctx.local_round == self.fail_round \
+                and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             raise RuntimeError("injected failure mid-iteration")
         return state

@@ -249,6 +249,8 @@ class WorkerContext:
         self.attempt = attempt
         self.round_offset = round_offset
         self.local_round = 0
+        #: rounds in the step being run (None outside a step: ``load``, ``init_state``)
+        self.rounds_in_step: Optional[int] = None
         self.seed = seed
         self._handles = handles
         self._metrics: Dict[str, float] = {}
@@ -263,6 +265,13 @@ class WorkerContext:
     def round(self) -> int:
         """Global index of the current round (counted over the whole fit)."""
         return self.round_offset + self.local_round
+
+    @property
+    def last_round(self) -> bool:
+        """Whether this is the step's last round: the driver reads the tables (``after_step``)
+        and the state is snapshotted after it, so a worker that holds back writes between
+        rounds must have sent them by then."""
+        return self.rounds_in_step is not None and self.local_round == self.rounds_in_step - 1
 
     def table(self, name: str):
         """The :class:`~pystrads.ps.client.TableHandle` of table ``name``."""

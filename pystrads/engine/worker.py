@@ -92,6 +92,7 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
     tick (by ``apply``), and the last round's index."""
     has_apply = program.has_apply()
     last = len(schedule) - 1
+    ctx.rounds_in_step = len(schedule)
     late: Dict[str, float] = {}  # what apply() of the previous round reported
     for rnd in range(len(schedule)):
         ctx._begin_round(rnd)

@@ -149,6 +149,18 @@ class _Ready:
         return self.value
 
 
+class _Kept(NamedTuple):
+    """What a lone worker holds between the rounds of a step: its block's rows and the topic
+    totals as sampled so far, and both as the shards last received them (``base``)."""
+
+    step: int
+    block: int
+    rows: np.ndarray
+    base: np.ndarray
+    totals: np.ndarray
+    base_totals: np.ndarray
+
+
 class _WorkerState:
     """Token topics + RNG, carried between steps; doc structures are rebuilt."""
 
@@ -159,8 +171,8 @@ class _WorkerState:
         self.doc_topic = None
         self.doc_nz_topics = None
         self.doc_nz_count = None
-        # (step, block, rows): a lone worker's block rows as its last round left them (never pickled:
-        # a restored state reads them again)
+        # a lone worker's _Kept block between the rounds of a step (never pickled: a restored state
+        # reads the rows again)
         self.kept_rows = None
 
     def __getstate__(self):
@@ -363,49 +375,60 @@ class LDAProgram(Program):
         word_topic = ctx.table("word_topic")
         totals_table = ctx.table("topic_totals")
         chunks = list(self._row_chunks(data, block, self.pipeline_pieces))
-        keep = self.keep_rows and self.num_workers == 1 and len(chunks) == 1
+        # a lone worker holds its block and the totals between the rounds of a step: nobody else
+        # reads or writes them, so it reads them once a step and sends its changes only where they
+        # are read -- at the step's last round (after_step, the snapshot) and at the rounds whose
+        # word log-likelihood the shards compute
+        hold = self.keep_rows and self.num_workers == 1 and len(chunks) == 1
         kept, state.kept_rows = state.kept_rows, None
+        if not (hold and kept is not None and (kept.step, kept.block) == (ctx.step, block)):
+            kept = None
+        every = self.log_likelihood_every
+        write = (not hold or ctx.last_round or ctx.rounds_in_step is None
+                 or (every and (ctx.round + 1) % (self.num_workers * every) == 0))
         # the totals as the last round's clock committed them: every worker's change to them is a
         # contribution summed at the clock (pull), so no worker's read can see another's write of
         # this round (a direct inc raced with the reads, and one seed gave two chains)
-        totals = totals_table.get_range(0, 1)[0]
+        totals = kept.totals if kept is not None else totals_table.get_range(0, 1)[0]
         # reads, writes and sampling overlap (background Flight calls, a nogil kernel): the next
         # run of rows arrives and the last one's deltas leave while a run is sampled
         if chunks:
             a, b = chunks[0][:2]
-            if keep and kept is not None and kept[:2] == (ctx.step, block):
-                reading = _Ready(kept[2])
-            else:
-                reading = ctx.background(word_topic.get, words[a:b], self.sparse_rows)
+            reading = _Ready(kept.rows) if kept is not None else \
+                ctx.background(word_topic.get, words[a:b], self.sparse_rows)
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
         if chunks:
             sampler = K.get_sampler(self.sampler)
-            before_totals = totals.copy()
+            before_totals = kept.base_totals if kept is not None else totals.copy()
             sample_s, changed = 0.0, 0
             for j, (a, b, t_lo, t_hi) in enumerate(chunks):
                 rows = reading.result()
                 if j + 1 < len(chunks):
                     a2, b2 = chunks[j + 1][:2]
                     reading = ctx.background(word_topic.get, words[a2:b2], self.sparse_rows)
-                before = rows.copy()
+                before = kept.base if kept is not None else rows.copy()  # the rows as the shards hold them
                 t0 = time.perf_counter()
                 changed += sampler(
                     data.token_row, data.token_doc, state.token_topic, t_lo, t_hi, a, rows, totals,
                     state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics, state.doc_nz_count,
                     self.alpha, self.beta, self.vocab_size, state.rng_state)
                 sample_s += time.perf_counter() - t0
-                delta = np.subtract(rows, before, out=before)  # the run's delta (rows: its new counts)
-                touched = np.flatnonzero(np.any(delta != 0, axis=1))
-                if len(touched):
-                    ctx.background(word_topic.inc, words[a:b][touched], delta[touched], self.sparse_rows)
-                if keep:
-                    state.kept_rows = (ctx.step, block, rows)
-                del rows, delta, before
+                if write:
+                    delta = np.subtract(rows, before, out=before)  # the run's delta (rows: its new counts)
+                    touched = np.flatnonzero(np.any(delta != 0, axis=1))
+                    if len(touched):
+                        ctx.background(word_topic.inc, words[a:b][touched], delta[touched], self.sparse_rows)
+                    del delta
+                if hold and not ctx.last_round:
+                    state.kept_rows = _Kept(ctx.step, block, rows, rows.copy() if write else before, totals,
+                                            totals.copy() if write else before_totals)
+                del rows, before
             ctx.report(sample_s=sample_s, changed=changed)
-            delta_totals = totals - before_totals
-            if np.any(delta_totals):
-                ctx.contribute("topic_totals", [0], delta_totals.reshape(1, -1).astype(np.float64))
+            if write:
+                delta_totals = totals - before_totals
+                if np.any(delta_totals):
+                    ctx.contribute("topic_totals", [0], delta_totals.reshape(1, -1).astype(np.float64))
         state.last_totals = totals
         ctx.report(tokens=hi - lo)
         every = self.log_likelihood_every
