@@ -187,6 +187,30 @@ def test_the_chain_is_a_function_of_the_seed_whatever_the_workers_timing(sc, cor
     assert np.array_equal(tables[0], tables[1])
 
 
+class ReadingLDA(LDAProgram):
+    """Reads the topic totals at the start of every round (as before they came with the tick)."""
+
+    def apply(self, ctx, data, state, block):
+        return state
+
+
+def test_the_totals_the_tick_brings_back_are_the_ones_a_read_gets(sc, corpus):
+    """Each round's tick brings the committed topic totals back for the next round: the same chain
+    as reading them at the start of every round, one request fewer per worker and round."""
+    docs, _ = corpus
+    tables, requests = [], []
+    for cls in (LDAProgram, ReadingLDA):
+        program = make_program(docs, 400, 2, iterations=8, cls=cls, sampler="dense")
+        with Engine(program, sc.parallelize(docs, 2), seed=1, config={"step.targetSeconds": 60}).fit() as res:
+            tables.append(res.read_table("word_topic"))
+            assert np.array_equal(res.read_table("topic_totals")[0], tables[-1].sum(axis=0))
+            steps = res.summary.rows[1:]
+            requests.append((sum(r["requests"] for r in steps), sum(r["rounds"] for r in steps)))
+    assert np.array_equal(tables[0], tables[1])
+    (fused, rounds), (read, rounds2) = requests
+    assert rounds == rounds2 >= 8 and read - fused >= 2 * (rounds - 1), requests
+
+
 class FailingLDA(LDAProgram):
     def __init__(self, *args, marker=None, fail_round=1, **kw):
         super().__init__(*args, **kw)

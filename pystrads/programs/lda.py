@@ -174,6 +174,10 @@ class _WorkerState:
         # a lone worker's _Kept block between the rounds of a step (never pickled: a restored state
         # reads the rows again)
         self.kept_rows = None
+        # (step, round, totals): the topic totals the round's tick brought back for the next
+        # round (its pull applied), so that round need not read them (never pickled either)
+        self.next_totals = None
+        self.asked_totals = False
 
     def __getstate__(self):
         return {"token_topic": self.token_topic, "rng_state": self.rng_state, "last_totals": self.last_totals}
@@ -389,7 +393,13 @@ class LDAProgram(Program):
         # the totals as the last round's clock committed them: every worker's change to them is a
         # contribution summed at the clock (pull), so no worker's read can see another's write of
         # this round (a direct inc raced with the reads, and one seed gave two chains)
-        totals = kept.totals if kept is not None else totals_table.get_range(0, 1)[0]
+        if kept is not None:
+            totals = kept.totals
+        elif state.next_totals is not None and state.next_totals[:2] == (ctx.step, ctx.round):
+            totals = state.next_totals[2]
+        else:
+            totals = totals_table.get_range(0, 1)[0]
+        state.next_totals, state.asked_totals = None, False
         # reads, writes and sampling overlap (background Flight calls, a nogil kernel): the next
         # run of rows arrives and the last one's deltas leave while a run is sampled
         if chunks:
@@ -425,10 +435,12 @@ class LDAProgram(Program):
                                             totals.copy() if write else before_totals)
                 del rows, before
             ctx.report(sample_s=sample_s, changed=changed)
-            if write:
-                delta_totals = totals - before_totals
-                if np.any(delta_totals):
-                    ctx.contribute("topic_totals", [0], delta_totals.reshape(1, -1).astype(np.float64))
+        if write:
+            # the change (even none) goes with the round's tick, which brings the committed totals
+            # back for the next round (apply)
+            delta_totals = totals - before_totals if chunks else np.zeros_like(totals)
+            ctx.contribute("topic_totals", [0], delta_totals.reshape(1, -1).astype(np.float64), read_back=True)
+            state.asked_totals = True
         state.last_totals = totals
         ctx.report(tokens=hi - lo)
         every = self.log_likelihood_every
@@ -439,6 +451,11 @@ class LDAProgram(Program):
             hist = K.doc_topic_histograms(state.doc_topic, data.doc_ptr, state.doc_nz_topics, state.doc_nz_count,
                                           data.doc_lengths, self.histogram_length)
             ctx.contribute_range("doc_topic_hist", 0, hist.astype(np.float64))
+        return state
+
+    def apply(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:
+        if state.asked_totals:  # the totals as this round's clock committed them: the next round's
+            state.next_totals = (ctx.step, ctx.round + 1, np.array(ctx.pulled("topic_totals")[0]))
         return state
 
     def pull(self, table: str, keys: np.ndarray, partials: np.ndarray, current: np.ndarray) -> np.ndarray:
