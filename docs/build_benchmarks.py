@@ -213,6 +213,18 @@ def scale_table(data):
     return out
 
 
+def lda_scaleout_table(data):
+    """jobs/bench_lda_scaleout.py: throughput at U = 1, 2, 4."""
+    out = ["| master | workers | runs | wall s | tokens/s (wall) | speed-up vs U = 1 | per worker | per core "
+           "| sampler tokens/s per worker | sampling share of rounds |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in data["table"]:
+        out.append(f"| `{r['master']}` | {r['workers']} | {r['runs']} | {_f(r['wall_s'])} | {_mtok(r['tokens_per_s'])} "
+                   f"| {r['speedup']:.2f}× | {r['efficiency_per_worker']:.0%} | {r['efficiency_per_core']:.0%} "
+                   f"| {_mtok(r['sampler_tokens_per_s_per_worker'] or 0)} | {r['sampling_share_of_rounds']:.0%} |")
+    return out
+
+
 RENDERERS = {
     "scale": scale_table,
     "mf_implicit": mf_implicit_table,
@@ -224,6 +236,10 @@ RENDERERS = {
     "lda_debian_current": lda_table,
     "lda_debian_k1000": lda_table,
     "lda_reuters_lone_worker": lda_table,
+    "lda_reuters_hold": lda_table,
+    "lda_debian_hold": lda_table,
+    "lda_debian_k1000_hold": lda_table,
+    "lda_scaleout": lda_scaleout_table,
     "lasso_strads_resident": lasso_table,
     "lasso_strads_current": lasso_table,
     "lasso_strads_exchange": lasso_table,
