@@ -244,6 +244,7 @@ RENDERERS = {
     "lasso_strads_current": lasso_table,
     "lasso_strads_exchange": lasso_table,
     "lasso_strads_input": lasso_table,
+    "lasso_strads_s19": lasso_table,
     "runtime_every_round": runtime_every_round_table,
 }
 
