@@ -101,6 +101,9 @@ def test_lasso_rows_load_in_an_order_independent_of_their_arrival():
     rows = [(float(rng.standard_normal()), 1.0, np.sort(rng.choice(50, 5, replace=False)), rng.random(5))
             for _ in range(40)]
     rows.append(rows[3])  # a duplicate row
+    rows.append((rows[5][0], 1.0, rows[5][2], rows[5][3] + 1.0))  # the same but for the values
+    rows.append((rows[6][0], 1.0, np.sort((rows[6][2] + 1) % 50), rows[6][3]))  # ... but for the indices
+    rows.append((rows[7][0], 2.0, rows[7][2], rows[7][3]))  # ... but for the weight
     a = canonical_order(*rows_to_arrays(rows, 50))
     b = canonical_order(*rows_to_arrays(rows[::-1], 50))
     assert len(a[3]) == len(rows)

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Iterable, NamedTuple, Tuple
 
 import numpy as np
@@ -68,20 +67,19 @@ def rows_to_arrays(records: Iterable[Any], num_features: int):
     return row_ptr, col_idx, vals, y, w
 
 
-def _row_digest(label, weight, indices, values) -> bytes:
-    return hashlib.blake2b(np.float64(label).tobytes() + np.float64(weight).tobytes()
-                           + np.asarray(indices, dtype=np.int64).tobytes()
-                           + np.asarray(values, dtype=np.float64).tobytes(), digest_size=12).digest()
-
-
 def canonical_order(row_ptr, col_idx, vals, y, w):
     """The CSR arrays with their rows in an order that depends only on their content
     (rows carry no id): a partition recomputed after an executor loss may deliver them
     in another order, and a checkpoint's per-row state only resumes onto the same.
-    Equal digests mean equal rows (up to 2^-96): any order among them will do."""
-    digests = [_row_digest(y[i], w[i], col_idx[row_ptr[i]:row_ptr[i + 1]], vals[row_ptr[i]:row_ptr[i + 1]])
-               for i in range(len(y))]
-    order = np.array(sorted(range(len(y)), key=digests.__getitem__), dtype=np.int64)
+    The order is by a 128-bit hash of each row (label, weight, indices, values: numba,
+    one pass; a blake2b digest per row in Python cost ~12 us a row, 0.12 s per 10 000
+    rows); equal hashes mean equal rows (up to 2^-128): any order among them will do."""
+    from ..kernels.rows import row_hashes
+
+    as_bits = lambda a, dtype: np.ascontiguousarray(a, dtype=dtype).view(np.uint64)  # noqa: E731
+    h1, h2 = row_hashes(np.ascontiguousarray(row_ptr, dtype=np.int64), as_bits(col_idx, np.int64),
+                        as_bits(vals, np.float64), as_bits(y, np.float64), as_bits(w, np.float64))
+    order = np.lexsort((h2, h1))
     lens = np.diff(row_ptr)[order]
     new_ptr = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(lens, out=new_ptr[1:])
