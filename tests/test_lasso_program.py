@@ -1,13 +1,18 @@
 """The Lasso / L1-logistic kernels and programs: planning, Gram tail, schedules, dependency check."""
 
+import sys
+
 import numpy as np
 import pytest
+from pyspark import cloudpickle
 
 from pystrads.datasets.synthetic import lambda_max, strads_lasso_problem, uniform_sparse_problem
 from pystrads.engine import Engine
 from pystrads.kernels import cd as K
 from pystrads.programs.lasso import ColumnSample, LassoProgram, soft_step
 from pystrads.programs.logistic import L1LogisticProgram
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GramSpy travels by value
 
 
 def lasso_objective(x, y, beta, lam):
@@ -249,6 +254,36 @@ def test_working_set_solver_from_the_first_sweep_and_rounds_beyond_its_limit(sma
     assert rounds == 0 and updates > 0, used  # every update by the driver's solver
     assert steps <= 12, used  # a handful of (Gram, delta) steps
     assert used[support // 2][0] > 0, used  # beyond the limit: parallel rounds
+
+
+class GramSpy(LassoProgram):
+    """Keeps every Gram matrix the driver read off the shards, with its working set."""
+
+    def _working_set_step(self, ctx, step, objective, clearing):
+        fresh, gram_set = "gram_rows" in self._d, self._d.get("gram_set")
+        super()._working_set_step(ctx, step, objective, clearing)
+        if fresh and "gram" in self._d:
+            self.grams.append((gram_set.copy(), self._d["gram"]))
+
+
+def test_each_working_set_gets_its_own_gram_matrix(small):
+    """With a small workingSetLimit the working set changes from step to step; each Gram the
+    driver solves on is X_A' X_A / n of that very set -- nothing left over from the previous
+    set's entries (the table is cleared, in the background, between two sets)."""
+    p, rdd, sample, lam, x, best = small
+    prog = GramSpy(900, lam, fit_intercept=False, standardization=False, tol=1e-9, max_iter=300, gram_limit=64,
+                   sample=sample)
+    prog.grams = []
+    with Engine(prog, rdd, num_workers=2, seed=1).fit() as res:
+        beta, _ = prog.result(res.read_table("coef"))
+    assert abs(lasso_objective(x, p.y, beta, lam) - best) <= 1e-6 * best
+    sets = [tuple(gs) for gs, _ in prog.grams]
+    assert len(set(sets)) >= 2, sets  # several working sets
+    for gs, (indptr, cols, vals) in prog.grams:
+        m = len(gs)
+        got = np.zeros((m, m))
+        got[np.repeat(np.arange(m), np.diff(indptr)), cols] = vals
+        np.testing.assert_allclose(got, x[:, gs].T @ x[:, gs] / len(p.y), atol=1e-12)
 
 
 def test_dependency_check_matters_on_correlated_columns(sc):

@@ -8,6 +8,8 @@ the program.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..kernels import cd as K
@@ -15,11 +17,35 @@ from ..kernels.sets import union
 from ._coef import BETA, CURV, DELTA, L2, MEAN, PEN
 
 
+def _in_background(fn, *args):
+    """``fn(*args)`` on a thread: ``(thread, errors)``, ``errors`` holding what it raised."""
+    errors = []
+
+    def run():
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the joiner
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="pystrads-gram-clear", daemon=True)
+    thread.start()
+    return thread, errors
+
+
 class WorkingSetSolver:
     """The Gram tail of :class:`~pystrads.programs.lasso.LassoProgram` (it reads the
     program's driver state ``_d``, ``gram_limit``, ``tol`` and ``duality_gap``)."""
 
     def _working_set(self, ctx, step, objective) -> None:
+        clearing = []
+        try:
+            self._working_set_step(ctx, step, objective, clearing)
+        finally:  # the Gram table is clean before any next step
+            errors = [e for thread, errs in clearing if thread.join() is None for e in errs]
+        if errors:
+            raise errors[0]
+
+    def _working_set_step(self, ctx, step, objective, clearing) -> None:
         """Working-set solver on the driver (celer / blitz style): while the non-zeros
         number at most ``3/4 gram_limit``, solve the Lasso restricted to a working
         set exactly on the driver from its Gram matrix (the workers send
@@ -40,7 +66,8 @@ class WorkingSetSolver:
         if fresh:  # a step just summed the Gram matrix of d["gram_set"] into the table: solve on it
             m = len(d["gram_set"])  # the shards send the non-zero entries only: O(nnz), never m^2, here
             keys, vals = ctx.table("gram").get_nonzero(0, m * m)
-            ctx.table("gram").put(keys, np.zeros(len(keys)))  # clean for the next working set
+            clearing.append(_in_background(ctx.table("gram").put, keys, np.zeros(len(keys))))  # clean for the
+            # next working set, while the solve below runs (the kernel releases the GIL)
             rows, cols = np.divmod(keys, m)
             indptr = np.zeros(m + 1, dtype=np.int64)
             np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
