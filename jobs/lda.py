@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--min-df", type=float, default=2.0, help="CountVectorizer minDF")
     p.add_argument("--workers", type=int, default=0, help="parallel workers (0 = one per task slot)")
     p.add_argument("--sampler", default="auto", help="auto, dense, sparse, fplus or mh")
+    p.add_argument("--log-likelihood-every", type=int, default=1,
+                   help="training log-likelihood every this many iterations, for the convergence table and "
+                        "plot (StradsLDA's default is 10: it costs the shards a pass over the model)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--top-words", type=int, default=10)
     p.add_argument("--output", default="out/lda", help="output directory (local path or any Hadoop FS URI)")
@@ -73,7 +76,8 @@ def main(argv=None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     t0 = time.perf_counter()
     lda = StradsLDA(k=args.topics, maxIter=args.max_iter, seed=args.seed, numWorkers=args.workers,
-                    sampler=args.sampler, optimizeDocConcentration=not args.fixed_alpha)
+                    sampler=args.sampler, optimizeDocConcentration=not args.fixed_alpha,
+                    logLikelihoodEvery=args.log_likelihood_every)
     if args.alpha is not None:
         lda.setDocConcentration([args.alpha])
     if args.beta is not None:

@@ -155,6 +155,22 @@ def test_a_lone_worker_keeps_its_rows_between_rounds_and_samples_the_same_chain(
         assert np.array_equal(word_topic, tables[0])  # the retried step resumed the same chain
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_log_likelihood_comes_every_so_many_iterations_and_at_the_last(sc, corpus, workers):
+    """``log_likelihood_every=3`` over 7 iterations: the log-likelihood at iterations 3, 6 and 7
+    (the last, though not a multiple), each the very figure a fit computing it every iteration
+    reports (the same chain)."""
+    docs, _ = corpus
+    lls = []
+    for every in (1, 3):
+        program = make_program(docs, 400, workers, iterations=7, sampler="dense", log_likelihood_every=every)
+        with Engine(program, sc.parallelize(docs, workers), seed=1).fit() as res:
+            lls.append({int(r["iteration"]): r["log_likelihood"] for r in res.summary.iterations
+                        if "log_likelihood" in r})
+    assert sorted(lls[0]) == list(range(1, 8)) and sorted(lls[1]) == [3, 6, 7], lls
+    assert all(lls[1][i] == lls[0][i] for i in (3, 6, 7)), lls
+
+
 class SkewedLDA(LDAProgram):
     """One worker starts every round late (``slow``), so the other's end-of-round writes land
     before the late worker reads the topic totals."""

@@ -60,7 +60,9 @@ def test_fit_gives_mllib_shaped_model_with_exact_counts(fitted, text_df):
     assert matrix.toArray().sum() == tokens
     assert model.summary.numTokens == tokens and model.summary.numEmptyDocuments == 1
     assert model.summary.totalIterations == 30
-    assert len(model.summary.logLikelihoodHistory) == 30
+    # the default log-likelihood: every 10th iteration and the last
+    lls = model.summary.iterations.dropna(subset=["log_likelihood"])
+    assert lls["iteration"].tolist() == [10, 20, 30] and len(model.summary.logLikelihoodHistory) == 3
     assert not model.isDistributed()
     # the default learns the prior (updates after iterations 10, 20, 30), starting from docConcentration
     alpha = model.estimatedDocConcentration().toArray()

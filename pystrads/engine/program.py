@@ -168,7 +168,7 @@ class Program:
     staleness: int = 0
 
     #: Call :meth:`shard_metrics` on every shard after every this many rounds
-    #: (counted over the fit; 0 = never).
+    #: (counted over the fit; 0 = never; :meth:`shard_metrics_due` decides each round).
     shard_metrics_every: int = 0
 
     #: Attributes that neither identify the fit nor belong to its state (e.g. a wall-clock
@@ -213,6 +213,13 @@ class Program:
         the shard's rows ``row_start, ...`` of ``table`` (read only), summed over
         shards into that round's metrics (e.g. LDA's word log-likelihood)."""
         return {}
+
+    def shard_metrics_due(self, round_index: int) -> bool:
+        """Whether the shards compute :meth:`shard_metrics` once round ``round_index``
+        (counted over the fit) is committed: every ``shard_metrics_every`` rounds by
+        default; a program may add rounds (LDA: the fit's last iteration)."""
+        every = int(self.shard_metrics_every or 0)
+        return bool(every) and (round_index + 1) % every == 0
 
     def after_step(self, ctx: "ScheduleContext", metrics: "StepMetrics") -> None:
         return None

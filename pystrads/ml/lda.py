@@ -77,8 +77,9 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         "(SparseLDA), 'fplus' (F+LDA) or 'mh' (Metropolis-Hastings).", typeConverter=TypeConverters.toString)
     logLikelihoodEvery: Param[int] = Param(
         Params._dummy(), "logLikelihoodEvery",
-        "compute the training log-likelihood log p(w, z) every this many iterations (0 = never); it reads "
-        "the whole word-topic table on the shards, so large models may want it less often.",
+        "compute the training log-likelihood log p(w, z) every this many iterations and at the last one "
+        "(0 = never); it reads the whole word-topic table on the shards (on Reuters, K = 50, every "
+        "iteration made a fit 5-12 % slower than every 10th).",
         typeConverter=TypeConverters.toInt)
     foldInIterations: Param[int] = Param(
         Params._dummy(), "foldInIterations",
@@ -105,7 +106,7 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
-                         sampler="auto", logLikelihoodEvery=1, foldInIterations=20, optimizeDocConcentration=True,
+                         sampler="auto", logLikelihoodEvery=10, foldInIterations=20, optimizeDocConcentration=True,
                          optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN)
 
     # -- resolved hyper-parameters
@@ -194,7 +195,7 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
     def __init__(self, *, featuresCol: str = "features", maxIter: int = 20, seed: Optional[int] = None,
                  checkpointInterval: int = 10, k: int = 10, docConcentration: Optional[List[float]] = None,
                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
-                 numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 1,
+                 numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 10,
                  foldInIterations: int = 20, optimizeDocConcentration: bool = True, optimizeInterval: int = 10,
                  optimizeBurnIn: int = OPTIMIZE_BURN_IN):
         super().__init__()

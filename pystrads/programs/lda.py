@@ -213,7 +213,7 @@ class LDAProgram(Program):
         A name in :data:`pystrads.kernels.lda.SAMPLERS`.
     seed : int
     log_likelihood_every : int
-        Compute log p(w, z) every this many iterations (0 = never).
+        Compute log p(w, z) every this many iterations and at the last one (0 = never).
     optimize_alpha : bool
         Learn an asymmetric ``alpha`` (see the module docstring).
     optimize_interval : int
@@ -387,9 +387,7 @@ class LDAProgram(Program):
         kept, state.kept_rows = state.kept_rows, None
         if not (hold and kept is not None and (kept.step, kept.block) == (ctx.step, block)):
             kept = None
-        every = self.log_likelihood_every
-        write = (not hold or ctx.last_round or ctx.rounds_in_step is None
-                 or (every and (ctx.round + 1) % (self.num_workers * every) == 0))
+        write = not hold or ctx.last_round or ctx.rounds_in_step is None or self.shard_metrics_due(ctx.round)
         # the totals as the last round's clock committed them: every worker's change to them is a
         # contribution summed at the clock (pull), so no worker's read can see another's write of
         # this round (a direct inc raced with the reads, and one seed gave two chains)
@@ -443,8 +441,7 @@ class LDAProgram(Program):
             state.asked_totals = True
         state.last_totals = totals
         ctx.report(tokens=hi - lo)
-        every = self.log_likelihood_every
-        if every and (ctx.round + 1) % (self.num_workers * every) == 0:
+        if self.shard_metrics_due(ctx.round):
             ctx.report(ll_doc=K.doc_log_likelihood(state.doc_topic, data.doc_lengths, self.alpha))
         if (ctx.round + 1) % self.num_workers == 0 and self.alpha_update_due((ctx.round + 1) // self.num_workers):
             # this worker's documents are final for the iteration: their histograms, for the driver's α update
@@ -457,6 +454,15 @@ class LDAProgram(Program):
         if state.asked_totals:  # the totals as this round's clock committed them: the next round's
             state.next_totals = (ctx.step, ctx.round + 1, np.array(ctx.pulled("topic_totals")[0]))
         return state
+
+    def shard_metrics_due(self, round_index: int) -> bool:
+        """The log-likelihood's rounds: the last of every ``log_likelihood_every``-th iteration,
+        and of the fit's last iteration (so the final figure is always there)."""
+        U, every = self.num_workers, self.log_likelihood_every
+        if not every or (round_index + 1) % U:
+            return False
+        iteration = (round_index + 1) // U
+        return iteration % every == 0 or iteration == self.max_iter
 
     def pull(self, table: str, keys: np.ndarray, partials: np.ndarray, current: np.ndarray) -> np.ndarray:
         if table == "topic_totals":  # the round's summed changes (exact in float64 below 2^53)

@@ -119,13 +119,16 @@ class StepFences:
             st.committed = rnd
 
     def _shard_metrics(self, rnd: int) -> None:
-        """The program's ``shard_metrics`` over this shard's rows, every
-        ``shard_metrics_every`` rounds: a consistent snapshot, since no worker
+        """The program's ``shard_metrics`` over this shard's rows, at the rounds its
+        ``shard_metrics_due`` names: a consistent snapshot, since no worker
         passes the round's clock until this returns."""
         st = self.step
         program = self.programs.get(st.namespace)
-        every = int(getattr(program, "shard_metrics_every", 0) or 0) if program is not None else 0
-        if not every or (st.round_offset + rnd + 1) % every:
+        if program is None or not getattr(program, "shard_metrics_every", 0):
+            return
+        due = getattr(program, "shard_metrics_due", None)  # (a Program subclass always has it)
+        if not (due(st.round_offset + rnd) if due is not None else (st.round_offset + rnd + 1) %
+                program.shard_metrics_every == 0):
             return
         bucket = st.metrics.setdefault(rnd, {})
         prefix = st.namespace + "/"
