@@ -164,6 +164,12 @@ def linear_cases(name, cls) -> List[Case]:
         v("empty-limit-0", empty(lin()), ["the input has no rows", "at least one (label, features) row"]),
         v("empty-no-rows", no_rows(LIN_SCHEMA), ["the input has no rows", "at least one (label, features) row"]),
     ]
+    if cls is StradsLasso:
+        cases += [
+            p("relaxation-2", {"relaxation": 2.0}, ["relaxation=2.0", "must be in (0, 2)", "1 is plain"]),
+            p("relaxation-0", {"relaxation": 0.0}, ["relaxation=0.0", "must be in (0, 2)"]),
+            p("relaxation-nan", {"relaxation": NAN}, ["relaxation=nan", "must be in (0, 2)"]),
+        ]
     if cls is StradsLogisticRegression:
         cases += [
             p("threshold-negative", {"threshold": -0.1}, ["threshold=-0.1", "[0, 1]"]),

@@ -371,6 +371,22 @@ def test_lasso_parallel_rounds_reach_sklearns_optimum(wide_problem, fit_intercep
     assert model.intercept == pytest.approx(sk.intercept_, abs=1e-3 * max(1.0, abs(sk.intercept_)))
 
 
+def test_relaxation_reaches_the_rounds_and_plain_steps_follow_another_path(wide_problem):
+    """``relaxation`` is the program's: 1 (plain coordinate descent) and the default 1.8 take
+    different paths through the same rounds, both lowering the objective every iteration."""
+    _, _, _, _, df = wide_problem
+    paths = {}
+    for omega in (1.0, None):
+        est = StradsLasso(regParam=0.02, weightCol="w", workingSetLimit=0, coordinatesPerRound=32,
+                          candidatesPerRound=64, tol=1e-12, maxIter=4, seed=2)
+        if omega is not None:
+            est.setRelaxation(omega)
+        paths[omega] = np.array(est.fit(df).summary.objectiveHistory)
+        assert np.all(np.diff(paths[omega]) <= 0), paths
+    assert StradsLasso().getRelaxation() == 1.8
+    assert paths[None][0] == paths[1.0][0] and paths[None][-1] != pytest.approx(paths[1.0][-1], rel=1e-9), paths
+
+
 def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
     sklearn = pytest.importorskip("sklearn.linear_model")
     x, _, yb, w, df = wide_problem

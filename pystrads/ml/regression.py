@@ -20,11 +20,13 @@ from __future__ import annotations
 from typing import Optional
 
 from pyspark import keyword_only
+from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..programs.lasso import LassoProgram
 from ._linear import LinearTrainingSummary, _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
+from ._params import Rule, _number
 
 
 class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
@@ -50,6 +52,9 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
 class StradsLasso(_SparseLinearEstimator):
     """Lasso (or elastic-net) regression by STRADS dynamic-schedule parallel coordinate descent.
 
+    ``relaxation`` (1.8) over-relaxes the rounds' coordinate steps (SOR); 1 is plain
+    coordinate descent (see :class:`~pystrads.programs.lasso.LassoProgram`).
+
     Example
     -------
     >>> from pystrads.ml import StradsLasso
@@ -60,15 +65,31 @@ class StradsLasso(_SparseLinearEstimator):
     _program_class = LassoProgram
     _model_class = StradsLassoModel
 
+    relaxation: Param[float] = Param(
+        Params._dummy(), "relaxation",
+        "over-relaxation of the parallel rounds' coordinate steps, in (0, 2): a coefficient moves relaxation "
+        "times its soft-thresholded step where its sign stays (SOR; each step still lowers the objective), "
+        "which speeds up coordinate descent along correlated columns; 1 is plain coordinate descent",
+        typeConverter=TypeConverters.toFloat)
+    _param_rules = {"relaxation": Rule(lambda v, p: _number(v, True) and 0 < v < 2,
+                                       "must be in (0, 2) (1 is plain coordinate descent)")}
+
     @keyword_only
     def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",
                  maxIter: int = 100, regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6,
                  fitIntercept: bool = True, standardization: bool = True, weightCol: Optional[str] = None,
                  seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
                  coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
-                 correlationSampleSize: int = 10000, workingSetLimit: int = 4096, numWorkers: int = 0):
+                 correlationSampleSize: int = 10000, workingSetLimit: int = 4096, relaxation: float = 1.8,
+                 numWorkers: int = 0):
         super().__init__()
+        self._setDefault(relaxation=1.8)
         self._set(**self._input_kwargs)
+
+    def _program(self, fit):
+        program = super()._program(fit)
+        program.relaxation = float(self.getRelaxation())
+        return program
 
 
 class LassoEvaluation:

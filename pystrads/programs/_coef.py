@@ -33,11 +33,22 @@ def eso_factor(damped, plain):
     return np.where(plain > 0, np.maximum(damped / np.where(plain > 0, plain, 1.0), 1.0), 1.0)
 
 
-def stepped(current, grad, curv):
+def relaxed(beta, step, omega):
+    """``omega * step`` where the L1 term is linear from ``beta`` to ``beta + omega * step``
+    (no sign change, not ending at 0), else ``step``."""
+    if omega == 1.0:
+        return step
+    new = beta + step
+    far = beta + omega * step
+    same = (new != 0) & (np.sign(far) == np.sign(new)) & ((beta == 0) | (np.sign(beta) == np.sign(new)))
+    return np.where(same, omega * step, step)
+
+
+def stepped(current, grad, curv, omega=1.0):
     """``coef`` rows after the coordinate step: :data:`BETA` moved by the step, which
     :data:`DELTA` records."""
     new = current.copy()
-    step = soft_step(current[:, BETA], grad, curv, current[:, PEN])
+    step = relaxed(current[:, BETA], soft_step(current[:, BETA], grad, curv, current[:, PEN]), omega)
     new[:, BETA] += step
     new[:, DELTA] = step
     return new
