@@ -87,6 +87,9 @@ def pytest_sessionstart(session):
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     key, value = SESSION_MARKER.split("=", 1)
     os.environ[key] = value  # before any Spark process: see _of_this_session
+    from jvm_archive import share_spark_classes
+
+    share_spark_classes()  # before any Spark process too: they all inherit the options
 
 
 @pytest.fixture(scope="session")
