@@ -10,6 +10,7 @@ from pystrads.datasets.synthetic import lambda_max, strads_lasso_problem, unifor
 from pystrads.engine import Engine
 from pystrads.kernels import cd as K
 from pystrads.programs._coef import relaxed
+from pystrads.programs._working_set import _worst
 from pystrads.programs.lasso import ColumnSample, LassoProgram, soft_step
 from pystrads.programs.logistic import L1LogisticProgram
 
@@ -408,3 +409,16 @@ def test_logistic_program_reaches_the_reference_optimum(sc):
     assert got <= objective(bb, b) + 1e-9
     assert abs(got - objective(bb, b)) <= 1e-6 * objective(bb, b)
     assert b0 != 0.0 and np.count_nonzero(beta) > 0
+
+
+def test_the_working_set_takes_the_worst_violators():
+    """The working set's padding is the ``count`` candidates with the largest violation: the same
+    set a full sort gives (ties aside), all of them when fewer, none for a count of 0."""
+    rng = np.random.default_rng(5)
+    ids = np.sort(rng.choice(1_000_000, 50_000, replace=False))
+    violation = rng.exponential(size=len(ids))
+    for count in (1, 7, 4096, len(ids) - 1):
+        expected = ids[np.argsort(-violation, kind="stable")[:count]]
+        assert np.array_equal(np.sort(_worst(ids, violation, count)), np.sort(expected)), count
+    assert np.array_equal(np.sort(_worst(ids, violation, len(ids) + 3)), ids)
+    assert len(_worst(ids, violation, 0)) == 0 and len(_worst(ids, violation, -2)) == 0

@@ -32,6 +32,17 @@ def _in_background(fn, *args):
     return thread, errors
 
 
+def _worst(ids, violation, count):
+    """The ``count`` of ``ids`` with the largest ``violation`` (all of them if fewer), in no
+    particular order: a selection, O(len(ids)), where a sort of the ~J candidates cost 20 ms a
+    working set on 200 000 columns (ties at the boundary are broken deterministically)."""
+    if count <= 0:
+        return ids[:0]
+    if count >= len(ids):
+        return ids
+    return ids[np.argpartition(-violation, count - 1)[:count]]
+
+
 class WorkingSetSolver:
     """The Gram tail of :class:`~pystrads.programs.lasso.LassoProgram` (it reads the
     program's driver state ``_d``, ``gram_limit``, ``tol`` and ``duality_gap``)."""
@@ -82,8 +93,8 @@ class WorkingSetSolver:
             nz = np.flatnonzero(nonzero)
             size = min(self.gram_limit, max(self.gram_limit // 2, 2 * len(nz), len(active) + len(active) // 4 + 64))
             rest = np.flatnonzero(live & ~nonzero)
-            order = np.argsort(-np.abs(d["grad"][rest]) / np.maximum(coef[rest, PEN], 1e-300), kind="stable")
-            d["gram_set"] = union(nz, rest[order[:max(size - len(nz), 0)]]).astype(np.int64)
+            d["gram_set"] = union(nz, _worst(rest, np.abs(d["grad"][rest]) / np.maximum(coef[rest, PEN], 1e-300),
+                                             size - len(nz))).astype(np.int64)
             d["need_gram"] = d["gram_set"]
             d.pop("gram", None)
             return
