@@ -247,6 +247,7 @@ RENDERERS = {
     "lasso_strads_s19": lasso_table,
     "lasso_strads_s20": lasso_table,
     "lasso_strads_s21": lasso_table,
+    "lasso_strads_s22": lasso_table,
     "runtime_every_round": runtime_every_round_table,
 }
 
