@@ -348,7 +348,7 @@ def main(argv=None):
                 "steps": len(s.steps), "spark_s": round(float(s.steps["spark_s"].sum()), 2),
                 "steps_s": round(float(s.steps["seconds"].sum()), 2),
                 # the engine's fit outside the workers' rounds (shard set-up, job launch, data load,
-                # init, per-step scheduling, commits, snapshots, driver hooks, finish): issue 15's <= 3 %
+                # init, per-step scheduling, commits, snapshots, driver hooks, finish), as a fraction of the fit
                 "rounds_s": round(float(s.steps["round_s"].sum()), 2),
                 "outside_rounds_fraction": round(1.0 - float(s.steps["round_s"].sum()) / s.fixed["total_s"], 4)
                 if s.fixed.get("total_s") else None,
@@ -432,7 +432,7 @@ def main(argv=None):
     if s1 and s2:
         summary["one_vs_two_workers"] = s1["heldout_perplexity"] / s2["heldout_perplexity"] - 1
     s2l, ttl = main_row("pystrads 2 workers" + LEARNED), main_row("tomotopy 2 threads" + LEARNED)
-    if s2l and ttl:  # issue 19's acceptance: within 3 %
+    if s2l and ttl:  # learned alpha: perplexity and wall time against tomotopy's learned alpha
         summary["learned_perplexity_vs_tomotopy_learned"] = s2l["heldout_perplexity"] / ttl["heldout_perplexity"] - 1
         summary["learned_wall_vs_tomotopy_learned"] = s2l["wall_s"] / ttl["wall_s"]
     if s2l and s2:

@@ -12,7 +12,7 @@ memory (measured in the worker processes after the fit). The model's table
 is split over the executors' shards, so per-executor shard memory should
 about halve with two executors.
 
-``--driver`` checks issue 17's acceptance instead: a StradsLDA model of
+``--driver`` measures the driver's memory instead: a StradsLDA model of
 ``vocab`` x ``k`` (default 500,000 x 200: 400 MB as int32) on a synthetic Zipf
 corpus generated on the executors is fitted (2 iterations), described, applied
 to documents (transform and logPerplexity), saved and loaded (and applied
@@ -181,7 +181,7 @@ def main(argv=None):
     p.add_argument("--corpus", default="reuters", choices=["reuters", "debian"])
     p.add_argument("-k", type=int, default=None, help="topics (default 100; --driver: 200)")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--driver", action="store_true", help="the driver's memory for one big model (issue 17)")
+    p.add_argument("--driver", action="store_true", help="the driver's memory for one big model")
     p.add_argument("--vocab", type=int, default=500_000, help="--driver: vocabulary size")
     p.add_argument("--tokens", type=int, default=2_000_000, help="--driver: corpus tokens")
     p.add_argument("--doc-len", type=int, default=200, help="--driver: tokens per document")

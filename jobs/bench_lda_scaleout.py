@@ -1,4 +1,4 @@
-"""LDA scale-out shape (issue 16): StradsLDA's throughput at U = 1, 2 and 4 workers.
+"""LDA scale-out shape: StradsLDA's throughput at U = 1, 2 and 4 workers.
 
     python jobs/bench_lda_scaleout.py                 # Reuters, K = 50, 100 iterations, 2 timed fits each
     python jobs/bench_lda_scaleout.py --quick         # 2,000 documents, 20 iterations, 1 fit: checks the job

@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 17): models far larger than a 1 GiB driver, through the Estimators.
+"""Scale benchmark: models far larger than a 1 GiB driver, through the Estimators.
 
     python jobs/bench_scale.py                   # both cases at full size (~10-30 min, ~10 GB of RAM, disk)
     python jobs/bench_scale.py --case lda        # or --case mf
