@@ -181,7 +181,7 @@ def save_topics(write, topics: WordTopics, alpha: np.ndarray, beta: float, spark
 
 
 def load_topics(read, metadata):
-    """``(WordTopics, alpha, beta)`` of a saved model (alpha: k values; one before issue 19)."""
+    """``(WordTopics, alpha, beta)`` of a saved model (alpha: k values, or one value for a symmetric prior)."""
     return (WordTopics.from_frame(read("data"), int(metadata["vocabSize"]), int(metadata["k"])), metadata["alpha"],
             metadata["beta"])
 

@@ -1,4 +1,4 @@
-"""Input checks shared by the estimators (issue 6): each refuses before any training starts and
+"""Input checks shared by the estimators: each refuses before any training starts and
 names the param or column, the offending value and the fix."""
 
 from __future__ import annotations
