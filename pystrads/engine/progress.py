@@ -68,10 +68,6 @@ class ProgressReporter:
         self.last: Optional[Dict[str, Any]] = None
         self.lines = []  # every formatted line (the tests read them)
 
-    def restart_clock(self) -> None:
-        """Start the ETA clock (after the one-off costs: shard start, data load)."""
-        self._t0 = time.perf_counter()
-
     def update(self, done: float, total: Optional[float], unit: str = "iterations", **shown: Any) -> str:
         elapsed = time.perf_counter() - self._t0
         parts = [f"{self.name}: {unit} {_value(done)}"]

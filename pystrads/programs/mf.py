@@ -295,10 +295,6 @@ class MFProgram(Program):
                 break
         ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iter, "iteration", **shown)
 
-    def h_regularisation(self, h: np.ndarray) -> float:
-        """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""
-        return float(self.reg_param * (self.item_counts[:, None] * h ** 2).sum())
-
 
 def _sgd_initial_factors(rank: int, seed: int, salt: int, ids: np.ndarray) -> np.ndarray:
     """SGD's starting factors: uniform on [0, 2/sqrt(rank)) per (id, feature), so a first
@@ -465,7 +461,3 @@ class MFSGDProgram(Program):
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // U)
         shown = {} if rmse is None else {"train_rmse": rmse}
         ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iter, "iteration", **shown)
-
-    def h_regularisation(self, h: np.ndarray) -> float:
-        """lambda * sum_j m_j |h_j|^2 for H given as (num_items, rank)."""
-        return float(self.reg_param * (self.item_counts[:, None] * h ** 2).sum())

@@ -77,7 +77,3 @@ class TableLayout:
         """(shard index, row_start, row_stop) of every range, empty ones included."""
         for i, shard in enumerate(self.shards):
             yield shard, self.bounds[i], self.bounds[i + 1]
-
-    def shard_of(self, keys: np.ndarray) -> np.ndarray:
-        part = np.searchsorted(np.asarray(self.bounds), keys, side="right") - 1
-        return np.asarray(self.shards)[np.clip(part, 0, len(self.shards) - 1)]
