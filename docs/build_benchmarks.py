@@ -1,20 +1,25 @@
 """Writes the benchmark tables of docs/benchmarks.md from the benchmark jobs' JSON output.
 
-A generated table sits between two markers in the page::
+Every table of the page is generated. It sits between two markers::
 
-    <!-- bench-table: lda_reuters_resident -->
+    <!-- bench-table: lda_reuters -->
+    Command: `python3 jobs/bench_lda.py ...` · machine: ... · run of 2026-11-25 · data: ...
+
     | system | ... |
     <!-- /bench-table -->
 
-and is rendered from ``docs/bench-data/<name>.json``, a copy of the JSON file the job
-named above the table wrote (its ``--out``).  To refresh a table: run that command, copy
-its JSON over the one in docs/bench-data/, then
+and is rendered, with the caption line above it, from ``docs/bench-data/<json>.json``: a copy
+of the JSON file the named command wrote (its ``--out``).  :data:`TABLES` maps each marker to
+its renderer and to what the caption needs that the JSON may not hold: the command, the date
+of the run and the machine.  What the JSON holds wins (``command``, ``date``, ``machine``), so
+a job that records them needs nothing here.  To refresh a table: run its command, copy its
+JSON over the one in docs/bench-data/, set the run's date (and command) in :data:`TABLES` if
+the JSON lacks them, then
 
     python docs/build_benchmarks.py            # rewrite the tables in docs/benchmarks.md
     python docs/build_benchmarks.py --check    # exit 1 if a table differs from its JSON
 
-``tests/test_docs.py`` runs the check.  Tables whose run left no JSON behind are written
-by hand in the page (it says which).
+``tests/test_docs.py`` runs the check, and fails on a table outside the markers.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import json
 import os
 import re
 import sys
+from typing import Callable, NamedTuple, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
 DATA = os.path.join(ROOT, "docs", "bench-data")
 MARKED = re.compile(r"(<!-- bench-table: (\S+) -->\n)(.*?)(<!-- /bench-table -->)", re.S)
+#: the machine of a run whose JSON does not describe it
+DEVELOPMENT_MACHINE = "2 cores / 24 GiB development machine"
 
 
 def _f(x, digits=1):
@@ -68,8 +76,9 @@ LDA_NAMES = {
 }
 
 
-def lda_table(data):
-    rows = data["table"]
+def lda_table(data, systems=None):
+    """``systems``: the rows to show (the job's names), else every row."""
+    rows = [r for r in data["table"] if systems is None or (r["system"] in systems and not r.get("ladder"))]
     out = ["| system | iterations | runs | prep s | train s | wall s | tokens/s (wall) | held-out perplexity |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     ladder = [r for r in rows if r.get("ladder")]
@@ -79,7 +88,8 @@ def lda_table(data):
         perplexity = _f(r["heldout_perplexity"])
         if r.get("heldout_perplexity_raw_counts") is not None:
             perplexity += f" (raw counts: {_f(r['heldout_perplexity_raw_counts'])})"
-        out.append(f"| {'**' + name + '**' if i == 0 else name} | {r['iterations']} | {r['runs']} | {prep} | "
+        bold = i == 0 and r["system"].startswith("pystrads")
+        out.append(f"| {'**' + name + '**' if bold else name} | {r['iterations']} | {r['runs']} | {prep} | "
                    f"{_f(r['train_s'])} | {_f(r['wall_s'])} | {_mtok(r['tokens_per_s'])} | {perplexity} |")
         if i == 1 and ladder:  # the ladder of the first system, after its two full fits (as the job prints)
             def join(key, fmt=_f):
@@ -88,6 +98,17 @@ def lda_table(data):
                        f"{' / '.join(str(x['iterations']) for x in ladder)} | {ladder[0]['runs']} | "
                        f"{join('prep_s')} | {join('train_s')} | {join('wall_s')} | | {join('heldout_perplexity')} |")
     return out
+
+
+def lda_mllib_table(data):
+    """MLlib's two LDA optimizers, with tomotopy from the same run as the yardstick."""
+    return lda_table(data, {"tomotopy 2 threads", "MLlib online", "MLlib EM"})
+
+
+def lda_learned_alpha_table(data):
+    """Fixed against learned α, 2 workers / 2 threads, from one run."""
+    return lda_table(data, {"pystrads 2 workers", "tomotopy 2 threads", "pystrads 2 workers, learned alpha",
+                            "tomotopy 2 threads, learned alpha"})
 
 
 # -- Lasso (jobs/bench_lasso.py) -----------------------------------------------------------------
@@ -126,19 +147,41 @@ def lasso_table(data):
 # -- runtime (jobs/bench_runtime.py) ------------------------------------------------------------
 
 def runtime_every_round_table(data):
-    labels = {"resident": "resident (default)", "steps": "job per step (`runtime.mode=steps`)"}
-    out = ["| runtime | data per worker | rounds/s | ms per round | cost vs 1 MiB |",
-           "|---|---:|---:|---:|---:|"]
-    base = {}
-    for r in data["every_round"]:
-        base.setdefault(r["runtime"], r["round_ms"])
-        ms = _f(r["round_ms"], 2 if r["round_ms"] < 10 else 1)
-        out.append(f"| {labels.get(r['runtime'], r['runtime'])} | {r['block_mib']} MiB | {_f(r['rounds_per_s'])} | "
-                   f"{ms} | {_f(r['round_ms'] / base[r['runtime']], 2)}× |")
+    """``every_round``: ms per one-round step and where they go; ``rounds``: an empty program."""
+    # pystrads' one runtime; a "steps" row (a job per step) is a removed runtime's, kept in older JSON
+    rows = [r for r in data["every_round"] if r.get("runtime") != "steps"]
+    out = ["| data per worker | rounds/s | ms per round | cost vs 1 MiB | schedule ms | push ms | clock waits ms "
+           "| snapshot ms | RPCs and the rest ms |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        b = r["breakdown_ms"]
+        rest = r["round_ms"] - b["schedule"] - b["compute"] - b["sync"] - b["snapshot"]
+        out.append(f"| {r['block_mib']} MiB | {_f(r['rounds_per_s'])} | {_f(r['round_ms'], 2)} | "
+                   f"{_f(r['round_ms'] / rows[0]['round_ms'], 2)}× | {_f(b['schedule'], 2)} | {_f(b['compute'], 2)} | "
+                   f"{_f(b['sync'], 2)} | {_f(b['snapshot'], 2)} | {_f(rest, 2)} |")
+    e = data.get("rounds")
+    if e:
+        out += ["", f"An empty program, U = {e['workers']}, {e['rounds']:,} rounds in steps of "
+                f"{e['rounds_per_step']}: **{e['rounds_per_s']:,.0f} rounds/s** over the whole fit (from the driver's "
+                f"`fit()` call to its result), {e['rounds_per_s_in_jobs']:,.0f} over the steps, "
+                f"{e['rounds_per_s_inside_steps']:,.0f} inside the workers' rounds."]
     return out
 
 
-# -- implicit MF (jobs/bench_mf.py --implicit) ---------------------------------------------------
+def runtime_throughput_table(data):
+    """The shard client against raw ``pyarrow.flight``, GB/s."""
+    out = ["| block | raw get | client `copy=False` | ratio | client `out=` | ratio | client new array | ratio "
+           "| raw put, dropped | raw put, stored | client put | ratio to dropped | ratio to stored |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in data["throughput"]:
+        cells = [f"{r['mib']} MiB", _f(r["raw_get_gbps"], 2), _f(r["client_get_view_gbps"], 2),
+                 f"**{_f(r['get_view_ratio'], 2)}**", _f(r["client_get_out_gbps"], 2), _f(r["get_out_ratio"], 2),
+                 _f(r["client_get_gbps"], 2), _f(r["get_ratio"], 2), _f(r["raw_put_gbps"], 2),
+                 _f(r["raw_put_store_gbps"], 2), _f(r["client_put_gbps"], 2), f"**{_f(r['put_ratio'], 2)}**",
+                 _f(r["put_store_ratio"], 2)]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
 
 # -- MF on MovieLens (jobs/bench_mf.py) ----------------------------------------------------------
 
@@ -225,38 +268,82 @@ def lda_scaleout_table(data):
     return out
 
 
-RENDERERS = {
-    "scale": scale_table,
-    "mf_implicit": mf_implicit_table,
-    "mf_movielens": mf_table,
-    "lda_reuters": lda_table,
-    "lda_reuters_resident": lda_table,
-    "lda_reuters_current": lda_table,
-    "lda_reuters_kernels": lda_table,
-    "lda_debian_current": lda_table,
-    "lda_debian_k1000": lda_table,
-    "lda_reuters_lone_worker": lda_table,
-    "lda_reuters_hold": lda_table,
-    "lda_debian_hold": lda_table,
-    "lda_debian_k1000_hold": lda_table,
-    "lda_scaleout": lda_scaleout_table,
-    "lasso_strads_resident": lasso_table,
-    "lasso_strads_current": lasso_table,
-    "lasso_strads_exchange": lasso_table,
-    "lasso_strads_input": lasso_table,
-    "lasso_strads_s19": lasso_table,
-    "lasso_strads_s20": lasso_table,
-    "lasso_strads_s21": lasso_table,
-    "lasso_strads_s22": lasso_table,
-    "runtime_every_round": runtime_every_round_table,
+# -- the tables of the page -----------------------------------------------------------------------
+
+class Table(NamedTuple):
+    """One generated table: how to render its JSON, and the caption's facts the JSON may lack."""
+
+    render: Callable[[dict], list]
+    #: the command that wrote the JSON (used when the JSON has no ``command``)
+    command: Optional[str] = None
+    #: the day of the run, ISO (used when the JSON has no ``date``)
+    date: Optional[str] = None
+    #: ``docs/bench-data/<json>.json``; default: the marker's name
+    json: Optional[str] = None
+
+
+_LDA = 'python3 jobs/bench_lda.py {corpus}--repeats {repeats} --skip-em --skip-online --skip-learned --ladder ""'
+_RUNTIME = "python3 jobs/bench_runtime.py --repeats 3"
+
+#: every table of docs/benchmarks.md, by the name in its marker
+TABLES = {
+    "lda_reuters": Table(lda_table, _LDA.format(corpus="", repeats=3), "2026-11-25"),
+    "lda_reuters_mllib": Table(lda_mllib_table, "python3 jobs/bench_lda.py --repeats 1 --em-repeats 1 --ladder 25,50",
+                               "2026-11-24"),
+    "lda_reuters_learned_alpha": Table(lda_learned_alpha_table,
+                                       'python3 jobs/bench_lda.py --repeats 2 --skip-em --skip-online --ladder ""',
+                                       "2026-11-24"),
+    "lda_scaleout": Table(lda_scaleout_table, "python3 jobs/bench_lda_scaleout.py", "2026-11-25"),
+    "lda_debian": Table(lda_table, _LDA.format(corpus="--corpus debian ", repeats=1), "2026-11-25"),
+    "lda_debian_k1000": Table(lda_table, _LDA.format(corpus="--corpus debian -k 1000 --iters 50 ", repeats=1),
+                              "2026-11-25"),
+    "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-24"),
+    "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
+    "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-26"),
+    "runtime_every_round": Table(runtime_every_round_table, _RUNTIME, "2026-11-24",
+                                 json="runtime"),
+    "runtime_throughput": Table(runtime_throughput_table, _RUNTIME, "2026-11-24",
+                                json="runtime"),
+    "scale": Table(scale_table, date="2026-11-24"),
 }
 
 
+def _machine(data) -> str:
+    m = data.get("machine")
+    if isinstance(m, dict) and (m.get("cpus") or m.get("cpu_count")):
+        python = f", Python {m['python']}" if m.get("python") else ""
+        return f"{m.get('cpus') or m.get('cpu_count')} CPUs{python}"
+    if isinstance(m, str):
+        return m
+    if data.get("cores"):
+        return f"{data['cores']} cores"
+    return DEVELOPMENT_MACHINE
+
+
+def caption(name: str) -> str:
+    """The line above a table: the command, the machine and the date of its run, and its JSON."""
+    table = TABLES[name]
+    json_name = table.json or name
+    data = _load(json_name)
+    command = data.get("command") or table.command
+    date = data.get("date") or table.date
+    if not command or not date:
+        raise ValueError(f"table {name!r}: neither docs/bench-data/{json_name}.json nor TABLES in {__file__} gives "
+                         f"its {'command' if not command else 'date'}")
+    return (f"Command: `{command}` · machine: {_machine(data)} · run of {date} · "
+            f"data: [`bench-data/{json_name}.json`](bench-data/{json_name}.json)")
+
+
+def _load(json_name: str) -> dict:
+    with open(os.path.join(DATA, json_name + ".json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def render(name: str) -> str:
-    if name not in RENDERERS:
+    if name not in TABLES:
         raise ValueError(f"docs/benchmarks.md marks a table {name!r} that {__file__} cannot render")
-    with open(os.path.join(DATA, name + ".json"), encoding="utf-8") as fh:
-        return "\n".join(RENDERERS[name](json.load(fh))) + "\n"
+    table = TABLES[name]
+    return caption(name) + "\n\n" + "\n".join(table.render(_load(table.json or name))) + "\n"
 
 
 def build(text: str) -> str:
