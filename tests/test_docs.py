@@ -10,9 +10,12 @@
 * Every relative link (and ``#anchor``) in README.md and docs/*.md points at a file or
   heading that exists.
 * docs/configuration.md is the build of conf/pystrads-defaults.conf
-  (``python docs/build_configuration.py`` rewrites it), and the marked tables of
-  docs/benchmarks.md are the build of the benchmark JSON in docs/bench-data/
-  (``python docs/build_benchmarks.py``).
+  (``python docs/build_configuration.py`` rewrites it), and every table of
+  docs/benchmarks.md is a marked block built from the benchmark JSON in docs/bench-data/
+  (``python docs/build_benchmarks.py``), naming its command, machine and date.
+* The code map in docs/architecture.md lists every module of ``pystrads/``, and no other.
+* README.md, docs/, ``pystrads/`` and conf/ carry no development history: no numbered work
+  items ("issue 17", "session 22", "#12"), no names that encode one, no removed runtime.
 """
 
 import contextlib
@@ -252,12 +255,132 @@ def test_configuration_build_refuses_a_conf_file_that_misses_a_key(tmp_path, mon
         build.build()
 
 
+def tables_outside_generated_blocks(text):
+    """Line numbers of the markdown table rows (lines starting with ``|``) that no
+    ``<!-- bench-table: NAME -->`` ... ``<!-- /bench-table -->`` block holds."""
+    outside, inside = [], False
+    for number, line in enumerate(text.split("\n"), 1):
+        if re.match(r"^<!-- bench-table: \S+ -->$", line):
+            inside = True
+        elif line.startswith("<!-- /bench-table -->"):
+            inside = False
+        elif line.startswith("|") and not inside:
+            outside.append(number)
+    return outside
+
+
+def test_every_benchmark_table_is_generated():
+    build = _load_script("build_benchmarks")
+    page = open(build.PAGE, encoding="utf-8").read()
+    assert not tables_outside_generated_blocks(page), (
+        f"docs/benchmarks.md lines {tables_outside_generated_blocks(page)}: a table outside a generated block; "
+        "write the job's JSON to docs/bench-data/ and mark the table (docs/build_benchmarks.py)")
+    assert build.main(["--check"]) == 0, "docs/benchmarks.md is stale: run python docs/build_benchmarks.py"
+    # a hand-copied table is caught, inside a block or not
+    assert tables_outside_generated_blocks("text\n\n| a | b |\n|---|---|\n| 1 | 2 |\n") == [3, 4, 5]
+    assert tables_outside_generated_blocks("<!-- bench-table: x -->\n| a |\n<!-- /bench-table -->\n| b |\n") == [4]
+
+
 def test_benchmark_tables_are_the_build_of_their_json():
     build = _load_script("build_benchmarks")
-    assert build.main(["--check"]) == 0, "docs/benchmarks.md is stale: run python docs/build_benchmarks.py"
     page = open(build.PAGE, encoding="utf-8").read()
     marked = build.MARKED.findall(page)
-    assert {name for _, name, _, _ in marked} == set(build.RENDERERS)
-    assert all(table.count("\n") >= 3 for _, _, table, _ in marked)  # header, rule, at least one row
+    assert {name for _, name, _, _ in marked} == set(build.TABLES)
+    for _, name, block, _ in marked:
+        caption, _, table = block.partition("\n\n")
+        # each table names the command, the machine and the date of its run, and its JSON
+        assert re.match(r"^Command: `python3? jobs/\w+\.py[^`]*` · machine: [^·]+ · run of \d{4}-\d{2}-\d{2} · "
+                        r"data: \[`bench-data/\w+\.json`\]", caption), (name, caption)
+        assert table.count("\n") >= 3, name  # header, rule, at least one row
     # an edited figure is caught
-    assert build.build(page.replace("| 1340.7 |", "| 1234.5 |")) == page
+    first = marked[0][2].rstrip("\n").split("\n")[-1]
+    edited = re.sub(r"\d(?=[^\d]*$)", lambda m: str((int(m.group()) + 1) % 10), first)
+    assert edited != first and build.build(page.replace(first, edited)) == page
+
+
+# -- the code map ------------------------------------------------------------------------------
+
+def code_map():
+    """``{entry: text}`` of the code map in docs/architecture.md: an entry is a line of the
+    block under "Where the code is" that starts with a folder or module of ``pystrads/``,
+    with the lines indented below it."""
+    text = open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read()
+    block = text.split("## Where the code is", 1)[1].split("```", 2)[1]
+    entries, key = {}, None
+    for line in block.split("\n"):
+        if re.match(r"^  \S", line):
+            key = line.split()[0]
+            entries[key] = line
+        elif key and line.startswith("   "):
+            entries[key] += " " + line.strip()
+        else:
+            key = None  # pystrads/ itself, and what lies outside it (jobs/)
+    return entries
+
+
+def test_the_code_map_lists_every_module_and_no_other():
+    entries = code_map()
+    package = os.path.join(ROOT, "pystrads")
+    unlisted = []
+    for path in sorted(glob.glob(os.path.join(package, "**", "*.py"), recursive=True)):
+        parts = os.path.relpath(path, package).split(os.sep)
+        if parts[-1] == "__init__.py":
+            continue
+        listed = parts[0] in entries if len(parts) == 1 else \
+            re.search(rf"(?<![\w/]){re.escape(parts[-1])}", entries.get(parts[0] + "/", ""))
+        if not listed:
+            unlisted.append("/".join(parts))
+    assert not unlisted, f"docs/architecture.md's code map misses {unlisted}: say what each holds"
+    gone = [f"{key} {name}" for key, text in entries.items() if key.endswith("/")
+            for name in re.findall(r"\b\w+\.py\b", text)
+            if not glob.glob(os.path.join(package, key, "**", name), recursive=True)]
+    assert not gone, f"docs/architecture.md's code map names modules that do not exist: {gone}"
+
+
+# -- the docs describe the product as it is -----------------------------------------------------
+
+#: numbered work items ("issue 17", "session 22", "work item 3", "#12") and names that encode
+#: one ("lasso_strads_s22", "s21"): the history lives in git, not in the docs or the code
+WORK_ITEM = re.compile(r"\b(?:issue|session|work[ -]?item|ticket|sprint)s?\s*#?\d+|(?<![\w&#/])#\d{1,3}\b"
+                       r"|\b\w+_s\d{1,3}\b|\bs\d{2}\b", re.I)
+#: the narrative of how the docs' subject changed, and the runtime that was removed
+HISTORY = re.compile(r"runtime\.mode|\b(?:first|resident|step) runtime\b|\bkept (?:one|a) release\b"
+                     r"|\bkept\b.{0,40}\bfor comparison\b|\bwe (?:first )?tried\b|\blater changed\b", re.I)
+
+
+def _product_files():
+    """(path, text, patterns) of what users read: the README, docs/, the package and conf/."""
+    def files(pattern):
+        return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)
+                      if os.path.isfile(p))
+
+    pages = ["README.md"] + files("docs/**/*.md")
+    code, conf = files("pystrads/**/*.py"), files("conf/*")
+    for paths, patterns in ((pages, (WORK_ITEM, HISTORY)), (code + conf, (WORK_ITEM,))):
+        for path in paths:
+            yield path, open(os.path.join(ROOT, path), encoding="utf-8").read(), patterns
+
+
+def history_lines(text, patterns):
+    return [(n, m.group()) for n, line in enumerate(text.split("\n"), 1) for pattern in patterns
+            for m in pattern.finditer(line)]
+
+
+def test_docs_and_code_carry_no_development_history():
+    found = [f"{path}:{n}: {hit!r}" for path, text, patterns in _product_files()
+             for n, hit in history_lines(text, patterns)]
+    assert not found, ("development history (work-item numbers, a removed runtime) in what users read; "
+                       "say what the product does now, git keeps the rest:\n" + "\n".join(found))
+
+
+def test_history_check_catches_work_items_and_spares_plain_text():
+    caught = ["as issue 12 asks", "Session 22 re-measured", "see #17", "(issue #6)", "work item 3",
+              "table lasso_strads_s19", "the s22 run", "runtime.mode=steps", "the first runtime",
+              "kept one release for comparison"]
+    for line in caught:
+        assert history_lines(line, (WORK_ITEM, HISTORY)), line
+    plain = ["the schedule's work items", "an issue with the input", "the session's `spark`",
+             "## 10⁹ parameters", "[link](#lasso-layout)", "color &#123;", "x[0]  # 3 rounds",
+             "the same fit with α fixed, for comparison", "2 cores, 24 GiB", "s2 = 0.5"]
+    for line in plain:
+        assert not history_lines(line, (WORK_ITEM, HISTORY)), line
