@@ -89,6 +89,20 @@ def test_sgd_block_rotation_fits_close_to_als_and_saves_its_params(ratings, capl
     assert StradsMF().getAlgorithm() == "cd"
 
 
+def test_a_step_size_the_algorithm_ignores_is_named_in_a_warning(ratings, caplog):
+    """stepSize is SGD's: set with coordinate descent (algorithm='cd', the default, or
+    implicitPrefs=True) the fit says it is ignored; with algorithm='sgd' it is used, nothing said."""
+    for kw, mode in (({}, "algorithm='cd'"), ({"implicitPrefs": True}, "implicitPrefs=True (exact block solves)")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pystrads.ml.recommendation"):
+            mf(maxIter=1, stepSize=0.02, **kw).fit(ratings)
+        assert f"StradsMF: stepSize=0.02 is ignored with {mode}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pystrads.ml.recommendation"):
+        model = mf(algorithm="sgd", maxIter=1, stepSize=0.02).fit(ratings)
+    assert "stepSize" not in caplog.text
+    assert list(model.summary.to_pandas()["step_size"]) == pytest.approx([0.02])  # and it was used
+
 def test_recommendations_are_the_top_scores(fitted):
     recs = {r.userId: r.recommendations for r in fitted.recommendForAllUsers(3).collect()}
     w = {r.id: np.array(r.features) for r in fitted.userFactors.collect()}

@@ -177,7 +177,10 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     static schedule): items are cut into one block per worker, and in each
     round every worker sweeps its ratings of a different block, so no two
     workers ever update the same item factors; step size
-    ``stepSize / sqrt(1 + iteration)``.  Same objective, same params.
+    ``stepSize / sqrt(1 + iteration)``.  Same objective, same params, but for those
+    one algorithm alone uses (``stepSize``: SGD; ``featureBlockSize``,
+    ``innerIterations``: coordinate descent): a fit logs a warning naming any
+    of them that is set and ignored.
 
     Example
     -------
@@ -206,7 +209,7 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     def _program(self, fit: Fit):
         users, items, item_counts = fit.stats["users"], fit.stats["items"], fit.stats["item_counts"]
         if self.getImplicitPrefs():
-            self._warn_ignored("implicitPrefs=True (exact block solves)", "innerIterations")
+            self._warn_ignored("implicitPrefs=True (exact block solves)", "innerIterations", "stepSize")
             program = ImplicitMFProgram(len(users), len(items), self.getRank(), self.getRegParam(),
                                         fit.stats["item_positives"], self.getAlpha(), fit.workers, self.getMaxIter(),
                                         self.getNonnegative(), fit.seed, block_size=self._block_size())
@@ -215,6 +218,7 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
             program = MFSGDProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,
                                    self.getMaxIter(), fit.workers, self.getStepSize(), self.getNonnegative(), fit.seed)
         else:
+            self._warn_ignored("algorithm='cd'", "stepSize")
             program = MFProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,
                                 self.getMaxIter(), self._inner_iterations(), self.getNonnegative(), fit.seed,
                                 block_size=self._block_size())
