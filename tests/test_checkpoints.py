@@ -95,7 +95,7 @@ def test_snapshots_restore_into_a_different_number_of_shards(tmp_path):
 
 
 def test_lasso_rows_load_in_an_order_independent_of_their_arrival():
-    from pystrads.programs.lasso import canonical_order, rows_to_arrays
+    from pystrads.programs._rows import canonical_order, rows_to_arrays
 
     rng = np.random.default_rng(2)
     rows = [(float(rng.standard_normal()), 1.0, np.sort(rng.choice(50, 5, replace=False)), rng.random(5))

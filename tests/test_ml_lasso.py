@@ -289,7 +289,7 @@ def test_arrow_input_reads_the_same_rows_as_the_row_reader(spark):
     dropped), sparse rows, empty rows and weights -- and a bad value is named the same way."""
     from pystrads.ml._arrow import collect_per_partition
     from pystrads.ml._linear_input import batch_blocks, scan_input
-    from pystrads.programs.lasso import canonical_order, rows_to_arrays
+    from pystrads.programs._rows import canonical_order, rows_to_arrays
 
     rng = np.random.default_rng(5)
     rows = []

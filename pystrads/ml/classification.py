@@ -7,7 +7,7 @@ Objective (MLlib's; ``alpha`` is ``elasticNetParam``, default 0 as in MLlib: set
         + regParam * (alpha * sum_j s_j |beta_j| + (1 - alpha) / 2 * sum_j s_j^2 beta_j^2),   m_i = b + x_i . beta
 
 Same program as :class:`~pystrads.ml.StradsLasso` with the log-loss: only
-the loss terms and the Newton step differ (:class:`~pystrads.programs.lasso.L1LogisticProgram`).
+the loss terms and the Newton step differ (:class:`~pystrads.programs.logistic.L1LogisticProgram`).
 """
 
 from __future__ import annotations
