@@ -1,6 +1,7 @@
-"""Implicit-feedback MF benchmark (``python jobs/bench_mf.py --implicit``; see bench_mf.py's
-docstring): StradsMF(implicitPrefs=True) vs ALS(implicitPrefs=True) vs the ``implicit`` library on
-MovieLens latest-small, ratings >= 4 as interactions, a seeded per-user 80/20 split.
+"""Implicit-feedback MF benchmark: StradsMF(implicitPrefs=True) vs ALS(implicitPrefs=True) vs the
+``implicit`` library on MovieLens latest-small, ratings >= 4 as interactions, a seeded per-user
+80/20 split.  Run by ``python jobs/bench_mf.py --implicit``: bench_mf.py parses the arguments (its
+docstring lists them) and calls :func:`implicit_benchmark`; this module imports nothing from it.
 
 Every system gets the same warm-up (one small fit), the same number of interleaved runs (run r
 seeds every system with r: the rankings depend on the random start) and the same timer (``fit``
@@ -15,12 +16,9 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 
@@ -197,9 +195,3 @@ def implicit_benchmark(args):
     print(f"wrote {out_path}")
     spark.stop()
 
-
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_mf import main
-
-    main(["--implicit"] + sys.argv[1:])
