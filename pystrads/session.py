@@ -19,8 +19,9 @@ from .engine.preflight import check_java
 
 def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
                   conf: Optional[Mapping[str, str]] = None):
-    """Get or create a SparkSession (``local[2]`` unless ``master`` or
-    ``spark.master`` is set), after checking Java and pinning Python."""
+    """Get or create a SparkSession (``local[2]`` unless ``master``, ``spark.master`` in
+    ``conf`` or Spark's own ``MASTER`` environment variable names another), after checking
+    Java and pinning Python."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -30,7 +31,7 @@ def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
     if master:
         builder = builder.master(master)
     elif "spark.master" not in (conf or {}) and not os.environ.get("MASTER"):
-        builder = builder.config("spark.master", os.environ.get("PYSTRADS_MASTER", "local[2]"))
+        builder = builder.config("spark.master", "local[2]")
     defaults = {
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
