@@ -345,7 +345,7 @@ def main(argv=None):
                                              args.optimize_interval if learned else 0, args.optimize_burn_in)
         name = f"pystrads {workers} worker{'s' if workers > 1 else ''}" + (LEARNED if learned else "")
         info = {"sampler": s.sampler, "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
-                "steps": len(s.steps), "spark_s": round(float(s.steps["spark_s"].sum()), 2),
+                "steps": len(s.steps), "outside_rounds_s": round(float(s.steps["outside_rounds_s"].sum()), 2),
                 "steps_s": round(float(s.steps["seconds"].sum()), 2),
                 # the engine's fit outside the workers' rounds (shard set-up, job launch, data load,
                 # init, per-step scheduling, commits, snapshots, driver hooks, finish), as a fraction of the fit

@@ -5,12 +5,12 @@ shard-client throughput vs raw Arrow Flight.
 
 0. Rounds/s when ``schedule`` returns one round at a time and reads a table first
    (:class:`~pystrads.programs.examples.EveryRoundProgram`), with 1 MiB and 128 MiB
-   of data per worker, under the resident runtime and the first (job per step) one.
+   of data per worker.
 1. Rounds/s of :class:`~pystrads.programs.examples.EmptyProgram` at U = 2 on
-   ``local[2]`` (steps of 500 rounds, the Spark job cost included), median of
+   ``local[2]`` (steps of 500 rounds, the job's launch included), median of
    ``--repeats`` fits.
 2. Get / put throughput of a row block of 1-64 MiB through the pystrads
-   shard client (``TableHandle.get_range`` / ``put_range`` against a shard
+   shard client (``TableHandle.get_range`` / ``put`` against a shard
    process) and through raw ``pyarrow.flight`` (a minimal server process that
    streams a prebuilt table / discards or stores what it receives),
    interleaved in the same run; each sample moves at least 256 MiB (a loop of
@@ -119,7 +119,7 @@ def throughput(sizes_mib, repeats):
             times = {k: [] for k in ("client_get", "client_get_view", "client_get_out", "raw_get",
                                      "client_put", "raw_put", "raw_put_store")}
             buffer = np.empty_like(block)
-            table.put_range(0, block)  # warm up both paths
+            table.put(range(0, len(block)), block)  # warm up both paths
             raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
             calls = max(1, 256 // mib)  # each sample moves >= 256 MiB, so small blocks are not all noise
 
@@ -144,7 +144,7 @@ def throughput(sizes_mib, repeats):
                 times["client_get_view"].append(seconds)
                 times["client_get_out"].append(timed(lambda: table.get_range(0, rows, out=buffer))[0])
                 times["raw_get"].append(timed(raw_get)[0])
-                times["client_put"].append(timed(lambda: table.put_range(0, block))[0])
+                times["client_put"].append(timed(lambda: table.put(range(0, len(block)), block))[0])
                 times["raw_put"].append(timed(raw_put)[0])
                 times["raw_put_store"].append(timed(lambda: raw_put(b"store"))[0])
             assert np.array_equal(got, block) and np.array_equal(buffer, block) and np.array_equal(view, block)
@@ -167,7 +167,8 @@ def empty_rounds(repeats, rounds=2000, per_step=500):
     """Rounds per second of a program that does nothing (U = 2, ``per_step`` rounds per step),
     counted three ways: ``rounds_per_s`` over the whole fit -- from the driver's call to the
     returned result, with shard set-up, the init step, the stats and metrics calls and the
-    program's driver hooks; ``rounds_per_s_in_jobs`` over the step jobs' time only; and
+    program's driver hooks; ``rounds_per_s_in_jobs`` over the steps' time only (posting each to
+    the workers until its commit); and
     ``rounds_per_s_inside_steps`` over the workers' time in rounds."""
     from pystrads.engine import Engine
     from pystrads.programs.examples import EmptyProgram
@@ -188,7 +189,7 @@ def empty_rounds(repeats, rounds=2000, per_step=500):
             steps = res.summary.rows
             done = sum(r["rounds"] for r in steps)
             whole.append(done / elapsed)
-            in_jobs.append(done / sum(r["job_s"] for r in steps))
+            in_jobs.append(done / sum(r["step_s"] for r in steps))
             in_rounds.append(done / sum(r["round_s"] for r in steps))
     spark.stop()
     return {"workers": 2, "rounds": rounds, "rounds_per_step": per_step,
@@ -200,49 +201,47 @@ def empty_rounds(repeats, rounds=2000, per_step=500):
 def every_round(repeats, sizes_mib=(1, 128), rounds=None):
     """A scheduler deciding every round (:class:`~pystrads.programs.examples.EveryRoundProgram`:
     one round per step, the driver reads a table before each) at U = 2 on ``local[2]``, with a
-    data block of each size per worker, under both runtimes (``runtime.mode``): the resident
-    workers and the first runtime's job per step.  Per-round cost = the steps' wall time
-    (schedule + step, from the driver) / rounds; every configuration gets one warm-up fit and
-    ``repeats`` timed fits, median reported.  The step runtime runs fewer rounds (a job each)."""
+    data block of each size per worker.  Per-round cost = the steps' wall time (schedule + step,
+    from the driver) / rounds; every size gets one warm-up fit and ``repeats`` timed fits,
+    median reported."""
     from pystrads.engine import Engine
     from pystrads.programs.examples import EveryRoundProgram
     from pystrads.session import spark_session
 
-    rounds = rounds or {"resident": 300, "steps": 30}
+    rounds = rounds or 300
     spark = spark_session("local[2]", "pystrads-bench-every-round", {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     sc = spark.sparkContext
     out = []
-    for mode in ("resident", "steps"):
-        for mib in sizes_mib:
-            config = {"runtime.mode": mode, "progress": "off"}
-            costs, whole, parts = [], [], []
-            for rep in range(repeats + 1):  # the first fit warms up (shards, Python workers, data)
-                program = EveryRoundProgram(rounds[mode], 64, mib << 20)
-                t0 = time.perf_counter()
-                with Engine(program, sc.parallelize(range(2), 2), config=config).fit() as res:
-                    elapsed = time.perf_counter() - t0
-                    steps = res.summary.rows
-                    visits = res.read_table("score")[:, 0]
-                    assert visits.sum() == 2 * len(steps) == 2 * rounds[mode], (visits.sum(), len(steps))
-                    if rep:
-                        costs.append(sum(r["seconds"] for r in steps) / len(steps))
-                        whole.append(len(steps) / elapsed)
-                        parts.append({k: float(np.mean([r.get(k, 0.0) for r in steps]))
-                                      for k in ("schedule_s", "compute_s", "sync_s", "snapshot_s", "seconds")})
-            out.append({"runtime": mode, "block_mib": mib, "rounds": rounds[mode],
-                        "round_ms": 1e3 * float(np.median(costs)), "rounds_per_s": 1.0 / float(np.median(costs)),
-                        "rounds_per_s_whole_fit": float(np.median(whole)),
-                        "round_ms_all": [round(1e3 * c, 2) for c in costs],
-                        # where a step's time goes (ms, median over fits of the per-step means): the
-                        # driver's schedule (a table read), the workers' push, their waits on the round
-                        # clocks, their state snapshots, and the rest (posting, next / enter / done
-                        # calls, the commit)
-                        "breakdown_ms": {k[:-2] if k.endswith("_s") else k:
-                                         round(1e3 * float(np.median([p[k] for p in parts])), 3)
-                                         for k in parts[0]} if parts else {}})
-            print(f"  every-round schedule, {mode}, {mib} MiB/worker: {out[-1]['rounds_per_s']:.1f} rounds/s "
-                  f"({out[-1]['round_ms']:.2f} ms/round)", flush=True)
+    for mib in sizes_mib:
+        config = {"progress": "off"}
+        costs, whole, parts = [], [], []
+        for rep in range(repeats + 1):  # the first fit warms up (shards, Python workers, data)
+            program = EveryRoundProgram(rounds, 64, mib << 20)
+            t0 = time.perf_counter()
+            with Engine(program, sc.parallelize(range(2), 2), config=config).fit() as res:
+                elapsed = time.perf_counter() - t0
+                steps = res.summary.rows
+                visits = res.read_table("score")[:, 0]
+                assert visits.sum() == 2 * len(steps) == 2 * rounds, (visits.sum(), len(steps))
+                if rep:
+                    costs.append(sum(r["seconds"] for r in steps) / len(steps))
+                    whole.append(len(steps) / elapsed)
+                    parts.append({k: float(np.mean([r.get(k, 0.0) for r in steps]))
+                                  for k in ("schedule_s", "compute_s", "sync_s", "snapshot_s", "seconds")})
+        out.append({"block_mib": mib, "rounds": rounds,
+                    "round_ms": 1e3 * float(np.median(costs)), "rounds_per_s": 1.0 / float(np.median(costs)),
+                    "rounds_per_s_whole_fit": float(np.median(whole)),
+                    "round_ms_all": [round(1e3 * c, 2) for c in costs],
+                    # where a step's time goes (ms, median over fits of the per-step means): the
+                    # driver's schedule (a table read), the workers' push, their waits on the round
+                    # clocks, their state snapshots, and the rest (posting, next / enter / done
+                    # calls, the commit)
+                    "breakdown_ms": {k[:-2] if k.endswith("_s") else k:
+                                     round(1e3 * float(np.median([p[k] for p in parts])), 3)
+                                     for k in parts[0]} if parts else {}})
+        print(f"  every-round schedule, {mib} MiB/worker: {out[-1]['rounds_per_s']:.1f} rounds/s "
+              f"({out[-1]['round_ms']:.2f} ms/round)", flush=True)
     spark.stop()
     return out
 
@@ -287,30 +286,29 @@ def main(argv=None):
               "every_round": every_round(args.repeats),
               "throughput": throughput(sizes, args.repeats), "rounds": empty_rounds(args.repeats)}
     print()
-    rows = {(r["runtime"], r["block_mib"]): r for r in result["every_round"]}
+    rows = {r["block_mib"]: r for r in result["every_round"]}
     print(f"Scheduler deciding every round (one round per step, a table read before each), U=2, local[2], "
           f"median of {args.repeats}:")
-    print("| runtime | data per worker | rounds/s | ms/round | cost vs 1 MiB |")
-    print("|---|---:|---:|---:|---:|")
-    for (mode, mib), r in sorted(rows.items()):
-        base = rows.get((mode, 1))
-        print(f"| {mode} | {mib} MiB | {r['rounds_per_s']:.1f} | {r['round_ms']:.2f} "
+    print("| data per worker | rounds/s | ms/round | cost vs 1 MiB |")
+    print("|---:|---:|---:|---:|")
+    for mib, r in sorted(rows.items()):
+        base = rows.get(1)
+        print(f"| {mib} MiB | {r['rounds_per_s']:.1f} | {r['round_ms']:.2f} "
               f"| {r['round_ms'] / base['round_ms']:.2f}x |" if base else "")
-    for (mode, mib), r in sorted(rows.items()):
+    for mib, r in sorted(rows.items()):
         b = r.get("breakdown_ms") or {}
         if b:
             rest = b["seconds"] - b["schedule"] - b["compute"] - b["sync"] - b["snapshot"]
-            print(f"  {mode}, {mib} MiB, ms per step: schedule {b['schedule']:.2f}, push {b['compute']:.2f}, "
-                  f"clock waits {b['sync']:.2f}, snapshot {b['snapshot']:.2f}, other (RPCs / Spark job) {rest:.2f}")
-    result["every_round_ratio_128_vs_1"] = {
-        mode: rows[(mode, 128)]["round_ms"] / rows[(mode, 1)]["round_ms"]
-        for mode in ("resident", "steps") if (mode, 128) in rows and (mode, 1) in rows}
+            print(f"  {mib} MiB, ms per step: schedule {b['schedule']:.2f}, push {b['compute']:.2f}, "
+                  f"clock waits {b['sync']:.2f}, snapshot {b['snapshot']:.2f}, other (RPCs, commit) {rest:.2f}")
+    if 128 in rows and 1 in rows:
+        result["every_round_ratio_128_vs_1"] = rows[128]["round_ms"] / rows[1]["round_ms"]
     print()
     r = result["rounds"]
     print(f"Empty program, U=2, local[2], {r['rounds']} rounds in steps of {r['rounds_per_step']} "
           f"(median of {args.repeats}):")
     print(f"  whole fit, driver's call to result: {r['rounds_per_s']:.0f} rounds/s")
-    print(f"  step jobs only:                     {r['rounds_per_s_in_jobs']:.0f} rounds/s")
+    print(f"  steps only (posted to committed):   {r['rounds_per_s_in_jobs']:.0f} rounds/s")
     print(f"  inside steps (workers in rounds):   {r['rounds_per_s_inside_steps']:.0f} rounds/s")
     print()
     print("| block MiB | get: raw GB/s | client, copy=False | ratio | client, out= buffer | ratio "

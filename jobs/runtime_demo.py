@@ -77,7 +77,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     with Engine(ex.EmptyProgram(2000, rounds_per_step=500), sc.parallelize(range(U), U)).fit() as res:
         rows = res.summary.rows
-        rate = sum(r["rounds"] for r in rows) / sum(r["job_s"] for r in rows)
+        rate = sum(r["rounds"] for r in rows) / sum(r["step_s"] for r in rows)
     print(f"{'EmptyProgram':<18} {'runtime cost':<24} {rate:.0f} rounds/s at U={U} "
           f"({time.perf_counter() - t0:.2f} s)")
     results.append({"program": "EmptyProgram", "rounds_per_s": rate, "workers": U})

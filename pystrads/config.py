@@ -74,7 +74,7 @@ _SETTINGS = [
     Setting("round.timeoutSeconds", 600.0, float,
             "seconds a worker waits for the others to finish a round before failing the step", 1.0),
     Setting("step.targetSeconds", 5.0, float,
-            "wall time a step aims for; more rounds per step amortise the Spark job cost", 0.01),
+            "wall time a step aims for; more rounds per step amortise the per-step cost (the command reaching the workers, their state snapshots, the commit)", 0.01),
     Setting("step.maxRounds", 100000, int, "upper bound on the rounds of one step", 1),
     Setting("progress", "auto", str,
             "fit progress (step i/N, objective, throughput, ETA): auto = log lines, plus a live bar in "
@@ -106,11 +106,6 @@ _SETTINGS = [
     Setting("recovery.maxAttempts", 3, int,
             "times a fit restarts lost shards or lost worker states (from the latest checkpoint, or from the "
             "start without one) before it fails", 0),
-    Setting("runtime.mode", "resident", str,
-            "resident = one long-running barrier task per worker for the whole fit (data and state stay in "
-            "the task; each step's schedule reaches it through the shards); steps = the first runtime, one "
-            "barrier job per step with the state carried in cached RDDs (kept for comparison, to be removed)",
-            None, ("resident", "steps")),
     Setting("executor.waitSeconds", 120.0, float,
             "seconds to wait for enough executors to register before the first step", 0.0),
 ]
@@ -170,7 +165,7 @@ class Config(dict):
     def from_spark(cls, spark, overrides: Optional[Mapping[str, Any]] = None) -> "Config":
         """Settings from a Spark application's configuration (a SparkContext, a classic or
         Spark Connect session, or their handle), then ``overrides``."""
-        from .engine.spark import handle_of
+        from .spark import handle_of
 
         return cls.resolve(handle_of(spark).conf_items(PREFIX), overrides)
 

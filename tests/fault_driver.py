@@ -31,6 +31,7 @@ the recount from token topics; MF: every residual equals rating - w_u . h_i; Las
 residual equals y - X beta) -- and the recovery figures of the summary.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -105,7 +106,8 @@ def lasso_fit(sc, config, working_set_limit=None, lose_step=None):
     algorithm proper), and the faults hit those rounds."""
     from pystrads.datasets.synthetic import lambda_max, strads_lasso_problem
     from pystrads.engine import Engine
-    from pystrads.programs.lasso import ColumnSample, LassoProgram
+    from pystrads.programs._rows import ColumnSample
+    from pystrads.programs.lasso import LassoProgram
 
     p = strads_lasso_problem(400, 1500, nnz_per_col=10, corr_prob=0.3, seed=5)
     rdd = sc.parallelize([(y, 1.0, i, v) for y, i, v in p.rows()], 2)
@@ -210,71 +212,61 @@ def inject(fault, out, checkpoint_dir, manager, step):
 
 
 def strike_during_step(fault, out, checkpoint_dir):
-    """Inject ``fault`` once step ``TRIGGER`` has begun: a thread strikes as soon as the shards
-    report the step open while its command runs (the resident workers' tasks live for the whole
+    """A step hook that injects ``fault`` once step ``TRIGGER`` has begun: a thread strikes as
+    soon as the step's command is posted while it runs (the workers' tasks live for the whole
     fit, and some programs' steps last milliseconds, too short to be caught by polling alone)."""
-    from pystrads.engine import driver
     from pystrads.ps import launcher
 
-    run_job = driver.Engine._run_job
     struck = threading.Event()
 
-    def _run_job(self, step, work):
-        if step >= TRIGGER and not struck.is_set():
-            manager = next(iter(launcher._MANAGERS.values()))
+    def hook(job, step, run):
+        if step < TRIGGER or struck.is_set():
+            return run()
+        manager = next(iter(launcher._MANAGERS.values()))
 
-            def strike():
-                time.sleep(0.005)  # the step's command is posted and its rounds start
-                if inject(fault, out, checkpoint_dir, manager, step):
-                    struck.set()
+        def strike():
+            time.sleep(0.005)  # the step's command is posted and its rounds start
+            if inject(fault, out, checkpoint_dir, manager, step):
+                struck.set()
 
-            striker = threading.Thread(target=strike, daemon=True)
-            striker.start()
-            try:
-                return run_job(self, step, work)
-            finally:
-                striker.join()
-        return run_job(self, step, work)
-
-    driver.Engine._run_job = _run_job
-    return lambda: setattr(driver.Engine, "_run_job", run_job)
-
-
-def drop_one_step():
-    """The broken variant the suite must catch: step ``TRIGGER`` runs on the workers, but the
-    shards roll its model updates back instead of committing them, while the workers keep
-    theirs -- a lost update that no error reports."""
-    from pystrads.engine import driver
-
-    run_job = driver.Engine._run_job
-
-    def _run_job(self, step, rdd):
-        if step != TRIGGER:
-            return run_job(self, step, rdd)
-        broadcast = self.group.broadcast
-        self.group.broadcast = lambda action, **kw: broadcast("abort_step" if action == "commit_step" else action,
-                                                              **kw)
+        striker = threading.Thread(target=strike, daemon=True)
+        striker.start()
         try:
-            return run_job(self, step, rdd)
+            return run()
         finally:
-            del self.group.broadcast
-            print(f"FAULT drop: step {step}'s model updates rolled back after its tasks ran", flush=True)
+            striker.join()
 
-    driver.Engine._run_job = _run_job
-    return lambda: setattr(driver.Engine, "_run_job", run_job)
+    return hook
+
+
+def drop_one_step(job, step, run):
+    """The broken variant the suite must catch (a step hook): step ``TRIGGER`` runs on the
+    workers, but the shards roll its model updates back instead of committing them, while the
+    workers keep theirs -- a lost update that no error reports."""
+    if step != TRIGGER:
+        return run()
+    broadcast = job.group.broadcast
+    job.group.broadcast = lambda action, **kw: broadcast("abort_step" if action == "commit_step" else action, **kw)
+    try:
+        return run()
+    finally:
+        del job.group.broadcast
+        print(f"FAULT drop: step {step}'s model updates rolled back after its tasks ran", flush=True)
 
 
 def run_one(spark, program, fault, out, checkpoint_dir):
     """One fit of ``program`` with ``fault`` injected: its result (with the summary's recovery figures)."""
+    from pystrads.testing import around_steps
+
     config = {"checkpoint.dir": checkpoint_dir, "checkpoint.interval": 2, "step.targetSeconds": 0.15,
               "progress": "off"}
     if program == "lasso_rounds":
         # steps sized by the round cap alone (not by time), so its dynamic schedule -- planned
         # per step -- is the same in every run and the coefficients can be compared exactly
         config.update({"step.targetSeconds": 3600.0, "step.maxRounds": ROUNDS_PER_STEP})
-    undo = None
+    hook = None
     if fault in ("shard", "worker", "driver", "executor"):
-        undo = strike_during_step(fault, out, checkpoint_dir)
+        hook = strike_during_step(fault, out, checkpoint_dir)
     fits = {"lda": lda_fit, "mf": mf_fit, "lasso": lasso_fit,
             "lasso_rounds": lambda sc, cfg: lasso_fit(sc, cfg, working_set_limit=0)}
     if fault == "drop" and program == "lasso":
@@ -282,13 +274,10 @@ def run_one(spark, program, fault, out, checkpoint_dir):
         # and its steps carry them to the workers: lose that instead
         fits["lasso"] = lambda sc, cfg: lasso_fit(sc, cfg, lose_step=TRIGGER)
     elif fault == "drop":
-        undo = drop_one_step()
+        hook = drop_one_step
     t0 = time.perf_counter()
-    try:
+    with around_steps(hook) if hook is not None else contextlib.nullcontext():
         result, summary = fits[program](spark.sparkContext, config)
-    finally:
-        if undo is not None:
-            undo()
     result.update(seconds=time.perf_counter() - t0, steps=len(summary.rows),
                   recoveries=summary.fixed.get("recoveries", 0),
                   resumed_from_step=summary.fixed.get("resumed_from_step"),

@@ -1,4 +1,4 @@
-"""Soak test (issue 6): >= 2000 steps of a small Lasso fit with resident memory and open
+"""Soak test: >= 2000 steps of a small Lasso fit with resident memory and open
 file descriptors of the driver, the Python workers and the shards sampled along the way.
 
     python tests/soak_driver.py [--steps 2000] [--warmup 300] [--tolerance 0.10] [--out soak.json]

@@ -9,9 +9,10 @@ from pyspark import cloudpickle
 from pystrads.datasets.synthetic import lambda_max, strads_lasso_problem, uniform_sparse_problem
 from pystrads.engine import Engine
 from pystrads.kernels import cd as K
-from pystrads.programs._coef import relaxed
+from pystrads.programs._coef import relaxed, soft_step
+from pystrads.programs._rows import ColumnSample
 from pystrads.programs._working_set import _worst
-from pystrads.programs.lasso import ColumnSample, LassoProgram, soft_step
+from pystrads.programs.lasso import LassoProgram
 from pystrads.programs.logistic import L1LogisticProgram
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GramSpy travels by value
@@ -310,6 +311,17 @@ def test_relaxed_rounds_reach_the_optimum_in_fewer_rounds_along_correlated_colum
     assert behind > 1e-5, runs
     with pytest.raises(ValueError, match="relaxation=2.0 is not in"):
         LassoProgram(900, lam, relaxation=2.0)
+
+
+def test_the_logistic_program_takes_no_relaxation():
+    """Over-relaxation is the squared loss's: the logistic program refuses the parameter
+    instead of accepting a value it would never use, and keeps every other one."""
+    with pytest.raises(TypeError, match="relaxation"):
+        L1LogisticProgram(10, 0.1, relaxation=1.5)
+    prog = L1LogisticProgram(10, 0.1, tol=1e-9, coords_per_round=8)
+    assert not hasattr(prog, "relaxation")
+    assert (prog.tol, prog.coords_per_round, prog.num_coords) == (1e-9, 8, 11)
+    assert LassoProgram(10, 0.1, relaxation=1.0).relaxation == 1.0
 
 
 class GramSpy(LassoProgram):

@@ -151,11 +151,11 @@ def test_save_load_round_trip_keeps_factors_predictions_and_recommendations(mode
 def test_the_factors_never_reach_the_driver(spark, monkeypatch):
     """The fit reads neither the item table nor the workers' user factors on the driver; the
     model holds DataFrames made by executor tasks (no driver-made LocalRelation) and no arrays."""
-    from pystrads.engine import resident_driver
+    from pystrads.engine import job
     from pystrads.ps import client
 
     reads = []
-    get_range, fetch = client.TableHandle.get_range, resident_driver.ResidentMixin.fetch_exports
+    get_range, fetch = client.TableHandle.get_range, job.WorkerJob.fetch_exports
 
     def spy_get_range(self, start, stop, *a, **k):
         reads.append(self.layout.short_name)
@@ -166,7 +166,7 @@ def test_the_factors_never_reach_the_driver(spark, monkeypatch):
         return fetch(self)
 
     monkeypatch.setattr(client.TableHandle, "get_range", spy_get_range)
-    monkeypatch.setattr(resident_driver.ResidentMixin, "fetch_exports", spy_fetch)
+    monkeypatch.setattr(job.WorkerJob, "fetch_exports", spy_fetch)
     ratings = spark.range(0, 20000).select((F.col("id") % 4000).alias("user"), (F.col("id") % 97).alias("item"),
                                           (F.col("id") % 5 + 1).cast("double").alias("rating"))
     fitted = StradsMF(rank=4, maxIter=1, seed=1, numWorkers=2).fit(ratings)
@@ -181,7 +181,7 @@ def test_the_factors_never_reach_the_driver(spark, monkeypatch):
 def test_model_dir_keeps_the_factors_as_parquet(spark, tmp_path, monkeypatch):
     """spark.pystrads.model.dir: the factors are written there by the executors and read back
     (they outlive the executors' local checkpoints)."""
-    from pystrads.engine.spark import ClassicHandle
+    from pystrads.spark import ClassicHandle
 
     ratings = spark.createDataFrame([(u, i, float((u * i) % 5 + 1)) for u in range(30) for i in range(20)],
                                     ["user", "item", "rating"])

@@ -68,20 +68,15 @@ class FailingCounter(ex.CounterProgram):
         return out
 
 
-@pytest.mark.parametrize("mode", ["resident", "steps"])
-def test_both_runtimes_give_the_same_exact_model_and_states(sc, mode):
-    """The first runtime (a Spark job per step) stays selectable while it is kept: static
-    rotation sums, the counter program's table, states and exports are exact under both."""
+def test_the_model_the_states_and_the_exports_are_exact(sc):
+    """Static rotation sums, the counter program's table, states and exports are exact."""
     rng = np.random.default_rng(0)
     keys, vals = rng.integers(0, 300, 5000), rng.random(5000)
     rdd = sc.parallelize(list(zip(keys.tolist(), vals.tolist())), 2)
-    config = {"runtime.mode": mode}
-    with Engine(ex.RotationSum(300, iterations=3), rdd, seed=1, config=config).fit() as res:
-        assert res.engine.resident == (mode == "resident")
+    with Engine(ex.RotationSum(300, iterations=3), rdd, seed=1).fit() as res:
         np.testing.assert_allclose(res.read_table("sums")[:, 0], 3 * np.bincount(keys, vals, 300), rtol=0, atol=1e-9)
     program = ex.CounterProgram(num_keys=7, rounds_per_step=5, steps=3)
-    engine = Engine(program, sc.parallelize(range(10), 2), config=config,
-                    export=lambda worker, data, state: (worker, data, state))
+    engine = Engine(program, sc.parallelize(range(10), 2), export=lambda worker, data, state: (worker, data, state))
     with engine.fit() as res:
         assert np.array_equal(res.read_table("counter")[:, 0], program.expected(2))
         assert res.exports == res.map_states(lambda worker, data, state: (worker, data, state)) \
@@ -114,22 +109,20 @@ class SummarisedCounter(ex.CounterProgram):
         return super().init_state(ctx, data)
 
 
-@pytest.mark.parametrize("mode", ["resident", "steps"])
-def test_the_driver_checks_every_workers_data_summary_before_the_init_step(sc, mode, tmp_path):
+def test_the_driver_checks_every_workers_data_summary_before_the_init_step(sc, tmp_path):
     """``data_summary`` runs on each worker once its data is loaded; ``check_data`` gets them
     in worker order on the driver before the init step, and an exception there ends the fit
     before any worker's init_state ran, with no task left running."""
     import time
 
-    config = {"runtime.mode": mode}
     program = SummarisedCounter(str(tmp_path / "init-ran"), num_keys=5, rounds_per_step=2, steps=1)
-    with Engine(program, sc.parallelize(range(10), 2), config=config).fit() as res:
+    with Engine(program, sc.parallelize(range(10), 2)).fit() as res:
         assert np.array_equal(res.read_table("counter")[:, 0], program.expected(2))
     assert program.seen == [{"worker": 0, "count": 5, "sum": 10}, {"worker": 1, "count": 5, "sum": 35}]
     marker = tmp_path / "refused-init-ran"
     program = SummarisedCounter(str(marker), refuse=True, num_keys=5, rounds_per_step=2, steps=1)
     with pytest.raises(ValueError, match=r"worker sums \[10, 35\]: refused"):
-        Engine(program, sc.parallelize(range(10), 2), config=config).fit()
+        Engine(program, sc.parallelize(range(10), 2)).fit()
     assert not marker.exists()
     tracker = sc.statusTracker()
     deadline = time.monotonic() + 20
@@ -212,7 +205,7 @@ def _jobs(sc, engine):
 
 
 def test_a_fit_runs_as_one_spark_job_whatever_its_steps(sc):
-    """1,200 rounds in three steps of 400, all inside one Spark job (the resident workers'):
+    """1,200 rounds in three steps of 400, all inside one Spark job (the workers'):
     rounds are synchronised by the shards' clocks and steps are epochs on the shards, not a
     Spark job each; no other job starts during the fit.  (How many rounds per second that gives
     is measured by ``jobs/bench_runtime.py``, not here.)"""
@@ -298,10 +291,10 @@ class LateReader(ex.CounterProgram):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        from pystrads.engine import resident
+        from pystrads.engine import worker as worker_module
 
-        if not getattr(resident._Worker.next_command, "_late", False):
-            plain = resident._Worker.next_command
+        if not getattr(worker_module._Worker.next_command, "_late", False):
+            plain = worker_module._Worker.next_command
 
             def next_command(worker, done_step):
                 if isinstance(worker.program, LateReader) and done_step >= 0:
@@ -309,7 +302,7 @@ class LateReader(ex.CounterProgram):
                 return plain(worker, done_step)
 
             next_command._late = True
-            resident._Worker.next_command = next_command
+            worker_module._Worker.next_command = next_command
 
 
 def test_fits_released_at_once_leave_no_task_running(sc):
@@ -335,9 +328,9 @@ def test_a_fit_whose_tasks_get_no_slots_fails_clearly_instead_of_waiting(sc, mon
     (warning, then failing after round.timeoutSeconds) instead of waiting for ever."""
     import threading
 
-    from pystrads.engine import resident_driver
+    from pystrads.engine import job
 
-    monkeypatch.setattr(resident_driver, "SLOT_WAIT_WARN_SECONDS", 0.5)
+    monkeypatch.setattr(job, "SLOT_WAIT_WARN_SECONDS", 0.5)
     release = threading.Event()
 
     def hog():
@@ -395,8 +388,6 @@ def test_a_dataframe_input_gives_the_same_exact_model_as_its_rdd(spark):
         Engine(ex.RotationSum(300), spark.sparkContext.parallelize([(1, 1.0)]), num_workers=2, decode_batch=list)
     with pytest.raises(ConfigurationError, match="keep_states=True needs an RDD.*export="):
         Engine(ex.RotationSum(300), df, num_workers=2, keep_states=True)
-    with pytest.raises(ConfigurationError, match="runtime.mode=steps runs on RDDs only"):
-        Engine(ex.RotationSum(300), df, num_workers=2, config={"runtime.mode": "steps"})
 
 
 def test_a_failed_task_of_a_dataframe_fit_is_relaunched_without_lost_or_doubled_updates(spark):
@@ -509,15 +500,12 @@ class _ReadBackProgram(Program):
         return state
 
 
-@pytest.mark.parametrize("mode", ["resident", "steps"])
-def test_rows_read_back_with_the_tick_are_the_rows_a_get_reads_after_the_round(sc, mode):
-    """``contribute(..., read_back=True)`` + ``ctx.pulled``: the resident runtime brings the
-    rows back with the round's tick; they equal a ``get`` of the same (unsorted, repeated)
-    keys after the round's pull; the first runtime reads them with a ``get`` and gives the
-    same.  (Two shards: ``test_shard.py``'s round exchange test.)"""
+def test_rows_read_back_with_the_tick_are_the_rows_a_get_reads_after_the_round(sc):
+    """``contribute(..., read_back=True)`` + ``ctx.pulled``: the runtime brings the rows back
+    with the round's tick; they equal a ``get`` of the same (unsorted, repeated) keys after the
+    round's pull.  (Two shards: ``test_shard.py``'s round exchange test.)"""
     program = _ReadBackProgram()
-    config = {"runtime.mode": mode}
-    with Engine(program, sc.parallelize(range(4), 2), config=config).fit() as res:
+    with Engine(program, sc.parallelize(range(4), 2)).fit() as res:
         table = res.read_table("x")
         states = res.map_states(lambda worker, data, state: state)
     expected = np.zeros(program.rows)
@@ -526,5 +514,5 @@ def test_rows_read_back_with_the_tick_are_the_rows_a_get_reads_after_the_round(s
             np.add.at(expected, program.keys(w, r), 1.0)
     np.testing.assert_array_equal(table[:, 0], expected)
     assert [s["mismatch"] for s in states] == [0, 0]
-    assert [s["fused"] for s in states] == ([program.rounds] * 2 if mode == "resident" else [0, 0])
+    assert [s["fused"] for s in states] == [program.rounds] * 2
     assert [s["post"] for s in states] == [program.rounds] * 2

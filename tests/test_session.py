@@ -2,7 +2,7 @@
 
 import pytest
 
-from pystrads.engine.spark import ClassicHandle, ConnectHandle, handle_of, slots_from_master
+from pystrads.spark import ClassicHandle, ConnectHandle, handle_of, slots_from_master
 from pystrads.errors import ConfigurationError
 
 

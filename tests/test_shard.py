@@ -116,7 +116,7 @@ def test_chunked_transfers_are_exact(shards):
     _, group = shards  # chunk_bytes=4096 -> many batches per request
     table = make_table(group, rows=20000, width=5)
     values = np.random.default_rng(0).random((20000, 5))
-    table.put_range(0, values)
+    table.put(range(0, len(values)), values)
     assert np.array_equal(table.get_range(0, 20000), values)
     keys = np.random.default_rng(1).permutation(20000)[:7000]
     assert np.array_equal(table.get(keys), values[keys])
@@ -146,7 +146,7 @@ def test_uncopied_reads_are_read_only_views_of_one_message(shards):
     _, group = shards  # chunk_bytes=4096: a copied read of shard 0's rows takes many batches
     table = make_table(group, rows=20000, width=5)
     values = np.random.default_rng(0).random((20000, 5))
-    table.put_range(0, values)
+    table.put(range(0, len(values)), values)
     requests = group.client(0).action("stats")["requests"]
     view = table.get_range(100, 9000, copy=False)  # on shard 0 (rows [0, 10000))
     assert np.array_equal(view, values[100:9000]) and not view.flags.writeable
@@ -203,7 +203,7 @@ def test_abort_step_restores_rows(shards):
     _, group = shards
     table = make_table(group, rows=50, width=2)
     base = np.random.default_rng(3).random((50, 2))
-    table.put_range(0, base)
+    table.put(range(0, len(base)), base)
     group.broadcast("begin_step", step=4, num_workers=1, namespace="fit")
     fence = _enter(group, 4, 0, task=1)
     table.fenced(**fence).inc(np.arange(50), np.ones((50, 2)))
@@ -228,7 +228,7 @@ def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards):
     _, group = shards
     table = make_table(group, rows=50, width=2)
     base = rng.random((50, 2))
-    table.put_range(0, base)
+    table.put(range(0, len(base)), base)
     group.broadcast("begin_step", step=5, num_workers=1, namespace="fit")
     fence = _enter(group, 5, 0, task=1)
     keys = np.array([7, 3, 7, 41, 3, 3, 0, 49])
@@ -289,7 +289,7 @@ def test_sparse_entries_refuse_column_indexes_outside_the_row():
 
 
 def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(shards):
-    """The resident worker's tick (``contribute(..., read_back=True)``): one exchange per shard
+    """The worker's tick (``contribute(..., read_back=True)``): one exchange per shard
     carries the contribution and the tick and brings back the rows after the round's pull;
     over two shards, with unsorted repeated keys and a second table contributed by range, the
     rows equal a ``get`` after the round, in the keys' order, and the table holds every sum."""
@@ -299,7 +299,7 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
     from pyspark import cloudpickle
 
     from pystrads.engine.program import WorkerContext
-    from pystrads.engine.resident import ResidentSpec, _Worker
+    from pystrads.engine.worker import WorkerSpec, _Worker
 
     _, group = shards
     table = make_table(group, rows=30, width=1, contrib_width=2)
@@ -309,9 +309,9 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
                                payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
     group.broadcast("begin_step", step=1, num_workers=3, namespace="fit")
     fences = [_enter(group, 1, w, task=100 + w) for w in range(3)]
-    spec = ResidentSpec(program=pickle.dumps(None), program_hash="", group=group,
-                        layouts={"t": table.layout, "g": other.layout}, num_workers=3, seed=0, timeout=30,
-                        namespace="fit", fingerprint=False)
+    spec = WorkerSpec(program=pickle.dumps(None), program_hash="", group=group,
+                      layouts={"t": table.layout, "g": other.layout}, num_workers=3, seed=0, timeout=30,
+                      namespace="fit", fingerprint=False)
     keys_of = lambda w, rnd: np.random.default_rng([w, rnd]).integers(0, 30, 12)  # noqa: E731
     seen, errors = {}, []
 
@@ -320,13 +320,12 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
             runner = _Worker(spec, w, 100 + w, 0)
             handles = {name: group.table(layout).fenced(**fences[w]) for name, layout in spec.layouts.items()}
             ctx = WorkerContext(w, 3, 1, 0, handles, 0, 0)
-            ctx._outbox = []
             for rnd in range(4):
                 ctx._begin_round(rnd)
                 keys = keys_of(w, rnd)
                 ctx.contribute("t", keys, np.column_stack([np.ones(len(keys)), np.zeros(len(keys))]),
                                read_back=True)
-                ctx.contribute_range("g", 0, np.ones((6, 1)))
+                ctx.contribute("g", range(0, 6), np.ones((6, 1)))
                 runner.tick(fences[w], rnd, rnd, None, ctx=ctx)
                 seen[(w, rnd)] = ("t" in ctx._pulled, ctx.pulled("t").copy(), table.get(keys))
         except Exception as exc:  # noqa: BLE001 -- reported below
@@ -404,7 +403,7 @@ def test_a_rounds_contributions_sum_exactly_whatever_their_keys(shards, spread):
     in any order, keys seen by one part only; rows nobody contributed to stay as they were."""
     servers, group = shards
     table = make_table(group, rows=1000, width=2)
-    table.put_range(0, np.full((1000, 2), -1.0))
+    table.put(range(0, 1000), np.full((1000, 2), -1.0))
     group.client(0).action("register_program", namespace="fit", payload=__import__("base64").b64encode(
         __import__("pyspark").cloudpickle.dumps(_Replace())).decode())
     rng = np.random.default_rng(spread)
@@ -565,7 +564,7 @@ def test_fuzzed_requests_get_deliberate_errors_and_never_crash_or_hang(shards):
     # still serving, and correctly
     assert group.client(0).action("ping")["tables"] >= 1
     table = make_table(group, name="fit/after", rows=20, width=2)
-    table.put_range(0, np.arange(40.0).reshape(20, 2))
+    table.put(range(0, 20), np.arange(40.0).reshape(20, 2))
     assert np.array_equal(table.read_all(), np.arange(40.0).reshape(20, 2))
 
 

@@ -1,67 +1,67 @@
 """Driver side: the Spark driver is the scheduler.
 
-:class:`Engine` runs a :class:`~pystrads.engine.program.Program` over an RDD:
-pre-flight checks, shard start (first use), table creation, one long-running
-barrier job whose tasks are the workers (:mod:`pystrads.engine.resident`),
-an init step, then steps -- ``schedule`` on the driver, the step's command
-posted to the shards, the workers' rounds, metrics, ``after_step`` -- until
-the program stops.  Each step is atomic: shards undo its writes unless the
-driver commits it.  Data and state stay in the workers' tasks; after each
-step a worker leaves a snapshot of its state on a shard, from which a
-restarted task resumes.  ``runtime.mode=steps`` keeps the first runtime (one
-barrier job per step, state carried in cached RDDs) for comparison.
+:class:`Engine` runs a :class:`~pystrads.engine.program.Program` over an RDD or a DataFrame:
+pre-flight checks, shard start (first use), table creation, the fit's one barrier job whose
+tasks are the workers, an init step, then steps -- ``schedule`` on the driver, the step's
+command posted to the shards, the workers' rounds, metrics, ``after_step`` -- until the program
+stops.  Each step is atomic: shards undo its writes unless the driver commits it.  Data and
+state stay in the workers' tasks; after each step a worker leaves a snapshot of its state on a
+shard, from which a restarted task resumes.
 
-This module holds the Engine's core (setup, the step loop, results); its
-pre-flight checks are in :mod:`~pystrads.engine.preflight`, checkpoints and
-recovery in :mod:`~pystrads.engine.checkpoints`, the resident runtime's
-driver side in :mod:`~pystrads.engine.resident_driver`.
+The Engine owns the step loop, the recovery after a failed step and the summary; its parts are
+objects of their own: the pre-flight step (:mod:`~pystrads.engine.preflight`, run once), the
+worker job (:class:`~pystrads.engine.job.WorkerJob`) and the checkpoints
+(:class:`~pystrads.engine.checkpoints.Checkpointer`).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import pickle
 import secrets
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
-from ..config import Config
 from ..errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
 from ..ps import launcher
 from ..ps.partition import TableLayout, range_bounds
 from ..ps.protocol import check_dtype
-from .checkpoints import CheckpointMixin, _program_attributes
-from .preflight import (_python_cause, check_checkpoint_storage, check_cluster, default_num_workers,
-                        expected_executors, to_workers)
-from .program import Program, Schedule, ScheduleContext, StepMetrics
+from ..spark import is_dataframe
+from .checkpoints import Checkpointer, Position, program_attributes
+from .job import WorkerInput, WorkerJob
+from .preflight import (FitSetup, _python_cause, check_checkpoint_storage, check_cluster, expected_executors,
+                        preflight)
+from .program import Program, Schedule, ScheduleContext
 from .progress import ProgressReporter
-from .resident_driver import ResidentMixin, _ResidentJob
-from .spark import handle_of, is_dataframe
-from .worker import StepSpec, run_init, run_load, run_rounds
 
 log = logging.getLogger(__name__)
 
 #: Fits of one application step one at a time: the shards hold one open step
-#: (its fence, round clocks and undo log), and every fit's barrier stages
-#: already take all the task slots they use.  Concurrent fits (CrossValidator
+#: (its fence, round clocks and undo log), and every fit's barrier job
+#: already takes all the task slots it uses.  Concurrent fits (CrossValidator
 #: with ``parallelism`` > 1, threads in a notebook) queue here instead of
 #: colliding; their tables live side by side under their own namespaces.
 _STEPPING = threading.Lock()
 
+#: Failure causes meaning the workers' cached states are gone (an executor died).
+_LOST_STATE_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed", "could not be found",
+                       "was lost", "not found")
 
 
 class TrainingSummary:
     """Per-step history of a fit (objective, throughput, time split).
 
-    ``rows`` is a list of dicts, one per step; :meth:`to_pandas` gives a
-    DataFrame.  Time columns are seconds: ``schedule_s`` (driver schedule),
-    ``job_s`` (the Spark job), ``compute_s`` / ``sync_s`` (mean per worker:
-    program code / waiting on round clocks), ``spark_s`` (job time outside
-    the rounds: task launch, state (de)serialisation).
+    ``rows`` is a list of dicts, one per step; :meth:`to_pandas` gives a DataFrame.  Time
+    columns are seconds: ``schedule_s`` (the driver's ``schedule``), ``step_s`` (the step on
+    the workers, from posting its command to its commit), ``compute_s`` / ``sync_s`` (mean per
+    worker: program code / waiting on round clocks), ``outside_rounds_s`` (``step_s`` outside the
+    rounds: the command reaching the workers, their state snapshots, the commit).  ``fixed``
+    holds the one-off costs (``shard_start_s``, ``launch_s``, ``load_s``, ``init_s``, ...).
     """
 
     def __init__(self):
@@ -85,11 +85,14 @@ class TrainingSummary:
         """Wall time of the whole fit (shard start, init and steps)."""
         return float(self.fixed.get("total_s", 0.0))
 
+    def add_time(self, key: str, seconds: float) -> None:
+        self.fixed[key] = self.fixed.get(key, 0.0) + seconds
+
     def __repr__(self) -> str:
         return f"TrainingSummary(steps={len(self.rows)}, rounds={self.total_rounds})"
 
 
-class Engine(CheckpointMixin, ResidentMixin):
+class Engine:
     """Runs one :class:`Program` over the partitions of an RDD or a DataFrame.
 
     Parameters
@@ -105,8 +108,7 @@ class Engine(CheckpointMixin, ResidentMixin):
         ML vectors arrive as their struct, so convert them first); it is
         repartitioned to ``num_workers`` unless ``prepartitioned`` (its
         partitions already are the workers', e.g. ``df.repartition(U, key)``).
-        A DataFrame runs on the resident runtime only, and the workers'
-        states are not kept after the fit (use ``export``).
+        With a DataFrame the workers' states are not kept after the fit (use ``export``).
     num_workers : int, optional
         Workers U (default: the RDD's partitions, capped by the task slots).
     seed : int
@@ -127,33 +129,35 @@ class Engine(CheckpointMixin, ResidentMixin):
     decode_batch : callable, optional
         DataFrame input only, instead of ``decode``: ``fn(pyarrow.RecordBatch) -> records``, in
         order (columnar: a ``load`` taking blocks of numpy arrays skips the ~10 µs tuple per row).
+    setup : FitSetup, optional
+        The result of :func:`~pystrads.engine.preflight.preflight` when the caller already ran it
+        (the estimators do, before their input scan); then ``num_workers`` and ``config`` are
+        its, and its checks do not run again.
     """
 
     def __init__(self, program: Program, rdd, num_workers: Optional[int] = None, seed: int = 0,
                  config: Optional[Mapping[str, Any]] = None, keep_states: Optional[bool] = None,
                  export: Optional[Callable[[int, Any, Any], Any]] = None, prepartitioned: bool = False,
-                 decode: Optional[Callable[[Any], Any]] = None, decode_batch: Optional[Callable] = None):
+                 decode: Optional[Callable[[Any], Any]] = None,
+                 decode_batch: Optional[Callable[[Any], Iterable[Any]]] = None,
+                 setup: Optional[FitSetup] = None):
         if not isinstance(program, Program):
             raise TypeError(f"program must be a pystrads Program, got {type(program).__name__}")
-        self.program = program
-        self.spark = handle_of(rdd)
-        self.frame = rdd if is_dataframe(rdd) else None  # DataFrame input (classic or Spark Connect)
-        self.rdd = None if self.frame is not None else rdd
-        self.sc = None if self.spark.connect else getattr(self.spark, "sc", None)
-        self.prepartitioned = bool(prepartitioned)
+        frame = rdd if is_dataframe(rdd) else None
         for name, fn in (("decode", decode), ("decode_batch", decode_batch)):
-            if fn is not None and self.frame is None:
+            if fn is not None and frame is None:
                 raise ConfigurationError(f"{name}= applies to DataFrame inputs; map the RDD instead")
         if decode is not None and decode_batch is not None:
             raise ConfigurationError("give decode= (per row) or decode_batch= (per Arrow batch), not both")
-        self.decode, self.decode_batch = decode, decode_batch
-        self.config = Config.from_spark(self.spark, config)
+        if setup is None:
+            setup = preflight(rdd, num_workers, config, check=False)
+        self.setup = setup
+        self.program = program
+        self.spark = setup.spark
+        self.sc = None if self.spark.connect else getattr(self.spark, "sc", None)
+        self.config = setup.config
+        self.num_workers = setup.num_workers
         self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF  # numpy seeds must be >= 0 (pyspark's default seeds are not)
-        if num_workers is None:
-            num_workers = default_num_workers(rdd)
-        if not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
-            raise ConfigurationError(f"num_workers={num_workers!r} must be a positive integer")
-        self.num_workers = int(num_workers)
         staleness = getattr(program, "staleness", 0)
         if not isinstance(staleness, (int, np.integer)) or staleness < 0:
             raise ConfigurationError(f"{type(program).__name__}.staleness={staleness!r} must be an integer >= 0")
@@ -161,52 +165,34 @@ class Engine(CheckpointMixin, ResidentMixin):
             raise ConfigurationError(
                 f"{type(program).__name__} defines apply(), which needs each round committed before "
                 f"the next: staleness must be 0, got {staleness}")
+        if keep_states is None:
+            keep_states = frame is None
+        if keep_states and frame is not None:
+            raise ConfigurationError(
+                "keep_states=True needs an RDD input (the states are cached as an RDD); with a DataFrame "
+                "input hand the workers' results over with export=fn(worker, data, state) instead")
         self.summary = TrainingSummary()
         self.manager = None
         self.group = None
         self.layouts: Dict[str, TableLayout] = {}
         self.namespace = "fit-" + secrets.token_hex(6)
-        self._data_rdd = None
-        self._state_rdd = None
-        self._old_rdds: List[Any] = []
-        self._step = 0
-        self._rounds_done = 0
-        self._checkpoint_dir: Optional[str] = None  # this fit's directory under checkpoint.dir
+        data = WorkerInput(rdd=None if frame is not None else rdd, frame=frame, prepartitioned=bool(prepartitioned),
+                           decode=decode, decode_batch=decode_batch)
+        self.job = WorkerJob(self.spark, data, self.num_workers, self.seed, self.namespace,
+                             self.config["round.timeoutSeconds"], bool(keep_states), export)
+        self.checkpoints: Optional[Checkpointer] = None
+        self.progress: Optional[ProgressReporter] = None
+        self._position = Position(0, 0, self.num_workers)
         self._program_initial: Optional[bytes] = None  # the program's attributes before the first step
         self._recoveries = 0
-        # ctx.rounds_hint for the next step: checkpointed and restored with the rest, so a fit
-        # that resumes sizes its steps as the uninterrupted fit would have
-        self._rounds_hint = self.num_workers
-        self._data_fingerprints: Optional[List[str]] = None  # per worker, of its immutable data
-        # resident runtime (runtime.mode=resident): the fit's one barrier job and what it posted
-        self.resident = self.config["runtime.mode"] == "resident"
-        if self.frame is not None and not self.resident:
-            raise ConfigurationError(
-                "spark.pystrads.runtime.mode=steps runs on RDDs only; a DataFrame input runs on the resident "
-                "runtime (the default): unset runtime.mode, or pass an RDD (df.rdd, classic sessions only)")
-        if keep_states is None:
-            keep_states = self.frame is None
-        if keep_states and self.frame is not None:
-            raise ConfigurationError(
-                "keep_states=True needs an RDD input (the states are cached as an RDD); with a DataFrame "
-                "input hand the workers' results over with export=fn(worker, data, state) instead")
-        self._job: Optional[_ResidentJob] = None
-        self._result_rdd = None  # the finished job's (data, state) per worker, cached
-        self._posted_program: Optional[str] = None  # hash of the program bytes the job's tasks have
-        self._counters: Optional[Dict[str, int]] = None  # shards' traffic counters after the last step
-        # hand each worker's (data, state) to Spark's cache when the fit ends, for map_states (a
-        # caller that never reads worker states saves pickling and caching them)
-        self.keep_states = bool(keep_states)
-        # fn(worker, data, state) run by each worker when the fit ends; FitResult.exports has the
-        # results in worker order (no second Spark job, nothing cached)
-        self.export = export
-        self.exports: Optional[List[Any]] = None
-        self.job_groups: List[str] = []  # Spark job groups of the fit's resident jobs (one unless relaunched)
 
-    # ------------------------------------------------------------------ checks
-    def preflight(self) -> None:
-        """Checks that must pass before any Spark job; each says what to change."""
-        check_cluster(self.spark, self.num_workers, self.config)
+    @property
+    def job_groups(self) -> List[str]:
+        """Spark job groups (tags) of the fit's worker job: one, or one per relaunch."""
+        return self.job.job_groups
+
+    # ------------------------------------------------------------------ setup
+    def _check_tables(self) -> None:
         tables = list(self.program.tables())
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
@@ -216,18 +202,14 @@ class Engine(CheckpointMixin, ResidentMixin):
             if t.num_rows < 0 or t.width < 1:
                 raise ConfigurationError(f"table {t.name!r}: bad shape {t.num_rows} x {t.width}")
 
-    # ------------------------------------------------------------------ setup
-    def _expected_executors(self) -> int:
-        return expected_executors(self.spark)
-
-    def _start(self) -> None:
+    def _start_shards(self) -> None:
         t0 = time.perf_counter()
         for key, manager in list(launcher._MANAGERS.items()):
             if not manager.spark.alive():  # its SparkContext or session was stopped
                 manager.shutdown()
                 launcher._MANAGERS.pop(key, None)
         try:
-            self.manager = launcher.get_shards(self.spark, self.config, self._expected_executors())
+            self.manager = launcher.get_shards(self.spark, self.config, expected_executors(self.spark))
         except PystradsError:
             raise
         except Exception as exc:
@@ -238,7 +220,7 @@ class Engine(CheckpointMixin, ResidentMixin):
                     f"PYSPARK_PYTHON={sys.executable} so executors use the driver's environment") from exc
             raise
         self.group = self.manager.group
-        self.summary.fixed["shard_start_s"] = time.perf_counter() - t0
+        self.summary.add_time("shard_start_s", time.perf_counter() - t0)
         self._create_tables()
 
     def _create_tables(self) -> None:
@@ -273,7 +255,12 @@ class Engine(CheckpointMixin, ResidentMixin):
             self.layouts[t.name] = layout
         payload = base64.b64encode(cloudpickle.dumps(self.program)).decode()
         self.group.broadcast("register_program", namespace=self.namespace, payload=payload)
-        self.summary.fixed["table_create_s"] = time.perf_counter() - t0
+        self.summary.add_time("table_create_s", time.perf_counter() - t0)
+
+    def _launch(self, new_shards: bool = False) -> None:
+        seconds = self.job.launch(self.program, self.group, self.layouts, fingerprint=self.checkpoints is not None,
+                                  new_shards=new_shards)
+        self.summary.add_time("launch_s", seconds)
 
     def table(self, name: str):
         """Driver-side handle of a table (reads; writes only between steps)."""
@@ -282,125 +269,7 @@ class Engine(CheckpointMixin, ResidentMixin):
         except KeyError:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
 
-    def _spec(self, step: int, schedule: Optional[Schedule]) -> StepSpec:
-        return StepSpec(self.program, self.group, dict(self.layouts), step, self.num_workers,
-                        self._rounds_done, self.seed, int(getattr(self.program, "staleness", 0)),
-                        self.config["round.timeoutSeconds"], schedule)
-
-    # ------------------------------------------------------------------ steps
-    def _run_job(self, step: int, work):
-        """Run one step atomically: ``work`` is the resident job's command (resident
-        runtime) or the step's barrier RDD (step runtime)."""
-        if self.resident:
-            return self._run_resident_step(step, work)
-        return self._run_step_job(step, work)
-
-    def _run_step_job(self, step: int, rdd) -> None:
-        from pyspark import StorageLevel
-
-        self.group.broadcast("begin_step", step=step, num_workers=self.num_workers, namespace=self.namespace,
-                             round_offset=self._rounds_done)
-        try:
-            # Local checkpoints cut the lineage at every step: a barrier stage may not
-            # depend on two barrier RDDs (data and state), and a lost block must never
-            # be recomputed by re-running a step against the shards.
-            rdd.persist(StorageLevel.MEMORY_AND_DISK)
-            rdd.localCheckpoint()
-            self._materialize(rdd)
-        except BaseException as exc:
-            try:
-                self.group.broadcast("abort_step", step=step)
-            except PystradsError as abort_exc:  # a shard is gone: recovery (or the caller) deals with it
-                log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
-            rdd.unpersist()
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise StepFailedError(
-                f"step {step} failed on every attempt Spark allowed; the model tables were rolled back "
-                f"to their state before the step. Cause: {_python_cause(exc)}") from exc
-        self.group.broadcast("commit_step", step=step)
-
-    def _materialize(self, rdd) -> None:
-        """Compute and cache a barrier RDD in a job Spark can retry.
-
-        Spark retries a failed barrier stage only when it is a shuffle-map stage
-        (a failed barrier *result* stage aborts the job), so the barrier stage
-        ends in a tiny shuffle: a count per partition, read as raw bytes (the
-        cached state is never unpickled again for this).
-        """
-        from pyspark import RDD
-        from pyspark.serializers import NoOpSerializer
-
-        raw = RDD(rdd._jrdd, self.sc, NoOpSerializer())
-        counted = raw.mapPartitions(lambda it: [(0, sum(1 for _ in it))]).reduceByKey(
-            lambda a, b: a + b, numPartitions=1).collect()
-        if not counted:
-            raise StepFailedError("a step produced no worker state")
-
-    def _zip(self, data_rdd, state_rdd):
-        """(data, state) pairs without re-serialising either side (one element per partition)."""
-        from pyspark import RDD
-        from pyspark.serializers import PairDeserializer
-
-        jpairs = data_rdd._jrdd.zip(state_rdd._jrdd)
-        return RDD(jpairs, self.sc, PairDeserializer(data_rdd._jrdd_deserializer, state_rdd._jrdd_deserializer))
-
-    def _stats(self) -> Dict[str, int]:
-        total = {"bytes_in": 0, "bytes_out": 0, "requests": 0}
-        for s in self.group.broadcast("stats"):
-            for k in total:
-                total[k] += s[k]
-        return total
-
-    def _collect_metrics(self) -> StepMetrics:
-        """Per-round metrics: workers' reports (on shard 0) plus every shard's own."""
-        merged: Dict[int, Dict[str, float]] = {}
-        shards = range(len(self.group.shards)) if getattr(self.program, "shard_metrics_every", 0) else [0]
-        for i in shards:
-            for key, values in self.group.client(i).action("metrics").get("rounds", {}).items():
-                bucket = merged.setdefault(int(key), {})
-                for name, value in values.items():
-                    bucket[name] = bucket.get(name, 0.0) + value
-        n = max(merged, default=-1) + 1
-        return StepMetrics([merged.get(i, {}) for i in range(n)])
-
-    def _load_data(self) -> None:
-        """Load each worker's immutable data (plain cached job; the init step or a resume
-        then builds the mutable state).
-
-        Keeping ``data`` out of every barrier lineage matters beyond speed: Spark
-        refuses a barrier stage that depends on two barrier RDDs, and a step reads
-        both ``data`` and the previous step's state.
-        """
-        from pyspark import StorageLevel
-
-        t0 = time.perf_counter()
-        rdd = to_workers(self.rdd, self.num_workers)
-        spec = self._spec(0, None)
-        self._data_rdd = rdd.mapPartitionsWithIndex(lambda index, it: run_load(spec, index, it))
-        self._data_rdd.persist(StorageLevel.MEMORY_AND_DISK)
-        self._data_rdd._jrdd.count()
-        self.summary.fixed["load_s"] = time.perf_counter() - t0
-
-    def _init_state(self) -> None:
-        """The init step (barrier, atomic): each worker's mutable state; may write initial
-        table values."""
-        if self.resident:
-            return self._resident_init()
-        t0 = time.perf_counter()
-        self._step, self._rounds_done, self._rounds_hint = 0, 0, self.num_workers
-        spec = self._spec(0, None)
-        state = self._data_rdd.barrier().mapPartitions(lambda it: run_init(spec, it))
-        self._run_job(0, state)
-        metrics = self._collect_metrics()
-        for old in self._old_rdds:
-            old.unpersist()
-        self._state_rdd = state
-        self._old_rdds = [state]
-        self.summary.fixed["init_s"] = time.perf_counter() - t0
-        self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
-        self._step = 1
-
+    # ------------------------------------------------------------------ the fit
     def fit(self, max_steps: Optional[int] = None) -> "FitResult":
         """Run the program until ``schedule`` returns ``None``, ``ctx.stop`` is called or
         ``max_steps`` steps ran."""
@@ -415,109 +284,139 @@ class Engine(CheckpointMixin, ResidentMixin):
 
     def _fit(self, max_steps: Optional[int]) -> "FitResult":
         t_fit = time.perf_counter()
-        self.preflight()
+        if not self.setup.checked:
+            check_cluster(self.spark, self.num_workers, self.config)
+        self._check_tables()
         log.info("fit %s: program %r, %d workers, seed %d, settings %s", self.namespace, self.program,
                  self.num_workers, self.seed, dict(self.config))
-        self._checkpoint_dir = self._resolve_checkpoint_dir()
-        if self._checkpoint_dir:
-            check_checkpoint_storage(self._checkpoint_dir, self.spark.hosts())
-        self._program_initial = _program_attributes(self.program)
-        self._start()
-        if self._checkpoint_dir and self.spark.connect:  # the hosts are known once the shards run
-            check_checkpoint_storage(self._checkpoint_dir, {s.host for s in self.group.shards})
+        self.checkpoints = Checkpointer.of(self.config, self.sc, self.program, self.num_workers, self.seed)
+        if self.checkpoints is not None:
+            check_checkpoint_storage(self.checkpoints.root, self.spark.hosts())
+        self._program_initial = program_attributes(self.program)
+        self._start_shards()
+        if self.checkpoints is not None and self.spark.connect:  # the hosts are known once the shards run
+            check_checkpoint_storage(self.checkpoints.root, {s.host for s in self.group.shards})
         try:
-            self._launch_job() if self.resident else self._load_data()
+            self._launch()
             self._check_data()
-            if not (self._checkpoint_dir and self._resume()):
+            if not self._resume():
                 self._init_state()
             self.progress = ProgressReporter(f"{type(self.program).__name__} {self.namespace}",
                                              self.config["progress"])
-            ctx = ScheduleContext(self)
-            ctx.rounds_hint = self._rounds_hint
-            steps = 0
-            retry: Optional[Schedule] = None  # a step to run again as it was (resident job relaunched)
-            while max_steps is None or steps < max_steps:
-                ctx.step, ctx.rounds_done, ctx._records = self._step, self._rounds_done, {}
-                t0 = time.perf_counter()
-                schedule, retry = (self.program.schedule(ctx) if retry is None else retry), None
-                t_sched = time.perf_counter() - t0
-                if schedule is None or ctx.stopped:
-                    break
-                if not isinstance(schedule, Schedule):
-                    raise ScheduleError(f"{type(self.program).__name__}.schedule returned "
-                                        f"{type(schedule).__name__}; return a Schedule or None")
-                if len(schedule) == 0:
-                    raise ScheduleError("schedule returned no rounds; return None to end the fit")
-                schedule.validate(self.num_workers, self.config["step.maxRounds"])
-                try:
-                    self._run_step(ctx, schedule, t_sched)
-                    steps += 1
-                    self._size_next_step(len(schedule))
-                    if self._checkpoint_dir and not ctx.stopped and \
-                            (self._step - 1) % self.config["checkpoint.interval"] == 0:
-                        self._try_checkpoint()
-                except (StepFailedError, ShardUnavailableError) as exc:
-                    if self._recover(exc):
-                        retry = schedule
-                    ctx._stop_reason = None
-                    ctx.rounds_hint = self._rounds_hint
-                    continue
-                if ctx.stopped:
-                    break
-                ctx.rounds_hint = self._rounds_hint
-            if self.resident:
-                self._resident_finish()
-            elif self.export is not None:
-                self.exports = self.map_states(self.export)
-            self.progress.finish(ctx.stopped or "done")
+            stopped = self._step_loop(max_steps)
+            t0 = time.perf_counter()
+            self.job.finish(self._position.step - 1)
+            self.summary.fixed["finish_s"] = time.perf_counter() - t0
+            self.progress.finish(stopped or "done")
+            self._record_parts()
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
             self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
-            return FitResult(self, ctx.stopped)
+            return FitResult(self, stopped)
         except BaseException:
             self.release()
             raise
+
+    def _step_loop(self, max_steps: Optional[int]) -> Optional[str]:
+        """Schedule and run steps until the program stops; returns why it stopped (None: max_steps)."""
+        ctx = ScheduleContext(self)
+        ctx.rounds_hint = self._position.rounds_hint
+        steps = 0
+        retry: Optional[Schedule] = None  # a step to run again as it was (the job was relaunched)
+        while max_steps is None or steps < max_steps:
+            ctx.step, ctx.rounds_done, ctx._records = self._position.step, self._position.rounds_done, {}
+            t0 = time.perf_counter()
+            schedule, retry = (self.program.schedule(ctx) if retry is None else retry), None
+            t_sched = time.perf_counter() - t0
+            if schedule is None or ctx.stopped:
+                break
+            if not isinstance(schedule, Schedule):
+                raise ScheduleError(f"{type(self.program).__name__}.schedule returned "
+                                    f"{type(schedule).__name__}; return a Schedule or None")
+            if len(schedule) == 0:
+                raise ScheduleError("schedule returned no rounds; return None to end the fit")
+            schedule.validate(self.num_workers, self.config["step.maxRounds"])
+            try:
+                self._run_step(ctx, schedule, t_sched)
+                steps += 1
+                self._size_next_step(len(schedule))
+                if self.checkpoints is not None and not ctx.stopped and \
+                        (self._position.step - 1) % self.config["checkpoint.interval"] == 0:
+                    self.checkpoints.try_save(self.job, self.program, self._position, self.summary)
+            except (StepFailedError, ShardUnavailableError) as exc:
+                if self._recover(exc):
+                    retry = schedule
+                ctx._stop_reason = None
+                ctx.rounds_hint = self._position.rounds_hint
+                continue
+            if ctx.stopped:
+                break
+            ctx.rounds_hint = self._position.rounds_hint
+        return ctx.stopped
+
+    def _check_data(self) -> None:
+        """Hand every worker's ``data_summary`` to the program's ``check_data`` (driver side,
+        before the init step), once every worker said hello."""
+        if not self.program.checks_data():
+            return
+        t0 = time.perf_counter()
+        self.program.check_data(self.job.data_summaries())
+        self.summary.fixed["check_data_s"] = time.perf_counter() - t0  # the workers' loads included
+
+    def _init_state(self) -> None:
+        """The init step (atomic): each worker's mutable state; may write initial table values."""
+        t0 = time.perf_counter()
+        self._position = Position(0, 0, self.num_workers)
+        answer = self.job.run_step(0, 0, self.job.command(self.program, 0, 0, None))
+        metrics = self.job.metrics(answer, self.program)
+        self.job.traffic()
+        self.summary.fixed["load_s"] = self.job.load_seconds()  # inside the job, before the init step
+        self.summary.fixed["init_s"] = time.perf_counter() - t0
+        self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
+        self._position = Position(1, 0, self.num_workers)
+
+    def _resume(self) -> bool:
+        """Continue from the latest checkpoint of this fit, if there is one."""
+        if self.checkpoints is None:
+            return False
+        t0 = time.perf_counter()
+        resumed = self.checkpoints.resume(self.job, self.program)
+        if resumed is None:
+            return False
+        self._position = resumed.position
+        self.summary.rows[:] = resumed.rows
+        self.summary.iterations[:] = resumed.iterations
+        self.summary.fixed["resumed_from_step"] = resumed.step
+        self.summary.fixed["resume_s"] = time.perf_counter() - t0
+        return True
 
     def _size_next_step(self, rounds: int) -> None:
         """Rounds the next step should run (``ctx.rounds_hint``): as many as fill
         ``step.targetSeconds`` at the last step's time per round, at most ``step.maxRounds``."""
         per_round = self.summary.rows[-1]["round_s"] / max(1, rounds)
         target = self.config["step.targetSeconds"]
-        self._rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
+        self._position.rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
 
     def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float) -> None:
-        step = self._step
-        spec = None if self.resident else self._spec(step, schedule)
+        position = self._position
+        step = position.step
         t0 = time.perf_counter()
-        if self.resident:
-            answer = self._run_job(step, self._command(step, schedule))
-            t_job = time.perf_counter() - t0
-            metrics = self._resident_metrics(answer)
-            traffic = self._traffic()
-        else:
-            stats0 = self._stats()
-            new_state = self._zip(self._data_rdd, self._state_rdd).barrier().mapPartitions(
-                lambda it: run_rounds(spec, it))
-            self._run_job(step, new_state)
-            t_job = time.perf_counter() - t0
-            metrics = self._collect_metrics()
-            stats1 = self._stats()
-            traffic = {k: stats1[k] - stats0[k] for k in stats0}
-            for old in self._old_rdds:
-                old.unpersist()
-            self._old_rdds = [new_state]
-            self._state_rdd = new_state
+        answer = self.job.run_step(step, position.rounds_done,
+                                   self.job.command(self.program, step, position.rounds_done, schedule))
+        t_step = time.perf_counter() - t0
+        metrics = self.job.metrics(answer, self.program)
+        traffic = self.job.traffic()
         U = self.num_workers
         compute = metrics.total("_compute_s") / U
         sync = metrics.total("_sync_s") / U
         row = {
-            "step": step, "rounds": len(schedule), "seconds": t_sched + t_job, "schedule_s": t_sched,
-            "job_s": t_job, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
-            "spark_s": max(0.0, t_job - compute - sync), "rounds_per_s": len(schedule) / t_job,
+            "step": step, "rounds": len(schedule), "seconds": t_sched + t_step, "schedule_s": t_sched,
+            "step_s": t_step, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
+            "outside_rounds_s": max(0.0, t_step - compute - sync), "rounds_per_s": len(schedule) / t_step,
             "bytes_in": traffic["bytes_in"], "bytes_out": traffic["bytes_out"], "requests": traffic["requests"],
             "snapshot_s": metrics.total("_snapshot_s") / U, "snapshot_bytes": metrics.total("_snapshot_bytes"),
         }
-        self._rounds_done += len(schedule)
-        self._step += 1
+        position.rounds_done += len(schedule)
+        position.step += 1
         self.program.after_step(ctx, metrics)
         row.update(ctx._records)
         self.summary.rows.append(row)
@@ -526,33 +425,75 @@ class Engine(CheckpointMixin, ResidentMixin):
             self.progress.update(done, total, unit, **shown)
             ctx._progress = None
         extra = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in ctx._records.items())
-        log.info("step %d: %d rounds in %.3f s (%.0f rounds/s; compute %.3f s, sync %.3f s, spark %.3f s) %s",
-                 step, len(schedule), t_job, row["rounds_per_s"], compute, sync, row["spark_s"], extra)
+        log.info("step %d: %d rounds in %.3f s (%.0f rounds/s; compute %.3f s, sync %.3f s, outside rounds %.3f s) "
+                 "%s", step, len(schedule), t_step, row["rounds_per_s"], compute, sync, row["outside_rounds_s"], extra)
+
+    def _recover(self, exc: BaseException) -> bool:
+        """After a failed step: when shards died, the workers' states were lost with an executor,
+        or the job failed, restart what is gone and continue -- from the shards' snapshots when
+        only the job was lost (returns True: the failed step is to run again as it was), else
+        from the latest checkpoint or from the start.  Anything else is re-raised."""
+        shards_alive = self.manager is not None and self.manager.alive()
+        cause = str(exc) + " " + str(exc.__cause__ or "")
+        states_lost = any(marker in cause for marker in _LOST_STATE_MARKERS)
+        # a DataFrame input's job is a barrier result stage, which Spark never retries: a failed
+        # task ends the job, and the driver relaunches it (what Spark does for an RDD input's stage)
+        job_failed = self.job.data.frame is not None and "barrier ResultStage" in cause
+        if shards_alive and not states_lost and not job_failed:
+            raise exc
+        self._recoveries += 1
+        limit = self.config["recovery.maxAttempts"]
+        if self._recoveries > limit:
+            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
+                                  f"failure: {cause}") from exc
+        t0 = time.perf_counter()
+        what = ("shards were lost" if not shards_alive else "worker states were lost with an executor" if states_lost
+                else "its barrier job failed (a failed task ends a DataFrame input's job)")
+        log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self._position.step, what,
+                    self._recoveries, limit, "the latest checkpoint" if self.checkpoints else "the start")
+        self.job.cancel()
+        rerun = shards_alive  # only the job was lost: its tasks restart from the shards' snapshots
+        if not shards_alive:
+            self._start_shards()  # new shards with freshly created tables
+        self._launch(new_shards=not shards_alive)
+        if not rerun and not self._resume():
+            vars(self.program).update(pickle.loads(self._program_initial))
+            self.summary.rows.clear()
+            self.summary.iterations.clear()
+            self._init_state()
+        self.summary.fixed["recoveries"] = self._recoveries
+        self.summary.add_time("recovery_s", time.perf_counter() - t0)
+        return rerun
+
+    def _record_parts(self) -> None:
+        """The checkpoints' figures in the summary."""
+        if self.checkpoints is not None:
+            if self.checkpoints.saved:
+                self.summary.fixed["checkpoints"] = self.checkpoints.saved
+                self.summary.fixed["checkpoint_s"] = self.checkpoints.seconds
+            if self.checkpoints.failures:
+                self.summary.fixed["checkpoint_failures"] = self.checkpoints.failures
 
     # ------------------------------------------------------------------ results
     def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:
-        """``fn(worker, data, state)`` on every worker's current state; results in worker order."""
-        if self.resident and not self.keep_states:
+        """``fn(worker, data, state)`` on every worker's final state; results in worker order."""
+        if self.job.result_rdd is None:
             raise PystradsError("map_states: this Engine was made with keep_states=False, so the workers' states "
                                 "were not kept after the fit; make it with keep_states=True to read them")
-        pairs = self._result_rdd if self.resident else self._zip(self._data_rdd, self._state_rdd)
 
         def run(index, it):
             for data, state in it:
                 yield index, fn(index, data, state)
 
-        return [v for _, v in sorted(pairs.mapPartitionsWithIndex(run).collect(), key=lambda kv: kv[0])]
+        return [v for _, v in sorted(self.job.result_rdd.mapPartitionsWithIndex(run).collect(), key=lambda kv: kv[0])]
+
+    def fetch_exports(self) -> List[Any]:
+        """Each worker's ``export`` result on the driver (read once from the shards)."""
+        return self.job.fetch_exports()
 
     def release(self) -> None:
-        """Drop the fit's tables from the shards and unpersist its RDDs."""
-        self._cancel_job()
-        for rdd in self._old_rdds + [self._data_rdd, self._result_rdd]:  # noqa: B007
-            if rdd is not None:
-                try:
-                    rdd.unpersist()
-                except Exception:  # the SparkContext may be gone
-                    pass
-        self._old_rdds = []
+        """Drop the fit's tables from the shards and unpersist the states it kept."""
+        self.job.release()
         if self.group is not None:
             try:
                 self.group.broadcast("drop_tables", prefix=self.namespace + "/")

@@ -3,8 +3,8 @@
 :func:`shard_frame` builds a DataFrame whose partitions are executor tasks that read from the
 fit's shards through the Flight client: a model table's rows (:meth:`ShardReader.table`, a
 :class:`~pystrads.ps.client.TableHandle`) and what each worker left there when the fit ended
-(:meth:`ShardReader.export`, the ``export(worker, data, state)`` results of the resident
-runtime, kept on the shards until the driver asks for them).  The caller says what each task
+(:meth:`ShardReader.export`, the ``export(worker, data, state)`` results of the workers,
+kept on the shards until the driver asks for them).  The caller says what each task
 reads and how it becomes Arrow record batches; this module knows no algorithm.
 
 The shards drop a fit's tables and exports when the fit is released, so a frame read from them
@@ -53,7 +53,7 @@ class ShardReader:
 
     def export(self, worker: int) -> Any:
         """Worker ``worker``'s ``export`` result, read from the shard it left it on."""
-        from .resident import export_key
+        from .worker import export_key
 
         blob = self.group.client(worker % len(self.group.shards)).get_blob(export_key(self.namespace, worker))
         if blob is None:

@@ -1,13 +1,16 @@
 """Pre-flight checks: what must hold before a fit starts any Spark job.
 
-Java on the driver, the cluster's task slots for every worker at once
-(barrier stages), dynamic allocation off, the executors registered and
-running the driver's Python, checkpoint storage that every host reaches; and
-the default number of workers.  Each error names the setting and the fix.
+:func:`preflight` is the one step a fit runs first: it resolves the Spark handle, the settings
+and the number of workers, and checks the cluster (task slots for every worker at once for the
+barrier job, dynamic allocation off, the executors registered and running the driver's Python),
+returning a :class:`FitSetup` that the :class:`~pystrads.engine.driver.Engine` takes, so each
+check runs once.  Also here: Java on the driver and checkpoint storage that every host reaches.
+Each error names the setting and the fix.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -16,12 +19,41 @@ import sys
 import time
 from typing import Any, Mapping, Optional
 
+import numpy as np
+
 from ..config import Config
 from ..errors import ConfigurationError
 from ..ps import launcher, storage
-from .spark import handle_of, is_dataframe, slots_from_master
+from ..spark import SparkHandle, handle_of, is_dataframe, slots_from_master
 
-log = logging.getLogger("pystrads.engine.driver")
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSetup:
+    """What a fit needs from its Spark application: the handle, the resolved settings and the
+    number of workers; ``checked``: :func:`check_cluster` passed for them."""
+
+    spark: SparkHandle
+    config: Config
+    num_workers: int
+    checked: bool
+
+
+def preflight(data, num_workers: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
+              check: bool = True) -> FitSetup:
+    """The fit's pre-flight step over ``data`` (an RDD or a DataFrame, or a session): the Spark
+    handle, the settings (the application's ``spark.pystrads.*`` keys, then ``config``), the
+    workers (``num_workers``, else :func:`default_num_workers`) and, with ``check``, the
+    cluster's checks (:func:`check_cluster`); no Spark job runs."""
+    h = handle_of(data)
+    resolved = Config.from_spark(h, config)
+    workers = default_num_workers(data, num_workers, h)
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
+        raise ConfigurationError(f"num_workers={workers!r} must be a positive integer")
+    if check:
+        check_cluster(h, int(workers), resolved)
+    return FitSetup(h, resolved, int(workers), check)
 
 
 def _slots(spark) -> Optional[int]:
@@ -37,12 +69,12 @@ def _slots(spark) -> Optional[int]:
     return slots
 
 
-def default_num_workers(data, requested: Optional[int] = None) -> int:
+def default_num_workers(data, requested: Optional[int] = None, handle: Optional[SparkHandle] = None) -> int:
     """Workers an :class:`Engine` over ``data`` (an RDD or a DataFrame) uses: ``requested``,
     else its partitions capped by the task slots known without a job."""
-    if requested:
-        return int(requested)
-    h = handle_of(data)
+    if requested is not None:
+        return requested
+    h = handle or handle_of(data)
     slots = _slots(h)
     if h.connect:  # a Connect DataFrame's partitions are only known by running a job
         if slots:
@@ -51,7 +83,7 @@ def default_num_workers(data, requested: Optional[int] = None) -> int:
             "under Spark Connect the number of workers cannot be inferred on this cluster; set num_workers "
             "(numWorkers on the estimators) to at most the task slots the cluster offers")
     parts = (data.rdd if is_dataframe(data) else data).getNumPartitions()
-    return min(parts, slots) if slots else parts
+    return max(1, min(parts, slots) if slots else parts)  # (an input without partitions: one worker)
 
 
 def to_workers(rdd, num_workers: int):

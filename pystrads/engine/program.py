@@ -244,6 +244,19 @@ def _background_pool() -> "concurrent.futures.ThreadPoolExecutor":
     return _POOL
 
 
+@dataclasses.dataclass
+class Contribution:
+    """Partial sums a worker made for one table's ``pull`` in one round
+    (:meth:`WorkerContext.contribute`): at ``keys``, an integer array or a ``range`` of rows;
+    ``read_back``: the round's tick brings the pulled rows of ``keys`` back
+    (:meth:`WorkerContext.pulled`)."""
+
+    table: str
+    keys: Any
+    partials: Any
+    read_back: bool = False
+
+
 class WorkerContext:
     """What a worker sees in ``load`` / ``init_state`` / ``push`` / ``apply``
     (``load`` sees no tables)."""
@@ -262,9 +275,8 @@ class WorkerContext:
         self._handles = handles
         self._metrics: Dict[str, float] = {}
         self._pending: List[Any] = []
-        #: None: ``contribute`` sends at once; a list (the resident runtime sets one): the
-        #: contributions wait there and travel with the round's clock tick, one request per shard
-        self._outbox: Optional[List[Any]] = None
+        #: the round's contributions wait here and travel with its clock tick, one request per shard
+        self._outbox: List[Contribution] = []
         self._read_back: Dict[str, Any] = {}  # table -> keys asked with read_back=True this round
         self._pulled: Dict[str, np.ndarray] = {}  # table -> those rows, once the round's tick returned
 
@@ -288,7 +300,9 @@ class WorkerContext:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self._handles)}") from None
 
     def contribute(self, name: str, keys, partials, read_back: bool = False) -> None:
-        """Partial sums for this round's ``pull`` of table ``name``.
+        """Partial sums for this round's ``pull`` of table ``name`` at ``keys``: an integer array
+        (any order; repeated keys add up) or a ``range`` of rows (e.g. ``range(0, n)`` for a
+        partial gradient over a whole table, sent without a key column).
 
         ``read_back=True``: ``apply`` of this round will read the rows of ``keys`` as the
         pull left them (:meth:`pulled`); the runtime then brings them back with the round's
@@ -299,18 +313,7 @@ class WorkerContext:
                 raise ValueError(f"table {name!r}: a second contribute(..., read_back=True) in round "
                                  f"{self.local_round}; one per table and round")
             self._read_back[name] = np.asarray(keys)
-        if self._outbox is None:
-            self.table(name).contribute(keys, partials, self.local_round)
-        else:
-            self._outbox.append((name, keys, partials, None, read_back))
-
-    def contribute_range(self, name: str, start: int, partials) -> None:
-        """:meth:`contribute` for rows ``start, start + 1, ...`` of table ``name``
-        (e.g. a partial gradient over every row of the table)."""
-        if self._outbox is None:
-            self.table(name).contribute_range(start, partials, self.local_round)
-        else:
-            self._outbox.append((name, None, partials, int(start), False))
+        self._outbox.append(Contribution(name, keys, partials, read_back))
 
     def pulled(self, name: str) -> np.ndarray:
         """In ``apply``: the rows of table ``name`` at the keys this round's
@@ -328,18 +331,15 @@ class WorkerContext:
         self._read_back.clear()
         self._pulled.clear()
 
-    def _take_outbox(self) -> List[Any]:
-        out, self._outbox = self._outbox, ([] if self._outbox is not None else None)
-        return out or []
+    def _take_outbox(self) -> List["Contribution"]:
+        out, self._outbox = self._outbox, []
+        return out
 
     def _flush_outbox(self) -> None:
         """Send what waits in the outbox now (contributions made outside ``push``, e.g. in
         ``apply``: no tick of their round follows)."""
-        for name, keys, partials, start, _ in self._take_outbox():
-            if start is None:
-                self.table(name).contribute(keys, partials, self.local_round)
-            else:
-                self.table(name).contribute_range(start, partials, self.local_round)
+        for c in self._take_outbox():
+            self.table(c.table).contribute(c.keys, c.partials, self.local_round)
 
     def report(self, **values: float) -> None:
         """Add numbers to this round's metrics (summed over workers)."""

@@ -1,95 +1,85 @@
-"""Executor side of a step: one barrier task runs all the rounds of a step.
+"""Executor side of a fit: one long-running barrier task per worker.
 
-Rounds are synchronised through the shards' round clocks (one ``tick`` per
-shard per round), never through Spark jobs or ``BarrierTaskContext.barrier()``.
-Every write carries ``(step, attempt, worker)`` so that shards roll back a
-failed attempt and refuse writes from its zombie tasks.
+The task loads its partition once, says ``hello`` to shard 0, then carries out
+the commands the driver posts to the fit's mailbox on shard 0 -- the init step,
+each step's rounds, ``finish`` -- until the fit ends.  Data and state stay in
+the task's memory for the whole fit; after each step the task leaves a pickled
+snapshot of its state on a shard, from which a restarted task (a retried
+barrier stage, a job the driver relaunched) resumes.  Rounds are synchronised
+by the shards' round clocks (one ``tick`` per shard per round, which also
+carries the round's contributions), never through Spark jobs or
+``BarrierTaskContext.barrier()``; every write carries ``(step, worker, task)``
+so that shards roll back a failed attempt and refuse writes from its zombie
+tasks.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
+import itertools
 import pickle
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
+import numpy as np
+
+from ..ps.client import fan_out
 from .program import Program, Schedule, WorkerContext
+
+#: Seconds a ``next`` call waits on the shard before asking again (short enough that a
+#: task notices a lost shard promptly, long enough to cost nothing while it waits).
+NEXT_POLL_SECONDS = 5.0
 
 
 @dataclasses.dataclass
-class StepSpec:
-    """Everything a step's tasks need; pickled into the job's closure."""
+class WorkerSpec:
+    """What every worker's task needs; pickled into the job's closure once per launch."""
 
-    program: Program
+    program: bytes  # cloudpickled Program as of the job's launch
+    program_hash: str
     group: Any  # ShardGroup
     layouts: Dict[str, Any]  # short name -> TableLayout
-    step: int
     num_workers: int
-    round_offset: int
     seed: int
-    staleness: int
     timeout: float
-    schedule: Optional[Schedule] = None  # None: the init step
+    namespace: str
+    fingerprint: bool  # hash the loaded data (checkpoints compare it on resume)
+    keep_states: bool = True  # yield (data, state) at finish, for FitResult.map_states
+    export: Any = None  # fn(worker, data, state) run at finish; its result goes to the driver via the shards
 
 
-def _task_identity():
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    return ctx.partitionId(), ctx.taskAttemptId(), ctx.attemptNumber()
+def export_key(namespace: str, worker: int) -> str:
+    return f"{namespace}/export/{worker}"
 
 
-def _open(spec: StepSpec):
-    worker, task, attempt = _task_identity()
-    fence = {"step": spec.step, "worker": worker, "task": task}
-    for i in range(len(spec.group.shards)):
-        spec.group.client(i).action("enter", **fence)
-    handles = {name: spec.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
-    ctx = WorkerContext(worker, spec.num_workers, spec.step, attempt, handles, spec.round_offset, spec.seed)
-    return ctx, fence
+def state_key(namespace: str, worker: int, step: Optional[int] = None) -> str:
+    """Blob key of a worker's state snapshot after ``step`` (without ``step``: the series' prefix)."""
+    prefix = f"{states_prefix(namespace)}{worker}/"
+    return prefix if step is None else prefix + str(int(step))
 
 
-def _tick(spec: StepSpec, fence: Dict[str, int], rnd: int, wait_for: int,
-          metrics: Optional[Dict[str, float]], late: Optional[Dict[str, float]] = None) -> None:
-    """Advance this worker's clock on every shard; metrics go to shard 0 (``late``:
-    metrics of the previous round, reported by ``apply`` after that round's tick)."""
-    for i in range(len(spec.group.shards)):
-        extra = {"metrics": metrics, "late": late, "late_round": rnd - 1} if i == 0 else {}
-        spec.group.client(i).action("tick", **fence, round=rnd, wait_for=wait_for, timeout=spec.timeout,
-                                    **extra)
+def states_prefix(namespace: str) -> str:
+    """Prefix of every worker's state snapshots of a fit (``<prefix><worker>/<step>``)."""
+    return f"{namespace}/state/"
 
 
-def run_load(spec: StepSpec, index: int, records: Iterator[Any]) -> Iterator[Any]:
-    """Plain (non-barrier) task: the worker's immutable data from its input records."""
-    ctx = WorkerContext(index, spec.num_workers, 0, 0, {}, 0, spec.seed)
-    yield spec.program.load(ctx, records)
+def summary_key(namespace: str, worker: int) -> str:
+    """Blob key of a worker's ``data_summary`` (on its home shard)."""
+    return f"{namespace}/summary/{worker}"
 
 
-def run_summary(spec: StepSpec, index: int, datas: Iterator[Any]) -> Iterator[bytes]:
-    """The worker's pickled ``data_summary`` of its loaded data (``check_data``'s input)."""
-    ctx = WorkerContext(index, spec.num_workers, 0, 0, {}, 0, spec.seed)
-    for data in datas:
-        yield pickle.dumps(spec.program.data_summary(ctx, data), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def run_init(spec: StepSpec, datas: Iterator[Any]) -> Iterator[Any]:
-    """The init step (barrier, atomic): each worker's initial mutable state."""
-    data, = list(datas)
-    ctx, fence = _open(spec)
-    t0 = time.perf_counter()
-    state = spec.program.init_state(ctx, data)
-    metrics = ctx._take_metrics()
-    metrics["_compute_s"] = time.perf_counter() - t0
-    _tick(spec, fence, 0, 0, metrics)
-    yield state
+def program_hash(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()[:24]
 
 
 def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, schedule: Schedule,
                  staleness: int, tick: Callable[..., None]):
-    """The rounds of ``schedule`` on one worker (both runtimes): ``push``, then
-    ``tick(round, wait_for, metrics, late)`` on the round clocks, then ``apply``.  Returns
-    ``(state, late, last)``: the final state, the last round's metrics reported after its
-    tick (by ``apply``), and the last round's index."""
+    """The rounds of ``schedule`` on one worker: ``push``, then ``tick(round, wait_for,
+    metrics, late)`` on the round clocks, then ``apply``.  Returns ``(state, late, last)``: the
+    final state, the last round's metrics reported after its tick (by ``apply``), and the last
+    round's index."""
     has_apply = program.has_apply()
     last = len(schedule) - 1
     ctx.rounds_in_step = len(schedule)
@@ -120,14 +110,201 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
     return state, late, last
 
 
-def run_rounds(spec: StepSpec, pairs: Iterator[Any]) -> Iterator[Any]:
-    """A regular step: all rounds of ``spec.schedule`` on this worker."""
-    (data, state), = list(pairs)
-    ctx, fence = _open(spec)
-    state, late, last = run_schedule(
-        spec.program, ctx, data, state, spec.schedule, spec.staleness,
-        lambda rnd, wait_for, metrics, late_: _tick(spec, fence, rnd, wait_for, metrics, late_))
-    if late:  # the last round's late metrics: one more tick of the same round on shard 0
-        spec.group.client(0).action("tick", **fence, round=last, wait_for=last, timeout=spec.timeout,
-                                    late=late, late_round=last)
-    yield state
+def _task_identity():
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId(), ctx.taskAttemptId(), ctx.attemptNumber()
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, worker: int, task: int, attempt: int):
+        self.spec = spec
+        self.worker, self.task, self.attempt = worker, task, attempt
+        self.group = spec.group
+        self.shards = range(len(spec.group.shards))
+        self.home = worker % len(spec.group.shards)  # the shard keeping this worker's snapshots
+        self.program = pickle.loads(spec.program)
+        self.program_hash = spec.program_hash
+
+    # -- commands
+    def next_command(self, done_step: int) -> Dict[str, Any]:
+        while True:
+            cmd = self.group.client(0).action(
+                "next", namespace=self.spec.namespace, worker=self.worker, task=self.task, done_step=done_step,
+                program_hash=self.program_hash, timeout=NEXT_POLL_SECONDS)
+            if cmd.get("kind") == "wait":
+                continue
+            if cmd.get("program") is not None:
+                from pyspark import cloudpickle  # noqa: F401 -- cloudpickled classes may need it
+
+                self.program = pickle.loads(base64.b64decode(cmd["program"]))
+                self.program_hash = cmd["program_hash"]
+            return cmd
+
+    def restore(self, step: int) -> Any:
+        blob = self.group.client(self.home).get_blob(state_key(self.spec.namespace, self.worker, step))
+        if blob is None:
+            raise RuntimeError(
+                f"worker {self.worker}: no state snapshot of step {step} on shard "
+                f"{self.group.shards[self.home].uri}; the fit cannot resume this worker (was the shard restarted?)")
+        return pickle.loads(blob)
+
+    def snapshot(self, step: int, state: Any, fence: Dict[str, int]) -> int:
+        from pyspark import cloudpickle
+
+        blob = cloudpickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        self.group.client(self.home).put_blob(
+            state_key(self.spec.namespace, self.worker, step), blob,
+            dict(fence, drop_prefix=state_key(self.spec.namespace, self.worker), keep_after=step - 1))
+        return len(blob)
+
+    # -- a step
+    def open(self, cmd: Dict[str, Any]):
+        spec = self.spec
+        fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task}
+        fan_out([lambda i=i: self.group.client(i).action("enter", **fence) for i in self.shards])
+        handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
+        ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,
+                            int(cmd["round_offset"]), spec.seed)
+        return ctx, fence
+
+    def tick(self, fence, rnd: int, wait_for: int, metrics, late=None, ctx: Optional[WorkerContext] = None) -> None:
+        """Advance this worker's round clock on every shard (metrics go to shard 0), sending
+        the round's contributions (``ctx``'s outbox) with the tick: one exchange per shard
+        that receives any, which also brings back the rows ``ctx.pulled`` will give."""
+        timeout = self.spec.timeout
+        parts: Dict[int, list] = {i: [] for i in self.shards}
+        for c in (ctx._take_outbox() if ctx is not None else []):
+            handle = ctx.table(c.table)
+            for shard, keys, rows in handle.contribution_parts(c.keys, c.partials):
+                parts[shard].append((handle, keys, rows, c.read_back))
+
+        def call(i):
+            head = dict(fence, round=rnd, wait_for=wait_for, timeout=timeout)
+            if i == 0:
+                head.update(metrics=metrics, late=late, late_round=rnd - 1)
+            client = self.group.client(i)
+            mine = sorted(parts[i], key=lambda p: not p[3])  # a read-back part rides the exchange
+            if not mine:
+                client.action("tick", **head)
+                return []
+            for handle, keys, rows, _ in mine[1:]:  # more than one table this round: sent first
+                if isinstance(keys, range):
+                    client.write_rows("contribute", handle.name, None, rows, "float64", dict(fence, round=rnd),
+                                      start=keys.start)
+                else:
+                    client.write_rows("contribute", handle.name, keys, rows, "float64", dict(fence, round=rnd))
+            handle, keys, rows, read_back = mine[0]
+            pulled = client.exchange_round(head, handle.name, keys, rows,
+                                           (handle.layout.width, handle.layout.dtype) if read_back else None)
+            back = [(handle.layout.short_name, np.asarray(keys), pulled)] if read_back else []
+            for h, k, _, rb in mine[1:]:
+                if rb:
+                    k = np.asarray(k, dtype=np.int64)
+                    back.append((h.layout.short_name, k, client.get_rows(h.name, h.layout.width, h.layout.dtype,
+                                                                         keys=k)))
+            return back
+
+        answers = fan_out([lambda i=i: call(i) for i in self.shards])
+        if ctx is not None and ctx._read_back:
+            got: Dict[str, list] = {}
+            for back in answers:
+                for name, k, rows in back:
+                    got.setdefault(name, []).append((k, rows))
+            for name, pieces in got.items():
+                pieces.sort(key=lambda p: int(p[0][0]) if len(p[0]) else -1)
+                keys = np.concatenate([p[0] for p in pieces])
+                rows = np.concatenate([p[1] for p in pieces])
+                asked = np.asarray(ctx._read_back[name], dtype=np.int64)
+                ctx._pulled[name] = rows[np.searchsorted(keys, asked)]
+
+    def run_init(self, cmd, data) -> Any:
+        ctx, fence = self.open(cmd)
+        t0 = time.perf_counter()
+        state = self.program.init_state(ctx, data)
+        metrics = ctx._take_metrics()
+        metrics["_compute_s"] = time.perf_counter() - t0
+        self.tick(fence, 0, 0, metrics, ctx=ctx)
+        return state, fence, {}, 0
+
+    def run_step(self, cmd, data, state) -> Any:
+        schedule = pickle.loads(base64.b64decode(cmd["schedule"]))
+        ctx, fence = self.open(cmd)
+        state, late, last = run_schedule(
+            self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
+            lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_, ctx=ctx))
+        return state, fence, late, last
+
+
+def run_worker(spec: WorkerSpec, records: Iterator[Any]) -> Iterator[Any]:
+    """The whole fit on one worker; yields ``(data, state)`` once the driver says ``finish``."""
+    worker, task, attempt = _task_identity()
+    w = _Worker(spec, worker, task, attempt)
+    t0 = time.perf_counter()
+    load_ctx = WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed)
+    data = w.program.load(load_ctx, records)
+    load_s = time.perf_counter() - t0
+    if w.program.checks_data():  # before the hello: the driver reads it once every worker said hello
+        w.group.client(w.home).put_blob(summary_key(spec.namespace, worker),
+                                        pickle.dumps(w.program.data_summary(load_ctx, data),
+                                                     protocol=pickle.HIGHEST_PROTOCOL))
+    fingerprint = None
+    if spec.fingerprint:
+        from .fingerprint import _data_fingerprint
+
+        fingerprint = _data_fingerprint(data)
+    w.group.client(0).action("hello", namespace=spec.namespace, worker=worker, task=task, fingerprint=fingerprint,
+                             load_s=load_s)
+    state, have = None, None  # ``have``: the step whose resulting state this task holds
+    done_step = -1
+    while True:
+        cmd = w.next_command(done_step)
+        if cmd["kind"] == "closed":  # the driver released the fit before this task read ``finish``
+            return
+        step = int(cmd["step"])
+        if cmd["kind"] == "finish":
+            if have != step and (spec.keep_states or spec.export is not None):
+                state = w.restore(step)
+            if spec.export is not None:
+                from pyspark import cloudpickle
+
+                w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
+                                                cloudpickle.dumps(spec.export(worker, data, state)))
+            if spec.keep_states:
+                yield data, state
+            return
+        if cmd.get("init"):
+            state, fence, late, last = w.run_init(cmd, data)
+        else:
+            if have != step - 1:
+                state = w.restore(step - 1)
+            state, fence, late, last = w.run_step(cmd, data, state)
+        t_snap = time.perf_counter()
+        size = w.snapshot(step, state, fence)
+        late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
+        w.group.client(0).action("step_done", **fence, late=late, late_round=last)
+        have = done_step = step
+
+
+def arrow_records(batches) -> Iterator[tuple]:
+    """A DataFrame partition's rows as tuples of Python values, in column order."""
+    for batch in batches:
+        columns = [column.to_pylist() for column in batch.columns]
+        yield from zip(*columns)
+
+
+def run_worker_arrow(spec: WorkerSpec, batches, decode=None, decode_batch=None) -> Iterator[Any]:
+    """:func:`run_worker` over a DataFrame partition (``mapInArrow(..., barrier=True)``): the
+    records are the rows (:func:`arrow_records`), through ``decode`` when given, or whatever
+    ``decode_batch`` makes of each Arrow batch (columnar: no Python object per row); the task
+    returns no rows."""
+    if decode_batch is not None:
+        records = itertools.chain.from_iterable(map(decode_batch, batches))
+    else:
+        records = arrow_records(batches)
+        if decode is not None:
+            records = map(decode, records)
+    for _ in run_worker(spec, records):
+        pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)
+    yield from ()

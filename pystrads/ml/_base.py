@@ -34,7 +34,7 @@ from pyspark.ml.param import Param
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
 from ..engine import Engine
-from ..engine.preflight import check_cluster, default_num_workers
+from ..engine.preflight import FitSetup, preflight
 from ._params import _StradsParams, add_accessor
 from ._persistence import PersistentModel
 from ._summary import HasTrainingSummary
@@ -51,6 +51,7 @@ class Fit:
 
     dataset: Any
     t_start: float
+    setup: Optional[FitSetup] = None
     workers: int = 0
     seed: int = 0
     records: Any = None
@@ -94,16 +95,16 @@ class _StradsEstimator(Estimator, _StradsParams, DefaultParamsReadable, DefaultP
         self._check_columns(dataset, *self._fit_columns)
         requested = self.getOrDefault("numWorkers")
         check_num_workers(dataset, requested)
-        fit.workers = default_num_workers(dataset, requested or None)
-        check_cluster(dataset, fit.workers)  # before any job
+        config = {"checkpoint.interval": max(0, self.getOrDefault("checkpointInterval"))} \
+            if self.hasParam("checkpointInterval") else None  # MLlib's rule, when a checkpoint directory is set
+        fit.setup = preflight(dataset, requested or None, config)  # the cluster's checks, before any job
+        fit.workers = fit.setup.num_workers
         fit.seed = int(self.getOrDefault("seed"))  # HasSeed always has a default
         fit.records, fit.stats = self._scan(fit)
         fit.program = self._program(fit)
         fit.timings["scan_s"] = time.perf_counter() - fit.t_start
-        config = {"checkpoint.interval": max(0, self.getOrDefault("checkpointInterval"))} \
-            if self.hasParam("checkpointInterval") else None  # MLlib's rule, when a checkpoint directory is set
-        engine = Engine(fit.program, fit.records, num_workers=fit.workers, seed=fit.seed, keep_states=False,
-                        config=config, **self._engine_args(fit))
+        engine = Engine(fit.program, fit.records, seed=fit.seed, keep_states=False, setup=fit.setup,
+                        **self._engine_args(fit))
         with engine.fit() as result:
             t0 = time.perf_counter()
             model = self._read_model(result, fit)

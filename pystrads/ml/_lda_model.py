@@ -268,7 +268,7 @@ def _bucket_count(dataset) -> int:
     """Buckets of documents for the joined fold-in: the input's partitions (task slots under
     Spark Connect, which knows partitions only by running a job)."""
     from ..engine.preflight import default_num_workers
-    from ..engine.spark import handle_of
+    from ..spark import handle_of
 
     return max(1, dataset.rdd.getNumPartitions() if not handle_of(dataset).connect else default_num_workers(dataset))
 

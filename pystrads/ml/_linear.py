@@ -20,7 +20,7 @@ from pyspark.ml.param.shared import (HasFeaturesCol, HasFitIntercept, HasLabelCo
                                      HasRegParam, HasSeed, HasStandardization, HasTol, HasWeightCol)
 from pyspark.sql import types as T
 
-from ..engine.spark import is_dataframe
+from ..spark import is_dataframe
 from ..errors import InputError
 from ..programs.lasso import PRIORITIES, SCHEDULES
 from ._base import Fit, _StradsEstimator, _StradsModel

@@ -16,8 +16,8 @@ from pyspark.ml.linalg import SparseVector
 from pyspark.sql import functions as F
 
 from ..errors import InputError
-from ..engine.spark import handle_of
-from ..programs.lasso import RowBlock
+from ..spark import handle_of
+from ..programs._rows import RowBlock
 
 log = logging.getLogger("pystrads.ml._linear")
 

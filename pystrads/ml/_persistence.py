@@ -34,7 +34,7 @@ class ModelWriter(MLWriter):
         self.instance = instance
 
     def _handleOverwrite(self, path: str) -> None:
-        from ..engine.spark import is_connect_session
+        from ..spark import is_connect_session
 
         if not is_connect_session(self.sparkSession):
             return super()._handleOverwrite(path)
@@ -82,7 +82,7 @@ class PersistentModel(MLReadable, MLWritable):
     def _save(self, path: str, spark) -> None:
         from pyspark.ml.util import DefaultParamsWriter
 
-        from ..engine.spark import is_dataframe
+        from ..spark import is_dataframe
 
         def write(name: str, schema, rows) -> None:
             frame = rows if is_dataframe(rows) else spark.createDataFrame(rows, schema)

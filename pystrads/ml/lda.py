@@ -126,13 +126,13 @@ class StradsLDASummary(FitSummary):
     ``iterations``: one row per iteration with ``log_likelihood`` (log p(w, z)),
     ``log_perplexity`` (−log p(w, z) / tokens), ``s_error`` (the STRADS
     supplement's Δt) and ``tokens``; ``steps`` adds tokens/s to the time split
-    (``compute_s``, ``sync_s``, ``spark_s``, ``schedule_s``).
+    (``compute_s``, ``sync_s``, ``outside_rounds_s``, ``schedule_s``).
     """
 
     def __init__(self, result, fit):
         super().__init__(result, fit)
         if len(self.steps):
-            self.steps["tokens_per_s"] = self.steps["tokens"] / self.steps["job_s"]
+            self.steps["tokens_per_s"] = self.steps["tokens"] / self.steps["step_s"]
         self.shards = result.summary.shards  # per shard: table bytes, resident memory, traffic
         stats = fit.stats
         self.numDocuments = int(stats["docs"])
@@ -149,7 +149,7 @@ class StradsLDASummary(FitSummary):
     @property
     def tokensPerSecond(self) -> float:
         """Tokens sampled per second over all steps (Spark job time included)."""
-        return float(self.steps["tokens"].sum() / self.steps["job_s"].sum()) if len(self.steps) else 0.0
+        return float(self.steps["tokens"].sum() / self.steps["step_s"].sum()) if len(self.steps) else 0.0
 
     @property
     def trainingSeconds(self) -> float:

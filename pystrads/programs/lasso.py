@@ -6,7 +6,7 @@ the same schedule), :mod:`pystrads.programs._rows` (the row structures:
 :class:`RowBlock`, :func:`rows_to_arrays`, :func:`canonical_order`,
 :class:`ColumnSample`), :mod:`pystrads.programs._coef` (the ``coef`` table's
 columns and :func:`soft_step`) and :mod:`pystrads.programs._working_set` (the
-driver's Gram solver); every one of these names can be imported from here.
+driver's Gram solver); import each name from the module that defines it.
 
 Objective (MLlib's ``LinearRegression`` / ``LogisticRegression``, in the
 original units of the features)::
@@ -67,7 +67,7 @@ import numpy as np
 from ..engine.program import Program, Schedule, Table
 from ..kernels import cd as K
 from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, eso_factor, soft_step, stepped
-from ._rows import ColumnSample, RowBlock, canonical_order, rows_to_arrays  # noqa: F401 -- re-exported
+from ._rows import ColumnSample, canonical_order, rows_to_arrays
 from ._working_set import WorkingSetSolver
 
 SCHEDULES = ("dynamic", "shotgun", "roundrobin")
@@ -110,7 +110,8 @@ class LassoProgram(WorkingSetSolver, Program):
         Without ``sample``: rows the workers sample from their data for the dependency check
         (split evenly; sent to the driver once, before the init step; 0 = no sample).
     relaxation : float
-        Over-relaxation of the rounds' coordinate steps (squared loss), in (0, 2): a
+        Over-relaxation of the rounds' coordinate steps, in (0, 2) (squared loss only:
+        :class:`~pystrads.programs.logistic.L1LogisticProgram` has no ``relaxation``): a
         coefficient moves ``relaxation`` times its soft-thresholded step where the L1
         term stays linear on the way (no sign change, not ending at 0), else the plain
         step; 1 is plain coordinate descent.  Under the ESO bound each such step still
@@ -124,12 +125,19 @@ class LassoProgram(WorkingSetSolver, Program):
     staleness = 0
     checkpoint_ignore = ("t_origin",)  # a perf_counter origin of this process
 
-    def __init__(self, num_features: int, reg_param: float, fit_intercept: bool = True, elastic_net: float = 1.0,
-                 standardization: bool = True, schedule: str = "dynamic", priority: str = "gradient",
-                 coords_per_round: int = 256, candidates_per_round: int = 512, rho: float = 0.3,
-                 eta: float = 1e-6, passes: float = 3.0, max_iter: int = 100, tol: float = 1e-6,
-                 min_rounds_per_step: int = 32, gram_limit: int = 4096, damping: str = "eso",
-                 sample: Optional[ColumnSample] = None, sample_rows: int = 0, relaxation: float = 1.8):
+    def __init__(self, num_features: int, reg_param: float, *, relaxation: float = 1.8, **options: Any):
+        self._init_shared(num_features, reg_param, **options)
+        if not 0.0 < float(relaxation) < 2.0:
+            raise ValueError(f"relaxation={relaxation!r} is not in (0, 2)")
+        self.relaxation = float(relaxation)
+
+    def _init_shared(self, num_features: int, reg_param: float, fit_intercept: bool = True,
+                     elastic_net: float = 1.0, standardization: bool = True, schedule: str = "dynamic",
+                     priority: str = "gradient", coords_per_round: int = 256, candidates_per_round: int = 512,
+                     rho: float = 0.3, eta: float = 1e-6, passes: float = 3.0, max_iter: int = 100,
+                     tol: float = 1e-6, min_rounds_per_step: int = 32, gram_limit: int = 4096,
+                     damping: str = "eso", sample: Optional[ColumnSample] = None, sample_rows: int = 0) -> None:
+        """The parameters of both losses (all but ``relaxation``, which the squared loss alone takes)."""
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}")
         if priority not in PRIORITIES:
@@ -155,9 +163,6 @@ class LassoProgram(WorkingSetSolver, Program):
         if damping not in ("eso", "none"):
             raise ValueError(f"damping={damping!r} is not one of ('eso', 'none')")
         self.damping = damping
-        if not 0.0 < float(relaxation) < 2.0:
-            raise ValueError(f"relaxation={relaxation!r} is not in (0, 2)")
-        self.relaxation = float(relaxation)
         self.t_origin = time.perf_counter()  # history times count from here (the estimator sets its start)
         self.sample_rows = 0 if sample is not None else max(0, int(sample_rows))
         self._d = {"sample": sample or ColumnSample.empty(self.num_features)}  # driver-only state
@@ -216,11 +221,12 @@ class LassoProgram(WorkingSetSolver, Program):
         coef = np.zeros((self.num_coords, COEF_WIDTH))
         coef[:self.num_features, CURV] = sum_xx
         coef[:self.num_features, MEAN] = sum_x
-        ctx.table("coef").inc_range(0, coef)
+        ctx.table("coef").inc(range(0, len(coef)), coef)
         ctx.table("totals").inc([0], [[w.sum(), (w * w).sum(), (w * y).sum(), (w * y * y).sum(), len(y),
                                        len(data["vals"])]])
         state = self._initial_state(data)
-        ctx.table("grad").inc_range(0, self._sweep_partials(data, state))
+        partials = self._sweep_partials(data, state)
+        ctx.table("grad").inc(range(0, len(partials)), partials)
         return state
 
     def _initial_state(self, data) -> Dict[str, np.ndarray]:
@@ -246,7 +252,8 @@ class LassoProgram(WorkingSetSolver, Program):
         inv_w = self._inv_weight(ctx, state)
         if isinstance(work, str):  # the closing sweep: full partial gradient and the loss parts
             ctx.report(wr=wr.sum(), wrr=float(wr @ r))
-            ctx.contribute_range("grad", 0, self._sweep_partials(data, state) * inv_w)
+            partials = self._sweep_partials(data, state) * inv_w
+            ctx.contribute("grad", range(0, len(partials)), partials)
             return state
         if isinstance(work, tuple):  # ("gram", coords): weighted Gram matrix of a working set
             kind, coords = work
@@ -326,7 +333,7 @@ class LassoProgram(WorkingSetSolver, Program):
         coef[:, BETA] = 0.0
         coef[:, DELTA] = 0.0
         self._extra_prepare(coef)
-        ctx.table("coef").put_range(0, coef)
+        ctx.table("coef").put(range(0, len(coef)), coef)
         d.update(mean=mean, std=std, frozen=frozen, coef=coef, cursor=0, updates=0, round_updates=0, history=[],
                  gap=np.inf)
         d["grad_rows"] = ctx.table("grad").read_all() / W  # the init step sent raw sums
@@ -536,7 +543,7 @@ class LassoProgram(WorkingSetSolver, Program):
         top = p.max() if len(p) else 0.0
         p = p + self.eta * (top if top > 0 else 1.0)
         # `passes` passes of the working set per step (and min_rounds_per_step rounds' worth at
-        # least): a resident worker's step costs milliseconds, so priorities refreshed from the
+        # least): a worker's step costs milliseconds, so priorities refreshed from the
         # sweep's gradient every few passes beat filling the step's time budget with stale ones.
         # But the step's closing sweep reads every column once: at least as many updates as
         # live columns keep it at most about half of a step's work on wide problems
@@ -561,13 +568,3 @@ class LassoProgram(WorkingSetSolver, Program):
     @property
     def driver_state(self) -> Dict[str, Any]:
         return self._d
-
-
-def __getattr__(name: str):
-    """``L1LogisticProgram`` stays importable from here (it lives in
-    :mod:`pystrads.programs.logistic`, which imports this module: hence lazily)."""
-    if name == "L1LogisticProgram":
-        from .logistic import L1LogisticProgram
-
-        return L1LogisticProgram
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -447,7 +447,7 @@ class LDAProgram(Program):
             # this worker's documents are final for the iteration: their histograms, for the driver's α update
             hist = K.doc_topic_histograms(state.doc_topic, data.doc_ptr, state.doc_nz_topics, state.doc_nz_count,
                                           data.doc_lengths, self.histogram_length)
-            ctx.contribute_range("doc_topic_hist", 0, hist.astype(np.float64))
+            ctx.contribute("doc_topic_hist", range(0, len(hist)), hist.astype(np.float64))
         return state
 
     def apply(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:

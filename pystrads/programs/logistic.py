@@ -8,6 +8,8 @@ intercept is coefficient ``J``, updated in rounds of its own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..kernels import cd as K
@@ -24,11 +26,17 @@ class L1LogisticProgram(LassoProgram):
     intercept, features are centred implicitly as MLlib does (the intercept
     coefficient ``J`` is then nearly decoupled from the others and is updated
     in rounds of its own); the reported intercept is converted back.
+
+    Parameters are :class:`LassoProgram`'s but ``relaxation``, which the log-loss's Newton
+    steps do not use (it is a TypeError here, not a setting that does nothing).
     """
 
     loss_name = "logistic"
     grad_width = 3  # sum x u, sum h x^2, sum h x
     contrib_width = 6  # sum x u, sum u, sum h x^2, sum h x, sum h, sum h omega x^2
+
+    def __init__(self, num_features: int, reg_param: float, **options: Any):
+        self._init_shared(num_features, reg_param, **options)
 
     @property
     def num_coords(self) -> int:
@@ -55,7 +63,8 @@ class L1LogisticProgram(LassoProgram):
         u, h, loss = self._terms(data, state)
         if isinstance(work, str):
             ctx.report(loss=loss, su=u.sum(), sh=h.sum())
-            ctx.contribute_range("grad", 0, self._sweep_partials(data, state) * inv_w)
+            partials = self._sweep_partials(data, state) * inv_w
+            ctx.contribute("grad", range(0, len(partials)), partials)
             return state
         gu, ghx2, ghx, gho = (np.empty(len(work)) for _ in range(4))
         cols = data["col_ptr"], data["row_idx"], data["vals"]

@@ -152,12 +152,12 @@ class ImplicitMFProgram(MFProgram):
 
         kind, c = work
         if kind == W_GRAM:
-            ctx.contribute_range("gram", 0, state.w.T @ state.w)
+            ctx.contribute("gram", range(0, self.rank), state.w.T @ state.w)
             return state
         if kind == Y_GRAM:
             if len(state.owned):
                 y = self._owned_rows(ctx, state)
-                ctx.contribute_range("gram", self.rank, y.T @ y)
+                ctx.contribute("gram", range(self.rank, 2 * self.rank), y.T @ y)
                 ctx.report(h_reg=float(self.reg_param * (self.item_counts[state.owned][:, None] * y ** 2).sum()))
             return state
         lo, hi = self._features(c)

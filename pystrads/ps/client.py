@@ -7,6 +7,9 @@
 * :class:`TableHandle` -- a model table spread over the shards by a
   :class:`~pystrads.ps.partition.TableLayout`: ``get``, additive ``inc``,
   ``put`` and ``contribute`` on row blocks, one request per shard touched.
+
+A worker's round travels as one request per shard (:meth:`ShardClient.exchange_round`): its
+contributions, its clock tick and the rows the round's ``pull`` left.
 """
 
 from __future__ import annotations
@@ -73,6 +76,14 @@ def _translate(exc: Exception, uri: str, what: str) -> Exception:
             "expired (see spark.pystrads.shard.leaseSeconds), or the network between executors "
             "blocks its port")
     return ShardUnavailableError(f"{what} on shard {uri} failed: {text}")
+
+
+def _run_start(keys: Optional[np.ndarray], start: Optional[int]) -> Optional[int]:
+    """``start`` when given, else the first key when the sorted unique ``keys`` are one run of
+    rows (a run travels as a range, without a key column), else None."""
+    if start is None and keys is not None and len(keys) > 0 and int(keys[-1]) - int(keys[0]) + 1 == len(keys):
+        return int(keys[0])
+    return start
 
 
 class ShardClient:
@@ -218,24 +229,71 @@ class ShardClient:
             except flight.FlightError as exc:
                 raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
             return
-        if start is None and len(keys) > 0 and int(keys[-1]) - int(keys[0]) + 1 == len(keys):
-            start = int(keys[0])
-        contiguous = start is not None
-        if contiguous:
+        start = _run_start(keys, start)
+        if start is not None:
             head["start"] = int(start)
-            keys = np.empty(len(values), dtype=np.int64)  # only its length is used below
         descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
-        schema = protocol.value_schema(dtype, width, with_keys=not contiguous)
-        chunk = protocol.rows_per_chunk(width, dtype, self.chunk_bytes)
+        schema = protocol.value_schema(dtype, width, with_keys=start is None)
         try:
             writer, _ = self._client.do_put(descriptor, schema, self._options)
-            for k, v in protocol.iter_chunks(keys, values, chunk):
-                columns = [protocol.rows_to_array(v)] if contiguous else [pa.array(k, pa.int64()),
-                                                                         protocol.rows_to_array(v)]
-                writer.write_batch(pa.record_batch(columns, schema=schema))
+            self._write_batches(writer, schema, keys, values, start is not None, dtype)
             writer.close()
         except flight.FlightError as exc:
             raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+
+    def _write_batches(self, writer, schema, keys, values: np.ndarray, contiguous: bool, dtype: str) -> None:
+        """``values`` (with their ``keys`` unless ``contiguous``) as record batches of at most
+        ``chunk_bytes``."""
+        chunk = protocol.rows_per_chunk(values.shape[1], dtype, self.chunk_bytes)
+        keys = np.empty(len(values), dtype=np.int64) if contiguous else keys  # (only its length is used)
+        for k, v in protocol.iter_chunks(keys, values, chunk):
+            columns = [protocol.rows_to_array(v)] if contiguous else [pa.array(k, pa.int64()), protocol.rows_to_array(v)]
+            writer.write_batch(pa.record_batch(columns, schema=schema))
+
+    def exchange_round(self, tick: Dict[str, Any], table: Optional[str] = None, keys=None,
+                       values: Optional[np.ndarray] = None,
+                       read_back: Optional[Tuple[int, str]] = None) -> Optional[np.ndarray]:
+        """A worker's round in one request (Flight ``DoExchange``; the shard side is
+        ``ShardServer.do_exchange``): ``contribute`` ``values`` (partial sums) at the sorted unique
+        ``keys`` (or the ``range`` of rows) of ``table``, then ``tick`` (``tick``: the action's
+        fields), then -- ``read_back=(width, dtype)`` -- the rows of those keys once the clock let
+        the tick through (the round's ``pull`` applied when ``wait_for`` is the round).  Without a
+        table it is a plain tick."""
+        start = None
+        if isinstance(keys, range):
+            start, keys = keys.start, None
+        head = dict(tick, op="round", token=self._token, chunk=self.chunk_bytes)
+        width = values.shape[1] if values is not None else 0
+        if table is not None:
+            start = _run_start(keys, start)
+            head["contribute"] = {"table": table, **({"start": int(start)} if start is not None else {})}
+            if read_back is not None:
+                head["read_back"] = True
+        n = len(values) if values is not None else 0
+        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
+        schema = protocol.value_schema("float64", max(width, 1), with_keys=start is None)
+        try:
+            writer, reader = self._client.do_exchange(descriptor, self._options)
+            writer.begin(schema)
+            if table is not None:
+                self._write_batches(writer, schema, keys, values, start is not None, "float64")
+            writer.done_writing()
+            out = None
+            if table is not None and read_back is not None:
+                rb_width, rb_dtype = read_back
+                out = np.empty((n, rb_width), dtype=protocol.DTYPES[rb_dtype][0])
+                pos = 0
+                for chunk in reader:
+                    rows = protocol.array_to_rows(chunk.data.column(0), rb_width, rb_dtype)
+                    out[pos:pos + len(rows)] = rows
+                    pos += len(rows)
+                if pos != n:
+                    raise ShardUnavailableError(f"round exchange with {self.uri}: {pos} rows back, expected {n}")
+            writer.close()
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, "action 'tick'" if table is None else f"round of table {table!r}") \
+                from None
+        return out
 
     def put_blob(self, key: str, blob: bytes, header: Optional[Dict[str, Any]] = None) -> None:
         """Store a byte string under ``key`` (in chunks; ``header``: a step fence and
@@ -341,9 +399,10 @@ def _as_keys(keys) -> np.ndarray:
 class TableHandle:
     """A model table spread over shards. Picklable; travels in closures.
 
-    Reads and writes take a key array (any order, any size) and a
-    ``(len(keys), width)`` value block, and cost one request per shard
-    touched (more only when a request exceeds the chunking limits).
+    Reads take a key array (``get``, any order, any size) or a range of rows (``get_range``);
+    writes (``put``, ``inc``, ``contribute``) take a key array or a ``range`` of rows, with a
+    ``(len(keys), width)`` value block.  Each costs one request per shard touched (more only
+    when a request exceeds the chunking limits).
     """
 
     def __init__(self, group: ShardGroup, layout: TableLayout, fence: Optional[Dict[str, int]] = None):
@@ -369,6 +428,11 @@ class TableHandle:
             bad = keys[(keys < 0) | (keys >= self.layout.num_rows)][:5].tolist()
             raise IndexError(f"table {self.layout.short_name!r}: keys {bad} outside [0, {self.layout.num_rows})")
 
+    def _check_range(self, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= self.layout.num_rows:
+            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
+                             f"[0, {self.layout.num_rows})")
+
     def _segments(self, sorted_keys: np.ndarray):
         """(range index, lo, hi) slices of sorted keys falling in each row range."""
         cuts = np.searchsorted(sorted_keys, self.layout.bounds)
@@ -385,16 +449,43 @@ class TableHandle:
             if hi > lo:
                 yield self.layout.shards[part], lo, hi
 
-    def _values(self, values, n: int, width: Optional[int] = None, dtype: Optional[str] = None) -> np.ndarray:
+    def _values(self, values, n: Optional[int], width: Optional[int] = None,
+                dtype: Optional[str] = None) -> np.ndarray:
         width = self.layout.width if width is None else width
         dtype = self.layout.dtype if dtype is None else dtype
         values = np.asarray(values, dtype=protocol.DTYPES[dtype][0])
         if values.ndim == 1 and width == 1:
             values = values.reshape(-1, 1)
+        n = len(values) if n is None else n
         if values.shape != (n, width):
             raise ValueError(f"table {self.layout.short_name!r}: values of shape {values.shape}, "
                              f"expected {(n, width)}")
         return values
+
+    def _parts(self, op: str, keys, values, width: int, dtype: str) -> List[Tuple[int, Any, np.ndarray]]:
+        """``[(shard, keys, values)]``: a write of ``values`` at ``keys`` cut by shard, in key
+        order.  ``keys``: an integer array (any order; duplicates add up, except for ``put``) or
+        a ``range`` of rows (each part then keeps a ``range``)."""
+        if isinstance(keys, range):
+            if keys.step != 1:
+                raise ValueError(f"table {self.layout.short_name!r}: a range of rows needs step 1, got {keys}")
+            values = self._values(values, len(keys), width, dtype)
+            self._check_range(keys.start, keys.stop)
+            return [(shard, range(lo, hi), values[lo - keys.start:hi - keys.start])
+                    for shard, lo, hi in self._range_parts(keys.start, keys.stop)]
+        keys = _as_keys(keys)
+        self._check_keys(keys)
+        values = self._values(values, len(keys), width, dtype)
+        if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):  # sort; merge duplicates
+            order = np.argsort(keys, kind="stable")
+            keys, values = keys[order], values[order]
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+            if len(starts) != len(keys):
+                if op == "put":
+                    raise ValueError(f"put into {self.layout.short_name!r}: duplicate keys")
+                values = np.add.reduceat(values, starts, axis=0)
+                keys = keys[starts]
+        return [(self.layout.shards[part], keys[lo:hi], values[lo:hi]) for part, lo, hi in self._segments(keys)]
 
     # -- reads
     def get(self, keys, sparse: bool = False) -> np.ndarray:
@@ -437,9 +528,7 @@ class TableHandle:
         Arrow buffer -- no copy and no fresh memory when the range lies on one
         shard and is at most :data:`VIEW_MAX_BYTES` (else a new array as usual).
         """
-        if not 0 <= start <= stop <= self.layout.num_rows:
-            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
-                             f"[0, {self.layout.num_rows})")
+        self._check_range(start, stop)
         shape = (stop - start, self.layout.width)
         if not copy and out is None:
             parts = list(self._range_parts(start, stop))
@@ -461,9 +550,7 @@ class TableHandle:
         """``(keys, rows)``: the rows in ``[start, stop)`` that hold a non-zero value, keys
         ascending.  Each shard filters its part, so a mostly-zero range costs the caller (and
         the network) its non-zero rows only, never ``stop - start`` rows."""
-        if not 0 <= start <= stop <= self.layout.num_rows:
-            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
-                             f"[0, {self.layout.num_rows})")
+        self._check_range(start, stop)
         parts = [self.group.client(shard).get_nonzero_rows(self.layout.name, self.layout.width, self.layout.dtype,
                                                            lo, hi) for shard, lo, hi in self._range_parts(start, stop)]
         if not parts:
@@ -475,92 +562,40 @@ class TableHandle:
         (``copy=False``: possibly a read-only view, see :meth:`get_range`)."""
         return self.get_range(0, self.layout.num_rows, copy=copy)
 
-    # -- writes
+    # -- writes: ``keys`` is an integer array or a ``range`` of rows
     def _write(self, op: str, keys, values, width=None, dtype=None, extra=None, sparse: bool = False) -> None:
-        keys = _as_keys(keys)
-        self._check_keys(keys)
-        values = self._values(values, len(keys), width, dtype)
-        if len(keys) == 0:
-            return
-        if not bool(np.all(keys[1:] > keys[:-1])):  # sort; merge duplicates
-            order = np.argsort(keys, kind="stable")
-            keys, values = keys[order], values[order]
-            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-            if len(starts) != len(keys):
-                if op == "put":
-                    raise ValueError(f"put into {self.layout.short_name!r}: duplicate keys")
-                values = np.add.reduceat(values, starts, axis=0)
-                keys = keys[starts]
+        dtype = dtype or self.layout.dtype
         header = dict(self._fence or {}, **(extra or {}))
-        for part, lo, hi in self._segments(keys):
-            self.group.client(self.layout.shards[part]).write_rows(
-                op, self.layout.name, keys[lo:hi], values[lo:hi], dtype or self.layout.dtype, header,
-                sparse=sparse)
+        for shard, k, v in self._parts(op, keys, values, self.layout.width if width is None else width, dtype):
+            client = self.group.client(shard)
+            if isinstance(k, range) and not sparse:
+                client.write_rows(op, self.layout.name, None, v, dtype, header, start=k.start)
+            else:  # (sparse rows travel with their key column)
+                k = np.arange(k.start, k.stop, dtype=np.int64) if isinstance(k, range) else k
+                client.write_rows(op, self.layout.name, k, v, dtype, header, sparse=sparse)
 
     def inc(self, keys, deltas, sparse: bool = False) -> None:
-        """Add ``deltas`` to the rows at ``keys`` (duplicate keys add up); ``sparse``: only
-        their non-zero entries travel (see :meth:`get`)."""
+        """Add ``deltas`` to the rows at ``keys`` (an array, duplicates adding up, or a ``range``);
+        ``sparse``: only their non-zero entries travel (see :meth:`get`)."""
         self._write("inc", keys, deltas, sparse=sparse)
 
     def put(self, keys, values, sparse: bool = False) -> None:
-        """Overwrite the rows at ``keys`` (``sparse``: see :meth:`get`)."""
+        """Overwrite the rows at ``keys`` (an array of distinct keys, or a ``range``; ``sparse``:
+        see :meth:`get`)."""
         self._write("put", keys, values, sparse=sparse)
 
-    def _write_range(self, op: str, start: int, values, width=None, dtype=None, extra=None) -> None:
-        values = self._values(values, len(np.asarray(values)), width, dtype)
-        stop = start + len(values)
-        if not 0 <= start <= stop <= self.layout.num_rows:
-            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
-                             f"[0, {self.layout.num_rows})")
-        for shard, lo, hi in self._range_parts(start, stop):
-            self.group.client(shard).write_rows(op, self.layout.name, None, values[lo - start:hi - start],
-                                                dtype or self.layout.dtype,
-                                                dict(self._fence or {}, **(extra or {})), start=lo)
-
-    def put_range(self, start: int, values) -> None:
-        """Overwrite rows ``start, start + 1, ...`` with ``values``."""
-        self._write_range("put", start, values)
-
-    def inc_range(self, start: int, deltas) -> None:
-        """Add ``deltas`` to rows ``start, start + 1, ...``."""
-        self._write_range("inc", start, deltas)
-
-    def contribution_parts(self, keys, partials) -> List[Tuple[int, np.ndarray, np.ndarray]]:
-        """``[(shard, keys, partials)]``: what :meth:`contribute` would send to each shard
-        (keys sorted, duplicates summed), in key order; for a round's exchange."""
-        keys = _as_keys(keys)
-        self._check_keys(keys)
-        values = self._values(partials, len(keys), self.layout.contrib_width, "float64")
-        if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):
-            order = np.argsort(keys, kind="stable")
-            keys, values = keys[order], values[order]
-            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-            if len(starts) != len(keys):
-                values = np.add.reduceat(values, starts, axis=0)
-                keys = keys[starts]
-        return [(self.layout.shards[part], keys[lo:hi], values[lo:hi]) for part, lo, hi in self._segments(keys)]
-
-    def contribution_range_parts(self, start: int, partials) -> List[Tuple[int, int, np.ndarray]]:
-        """``[(shard, start, partials)]``: what :meth:`contribute_range` would send to each shard."""
-        values = self._values(partials, len(np.asarray(partials)), self.layout.contrib_width, "float64")
-        stop = start + len(values)
-        if not 0 <= start <= stop <= self.layout.num_rows:
-            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
-                             f"[0, {self.layout.num_rows})")
-        return [(shard, lo, values[lo - start:hi - start]) for shard, lo, hi in self._range_parts(start, stop)]
+    def contribution_parts(self, keys, partials) -> List[Tuple[int, Any, np.ndarray]]:
+        """``[(shard, keys, partials)]``: what :meth:`contribute` would send to each shard (keys
+        sorted, duplicates summed; a ``range`` stays a ``range``), in key order; for a round's
+        exchange."""
+        return self._parts("contribute", keys, partials, self.layout.contrib_width, "float64")
 
     def contribute(self, keys, partials, round_index: int) -> None:
-        """Send partial sums for ``keys`` in round ``round_index``; when every
-        worker has finished the round, the shard sums the contributions and
-        the program's ``pull`` turns them into the new rows."""
+        """Send partial sums for ``keys`` (an array, or a ``range``: e.g. partial sums over a whole
+        table) in round ``round_index``; when every worker has finished the round, the shard sums
+        the contributions and the program's ``pull`` turns them into the new rows."""
         self._write("contribute", keys, partials, width=self.layout.contrib_width, dtype="float64",
                     extra={"round": int(round_index)})
-
-    def contribute_range(self, start: int, partials, round_index: int) -> None:
-        """:meth:`contribute` for the contiguous rows ``start, start + 1, ...``
-        (no key column on the wire: for partial sums over a whole table)."""
-        self._write_range("contribute", start, partials, width=self.layout.contrib_width, dtype="float64",
-                          extra={"round": int(round_index)})
 
     def __repr__(self) -> str:
         return f"TableHandle({self.layout.short_name!r}, shape={self.shape}, dtype={self.layout.dtype})"

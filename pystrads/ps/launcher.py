@@ -257,7 +257,7 @@ class ShardManager:
     """Owns the shard group of one Spark application: launch, heartbeat, shutdown."""
 
     def __init__(self, spark, config):
-        from ..engine.spark import handle_of
+        from ..spark import handle_of
 
         self.spark = handle_of(spark)  # a SparkContext's or a Spark Connect session's
         self.config = config
@@ -408,7 +408,7 @@ STARTED_RUN_IDS: List[str] = []  # every run this driver process started shards 
 def get_shards(spark, config, expected_executors: int) -> ShardManager:
     """The running shard manager of a Spark application (a SparkContext, a session or their
     handle), started on first use."""
-    from ..engine.spark import handle_of
+    from ..spark import handle_of
 
     spark = handle_of(spark)
     with _LOCK:

@@ -1,4 +1,4 @@
-"""A shard's mailbox for resident workers (one long task per worker for a whole fit).
+"""A shard's mailbox for the workers (one long task per worker for a whole fit).
 
 :class:`ResidentMailbox` is the part of :class:`~pystrads.ps.server.ShardServer`
 that serves them: per fit namespace, the command the driver posted last
@@ -24,7 +24,7 @@ class ResidentMailbox:
         return namespace in self.closed  # a fit's mailbox is keyed by its namespace, dropped as "<ns>/"
 
     def _action_post(self, req):
-        """The driver leaves a command for a fit's resident workers (``begin_step`` can carry
+        """The driver leaves a command for a fit's workers (``begin_step`` can carry
         one too, so a step's schedule costs no extra call)."""
         with self.cond:
             self._post(req.str("namespace"), req.dict("command"))
@@ -40,7 +40,7 @@ class ResidentMailbox:
         self.cond.notify_all()
 
     def _action_hello(self, req):
-        """A resident worker's task started (a newer task id retires the worker's older ones)."""
+        """A worker's task started (a newer task id retires the worker's older ones)."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
         with self.cond:
             key = (namespace, worker)
@@ -83,7 +83,7 @@ class ResidentMailbox:
                 self.cond.wait(min(left, 1.0))
 
     def _action_next(self, req):
-        """A resident worker waits (up to ``timeout``) for a command it has not carried out:
+        """A worker waits (up to ``timeout``) for a command it has not carried out:
         the open step when it is newer than ``done_step``, or ``finish``.  The program's bytes
         come along unless the worker already has them (``program_hash``)."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")

@@ -28,7 +28,7 @@ This module holds :class:`ShardServer` (reads, writes, table management,
 lease and stats) and the process around it (:func:`serve`, :func:`main`).
 The rest of a shard: :mod:`~pystrads.ps.table` (a table slice and its undo
 log), :mod:`~pystrads.ps.steps` (step state, fences, round clocks),
-:mod:`~pystrads.ps.mailbox` (resident workers), :mod:`~pystrads.ps.snapshots`
+:mod:`~pystrads.ps.mailbox` (the workers' commands), :mod:`~pystrads.ps.snapshots`
 (checkpoints), :mod:`~pystrads.ps.request` (token checks and request
 decoding) and :mod:`~pystrads.ps.memory` (available memory, malloc tuning).
 """
@@ -77,7 +77,7 @@ def _in_fit(name: str, fit: str) -> bool:
 
 class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServerBase):
     """One shard: tables, reads and writes, and the actions (see the module docstring;
-    steps, resident workers and checkpoints are in the mixins)."""
+    steps, the workers' mailbox and checkpoints are in the mixins)."""
 
     def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = "",
                  tls_certificates: Optional[list] = None, watch_pid: int = 0, admin_token: Optional[str] = None):
@@ -94,7 +94,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         self.programs: Dict[str, Any] = {}
         self.cond = threading.Condition()
         self.step = _StepState()
-        # resident workers (one long task per worker for a whole fit): per fit namespace, the
+        # the workers (one long task per worker for a whole fit): per fit namespace, the
         # command the driver posted last, the workers' hellos, and the newest task id seen per
         # worker (older ids are zombies of a failed attempt, refused from then on)
         self.mailbox: Dict[str, Dict[str, Any]] = {}

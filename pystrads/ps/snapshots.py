@@ -2,7 +2,7 @@
 
 :class:`TableSnapshots` is the part of :class:`~pystrads.ps.server.ShardServer`
 that serves the actions ``snapshot`` (between steps: one
-``<table>.<row_start>-<row_stop>.npy`` per table, and the resident workers'
+``<table>.<row_start>-<row_stop>.npy`` per table, and the workers'
 state snapshots) and ``restore`` (from the files of any number of shards that
 overlap this shard's rows), through :mod:`pystrads.ps.storage`.
 """
@@ -39,7 +39,7 @@ class TableSnapshots:
                         storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
             states = self._state_blobs(req)
         states_dir = req.str("states_dir", target)
-        for worker, blob in states.items():  # resident workers' snapshots of that step
+        for worker, blob in states.items():  # the workers' state snapshots of that step
             storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob)
             written[f"state-{worker:05d}"] = len(blob)
         return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states)}
@@ -97,7 +97,7 @@ class TableSnapshots:
                 restored[short] = t.row_stop - t.row_start
         prefix, step = req.get("states_prefix"), req.get("states_step")
         loaded = []
-        if isinstance(prefix, str) and isinstance(step, int):  # resident workers' snapshots
+        if isinstance(prefix, str) and isinstance(step, int):  # the workers' state snapshots
             for worker in req.get("states_workers") or []:
                 blob = storage.read_bytes(storage.join(req.str("states_dir", source), f"state-{int(worker):05d}.pkl"))
                 with self.cond:

@@ -36,7 +36,7 @@ class _StepState:
         self.contrib: Dict[Tuple[str, int], List[Tuple[np.ndarray, np.ndarray]]] = {}
         self.metrics: Dict[int, Dict[str, float]] = {}
         self.error: Optional[str] = None
-        self.done: Dict[int, int] = {}  # resident workers that finished the step -> their task id
+        self.done: Dict[int, int] = {}  # workers that finished the step -> their task id
 
 
 class StepFences:
@@ -187,7 +187,7 @@ class StepFences:
 
     def _action_begin_step(self, req):
         """Open a step: clocks reset, writes from now on are undoable (``command``: the
-        resident workers' command for this step, posted to the fit's mailbox)."""
+        workers' command for this step, posted to the fit's mailbox)."""
         with self.cond:
             if self.step.open:
                 raise flight.FlightServerError(
@@ -250,7 +250,7 @@ class StepFences:
                 self.cond.wait(min(left, 1.0))
 
     def _action_step_done(self, req):
-        """A resident worker finished its part of the open step (fenced; ``late``: metrics of
+        """A worker finished its part of the open step (fenced; ``late``: metrics of
         its last round reported after that round's tick)."""
         worker = req.int("worker")
         with self.cond:

@@ -17,7 +17,7 @@ import pickle
 import re
 from typing import Any, Callable, Dict, List, Optional
 
-from ..errors import ConfigurationError
+from .errors import ConfigurationError
 
 
 def is_connect_session(spark) -> bool:

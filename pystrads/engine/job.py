@@ -1,0 +1,474 @@
+"""The fit's worker job: one barrier job whose tasks are the workers, seen from the driver.
+
+:class:`WorkerJob` owns that job for the :class:`~pystrads.engine.driver.Engine`: it launches
+it (collected in a driver thread, its own Spark job group or Connect job tag), waits for every
+worker's hello on shard 0, runs each step -- opens it on every shard with its command, waits
+for the workers, commits or rolls back --, watches for a job that waits for task slots, and at
+the end tells the workers to finish and gathers their exports (left on the shards, fetched
+only when asked for) and the states kept for ``map_states``.  It also reads and restores the
+workers' state snapshots for the checkpoints.
+
+:data:`STEP_HOOKS` is the one seam the fault-injection suite strikes through
+(:func:`pystrads.testing.around_steps`).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import logging
+import pickle
+import secrets
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from ..errors import PystradsError, StepFailedError
+from ..ps import storage
+from ..ps.client import ShardGroup, fan_out
+from .preflight import _python_cause, to_workers
+from .program import Program, Schedule, StepMetrics
+from .worker import WorkerSpec, export_key, program_hash, run_worker, run_worker_arrow, states_prefix, summary_key
+
+log = logging.getLogger(__name__)
+
+#: after this long without every worker's task running, the driver checks for (and warns about)
+#: a barrier job waiting for task slots
+SLOT_WAIT_WARN_SECONDS = 30.0
+
+#: Wrappers around every step's run on the shards, ``hook(job, step, run) -> answer``, each
+#: calling ``run()`` (the next hook, the last one the step itself).  Empty unless a test injects
+#: faults through :func:`pystrads.testing.around_steps`.
+STEP_HOOKS: List[Callable[["WorkerJob", int, Callable[[], Dict[str, Any]]], Dict[str, Any]]] = []
+
+
+@dataclasses.dataclass
+class WorkerInput:
+    """The records the workers load and how they reach them: an RDD, or a DataFrame (classic or
+    Spark Connect) read with ``mapInArrow``; ``decode`` / ``decode_batch`` (DataFrames only)
+    turn its rows or Arrow batches into the program's records."""
+
+    rdd: Any = None
+    frame: Any = None
+    prepartitioned: bool = False
+    decode: Optional[Callable[[Any], Any]] = None
+    decode_batch: Optional[Callable[[Any], Iterable[Any]]] = None  # pyarrow.RecordBatch -> records
+
+
+class WorkerJob:
+    """The fit's barrier job (see the module docstring).
+
+    Parameters
+    ----------
+    spark : SparkHandle
+        The application.
+    data : WorkerInput
+        What the workers load.
+    num_workers, seed, namespace, timeout
+        The fit's workers, seed, shard namespace and ``round.timeoutSeconds``.
+    keep_states : bool
+        The tasks hand their ``(data, state)`` to Spark's cache when the fit ends (RDD input).
+    export : callable, optional
+        ``fn(worker, data, state)`` every worker runs when the fit ends.
+    """
+
+    def __init__(self, spark, data: WorkerInput, num_workers: int, seed: int, namespace: str, timeout: float,
+                 keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]]):
+        self.spark = spark
+        self.sc = None if spark.connect else getattr(spark, "sc", None)
+        self.data = data
+        self.num_workers = num_workers
+        self.seed = seed
+        self.namespace = namespace
+        self.timeout = timeout
+        self.keep_states = keep_states
+        self.export = export
+        self.group: Optional[ShardGroup] = None  # the shards the running job's tasks talk to
+        self.job_groups: List[str] = []  # Spark job groups (tags) of every launch, in order
+        self.result_rdd = None  # the finished job's (data, state) per worker, cached (keep_states)
+        self._run: Optional[_JobRun] = None  # the running launch
+        self._posted_program: Optional[str] = None  # hash of the program bytes the tasks have
+        self._counters: Dict[str, int] = {}  # the shards' traffic counters, summed, at the last traffic()
+        self._traffic_at_commit: List[Dict[str, int]] = []  # every shard's counters as commit_step returned them
+        self._exports: Optional[List[Any]] = None
+        self._fingerprints: Optional[List[str]] = None
+
+    # ------------------------------------------------------------------ launch and watch
+    def launch(self, program: Program, group: ShardGroup, layouts: Dict[str, Any], fingerprint: bool,
+               new_shards: bool = False) -> float:
+        """Start the job (cancelling a running one): every worker's task loads its partition, says
+        hello on shard 0 and then carries out the posted commands.  ``new_shards``: the shards were
+        restarted, so the next command carries the program for their mailbox (a task Spark
+        restarts asks it for the program).  Returns the seconds it took."""
+        from pyspark import StorageLevel, cloudpickle
+
+        t0 = time.perf_counter()
+        self.cancel()
+        self.group = group
+        blob = cloudpickle.dumps(program)
+        digest = program_hash(blob)
+        spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
+                          self.namespace, fingerprint, self.keep_states, self.export)
+        data = self.data
+        if data.frame is not None:
+            frame = data.frame
+            if not data.prepartitioned and not (self.sc is not None  # classic: partitions known without a job
+                                                and frame.rdd.getNumPartitions() == self.num_workers):
+                frame = frame.repartition(self.num_workers)
+            # a barrier result stage: Spark does not retry it, the driver relaunches the job (from
+            # the snapshots) as it does for any failed worker job
+            decode, decode_batch = data.decode, data.decode_batch
+            out = frame.mapInArrow(lambda batches: run_worker_arrow(spec, batches, decode, decode_batch),
+                                   "unused binary", barrier=True)
+        else:
+            out = to_workers(data.rdd, self.num_workers).barrier().mapPartitions(lambda it: run_worker(spec, it))
+            if self.keep_states:  # the finished tasks' (data, state), read by map_states
+                out.persist(StorageLevel.MEMORY_AND_DISK)
+        self._posted_program = None if new_shards else digest
+        self._fingerprints = None
+        self._run = _JobRun(self, out)
+        self.job_groups.append(self._run.group_id)
+        self._run.start()
+        return time.perf_counter() - t0
+
+    def cancel(self) -> None:
+        """Cancel the running launch, if any (its tasks end; the shards keep their state)."""
+        run, self._run = self._run, None
+        if run is not None:
+            run.cancel()
+
+    def error(self) -> Optional[BaseException]:
+        """Why the job cannot go on (it ended, or its tasks never got task slots), or None."""
+        run = self._run
+        if run is None:
+            return StepFailedError("the fit's barrier job is not running")
+        if not run.thread.is_alive():
+            return run.error
+        return self._slot_wait_error(run)
+
+    def _slot_wait_error(self, run: "_JobRun") -> Optional[BaseException]:
+        """A barrier job runs only when all its tasks get slots at once; while another job holds
+        them it waits.  Warn every 30 s, and fail after ``round.timeoutSeconds`` instead of waiting
+        for ever."""
+        if run.started:
+            return None
+        waited = time.monotonic() - run.t_launch
+        if waited < SLOT_WAIT_WARN_SECONDS:
+            return None
+        running = run.running_tasks()
+        if running >= self.num_workers:
+            run.started = True
+            return None
+        message = (f"the fit's barrier job has waited {waited:.0f} s for task slots: {running} of its "
+                   f"{self.num_workers} tasks run (a barrier stage starts only when every task has a slot). "
+                   f"Another Spark job holds them (a concurrent fit or job of this application?); free them, "
+                   f"give the application at least {self.num_workers} task slots, or lower numWorkers")
+        if waited > self.timeout:
+            self.cancel()
+            return StepFailedError(message + " (gave up after spark.pystrads.round.timeoutSeconds)")
+        if waited - run.warned >= SLOT_WAIT_WARN_SECONDS:
+            run.warned = waited
+            log.warning("fit %s: %s", self.namespace, message)
+        return None
+
+    def hellos(self) -> Dict[int, Dict[str, Any]]:
+        """Wait until every worker's task said hello (data loaded); their hellos by worker."""
+        while True:
+            answer = self.group.client(0).action("wait_hellos", namespace=self.namespace,
+                                                 num_workers=self.num_workers, timeout=1.0)
+            if answer["complete"]:
+                return {int(w): h for w, h in answer["hellos"].items()}
+            error = self.error()
+            if error is not None:
+                raise StepFailedError(f"the fit's barrier job ended before every worker loaded its data. "
+                                      f"Cause: {_python_cause(error)}") from error
+
+    def load_seconds(self) -> float:
+        """The slowest worker's ``load`` (measured in its task, before its hello)."""
+        return float(max((h.get("load_s") or 0.0 for h in self.hellos().values()), default=0.0))
+
+    def data_summaries(self) -> List[Any]:
+        """Every worker's ``data_summary``, once every worker said hello, in worker order."""
+        self.hellos()
+        shards = len(self.group.shards)
+        blobs = fan_out([lambda w=w: self.group.client(w % shards).get_blob(summary_key(self.namespace, w))
+                         for w in range(self.num_workers)])
+        if any(b is None for b in blobs):
+            raise StepFailedError(f"workers {[w for w, b in enumerate(blobs) if b is None]} said hello without "
+                                  "leaving their data summary on the shards (was a shard restarted?)")
+        return [pickle.loads(b) for b in blobs]
+
+    def fingerprints(self) -> List[str]:
+        """Each worker's fingerprint of its loaded data (the job was launched with ``fingerprint``)."""
+        if self._fingerprints is None:
+            hellos = self.hellos()
+            self._fingerprints = [hellos[w]["fingerprint"] for w in range(self.num_workers)]
+        return self._fingerprints
+
+    # ------------------------------------------------------------------ steps
+    def command(self, program: Program, step: int, round_offset: int,
+                schedule: Optional[Schedule]) -> Dict[str, Any]:
+        """The command that runs ``schedule`` (None: the init step) as step ``step``; it carries the
+        program when it changed since the tasks last got it."""
+        from pyspark import cloudpickle
+
+        blob = cloudpickle.dumps(program)
+        digest = program_hash(blob)
+        command: Dict[str, Any] = {"kind": "step", "step": step, "round_offset": round_offset,
+                                   "staleness": int(getattr(program, "staleness", 0)), "program_hash": digest}
+        if digest != self._posted_program:
+            command["program"] = base64.b64encode(blob).decode()
+        if schedule is None:
+            command["init"] = True
+        else:
+            command["schedule"] = base64.b64encode(cloudpickle.dumps(schedule)).decode()
+        return command
+
+    def run_step(self, step: int, round_offset: int, command: Dict[str, Any]) -> Dict[str, Any]:
+        """Run one step atomically: open it on every shard (shard 0 last, with the command), wait
+        until every worker finished it, then commit -- or, on failure, roll back and raise
+        :class:`~pystrads.errors.StepFailedError`.  Returns shard 0's answer (the rounds' metrics)."""
+        run = functools.partial(self._run_step, step, round_offset, command)
+        for hook in STEP_HOOKS:
+            run = functools.partial(hook, self, step, run)
+        return run()
+
+    def _run_step(self, step: int, round_offset: int, command: Dict[str, Any]) -> Dict[str, Any]:
+        group = self.group
+        body = dict(step=step, num_workers=self.num_workers, namespace=self.namespace, round_offset=round_offset)
+        try:
+            fan_out([lambda i=i: group.client(i).action("begin_step", **body) for i in range(1, len(group.shards))])
+            group.client(0).action("begin_step", command=command, **body)
+            if "program" in command:
+                self._posted_program = command["program_hash"]
+            while True:
+                answer = group.client(0).action("wait_step", step=step, timeout=1.0)
+                if answer["done"]:
+                    break
+                if answer.get("error"):
+                    raise StepFailedError(answer["error"])
+                error = self.error()
+                if error is not None:
+                    raise error
+        except BaseException as exc:
+            try:
+                group.broadcast("abort_step", step=step)
+            except PystradsError as abort_exc:
+                log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
+            if isinstance(exc, KeyboardInterrupt):
+                self.cancel()
+                raise
+            raise StepFailedError(
+                f"step {step} failed; the model tables were rolled back to their state before the step. "
+                f"Cause: {exc if isinstance(exc, PystradsError) else _python_cause(exc)}") from exc
+        self._traffic_at_commit = group.broadcast("commit_step", step=step)
+        return answer
+
+    def metrics(self, answer: Dict[str, Any], program: Program) -> StepMetrics:
+        """The step's per-round metrics: the workers' reports in ``answer``, plus every shard's own
+        when the program asks for them (``shard_metrics_every``)."""
+        merged: Dict[int, Dict[str, float]] = {}
+        if getattr(program, "shard_metrics_every", 0):
+            for i in range(len(self.group.shards)):
+                for key, values in self.group.client(i).action("metrics").get("rounds", {}).items():
+                    bucket = merged.setdefault(int(key), {})
+                    for name, value in values.items():
+                        bucket[name] = bucket.get(name, 0.0) + value
+        else:
+            merged = {int(k): v for k, v in answer.get("rounds", {}).items()}
+        n = max(merged, default=-1) + 1
+        return StepMetrics([merged.get(i, {}) for i in range(n)])
+
+    def traffic(self) -> Dict[str, int]:
+        """The shards' traffic (bytes in and out, requests) between the last two commits."""
+        total = {"bytes_in": 0, "bytes_out": 0, "requests": 0}
+        for c in self._traffic_at_commit:
+            for k in total:
+                total[k] += c.get(k, 0)
+        before, self._counters = self._counters or total, total
+        return {k: total[k] - before[k] for k in total}
+
+    # ------------------------------------------------------------------ the end
+    def finish(self, last_step: int) -> None:
+        """Tell the tasks the fit is over; they leave their exports on the shards and hand their
+        (data, state) to Spark's cache (for ``map_states``), and the job ends."""
+        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step})
+        run = self._run
+        if self.export is not None:  # left on the shards until asked for (fetch_exports, engine.frames)
+            self._wait_exports(run)
+        if not self.keep_states:
+            # nothing to hand over: the tasks end on their own (~0.3 s of Spark's job teardown the
+            # fit need not wait for; a failure then is only logged)
+            run.detached = True
+            self._run = None
+            return
+        run.thread.join()
+        if run.error is not None:
+            raise StepFailedError(f"the fit's barrier job failed while finishing: {_python_cause(run.error)}") \
+                from run.error
+        self.result_rdd = run.rdd
+        self._run = None
+
+    def _wait_exports(self, run: "_JobRun") -> None:
+        """Wait until every worker has left its ``export`` result on its shard."""
+        S = len(self.group.shards)
+        keys = {w: export_key(self.namespace, w) for w in range(self.num_workers)}
+        while True:
+            missing = sum((self.group.client(i).action(
+                "wait_blobs", keys=[k for w, k in keys.items() if w % S == i], timeout=1.0)["missing"]
+                for i in range(S)), [])
+            if not missing:
+                break
+            if not run.thread.is_alive():
+                raise StepFailedError(f"the fit's job ended before every worker exported its results (missing "
+                                      f"{missing}): {_python_cause(run.error) if run.error else 'no error'}")
+
+    def fetch_exports(self) -> List[Any]:
+        """Each worker's ``export`` result on the driver, read once from the shards."""
+        if self.export is None:
+            raise PystradsError("no exports: make the Engine with export=fn(worker, data, state)")
+        if self._exports is None:
+            if self.group is None:
+                raise PystradsError("the workers' exports are gone from the shards (was the fit released?)")
+            S = len(self.group.shards)
+            blobs = fan_out([lambda w=w: self.group.client(w % S).get_blob(export_key(self.namespace, w))
+                             for w in range(self.num_workers)])
+            if any(b is None for b in blobs):
+                raise PystradsError("the workers' exports are gone from the shards (was the fit released?)")
+            self._exports = [pickle.loads(b) for b in blobs]
+        return self._exports
+
+    def release(self) -> None:
+        """Cancel the job and unpersist the states it handed over."""
+        self.cancel()
+        if self.result_rdd is not None:
+            try:
+                self.result_rdd.unpersist()
+            except Exception:  # noqa: BLE001 -- the SparkContext may be gone
+                pass
+            self.result_rdd = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_states(self, target: str, step: int) -> int:
+        """The shards write the fit's tables and the workers' state snapshots of ``step`` under
+        ``target``; returns the bytes written."""
+        answers = self.group.broadcast("snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables"),
+                                       states_prefix=states_prefix(self.namespace), states_step=step,
+                                       states_dir=target)
+        saved = sorted(w for a in answers for w in a.get("states", []))
+        if saved != list(range(self.num_workers)):
+            raise StepFailedError(f"checkpoint {target}: states of workers {saved} were saved, expected "
+                                  f"0..{self.num_workers - 1}")
+        return sum(a["bytes"] for a in answers)
+
+    def restore_states(self, source: str, step: int) -> None:
+        """The shards read the fit's tables and the workers' snapshots of ``step`` back from ``source``."""
+        S = len(self.group.shards)
+        fan_out([lambda i=i: self.group.client(i).action(
+            "restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"),
+            states_prefix=states_prefix(self.namespace), states_step=step, states_dir=source,
+            states_workers=[w for w in range(self.num_workers) if w % S == i])
+            for i in range(S)])
+
+
+class _JobRun:
+    """One launch of the job, collected in a driver thread (its own Spark job group, or job tag
+    under Spark Connect, so that it can be cancelled).  ``rdd``: the job's RDD or DataFrame."""
+
+    def __init__(self, job: WorkerJob, rdd):
+        self.job = job
+        self.rdd = rdd
+        self.group_id = f"pystrads-{job.namespace}-{secrets.token_hex(3)}"
+        self.error: Optional[BaseException] = None
+        self.thread: Optional[threading.Thread] = None
+        self.detached = False  # the fit is over and no longer waits for this job
+        self.t_launch = time.monotonic()
+        self.started = False  # every task was seen running (checked only while a wait lasts)
+        self.warned = 0.0
+
+    def running_tasks(self) -> int:
+        """The most tasks running at once in any stage of this job (its barrier stage's, once it runs)."""
+        sc = self.job.sc
+        if sc is None:  # Spark Connect: no status tracker; nothing to warn about
+            return self.job.num_workers
+        try:
+            tracker = sc.statusTracker()
+            most = 0
+            for job_id in tracker.getJobIdsForGroup(self.group_id):
+                info = tracker.getJobInfo(job_id)
+                for stage_id in (info.stageIds if info else []):
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is not None:
+                        most = max(most, stage.numActiveTasks)
+            return most
+        except Exception:  # noqa: BLE001 -- no status (the SparkContext is gone): do not fail on that
+            return self.job.num_workers
+
+    def start(self) -> None:
+        job = self.job
+        sc, session, frame = job.sc, job.spark.spark if job.sc is None else None, job.data.frame is not None
+
+        def run():
+            try:
+                if sc is None:  # job tags are per thread and session; interruptTag cancels the job
+                    session.addTag(self.group_id)
+                else:
+                    sc.setJobGroup(self.group_id, f"pystrads fit {job.namespace}: workers", interruptOnCancel=True)
+                if frame:
+                    self.rdd.collect()  # a DataFrame whose tasks return no rows
+                else:
+                    _materialize(self.rdd, sc)
+            except BaseException as exc:  # noqa: BLE001 -- reported to the driver's loop
+                self.error = exc
+                if self.detached:
+                    log.warning("fit %s: its job failed after the fit had finished: %s", job.namespace,
+                                _python_cause(exc))
+            finally:
+                if sc is None:
+                    try:
+                        session.removeTag(self.group_id)
+                    except Exception:  # noqa: BLE001 -- the session may be gone
+                        pass
+
+        if sc is None:
+            self.thread = threading.Thread(target=run, name=f"pystrads-job-{job.namespace}", daemon=True)
+        else:
+            from pyspark import InheritableThread
+
+            self.thread = InheritableThread(target=run, name=f"pystrads-job-{job.namespace}", daemon=True)
+        self.thread.start()
+
+    def cancel(self) -> None:
+        job = self.job
+        if self.thread is not None and self.thread.is_alive():
+            try:
+                if job.sc is None:
+                    job.spark.spark.interruptTag(self.group_id)
+                else:
+                    job.sc.cancelJobGroup(self.group_id)
+            except Exception:  # noqa: BLE001 -- the SparkContext may be gone
+                pass
+            self.thread.join(timeout=60)
+        if job.data.frame is None:
+            try:
+                self.rdd.unpersist()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _materialize(rdd, sc) -> None:
+    """Run an RDD input's barrier job (caching what it yields) in a job Spark can retry.
+
+    Spark retries a failed barrier stage only when it is a shuffle-map stage (a failed barrier
+    *result* stage aborts the job), so the barrier stage ends in a tiny shuffle: a count per
+    partition, read as raw bytes (the cached states are never unpickled for this).
+    """
+    from pyspark import RDD
+    from pyspark.serializers import NoOpSerializer
+
+    raw = RDD(rdd._jrdd, sc, NoOpSerializer())
+    counted = raw.mapPartitions(lambda it: [(0, sum(1 for _ in it))]).reduceByKey(
+        lambda a, b: a + b, numPartitions=1).collect()
+    if not counted:
+        raise StepFailedError("the fit's job produced no worker state")

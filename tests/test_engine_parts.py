@@ -1,0 +1,135 @@
+"""The Engine's owned parts on their own, without Spark: the checkpoints (:class:`Checkpointer`)
+and the worker job's step seam and traffic accounting (:class:`WorkerJob`)."""
+
+import os
+
+import pytest
+
+from pystrads.config import Config
+from pystrads.engine import job as job_module
+from pystrads.engine.checkpoints import Checkpointer, Position
+from pystrads.engine.driver import TrainingSummary
+from pystrads.engine.job import WorkerInput, WorkerJob
+from pystrads.programs.examples import CounterProgram
+from pystrads.testing import around_steps
+
+
+class _FakeJob:
+    """What a Checkpointer asks of the worker job: the shards' snapshots (here files) and the
+    workers' data fingerprints."""
+
+    def __init__(self, fingerprints):
+        self._fingerprints = list(fingerprints)
+        self.saved, self.restored = [], []
+
+    def save_states(self, target, step):
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, "states"), "w") as fh:
+            fh.write(str(step))
+        self.saved.append((target, step))
+        return 10
+
+    def restore_states(self, source, step):
+        with open(os.path.join(source, "states")) as fh:
+            assert int(fh.read()) == step
+        self.restored.append((source, step))
+
+    def fingerprints(self):
+        return self._fingerprints
+
+
+def _checkpointer(tmp_path, program, workers=2, seed=1, interval=2):
+    config = Config.resolve(overrides={"checkpoint.dir": str(tmp_path), "checkpoint.interval": interval})
+    return Checkpointer.of(config, None, program, workers, seed)
+
+
+def test_a_checkpoint_directory_names_the_program_the_workers_and_the_seed(tmp_path):
+    a = _checkpointer(tmp_path, CounterProgram(num_keys=5))
+    assert a.root.startswith(str(tmp_path)) and os.path.basename(a.root).startswith("pystrads-")
+    assert _checkpointer(tmp_path, CounterProgram(num_keys=5)).root == a.root  # the same fit: the same place
+    others = {_checkpointer(tmp_path, CounterProgram(num_keys=6)).root, _checkpointer(tmp_path, program=CounterProgram(
+        num_keys=5), workers=3).root, _checkpointer(tmp_path, CounterProgram(num_keys=5), seed=2).root}
+    assert a.root not in others and len(others) == 3
+    assert _checkpointer(tmp_path, CounterProgram(), interval=0) is None
+    assert Checkpointer.of(Config.resolve(overrides={"checkpoint.interval": 2}), None, CounterProgram(), 2, 1) is None
+
+
+def test_a_fit_resumes_from_its_latest_checkpoint_with_its_program_and_history(tmp_path):
+    program = CounterProgram(num_keys=5)
+    checkpoints = _checkpointer(tmp_path, program)
+    job = _FakeJob(["f0", "f1"])
+    summary = TrainingSummary()
+    for step in (1, 2, 3):
+        summary.rows.append({"step": step})
+        program.steps = 10 + step  # the driver's state moves with the fit
+        checkpoints.save(job, program, Position(step + 1, 4 * step, 7), summary)
+    assert checkpoints.saved == 3 and [s for _, s in job.saved] == [1, 2, 3]
+    assert sorted(n for n in os.listdir(checkpoints.root) if n.startswith("step-")) == ["step-00000003"]
+
+    fresh = CounterProgram(num_keys=5)
+    resumed = checkpoints.resume(_FakeJob(["f0", "f1"]), fresh)
+    assert resumed.position == Position(4, 12, 7) and resumed.step == 3
+    assert resumed.rows == [{"step": 1}, {"step": 2}, {"step": 3}] and fresh.steps == 13
+    other_data = _FakeJob(["f0", "changed"])
+    assert checkpoints.resume(other_data, CounterProgram(num_keys=5)) is None and not other_data.restored
+
+
+def test_a_failed_checkpoint_keeps_the_previous_one_and_is_counted(tmp_path):
+    program = CounterProgram(num_keys=5)
+    checkpoints = _checkpointer(tmp_path, program)
+    checkpoints.save(_FakeJob(["f0", "f1"]), program, Position(2, 4, 7), TrainingSummary())
+
+    class Broken(_FakeJob):
+        def save_states(self, target, step):
+            raise OSError("disk full")
+
+    checkpoints.try_save(Broken(["f0", "f1"]), program, Position(3, 8, 7), TrainingSummary())
+    assert checkpoints.failures == 1 and checkpoints.saved == 1
+    assert checkpoints.resume(_FakeJob(["f0", "f1"]), CounterProgram(num_keys=5)).step == 1
+
+
+def _job():
+    class Handle:
+        connect = True
+
+    return WorkerJob(Handle(), WorkerInput(), num_workers=2, seed=0, namespace="fit-test", timeout=5.0,
+                     keep_states=False, export=None)
+
+
+def test_step_hooks_wrap_every_step_in_order_and_are_removed_after_the_block(monkeypatch):
+    job = _job()
+    calls = []
+    monkeypatch.setattr(WorkerJob, "_run_step", lambda self, step, offset, command: calls.append("step") or
+                        {"step": step})
+
+    def outer(j, step, run):
+        calls.append(("outer", step))
+        return run()
+
+    def inner(j, step, run):
+        assert j is job
+        calls.append(("inner", step))
+        answer = run()
+        return dict(answer, seen=True)
+
+    with around_steps(inner), around_steps(outer):
+        assert job.run_step(5, 0, {}) == {"step": 5, "seen": True}
+    assert calls == [("outer", 5), ("inner", 5), "step"]
+    assert job_module.STEP_HOOKS == []
+    assert job.run_step(6, 0, {}) == {"step": 6}
+
+
+def test_traffic_is_the_difference_between_two_commits():
+    job = _job()
+    job._traffic_at_commit = [{"bytes_in": 10, "bytes_out": 5, "requests": 2}, {"bytes_in": 1, "bytes_out": 1,
+                                                                              "requests": 1}]
+    assert job.traffic() == {"bytes_in": 0, "bytes_out": 0, "requests": 0}  # the first call sets the origin
+    job._traffic_at_commit = [{"bytes_in": 30, "bytes_out": 6, "requests": 5}, {"bytes_in": 2, "bytes_out": 1,
+                                                                              "requests": 4}]
+    assert job.traffic() == {"bytes_in": 21, "bytes_out": 1, "requests": 6}
+
+
+def test_a_job_that_is_not_running_says_so():
+    with pytest.raises(Exception, match="no exports"):
+        _job().fetch_exports()
+    assert "not running" in str(_job().error())
