@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -213,7 +212,7 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels
     return _scan_rows(dataset, fcol, lcol, wcol, binary_labels)
 
 
-_arrow_scan_ok = os.environ.get("PYSTRADS_ARROW_INPUT", "1") != "0"
+_arrow_scan_ok = True  # False once this Spark has shown it cannot give a vector column to Arrow
 
 
 def _disable_arrow_scan() -> None:
