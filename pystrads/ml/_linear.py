@@ -172,6 +172,8 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams):
             candidates_per_round=self.getCandidatesPerRound(), rho=self.getCorrelationThreshold(),
             max_iter=self.getMaxIter(), tol=self.getTol(), gram_limit=self.getWorkingSetLimit(),
             sample_rows=self.getCorrelationSampleSize())
+        if program.loss_name != "squared":  # its rounds run without the squared loss's working sets
+            self._warn_ignored(f"the {program.loss_name} loss (no working-set solver)", "workingSetLimit")
         program.t_origin = fit.t_start
         log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(self).__name__,
                  stats["rows"], stats["features"], stats["nnz"], fit.workers, self.getSchedule())
