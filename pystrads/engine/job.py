@@ -77,13 +77,9 @@ class WorkerJob:
                  keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]]):
         self.spark = spark
         self.sc = None if spark.connect else getattr(spark, "sc", None)
-        self.data = data
-        self.num_workers = num_workers
-        self.seed = seed
-        self.namespace = namespace
-        self.timeout = timeout
-        self.keep_states = keep_states
-        self.export = export
+        self.data, self.num_workers, self.seed = data, num_workers, seed
+        self.namespace, self.timeout = namespace, timeout
+        self.keep_states, self.export = keep_states, export
         self.group: Optional[ShardGroup] = None  # the shards the running job's tasks talk to
         self.job_groups: List[str] = []  # Spark job groups (tags) of every launch, in order
         self.result_rdd = None  # the finished job's (data, state) per worker, cached (keep_states)
