@@ -30,6 +30,7 @@ GROUPS = [
     ("TLS", ("shard.tls.",)),
     ("Requests", ("rpc.",)),
     ("Steps and rounds", ("step.", "round.", "runtime.", "executor.")),
+    ("Workers", ("worker.",)),
     ("Checkpoints and recovery", ("checkpoint.", "recovery.")),
     ("Progress", ("progress",)),
     ("Other settings", ()),  # keys no section above claims (give them one)

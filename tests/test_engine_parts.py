@@ -3,6 +3,7 @@ and the worker job's step seam and traffic accounting (:class:`WorkerJob`)."""
 
 import os
 
+import numpy as np
 import pytest
 
 from pystrads.config import Config
@@ -133,3 +134,48 @@ def test_a_job_that_is_not_running_says_so():
     with pytest.raises(Exception, match="no exports"):
         _job().fetch_exports()
     assert "not running" in str(_job().error())
+
+
+def test_split_cuts_groups_into_ranges_of_about_equal_mass():
+    from pystrads.engine.program import split_ranges
+
+    assert split_ranges(10, 3) == [range(0, 3), range(3, 6), range(6, 10)]
+    assert split_ranges(2, 4) == [range(0, 1), range(1, 2)]  # never an empty range
+    assert split_ranges(0, 2) == []
+    # CSR pointers: ratings per user 5, 1, 1, 13 -> the heavy last user alone
+    assert split_ranges(np.array([0, 5, 6, 7, 20]), 2) == [range(0, 3), range(3, 4)]
+    ptr = np.concatenate(([0], np.cumsum(np.random.default_rng(0).integers(1, 50, 1000))))
+    parts = split_ranges(ptr, 4)
+    assert [r.start for r in parts[1:]] == [r.stop for r in parts[:-1]] and parts[-1].stop == 1000
+    mass = [ptr[r.stop] - ptr[r.start] for r in parts]
+    assert max(mass) - min(mass) <= 2 * 50, mass
+
+
+def test_parallel_runs_the_items_on_the_workers_threads_in_order_and_raises_their_error():
+    import threading
+
+    from pystrads.engine.program import WorkerContext
+
+    ctx = WorkerContext(0, 1, 1, 0, {}, 0, 0, threads=3)
+    arrived, release = [], threading.Event()
+
+    def item(i):
+        arrived.append(threading.current_thread().name)
+        if len(arrived) == 3:
+            release.set()
+        assert release.wait(10), "the three items did not run at once"
+        return i * i
+
+    assert ctx.parallel(item, range(3)) == [0, 1, 4]
+    assert len(set(arrived)) == 3 and all(n.startswith("pystrads-compute") for n in arrived)
+    assert ctx.split(7) == [range(0, 2), range(2, 4), range(4, 7)]
+
+    def fails(i):
+        if i == 1:
+            raise ValueError("item 1 failed")
+        return i
+    with pytest.raises(ValueError, match="item 1 failed"):
+        ctx.parallel(fails, range(3))
+    one = WorkerContext(0, 1, 1, 0, {}, 0, 0)
+    assert one.threads == 1 and one.parallel(lambda i: threading.current_thread().name, [0, 1]) == \
+        [threading.current_thread().name] * 2

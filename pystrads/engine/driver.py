@@ -178,8 +178,9 @@ class Engine:
         self.namespace = "fit-" + secrets.token_hex(6)
         data = WorkerInput(rdd=None if frame is not None else rdd, frame=frame, prepartitioned=bool(prepartitioned),
                            decode=decode, decode_batch=decode_batch)
+        self.threads = setup.threads
         self.job = WorkerJob(self.spark, data, self.num_workers, self.seed, self.namespace,
-                             self.config["round.timeoutSeconds"], bool(keep_states), export)
+                             self.config["round.timeoutSeconds"], bool(keep_states), export, self.threads)
         self.checkpoints: Optional[Checkpointer] = None
         self.progress: Optional[ProgressReporter] = None
         self._position = Position(0, 0, self.num_workers)
@@ -287,8 +288,9 @@ class Engine:
         if not self.setup.checked:
             check_cluster(self.spark, self.num_workers, self.config)
         self._check_tables()
-        log.info("fit %s: program %r, %d workers, seed %d, settings %s", self.namespace, self.program,
-                 self.num_workers, self.seed, dict(self.config))
+        log.info("fit %s: program %r, %d workers x %d threads, seed %d, settings %s", self.namespace,
+                 self.program, self.num_workers, self.threads, self.seed, dict(self.config))
+        self.summary.fixed["threads"] = self.threads
         self.checkpoints = Checkpointer.of(self.config, self.sc, self.program, self.num_workers, self.seed)
         if self.checkpoints is not None:
             check_checkpoint_storage(self.checkpoints.root, self.spark.hosts())

@@ -71,15 +71,18 @@ class WorkerJob:
         The tasks hand their ``(data, state)`` to Spark's cache when the fit ends (RDD input).
     export : callable, optional
         ``fn(worker, data, state)`` every worker runs when the fit ends.
+    threads : int
+        Threads each worker computes with (:attr:`WorkerContext.threads`).
     """
 
     def __init__(self, spark, data: WorkerInput, num_workers: int, seed: int, namespace: str, timeout: float,
-                 keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]]):
+                 keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]], threads: int = 1):
         self.spark = spark
         self.sc = None if spark.connect else getattr(spark, "sc", None)
         self.data, self.num_workers, self.seed = data, num_workers, seed
         self.namespace, self.timeout = namespace, timeout
         self.keep_states, self.export = keep_states, export
+        self.threads = int(threads)
         self.group: Optional[ShardGroup] = None  # the shards the running job's tasks talk to
         self.job_groups: List[str] = []  # Spark job groups (tags) of every launch, in order
         self.result_rdd = None  # the finished job's (data, state) per worker, cached (keep_states)
@@ -105,7 +108,7 @@ class WorkerJob:
         blob = cloudpickle.dumps(program)
         digest = program_hash(blob)
         spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
-                          self.namespace, fingerprint, self.keep_states, self.export)
+                          self.namespace, fingerprint, self.keep_states, self.export, self.threads)
         data = self.data
         if data.frame is not None:
             frame = data.frame

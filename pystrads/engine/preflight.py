@@ -32,12 +32,14 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class FitSetup:
     """What a fit needs from its Spark application: the handle, the resolved settings and the
-    number of workers; ``checked``: :func:`check_cluster` passed for them."""
+    number of workers; ``checked``: :func:`check_cluster` passed for them; ``threads``: the
+    threads each worker computes with (``worker.threads``, else ``spark.task.cpus``)."""
 
     spark: SparkHandle
     config: Config
     num_workers: int
     checked: bool
+    threads: int = 1
 
 
 def preflight(data, num_workers: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
@@ -53,7 +55,19 @@ def preflight(data, num_workers: Optional[int] = None, config: Optional[Mapping[
         raise ConfigurationError(f"num_workers={workers!r} must be a positive integer")
     if check:
         check_cluster(h, int(workers), resolved)
-    return FitSetup(h, resolved, int(workers), check)
+    return FitSetup(h, resolved, int(workers), check, worker_threads(h, resolved))
+
+
+def worker_threads(spark, config: Config) -> int:
+    """Threads per worker: ``worker.threads``, else the cores Spark gives each task
+    (``spark.task.cpus``).  More threads than task cores is allowed (it oversubscribes the
+    executor: logged)."""
+    cpus = int(handle_of(spark).conf("spark.task.cpus", "1") or 1)
+    threads = int(config["worker.threads"]) or cpus
+    if threads > cpus:
+        log.warning("worker.threads=%d exceeds spark.task.cpus=%d: each worker's threads share %d core(s); "
+                    "set spark.task.cpus=%d so Spark reserves them", threads, cpus, cpus, threads)
+    return threads
 
 
 def _slots(spark) -> Optional[int]:

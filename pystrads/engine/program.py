@@ -244,6 +244,39 @@ def _background_pool() -> "concurrent.futures.ThreadPoolExecutor":
     return _POOL
 
 
+_COMPUTE: Optional["concurrent.futures.ThreadPoolExecutor"] = None
+
+
+def _compute_pool(threads: int) -> "concurrent.futures.ThreadPoolExecutor":
+    """The task's compute threads (:meth:`WorkerContext.parallel`), apart from the background
+    pool so that a compute item never waits behind table I/O."""
+    global _COMPUTE
+    with _POOL_LOCK:
+        if _COMPUTE is None or _COMPUTE._max_workers != threads:
+            if _COMPUTE is not None:
+                _COMPUTE.shutdown(wait=False)
+            _COMPUTE = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pystrads-compute")
+    return _COMPUTE
+
+
+def split_ranges(sizes, parts: int) -> List[range]:
+    """See :meth:`WorkerContext.split`."""
+    if isinstance(sizes, (int, np.integer)):
+        n, cum = int(sizes), None
+    else:
+        cum = np.asarray(sizes, dtype=np.int64)
+        n = len(cum) - 1
+    parts = max(1, min(int(parts), n)) if n > 0 else 1
+    if cum is None or cum[-1] == cum[0]:
+        cuts = [n * i // parts for i in range(parts + 1)]
+    else:
+        targets = cum[0] + (cum[-1] - cum[0]) * np.arange(1, parts) / parts
+        right = np.searchsorted(cum, targets, side="left").clip(1, n)
+        nearer = np.where(targets - cum[right - 1] < cum[right] - targets, right - 1, right)  # the closer cut
+        cuts = [0, *np.maximum.accumulate(nearer).tolist(), n]
+    return [range(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+
+
 @dataclasses.dataclass
 class Contribution:
     """Partial sums a worker made for one table's ``pull`` in one round
@@ -262,8 +295,11 @@ class WorkerContext:
     (``load`` sees no tables)."""
 
     def __init__(self, worker: int, num_workers: int, step: int, attempt: int,
-                 handles: Dict[str, Any], round_offset: int, seed: int):
+                 handles: Dict[str, Any], round_offset: int, seed: int, threads: int = 1):
         self.worker = worker
+        #: threads this worker computes with (``spark.pystrads.worker.threads``, by default
+        #: ``spark.task.cpus``): :meth:`parallel` runs work items on that many threads
+        self.threads = max(1, int(threads))
         self.num_workers = num_workers
         self.step = step
         self.attempt = attempt
@@ -368,6 +404,26 @@ class WorkerContext:
                 error = error or exc
         if error is not None and not quiet:
             raise error
+
+    def parallel(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> List[Any]:
+        """``[fn(item) for item in items]`` on the worker's :attr:`threads` threads, in item order;
+        the first error is raised once every item has finished.  ``fn`` should spend its time in
+        code that releases the GIL (numba ``nogil`` kernels) on disjoint parts of shared arrays
+        (each item its own rows, its own output buffer): threads run truly in parallel only
+        there.  With one thread (or one item) the items run on the calling thread."""
+        items = list(items)
+        if self.threads == 1 or len(items) < 2:
+            return [fn(item) for item in items]
+        futures = [_compute_pool(self.threads).submit(fn, item) for item in items]
+        concurrent.futures.wait(futures)
+        return [f.result() for f in futures]
+
+    def split(self, sizes, parts: Optional[int] = None) -> List[range]:
+        """Cut ``n`` consecutive items into ``parts`` (default :attr:`threads`) ranges for
+        :meth:`parallel`: ``sizes`` is ``n`` (equal counts) or a CSR pointer array of ``n + 1``
+        offsets (about equal mass ``ptr[hi] - ptr[lo]`` per range, e.g. ratings per user).  Empty
+        ranges are dropped."""
+        return split_ranges(sizes, self.threads if parts is None else parts)
 
     def rng(self, salt: int = 0) -> np.random.Generator:
         """A generator seeded by (fit seed, worker, round, salt): reproducible."""

@@ -48,6 +48,7 @@ class WorkerSpec:
     fingerprint: bool  # hash the loaded data (checkpoints compare it on resume)
     keep_states: bool = True  # yield (data, state) at finish, for FitResult.map_states
     export: Any = None  # fn(worker, data, state) run at finish; its result goes to the driver via the shards
+    threads: int = 1  # threads the worker computes with (WorkerContext.threads)
 
 
 def export_key(namespace: str, worker: int) -> str:
@@ -110,6 +111,14 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
     return state, late, last
 
 
+def use_threads(threads: int) -> None:
+    """Let numba's parallel kernels use ``threads`` threads in this task (numba otherwise takes
+    every core of the machine, whatever Spark gave the task)."""
+    import numba
+
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+
+
 def _task_identity():
     from pyspark import TaskContext
 
@@ -166,7 +175,7 @@ class _Worker:
         fan_out([lambda i=i: self.group.client(i).action("enter", **fence) for i in self.shards])
         handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
         ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,
-                            int(cmd["round_offset"]), spec.seed)
+                            int(cmd["round_offset"]), spec.seed, spec.threads)
         return ctx, fence
 
     def tick(self, fence, rnd: int, wait_for: int, metrics, late=None, ctx: Optional[WorkerContext] = None) -> None:
@@ -242,7 +251,8 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any]) -> Iterator[Any]:
     worker, task, attempt = _task_identity()
     w = _Worker(spec, worker, task, attempt)
     t0 = time.perf_counter()
-    load_ctx = WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed)
+    use_threads(spec.threads)
+    load_ctx = WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed, spec.threads)
     data = w.program.load(load_ctx, records)
     load_s = time.perf_counter() - t0
     if w.program.checks_data():  # before the hello: the driver reads it once every worker said hello
