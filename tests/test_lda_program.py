@@ -436,3 +436,30 @@ def test_doc_blocks_and_tuples_load_as_the_same_documents_in_id_order():
     pairs = _documents([((1, 2), [3], [2]), ((0, 5), [1], [1])])
     assert pairs.docs.tolist() == [[0, 5], [1, 2]] and pairs.terms.tolist() == [1, 3]
 
+
+
+@pytest.mark.parametrize("workers,threads,sampler", [(1, 2, "dense"), (2, 2, "fplus"), (1, 3, "mh")])
+def test_a_workers_threads_keep_the_counts_exact_and_learn_as_one_thread_does(sc, workers, threads, sampler):
+    """T threads per worker (tomotopy's partitioned scheme inside the worker): document parts x
+    row parts, each thread with its own copy of the totals merged after every sub-round. Counts
+    stay exact, the chain is another one than a single thread's (the threads ran), and it learns
+    as well."""
+    # documents of 100 tokens: chains from any start reach the same mode within 40 iterations (the
+    # fault suite's corpus), so the threads' final likelihood is comparable with one thread's
+    docs, _ = synthetic_corpus(n_docs=240, vocab=300, topics=5, doc_len=100, seed=4)
+    tokens = sum(int(c.sum()) for _, _, c in docs)
+    final = {}
+    for t in (1, threads):
+        program = make_program(docs, 300, workers, iterations=40, sampler=sampler)
+        with Engine(program, sc.parallelize(docs, workers), seed=1, config={"worker.threads": t}).fit() as res:
+            word_topic = res.read_table("word_topic")
+            assert word_topic.sum() == tokens
+            assert np.array_equal(res.read_table("topic_totals")[0], word_topic.sum(axis=0))
+            assert np.array_equal(word_topic, recount(res, 300, 5))
+            assert res.summary.fixed["threads"] == t
+            ll = [r["log_likelihood"] for r in res.summary.iterations]
+            final[t] = (word_topic, ll)
+    assert not np.array_equal(final[1][0], final[threads][0])
+    ll1, llt = final[1][1], final[threads][1]
+    assert llt[-1] > llt[0] + 0.05 * abs(llt[0]), llt
+    assert abs(llt[-1] - ll1[-1]) <= 0.01 * abs(ll1[-1]), (ll1[-1], llt[-1])

@@ -53,7 +53,7 @@ from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
 
-from ..engine.program import Program, Schedule, Table
+from ..engine.program import Program, Schedule, Table, split_ranges
 from ..kernels.sets import unique
 
 #: The learned α's histograms hold at most this many cells ((K + 1) x (L + 1) float64, 32 MB):
@@ -121,10 +121,24 @@ def _plain(ids: np.ndarray) -> np.ndarray:
     return np.asarray(ids.tolist()) if ids.dtype == object else ids
 
 
+class _Run(NamedTuple):
+    """A run of a block's rows sampled with one read: rows ``[rows_lo, rows_hi)`` of the block's
+    words and their tokens ``[tok_lo, tok_hi)``; ``cells[s, t]`` = ``(lo, hi)``, the tokens of
+    the run's row part ``s`` in document part ``t`` (``threads x threads x 2``; one cell, the
+    whole run, with one thread)."""
+
+    rows_lo: int
+    rows_hi: int
+    tok_lo: int
+    tok_hi: int
+    cells: np.ndarray
+
+
 class _WorkerData:
     """Immutable per-worker token data (see the module docstring)."""
 
-    def __init__(self, doc_ids, doc_lengths, token_row, token_doc, block_tok, block_words, doc_ptr, doc_tokens):
+    def __init__(self, doc_ids, doc_lengths, token_row, token_doc, block_tok, block_words, doc_ptr, doc_tokens,
+                 runs=None, threads=1):
         self.doc_ids = doc_ids
         self.doc_lengths = doc_lengths
         self.token_row = token_row
@@ -133,6 +147,8 @@ class _WorkerData:
         self.block_words = block_words
         self.doc_ptr = doc_ptr
         self.doc_tokens = doc_tokens
+        self.runs = runs  # per block, its _Run s
+        self.threads = threads  # the threads the runs are cut for
 
     @property
     def num_tokens(self) -> int:
@@ -164,9 +180,10 @@ class _Kept(NamedTuple):
 class _WorkerState:
     """Token topics + RNG, carried between steps; doc structures are rebuilt."""
 
-    def __init__(self, token_topic: np.ndarray, rng_state: np.ndarray):
+    def __init__(self, token_topic: np.ndarray, rng_state: np.ndarray, thread_rng=()):
         self.token_topic = token_topic
         self.rng_state = rng_state
+        self.thread_rng = list(thread_rng)  # the RNG states of the worker's threads past the first
         self.last_totals: Optional[np.ndarray] = None
         self.doc_topic = None
         self.doc_nz_topics = None
@@ -180,10 +197,11 @@ class _WorkerState:
         self.asked_totals = False
 
     def __getstate__(self):
-        return {"token_topic": self.token_topic, "rng_state": self.rng_state, "last_totals": self.last_totals}
+        return {"token_topic": self.token_topic, "rng_state": self.rng_state, "thread_rng": self.thread_rng,
+                "last_totals": self.last_totals}
 
     def __setstate__(self, d):
-        self.__init__(d["token_topic"], d["rng_state"])
+        self.__init__(d["token_topic"], d["rng_state"], d.get("thread_rng", ()))
         self.last_totals = d["last_totals"]
 
 
@@ -325,9 +343,38 @@ class LDAProgram(Program):
             uniq, inverse = np.unique(token_word[lo:hi], return_inverse=True)
             token_row[lo:hi] = inverse
             block_words.append(uniq.astype(np.int64))
-        doc_ptr, doc_tokens = K.build_doc_tokens(token_doc, n_docs)
-        return _WorkerData(np.asarray(doc_ids), lengths, token_row, token_doc, block_tok, block_words,
-                           doc_ptr, doc_tokens)
+        threads = ctx.threads if ctx is not None else 1
+        data = _WorkerData(np.asarray(doc_ids), lengths, token_row, token_doc, block_tok, block_words, None, None,
+                           threads=threads)
+        doc_part = np.zeros(n_docs, dtype=np.int64)  # documents cut into `threads` parts of about equal tokens
+        for t, docs_of_part in enumerate(split_ranges(np.concatenate(([0], np.cumsum(lengths))), threads)):
+            doc_part[docs_of_part.start:docs_of_part.stop] = t
+        data.runs = [[self._cells(data, run, doc_part, threads)
+                      for run in list(self._row_chunks(data, b, self.pipeline_pieces))]
+                     for b in range(self.num_workers)]
+        data.doc_ptr, data.doc_tokens = K.build_doc_tokens(data.token_doc, n_docs)
+        return data
+
+    @staticmethod
+    def _cells(data: _WorkerData, run, doc_part: np.ndarray, threads: int) -> _Run:
+        """The run ``(a, b, t_lo, t_hi)`` cut for ``threads`` threads (tomotopy's partitioned
+        scheme inside a worker): its rows into ``threads`` parts of about equal tokens, its
+        documents by ``doc_part``; the run's tokens are reordered in place by (row part, document
+        part), word-major within each cell, so a cell is a contiguous token range."""
+        a, b, t_lo, t_hi = run
+        if threads == 1:
+            return _Run(a, b, t_lo, t_hi, np.array([[[t_lo, t_hi]]], dtype=np.int64))
+        rows = data.token_row[t_lo:t_hi]
+        mass = np.concatenate(([0], np.cumsum(np.bincount(rows - a, minlength=b - a))))
+        row_parts = split_ranges(mass, threads)
+        row_cuts = np.array([a + r.stop for r in row_parts[:-1]], dtype=np.int64)
+        key = np.searchsorted(row_cuts, rows, side="right") * threads + doc_part[data.token_doc[t_lo:t_hi]]
+        order = np.argsort(key, kind="stable")
+        data.token_row[t_lo:t_hi] = rows[order]
+        data.token_doc[t_lo:t_hi] = data.token_doc[t_lo:t_hi][order]
+        bounds = t_lo + np.searchsorted(key[order], np.arange(threads * threads + 1))
+        cells = np.stack([bounds[:-1], bounds[1:]], axis=1).reshape(threads, threads, 2)
+        return _Run(a, b, t_lo, t_hi, cells.astype(np.int64))
 
     def init_state(self, ctx, data: _WorkerData) -> _WorkerState:
         from ..kernels import lda as K
@@ -337,13 +384,15 @@ class LDAProgram(Program):
         token_topic = K.random_topics(data.num_tokens, self.num_topics, rng)
         for block in range(self.num_workers):
             words = data.block_words[block]
-            for a, b, t_lo, t_hi in self._row_chunks(data, block):
+            for a, b, t_lo, t_hi, _ in data.runs[block]:
                 ctx.table("word_topic").inc(words[a:b], K.count_word_topic(
                     data.token_row[t_lo:t_hi], token_topic[t_lo:t_hi], a, b, self.num_topics), self.sparse_rows)
         totals = K.count_topic_totals(token_topic, self.num_topics)
         ctx.table("topic_totals").inc([0], totals.reshape(1, -1))
         ctx.report(tokens=data.num_tokens, docs=len(data.doc_ids))
-        return _WorkerState(token_topic, rng)
+        # threads past the first draw from streams of their own (the first keeps the worker's)
+        return _WorkerState(token_topic, rng, [new_state(self.seed, ctx.worker + (t << 40))
+                                               for t in range(1, data.threads)])
 
     def _doc_structures(self, data: _WorkerData, state: _WorkerState) -> None:
         from ..kernels import lda as K
@@ -378,7 +427,7 @@ class LDAProgram(Program):
         words = data.block_words[block]
         word_topic = ctx.table("word_topic")
         totals_table = ctx.table("topic_totals")
-        chunks = list(self._row_chunks(data, block, self.pipeline_pieces))
+        chunks = data.runs[block]
         # a lone worker holds its block and the totals between the rounds of a step: nobody else
         # reads or writes them, so it reads them once a step and sends its changes only where they
         # are read -- at the step's last round (after_step, the snapshot) and at the rounds whose
@@ -410,17 +459,15 @@ class LDAProgram(Program):
             sampler = K.get_sampler(self.sampler)
             before_totals = kept.base_totals if kept is not None else totals.copy()
             sample_s, changed = 0.0, 0
-            for j, (a, b, t_lo, t_hi) in enumerate(chunks):
+            for j, run in enumerate(chunks):
+                a, b = run.rows_lo, run.rows_hi
                 rows = reading.result()
                 if j + 1 < len(chunks):
                     a2, b2 = chunks[j + 1][:2]
                     reading = ctx.background(word_topic.get, words[a2:b2], self.sparse_rows)
                 before = kept.base if kept is not None else rows.copy()  # the rows as the shards hold them
                 t0 = time.perf_counter()
-                changed += sampler(
-                    data.token_row, data.token_doc, state.token_topic, t_lo, t_hi, a, rows, totals,
-                    state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics, state.doc_nz_count,
-                    self.alpha, self.beta, self.vocab_size, state.rng_state)
+                changed += self._sample_run(ctx, sampler, data, state, run, rows, totals)
                 sample_s += time.perf_counter() - t0
                 if write:
                     delta = np.subtract(rows, before, out=before)  # the run's delta (rows: its new counts)
@@ -449,6 +496,37 @@ class LDAProgram(Program):
                                           data.doc_lengths, self.histogram_length)
             ctx.contribute("doc_topic_hist", range(0, len(hist)), hist.astype(np.float64))
         return state
+
+    def _sample_run(self, ctx, sampler, data: _WorkerData, state: _WorkerState, run: _Run, rows: np.ndarray,
+                    totals: np.ndarray) -> int:
+        """Sample the run's tokens into ``rows`` and ``totals`` (both in place); returns the tokens
+        that changed topic.  With T threads (tomotopy's partitioned scheme): T sub-rounds, in
+        sub-round j thread t samples the tokens of document part t whose words lie in row part
+        (t + j) mod T, so no two threads touch the same row of ``rows`` or of ``doc_topic``; each
+        thread samples against its own copy of the totals, and their changes are summed into
+        ``totals`` after every sub-round (exact counts)."""
+        def sample(lo, hi, local_totals, rng_state):
+            return sampler(data.token_row, data.token_doc, state.token_topic, int(lo), int(hi), run.rows_lo, rows,
+                           local_totals, state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics,
+                           state.doc_nz_count, self.alpha, self.beta, self.vocab_size, rng_state)
+
+        threads = run.cells.shape[0]
+        if threads == 1:
+            return sample(run.tok_lo, run.tok_hi, totals, state.rng_state)
+        rngs = [state.rng_state, *state.thread_rng]
+        changed = 0
+        for shift in range(threads):
+            start = totals.copy()
+            local = [totals.copy() for _ in range(threads)]
+
+            def cell(t, shift=shift, local=local):
+                lo, hi = run.cells[(t + shift) % threads, t]
+                return sample(lo, hi, local[t], rngs[t]) if hi > lo else 0
+
+            changed += sum(ctx.parallel(cell, range(threads)))
+            for t in range(threads):
+                totals += local[t] - start
+        return changed
 
     def apply(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:
         if state.asked_totals:  # the totals as this round's clock committed them: the next round's
