@@ -264,6 +264,24 @@ def test_every_schedule_reaches_the_reference_optimum(small, schedule, gram, tol
     assert hist[-1] <= hist[0]
 
 
+@pytest.mark.parametrize("cls", [LassoProgram, L1LogisticProgram])
+def test_a_workers_threads_give_the_very_same_coefficients(small, cls):
+    """The column dots of a round (and of the closing sweeps) are split over the worker's
+    threads by coordinate: the same sums per coordinate, so the very same path."""
+    p, rdd, sample, lam, x, best = small
+    cut = float(np.median(p.y))
+    data = rdd if cls is LassoProgram else rdd.map(lambda r: (float(r[0] > cut),) + tuple(r[1:]))
+    betas = []
+    for threads in (1, 2):
+        prog = cls(900, lam, fit_intercept=False, standardization=False, coords_per_round=96,
+                   candidates_per_round=192, tol=1e-12, max_iter=6, gram_limit=0, sample=sample)
+        prog.threaded_min_coords = 16  # split even this small problem's rounds
+        with Engine(prog, data, num_workers=2, seed=1, config={"worker.threads": threads}).fit() as res:
+            betas.append(prog.result(res.read_table("coef"))[0])
+            assert res.summary.fixed["threads"] == threads
+    assert np.count_nonzero(betas[0]) > 0 and np.array_equal(betas[0], betas[1])
+
+
 def test_working_set_solver_from_the_first_sweep_and_rounds_beyond_its_limit(small):
     """The driver's working-set solver takes over right after the first sweep (no
     parallel round at all when the support fits), and a support larger than 3/4 of

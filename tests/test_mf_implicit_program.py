@@ -54,13 +54,13 @@ def reference(users, items, ratings, nu, ni, rank, lam, alpha, iters, seed, b, n
     return w, h
 
 
-def fit(sc, users, items, ratings, nu, ni, rank, lam, alpha, iters, block, workers=2, nonnegative=False):
+def fit(sc, users, items, ratings, nu, ni, rank, lam, alpha, iters, block, workers=2, nonnegative=False, threads=1):
     positives = np.bincount(items, weights=ratings > 0, minlength=ni)
     program = ImplicitMFProgram(nu, ni, rank, lam, positives, alpha, workers, iters, nonnegative=nonnegative,
                                 seed=5, block_size=block)
     triples = list(zip(users.tolist(), items.tolist(), ratings.tolist()))
     rdd = sc.parallelize(triples, workers).keyBy(lambda t: t[0]).partitionBy(workers).values()
-    with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2}).fit() as res:
+    with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2, "worker.threads": threads}).fit() as res:
         h = program.item_matrix(res.read_table("item_factors"))
         parts = res.map_states(lambda wk, data, state: (data.users, state.w))
         its = res.summary.iterations
@@ -104,6 +104,17 @@ def test_nonnegative_coordinate_updates_stay_nonnegative_and_exact(sc, interacti
     w_ref, h_ref = reference(users, items, ratings, nu, ni, 3, 0.1, 1.0, 3, 5, 1, nonnegative=True)
     assert (w >= 0).all() and (h >= 0).all() and (h == 0).any()
     assert np.allclose(h, h_ref, atol=1e-8) and np.allclose(w, w_ref, atol=1e-8)
+
+
+def test_a_lone_worker_with_three_threads_gives_the_very_same_factors(sc, interactions):
+    """Threads split the worker's users, items and observations into disjoint ranges (same
+    arithmetic per user and item): bit for bit the factors of one thread."""
+    users, items, ratings, nu, ni = interactions
+    w1, h1, _ = fit(sc, users, items, ratings, nu, ni, 5, 0.1, 2.0, 2, 2, workers=1)
+    w3, h3, _ = fit(sc, users, items, ratings, nu, ni, 5, 0.1, 2.0, 2, 2, workers=1, threads=3)
+    assert np.array_equal(w1, w3) and np.array_equal(h1, h3)
+    w_ref, h_ref = reference(users, items, ratings, nu, ni, 5, 0.1, 2.0, 2, 5, 2)
+    assert np.allclose(w3, w_ref, atol=1e-9) and np.allclose(h3, h_ref, atol=1e-9)
 
 
 def test_one_worker_owning_every_item_gives_the_same_factors(sc, interactions):

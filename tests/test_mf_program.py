@@ -64,12 +64,12 @@ def objective(w, h, users, items, ratings, lam):
 
 
 def fit(sc, users, items, ratings, n_users, n_items, rank, lam, iters, inner=2, workers=2, nonnegative=False,
-        block=1):
+        block=1, threads=1):
     program = MFProgram(n_users, n_items, rank, lam, np.bincount(items, minlength=n_items), iters, inner,
                         nonnegative=nonnegative, seed=5, block_size=block)
     triples = list(zip(users.tolist(), items.tolist(), ratings.tolist()))
     rdd = sc.parallelize(triples, workers).keyBy(lambda t: t[0]).partitionBy(workers).values()
-    with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2}).fit() as res:
+    with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2, "worker.threads": threads}).fit() as res:
         h = program.item_matrix(res.read_table("item_factors"))
         parts = res.map_states(lambda wk, data, state: (data.users, state.w))
         its = res.summary.iterations
@@ -98,6 +98,19 @@ def test_distributed_updates_equal_serial_ccdpp(sc, sparse_problem):
     assert [r["iteration"] for r in its] == list(range(1, 7))
     rmse = [r["train_rmse"] for r in its]
     assert all(b <= a + 1e-12 for a, b in zip(rmse, rmse[1:])), rmse
+
+
+@pytest.mark.parametrize("workers,block", [(1, 1), (2, 2)])
+def test_a_workers_threads_give_the_very_same_factors(sc, sparse_problem, workers, block):
+    """Threads split the users, items and ratings of a worker into disjoint ranges: every
+    user's and item's sums are the same arithmetic, so the factors are bit-for-bit those of one
+    thread."""
+    users, items, ratings, nu, ni = sparse_problem
+    one = fit(sc, users, items, ratings, nu, ni, rank=4, lam=0.05, iters=3, workers=workers, block=block)
+    three = fit(sc, users, items, ratings, nu, ni, rank=4, lam=0.05, iters=3, workers=workers, block=block,
+                threads=3)
+    assert np.array_equal(one[0], three[0]) and np.array_equal(one[1], three[1])
+    assert one[2][-1]["train_rmse"] == three[2][-1]["train_rmse"] < one[2][0]["train_rmse"]
 
 
 @pytest.mark.parametrize("block", [2, 4])

@@ -71,6 +71,11 @@ from ._rows import ColumnSample, canonical_order, rows_to_arrays
 from ._working_set import WorkingSetSolver
 
 SCHEDULES = ("dynamic", "shotgun", "roundrobin")
+#: a round's column dots are split over the worker's threads from this many coordinates on (a
+#: thread hand-off costs tens of microseconds, a column of the STRADS problem ~0.1 us a non-zero);
+#: the residual update (``add_columns``) and the ESO overlap scatter into shared rows and stay on one
+#: thread: per-thread copies of the residual would cost more than the scatter itself
+THREADED_MIN_COORDS = 1024
 PRIORITIES = ("gradient", "delta")
 
 
@@ -225,17 +230,26 @@ class LassoProgram(WorkingSetSolver, Program):
         ctx.table("totals").inc([0], [[w.sum(), (w * w).sum(), (w * y).sum(), (w * y * y).sum(), len(y),
                                        len(data["vals"])]])
         state = self._initial_state(data)
-        partials = self._sweep_partials(data, state)
+        partials = self._sweep_partials(ctx, data, state)
         ctx.table("grad").inc(range(0, len(partials)), partials)
         return state
 
     def _initial_state(self, data) -> Dict[str, np.ndarray]:
         return {"r": data["y"].copy()}
 
-    def _sweep_partials(self, data, state) -> np.ndarray:
+    def _sweep_partials(self, ctx, data, state) -> np.ndarray:
         out = np.zeros(self.num_features)
-        K.all_column_dots(data["col_ptr"], data["row_idx"], data["vals"], data["w"] * state["r"], out)
+        col_ptr, v = data["col_ptr"], data["w"] * state["r"]
+        ctx.parallel(lambda cols: K.all_column_dots(col_ptr[cols.start:cols.stop + 1], data["row_idx"], data["vals"],
+                                                    v, out[cols.start:cols.stop]), ctx.split(col_ptr))
         return out
+
+    #: coordinates from which a round's column dots are split over the worker's threads
+    threaded_min_coords = THREADED_MIN_COORDS
+
+    def _coordinate_parts(self, ctx, work) -> list:
+        """The round's coordinates as ranges for the worker's threads (one range when few)."""
+        return ctx.split(len(work)) if len(work) >= self.threaded_min_coords else [range(0, len(work))]
 
     @staticmethod
     def _inv_weight(ctx, state) -> float:
@@ -252,7 +266,7 @@ class LassoProgram(WorkingSetSolver, Program):
         inv_w = self._inv_weight(ctx, state)
         if isinstance(work, str):  # the closing sweep: full partial gradient and the loss parts
             ctx.report(wr=wr.sum(), wrr=float(wr @ r))
-            partials = self._sweep_partials(data, state) * inv_w
+            partials = self._sweep_partials(ctx, data, state) * inv_w
             ctx.contribute("grad", range(0, len(partials)), partials)
             return state
         if isinstance(work, tuple):  # ("gram", coords): weighted Gram matrix of a working set
@@ -263,13 +277,23 @@ class LassoProgram(WorkingSetSolver, Program):
             return state
         z, c_omega = np.empty(len(work)), np.empty(len(work))
         c_plain = np.zeros(len(work))
+        col_ptr, row_idx, vals = data["col_ptr"], data["row_idx"], data["vals"]
+        parts = self._coordinate_parts(ctx, work)
         if self.damping == "eso":
-            omega = K.row_overlap(data["col_ptr"], data["row_idx"], work, len(w))
-            K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], work, wr, w * omega, z, c_omega)
-            K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], work, wr, w, z, c_plain)
+            omega = K.row_overlap(col_ptr, row_idx, work, len(w))
+            w_omega = w * omega
+
+            def dots(k):
+                K.column_dots2(col_ptr, row_idx, vals, work[k.start:k.stop], wr, w_omega, z[k.start:k.stop],
+                               c_omega[k.start:k.stop])
+                K.column_dots2(col_ptr, row_idx, vals, work[k.start:k.stop], wr, w, z[k.start:k.stop],
+                               c_plain[k.start:k.stop])
         else:
-            K.column_dots(data["col_ptr"], data["row_idx"], data["vals"], work, wr, z)
             c_omega[:] = 0.0
+
+            def dots(k):
+                K.column_dots(col_ptr, row_idx, vals, work[k.start:k.stop], wr, z[k.start:k.stop])
+        ctx.parallel(dots, parts)
         ctx.contribute("coef", work, np.column_stack([z, np.full(len(work), wr.sum()), c_omega, c_plain]) * inv_w,
                        read_back=True)  # apply reads the stepped rows: they come back with the tick
         return state

@@ -50,26 +50,33 @@ class L1LogisticProgram(LassoProgram):
         loss = K.logistic_terms(state["m"], data["y"], data["w"], u, h)
         return u, h, loss
 
-    def _sweep_partials(self, data, state):
+    def _sweep_partials(self, ctx, data, state):
         u, h, _ = self._terms(data, state)
         coords = np.arange(self.num_coords, dtype=np.int64)
         gu, ghx2, ghx = (np.empty(self.num_coords) for _ in range(3))
-        K.column_dots2(data["col_ptr"], data["row_idx"], data["vals"], coords, u, h, gu, ghx2)
-        K.column_dots(data["col_ptr"], data["row_idx"], data["vals"], coords, h, ghx)
+        self._column_dots(ctx, data, coords, u, h, gu, ghx2, ghx)
         return np.column_stack([gu, ghx2, ghx])
+
+    def _column_dots(self, ctx, data, coords, u, h, gu, ghx2, ghx) -> None:
+        """``gu = X' u``, ``ghx2 = (X^2)' h``, ``ghx = X' h`` at ``coords``, over the worker's threads."""
+        cols = data["col_ptr"], data["row_idx"], data["vals"]
+
+        def dots(k):
+            K.column_dots2(*cols, coords[k.start:k.stop], u, h, gu[k.start:k.stop], ghx2[k.start:k.stop])
+            K.column_dots(*cols, coords[k.start:k.stop], h, ghx[k.start:k.stop])
+        ctx.parallel(dots, self._coordinate_parts(ctx, coords))
 
     def push(self, ctx, data, state, work):
         inv_w = self._inv_weight(ctx, state)
         u, h, loss = self._terms(data, state)
         if isinstance(work, str):
             ctx.report(loss=loss, su=u.sum(), sh=h.sum())
-            partials = self._sweep_partials(data, state) * inv_w
+            partials = self._sweep_partials(ctx, data, state) * inv_w
             ctx.contribute("grad", range(0, len(partials)), partials)
             return state
         gu, ghx2, ghx, gho = (np.empty(len(work)) for _ in range(4))
         cols = data["col_ptr"], data["row_idx"], data["vals"]
-        K.column_dots2(*cols, work, u, h, gu, ghx2)
-        K.column_dots(*cols, work, h, ghx)
+        self._column_dots(ctx, data, work, u, h, gu, ghx2, ghx)
         if self.damping == "eso":  # curvature sum x^2 h omega: the parallel round's separable bound
             K.column_dots2(*cols, work, u, h * K.row_overlap(data["col_ptr"], data["row_idx"], work, len(h)), gu,
                            gho)

@@ -32,6 +32,13 @@ import numpy as np
 from ..engine.program import Program, Schedule, Table
 
 
+def over_ranges(ctx, sizes, fn) -> None:
+    """``fn(lo, hi)`` for the worker's groups cut by ``ctx.split(sizes)`` (a count, or a CSR
+    pointer such as ratings per user), one range per thread: the kernels are ``nogil`` and each
+    range writes its own rows (its users' / items' outputs, its ratings' residuals)."""
+    ctx.parallel(lambda r: fn(r.start, r.stop), ctx.split(sizes))
+
+
 def hash_uniform(ids: np.ndarray, column: int, seed: int) -> np.ndarray:
     """Uniform [0, 1) numbers that depend only on (seed, id, column): factor
     initialisation independent of how rows are partitioned."""
@@ -205,10 +212,13 @@ class MFProgram(Program):
         if t == 0:  # add feature block c back into the residual
             state.v = self._block(ctx, data, c)
             state.u = np.ascontiguousarray(state.w[:, lo:hi])
-            K.add_block(state.residual, data.rating_user, data.rating_item, state.u, state.v, 1.0, state.rhat)
+            over_ranges(ctx, len(state.residual), lambda a, b: K.add_block(
+                state.residual[a:b], data.rating_user[a:b], data.rating_item[a:b], state.u, state.v, 1.0,
+                state.rhat[a:b]))
         be = hi - lo
         partials = np.empty((len(data.items), be * be + be))
-        K.item_block_partials(data.item_ptr, data.item_ratings, data.rating_user, state.rhat, state.u, partials)
+        over_ranges(ctx, data.item_ptr, lambda a, b: K.item_block_partials(
+            data.item_ptr[a:b + 1], data.item_ratings, data.rating_user, state.rhat, state.u, partials[a:b]))
         if len(data.items):  # apply reads the solved rows of these items: they come back with the tick
             ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be), read_back=True)
         return state
@@ -259,12 +269,15 @@ class MFProgram(Program):
             state.v = np.ascontiguousarray(ctx.pulled("item_factors")[:, :hi - lo])
         else:
             state.v = self._block(ctx, data, c)
-        K.user_block_update(data.user_ptr, data.user_ratings, data.rating_item, state.rhat, state.v,
-                            data.user_reg, state.u)
+        over_ranges(ctx, data.user_ptr, lambda a, b: K.user_block_update(
+            data.user_ptr[a:b + 1], data.user_ratings, data.rating_item, state.rhat, state.v, data.user_reg[a:b],
+            state.u[a:b]))
         if self.nonnegative:
             np.maximum(state.u, 0.0, out=state.u)
         if t == self.inner_iterations - 1:
-            K.add_block(state.rhat, data.rating_user, data.rating_item, state.u, state.v, -1.0, state.residual)
+            over_ranges(ctx, len(state.rhat), lambda a, b: K.add_block(
+                state.rhat[a:b], data.rating_user[a:b], data.rating_item[a:b], state.u, state.v, -1.0,
+                state.residual[a:b]))
             state.w[:, lo:hi] = state.u
             if c == self.num_blocks - 1:  # an outer iteration ends: report the training error
                 ctx.report(sse=K.squared_error(state.residual),

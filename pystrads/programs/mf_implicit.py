@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ..engine.program import Schedule, Table
-from .mf import MFProgram, _MFData, hash_uniform
+from .mf import MFProgram, _MFData, hash_uniform, over_ranges
 
 #: Kinds of round (the first element of a round's work item).
 W_GRAM, ITEMS, Y_GRAM = 0, 1, 2
@@ -168,8 +168,9 @@ class ImplicitMFProgram(MFProgram):
         be = hi - lo
         if len(data.items):
             partials = np.empty((len(data.items), be * be + be))
-            K.implicit_item_partials(data.item_ptr, data.item_ratings, data.rating_user, data.c1, data.target,
-                                     state.pred, state.u, state.v, partials)
+            over_ranges(ctx, data.item_ptr, lambda a, b: K.implicit_item_partials(
+                data.item_ptr[a:b + 1], data.item_ratings, data.rating_user, data.c1, data.target, state.pred,
+                state.u, state.v[a:b], partials[a:b]))
             ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be))
         if len(state.owned):  # the unobserved pairs of the owned items: G_W's terms
             gram = state.gram_w
@@ -189,7 +190,9 @@ class ImplicitMFProgram(MFProgram):
         kind, c = work
         if kind == ITEMS:  # fold the block's new item values into the predictions
             new = self._block(ctx, data, c)
-            K.add_block(state.pred, data.rating_user, data.rating_item, state.u, new - state.v, 1.0, state.pred)
+            change = new - state.v
+            over_ranges(ctx, len(state.pred), lambda a, b: K.add_block(
+                state.pred[a:b], data.rating_user[a:b], data.rating_item[a:b], state.u, change, 1.0, state.pred[a:b]))
             state.v = state.u = None
         elif kind == Y_GRAM:  # every feature block of the local users, with G_Y
             gram = np.asarray(ctx.table("gram").get_range(self.rank, 2 * self.rank), dtype=np.float64)
@@ -199,10 +202,10 @@ class ImplicitMFProgram(MFProgram):
                 lo, hi = self._features(block)
                 cross = w @ gram[:, lo:hi] - w[:, lo:hi] @ gram[lo:hi, lo:hi]
                 u = np.ascontiguousarray(w[:, lo:hi])
-                K.implicit_user_block_update(data.user_ptr, data.user_ratings, data.rating_item, data.c1,
-                                             data.target, np.ascontiguousarray(h[:, lo:hi]),
-                                             np.ascontiguousarray(gram[lo:hi, lo:hi]), cross, data.user_reg,
-                                             self.nonnegative, u, state.pred)
+                h_block, gram_block = np.ascontiguousarray(h[:, lo:hi]), np.ascontiguousarray(gram[lo:hi, lo:hi])
+                over_ranges(ctx, data.user_ptr, lambda a, b: K.implicit_user_block_update(
+                    data.user_ptr[a:b + 1], data.user_ratings, data.rating_item, data.c1, data.target, h_block,
+                    gram_block, cross[a:b], data.user_reg[a:b], self.nonnegative, u[a:b], state.pred))
                 w[:, lo:hi] = u
             ctx.report(observed_loss=K.implicit_observed_loss(data.c1, data.target, state.pred),
                        all_pairs=float(((w @ gram) * w).sum()),
