@@ -68,8 +68,9 @@ def _mtok(x):
 # -- LDA (jobs/bench_lda.py) -------------------------------------------------------------------
 
 LDA_NAMES = {
-    "pystrads 2 workers": "pystrads, 2 workers",
-    "pystrads 1 worker": "pystrads, 1 worker",
+    "pystrads 1 worker x 2 threads": "pystrads, 1 worker × 2 threads",
+    "pystrads 2 workers": "pystrads, 2 workers × 1 thread",
+    "pystrads 1 worker": "pystrads, 1 worker × 1 thread",
     "tomotopy 2 threads": "tomotopy 0.14 (C++), 2 threads",
     "pystrads 2 workers, learned alpha": "pystrads, 2 workers, learned α",
     "tomotopy 2 threads, learned alpha": "tomotopy, 2 threads, learned α",
@@ -185,8 +186,9 @@ def runtime_throughput_table(data):
 
 # -- MF on MovieLens (jobs/bench_mf.py) ----------------------------------------------------------
 
-MF_NAMES = {"pystrads": "**pystrads StradsMF (defaults)**", "pystrads sgd": "pystrads StradsMF, `algorithm=\"sgd\"`",
-            "ALS": "MLlib ALS"}
+MF_NAMES = {"pystrads": "**pystrads StradsMF (defaults), 2 workers × 1 thread**",
+            "pystrads 1 worker x 2 threads": "pystrads StradsMF (defaults), 1 worker × 2 threads",
+            "pystrads sgd": "pystrads StradsMF, `algorithm=\"sgd\"`", "ALS": "MLlib ALS"}
 
 
 def mf_table(data):
@@ -204,6 +206,12 @@ def mf_table(data):
                        + (f"**{_f(row['fit_s'] / als['fit_s'], 2)}×** | " if ours else "| ")
                        + f"{row['test_rmse']:.4f} | "
                        + (f"{row['test_rmse'] - als['test_rmse']:+.4f} |".replace("-", "−") if ours else "|"))
+    threads = data.get("threads_vs_workers")
+    if threads:
+        out += ["", f"1 worker × {data['threads']} threads (a session with `spark.task.cpus={data['threads']}`) "
+                "against 2 workers × 1 thread: "
+                + "; ".join(f"rank {rank}: **{_f(t['time_ratio'], 2)}×** the time, test RMSE "
+                            f"{t['rmse_difference']:+.4f}".replace("-", "−") for rank, t in threads.items()) + "."]
     rec = data.get("recommend")
     if rec:
         out += ["", f"recommendForAllUsers(10) at rank {rec['rank']}: pystrads {_f(rec['median_s']['pystrads'], 2)} s, "
@@ -287,17 +295,17 @@ _RUNTIME = "python3 jobs/bench_runtime.py --repeats 3"
 
 #: every table of docs/benchmarks.md, by the name in its marker
 TABLES = {
-    "lda_reuters": Table(lda_table, _LDA.format(corpus="", repeats=3), "2026-11-25"),
+    "lda_reuters": Table(lda_table, _LDA.format(corpus="", repeats=3), "2026-11-26"),
     "lda_reuters_mllib": Table(lda_mllib_table, "python3 jobs/bench_lda.py --repeats 1 --em-repeats 1 --ladder 25,50",
                                "2026-11-24"),
     "lda_reuters_learned_alpha": Table(lda_learned_alpha_table,
                                        'python3 jobs/bench_lda.py --repeats 2 --skip-em --skip-online --ladder ""',
                                        "2026-11-24"),
     "lda_scaleout": Table(lda_scaleout_table, "python3 jobs/bench_lda_scaleout.py", "2026-11-25"),
-    "lda_debian": Table(lda_table, _LDA.format(corpus="--corpus debian ", repeats=1), "2026-11-25"),
+    "lda_debian": Table(lda_table, _LDA.format(corpus="--corpus debian ", repeats=3), "2026-11-26"),
     "lda_debian_k1000": Table(lda_table, _LDA.format(corpus="--corpus debian -k 1000 --iters 50 ", repeats=1),
                               "2026-11-25"),
-    "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-24"),
+    "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-26"),
     "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
     "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-26"),
     "runtime_every_round": Table(runtime_every_round_table, _RUNTIME, "2026-11-24",

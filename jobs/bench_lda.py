@@ -171,7 +171,7 @@ def run_tomotopy(vocab, train_words, k, alpha, beta, iters, seed, workers, optim
     return phi, prep_s, train_s, init_s, np.asarray(model.alpha, dtype=np.float64)
 
 
-def spark_df(spark, vocab, ids):
+def spark_df(spark, vocab, ids, partitions=2):
     from pyspark.ml.linalg import SparseVector
     from pyspark.sql.types import LongType, StructField, StructType
 
@@ -182,7 +182,7 @@ def spark_df(spark, vocab, ids):
         w, c = np.unique(np.asarray(d), return_counts=True)
         rows.append((i, SparseVector(len(vocab), w.tolist(), c.astype(float).tolist())))
     schema = StructType([StructField("id", LongType()), StructField("features", VectorUDT())])
-    return spark.createDataFrame(rows, schema).repartition(2).cache()
+    return spark.createDataFrame(rows, schema).repartition(partitions).cache()
 
 
 def run_strads(df, k, alpha, beta, iters, seed, workers, optimize_interval=0, burn_in=0):
@@ -229,8 +229,9 @@ def em_map_topics(expected_counts, beta):
 #: the rows of the systems that learn alpha carry this suffix
 LEARNED = ", learned alpha"
 
-# table order: StradsLDA (2 workers, 1 worker, the ladder), tomotopy, the learned-alpha rows, MLlib online, MLlib EM
-SYSTEM_ORDER = ["pystrads 2 workers", "pystrads 1 worker", "pystrads 2 workers (ladder)", "tomotopy 2 threads",
+# table order: StradsLDA (1 worker x 2 threads, 2 workers, 1 worker, the ladder), tomotopy, the learned-alpha rows, MLlib online, MLlib EM
+THREADED = "pystrads 1 worker x 2 threads"
+SYSTEM_ORDER = [THREADED, "pystrads 2 workers", "pystrads 1 worker", "pystrads 2 workers (ladder)", "tomotopy 2 threads",
                 "pystrads 2 workers" + LEARNED, "tomotopy 2 threads" + LEARNED, "MLlib online", "MLlib EM"]
 
 
@@ -258,7 +259,10 @@ def median_table(results, tokens):
             row["learned_alpha_sum"] = round(float(np.sum(chosen["learned_alpha"])), 4)
             row["learned_alpha"] = chosen["learned_alpha"]
         rows.append(row)
-    rows.sort(key=lambda r: (SYSTEM_ORDER.index(r["system"] + (" (ladder)" if r["ladder"] else "")), r["iterations"]))
+    def order(r):
+        name = r["system"] + (" (ladder)" if r["ladder"] else "")
+        return SYSTEM_ORDER.index(name) if name in SYSTEM_ORDER else -1  # other thread counts first
+    rows.sort(key=lambda r: (order(r), r["iterations"]))
     return rows
 
 
@@ -285,6 +289,9 @@ def main(argv=None):
     p.add_argument("--skip-learned", action="store_true", help="no learned-alpha rows")
     p.add_argument("--skip-fixed", action="store_true",
                    help="only the learned-alpha rows (e.g. to compare --optimize-burn-in values)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="also time StradsLDA as one worker with this many threads, in a second Spark session "
+                        "with spark.task.cpus set to it (interleaved with tomotopy again); 0: skip")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -298,9 +305,14 @@ def main(argv=None):
 
     from pystrads.session import spark_session
 
-    spark = spark_session("local[2]", "pystrads-bench-lda", {"spark.ui.enabled": "false",
-                                                             "spark.driver.memory": "8g"})
-    spark.sparkContext.setLogLevel("ERROR")
+    def session(task_cpus=1):
+        spark = spark_session("local[2]", "pystrads-bench-lda", {"spark.ui.enabled": "false",
+                                                                 "spark.driver.memory": "8g",
+                                                                 "spark.task.cpus": str(task_cpus)})
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
+
+    spark = session()
     from pyspark.ml.feature import StopWordsRemover
 
     stop = set(StopWordsRemover.loadDefaultStopWords("english"))
@@ -340,11 +352,14 @@ def main(argv=None):
               f"{row['tokens_per_s'] or 0:>12,} tok/s  perplexity {perp:8.1f}", flush=True)
         return row
 
-    def strads(workers, iters, seed, extra=None, learned=False):
+    def strads(workers, iters, seed, extra=None, learned=False, threads=1):
         phi, wall, prep, s, own = run_strads(df, args.k, alpha, args.beta, iters, seed, workers,
                                              args.optimize_interval if learned else 0, args.optimize_burn_in)
         name = f"pystrads {workers} worker{'s' if workers > 1 else ''}" + (LEARNED if learned else "")
-        info = {"sampler": s.sampler, "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
+        if threads > 1:
+            assert s.fixed["threads"] == threads, s.fixed
+            name = f"pystrads {workers} worker x {threads} threads"
+        info = {"sampler": s.sampler, "threads": threads, "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
                 "steps": len(s.steps), "outside_rounds_s": round(float(s.steps["outside_rounds_s"].sum()), 2),
                 "steps_s": round(float(s.steps["seconds"].sum()), 2),
                 # the engine's fit outside the workers' rounds (shard set-up, job launch, data load,
@@ -417,6 +432,20 @@ def main(argv=None):
     if not args.skip_em:
         for rep in range(args.em_repeats):
             mllib("em", args.em_iters, rep + 1, {"repeat": rep})
+    if args.threads > 1 and not args.skip_fixed:
+        # one worker with every core: spark.task.cpus is fixed per application, so a session of its own
+        # (the same DataFrame built again, untimed, with one partition per worker as in the first session),
+        # warmed up the same way, interleaved with tomotopy again
+        spark.stop()
+        spark = session(args.threads)
+        df = spark_df(spark, vocab, train_ids, partitions=1)
+        df.count()
+        t0 = time.perf_counter()
+        run_strads(df, args.k, alpha, args.beta, 2, 0, 1)
+        warm[f"pystrads_{args.threads}_threads"] = time.perf_counter() - t0
+        for rep in range(args.repeats):
+            strads(1, args.iters, rep + 1, {"repeat": rep}, threads=args.threads)
+            tomotopy(args.iters, rep + 1, {"repeat": rep, "session": "threads"})
 
     table = median_table(results, tokens)
 
@@ -431,6 +460,12 @@ def main(argv=None):
         summary["throughput_vs_tomotopy_train_only"] = tt["train_s"] / s2["train_s"]
     if s1 and s2:
         summary["one_vs_two_workers"] = s1["heldout_perplexity"] / s2["heldout_perplexity"] - 1
+    threaded = next((r for r in table if r["system"].endswith(f"x {args.threads} threads")), None)
+    if threaded and tt:
+        summary["threads_throughput_vs_tomotopy"] = tt["wall_s"] / threaded["wall_s"]
+        summary["threads_perplexity_vs_tomotopy"] = threaded["heldout_perplexity"] / tt["heldout_perplexity"] - 1
+    if threaded and s2:
+        summary["threads_vs_two_workers_wall"] = threaded["wall_s"] / s2["wall_s"]
     s2l, ttl = main_row("pystrads 2 workers" + LEARNED), main_row("tomotopy 2 threads" + LEARNED)
     if s2l and ttl:  # learned alpha: perplexity and wall time against tomotopy's learned alpha
         summary["learned_perplexity_vs_tomotopy_learned"] = s2l["heldout_perplexity"] / ttl["heldout_perplexity"] - 1
@@ -501,7 +536,7 @@ def main(argv=None):
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for system, marker in [("pystrads 2 workers", "o"), ("tomotopy 2 threads", "s"), ("MLlib online", "^"),
+        for system, marker in [(THREADED, "*"), ("pystrads 2 workers", "o"), ("tomotopy 2 threads", "s"), ("MLlib online", "^"),
                                ("MLlib EM", "v"), ("pystrads 1 worker", "x"), ("pystrads 2 workers" + LEARNED, "P"),
                                ("tomotopy 2 threads" + LEARNED, "D")]:
             pts = [(r["wall_s"], r["heldout_perplexity"]) for r in results if r["system"] == system]

@@ -53,6 +53,9 @@ def main(argv=None):
                    help="StradsMF featureBlockSize values to compare (0 = the automatic default, 1 = CCD++)")
     p.add_argument("--sgd-step", type=float, default=0.05, help="StradsMF(algorithm='sgd') stepSize; 0 to skip SGD")
     p.add_argument("--high-rank", type=int, default=500, help="0 to skip")
+    p.add_argument("--threads", type=int, default=2,
+                   help="also time StradsMF (coordinate descent) as one worker with this many threads, in a second "
+                        "Spark session with spark.task.cpus set to it; 0: skip")
     p.add_argument("--out", default=None, help="JSON path (default out/bench_mf.json, out/bench_mf_implicit.json)")
     p.add_argument("--implicit", action="store_true", help="the implicit-feedback benchmark instead")
     p.add_argument("--alphas", default="1,40", help="--implicit: confidence slopes alpha")
@@ -71,13 +74,20 @@ def main(argv=None):
     from pystrads.ml import StradsMF
     from pystrads.session import spark_session
 
-    spark = spark_session("local[2]", "pystrads-bench-mf", {"spark.ui.enabled": "false", "spark.driver.memory": "8g"})
-    spark.sparkContext.setLogLevel("ERROR")
     ratings = pd.read_csv(os.path.join(SHARED, "movielens-latest-small", "ratings.csv.gz"))
     test_mask = np.random.default_rng(42).random(len(ratings)) < 0.1
     cols = ["userId", "movieId", "rating"]
-    train = spark.createDataFrame(ratings[~test_mask][cols]).repartition(2).cache()
-    test = spark.createDataFrame(ratings[test_mask][cols]).cache()
+
+    def session(task_cpus=1):
+        spark = spark_session("local[2]", "pystrads-bench-mf", {"spark.ui.enabled": "false",
+                                                                "spark.driver.memory": "8g",
+                                                                "spark.task.cpus": str(task_cpus)})
+        spark.sparkContext.setLogLevel("ERROR")
+        train = spark.createDataFrame(ratings[~test_mask][cols]).repartition(2).cache()
+        test = spark.createDataFrame(ratings[test_mask][cols]).cache()
+        return spark, train, test
+
+    spark, train, test = session()
     print(f"MovieLens latest-small: {train.count()} training / {test.count()} test ratings")
     ev = RegressionEvaluator(labelCol="rating", predictionCol="prediction")
     common = dict(userCol="userId", itemCol="movieId", ratingCol="rating", regParam=args.reg, maxIter=args.iters,
@@ -139,10 +149,24 @@ def main(argv=None):
             print(f"  {system} rank {args.high_rank}: shard RSS "
                   f"{[round(s['rss_bytes'] / 2**20) for s in stats]} MiB")
 
+    threaded = f"pystrads 1 worker x {args.threads} threads"
+    if args.threads > 1:
+        # one worker with every core: spark.task.cpus is fixed per application, so a session of its own (the
+        # same split built again, untimed), warmed up the same way
+        spark.stop()
+        spark, train, test = session(args.threads)
+        train.count(), test.count()
+        StradsMF(**dict(common, rank=2, maxIter=1)).fit(train)
+        for rank in [int(r) for r in args.ranks.split(",")]:
+            for _ in range(args.repeats):
+                model = run(threaded, rank, StradsMF(**dict(common, rank=rank)))
+                assert model.summary.fixed["threads"] == args.threads, model.summary.fixed
+
     summary = {}
     print("\n| system | rank | fit s (median) | test RMSE (median) |")
     print("|---|---:|---:|---:|")
-    systems = [label(b) for b in blocks] + (["pystrads sgd"] if args.sgd_step > 0 else []) + ["ALS"]
+    systems = ([threaded] if args.threads > 1 else []) + [label(b) for b in blocks] + \
+        (["pystrads sgd"] if args.sgd_step > 0 else []) + ["ALS"]
     for rank in sorted({r["rank"] for r in results}):
         for system in systems:
             rows = [r for r in results if r["system"] == system and r["rank"] == rank]
@@ -151,15 +175,24 @@ def main(argv=None):
                 rmse = float(np.median([r["test_rmse"] for r in rows]))
                 summary[f"{system}_rank{rank}"] = {"fit_s": fit, "test_rmse": rmse}
                 print(f"| {system} | {rank} | {fit:.2f} | {rmse:.4f} |")
+    threads_vs_workers = {}  # rank -> 1 worker x T threads against 2 workers x 1 thread
     for rank in [int(r) for r in args.ranks.split(",")]:
         for system in systems[:-1]:
             a, b = summary.get(f"{system}_rank{rank}"), summary.get(f"ALS_rank{rank}")
             if a and b:
                 print(f"rank {rank}, {system}: RMSE difference {a['test_rmse'] - b['test_rmse']:+.4f} "
                       f"(target <= +0.005), time ratio {a['fit_s'] / b['fit_s']:.2f} (target <= 1)")
+        a, b = summary.get(f"{threaded}_rank{rank}"), summary.get(f"pystrads_rank{rank}")
+        if a and b:
+            threads_vs_workers[rank] = {"time_ratio": a["fit_s"] / b["fit_s"],
+                                        "rmse_difference": a["test_rmse"] - b["test_rmse"]}
+            print(f"rank {rank}, 1 worker x {args.threads} threads vs 2 workers: time ratio "
+                  f"{a['fit_s'] / b['fit_s']:.2f} (target <= 1.05), RMSE difference "
+                  f"{a['test_rmse'] - b['test_rmse']:+.4f} (target within 0.001)")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"results": results, "summary": summary, "high_rank": high, "recommend": recommend,
+        json.dump({"results": results, "summary": summary, "threads_vs_workers": threads_vs_workers,
+                   "threads": args.threads, "high_rank": high, "recommend": recommend,
                    "reg": args.reg, "iters": args.iters,
                    "sgd_step": args.sgd_step,
                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}, fh, indent=2)
