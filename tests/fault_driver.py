@@ -211,13 +211,13 @@ def inject(fault, out, checkpoint_dir, manager, step):
     return True
 
 
-def strike_during_step(fault, out, checkpoint_dir):
+def strike_during_step(fault, out, checkpoint_dir, struck):
     """A step hook that injects ``fault`` once step ``TRIGGER`` has begun: a thread strikes as
     soon as the step's command is posted while it runs (the workers' tasks live for the whole
-    fit, and some programs' steps last milliseconds, too short to be caught by polling alone)."""
+    fit, and some programs' steps last milliseconds, too short to be caught by polling alone).
+    ``struck`` (an Event) is set once the fault was injected: a fit it never hit is reported
+    as such, and the suite fails it."""
     from pystrads.ps import launcher
-
-    struck = threading.Event()
 
     def hook(job, step, run):
         if step < TRIGGER or struck.is_set():
@@ -239,19 +239,27 @@ def strike_during_step(fault, out, checkpoint_dir):
     return hook
 
 
-def drop_one_step(job, step, run):
+def drop_one_step(struck):
     """The broken variant the suite must catch (a step hook): step ``TRIGGER`` runs on the
     workers, but the shards roll its model updates back instead of committing them, while the
-    workers keep theirs -- a lost update that no error reports."""
-    if step != TRIGGER:
-        return run()
-    broadcast = job.group.broadcast
-    job.group.broadcast = lambda action, **kw: broadcast("abort_step" if action == "commit_step" else action, **kw)
-    try:
-        return run()
-    finally:
-        del job.group.broadcast
-        print(f"FAULT drop: step {step}'s model updates rolled back after its tasks ran", flush=True)
+    workers keep theirs -- a lost update that no error reports.  ``struck`` is set once it did."""
+    def hook(job, step, run):
+        if step != TRIGGER:
+            return run()
+        broadcast = job.group.broadcast
+
+        def rolled_back(action, **kw):
+            if action == "commit_step":
+                struck.set()
+                return broadcast("abort_step", **kw)
+            return broadcast(action, **kw)
+        job.group.broadcast = rolled_back
+        try:
+            return run()
+        finally:
+            del job.group.broadcast
+            print(f"FAULT drop: step {step}'s model updates rolled back after its tasks ran", flush=True)
+    return hook
 
 
 def run_one(spark, program, fault, out, checkpoint_dir):
@@ -265,20 +273,29 @@ def run_one(spark, program, fault, out, checkpoint_dir):
         # per step -- is the same in every run and the coefficients can be compared exactly
         config.update({"step.targetSeconds": 3600.0, "step.maxRounds": ROUNDS_PER_STEP})
     hook = None
+    struck = threading.Event()  # set once the fault was injected (a fault-free cell never sets it)
     if fault in ("shard", "worker", "driver", "executor"):
-        hook = strike_during_step(fault, out, checkpoint_dir)
+        hook = strike_during_step(fault, out, checkpoint_dir, struck)
     fits = {"lda": lda_fit, "mf": mf_fit, "lasso": lasso_fit,
+            "lda_threads": lambda sc, cfg: lda_fit(sc, dict(cfg, **{"worker.threads": 2})),
             "lasso_rounds": lambda sc, cfg: lasso_fit(sc, cfg, working_set_limit=0)}
     if fault == "drop" and program == "lasso":
         # the default Lasso's model moves on the driver between steps (its working-set solutions)
         # and its steps carry them to the workers: lose that instead
         fits["lasso"] = lambda sc, cfg: lasso_fit(sc, cfg, lose_step=TRIGGER)
+
+        def lost_step_ran(job, step, run):  # the workers lose step TRIGGER's changes: it must run
+            done = run()
+            if step == TRIGGER:
+                struck.set()
+            return done
+        hook = lost_step_ran
     elif fault == "drop":
-        hook = drop_one_step
+        hook = drop_one_step(struck)
     t0 = time.perf_counter()
     with around_steps(hook) if hook is not None else contextlib.nullcontext():
         result, summary = fits[program](spark.sparkContext, config)
-    result.update(seconds=time.perf_counter() - t0, steps=len(summary.rows),
+    result.update(seconds=time.perf_counter() - t0, steps=len(summary.rows), injected=struck.is_set(),
                   recoveries=summary.fixed.get("recoveries", 0),
                   resumed_from_step=summary.fixed.get("resumed_from_step"),
                   checkpoints=summary.fixed.get("checkpoints", 0),

@@ -144,7 +144,7 @@ def test_lost_executor_is_replaced_and_the_fit_recovers(standalone_cluster, prog
     url, work = standalone_cluster
     ref = reference(program)
     got = run_driver(program, "executor", tempfile.mkdtemp(dir=work), master=url)
-    assert got["recoveries"] >= 1 and got["resumed_from_step"] is not None
+    assert got["injected"] and got["recoveries"] >= 1 and got["resumed_from_step"] is not None
     check(program, "SIGKILL executor + worker JVM", got, ref)
 
 
