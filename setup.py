@@ -36,8 +36,10 @@ setup(
     extras_require={
         # matplotlib: the tests check the summaries' plots too; pytest-timeout: a hung test fails
         # with its stack instead of stalling the whole run; pyspark[connect]: the Spark Connect
-        # tests start a local Connect server (grpcio and friends)
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "pyspark[connect]>=3.5"],
+        # tests start a local Connect server (grpcio and friends); scikit-learn: the Lasso tests
+        # compare with its coordinate descent
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "pyspark[connect]>=3.5",
+                 "scikit-learn>=1.3"],
         "plot": ["matplotlib>=3.6"],
         # peers the benchmarks compare against (not needed by pystrads itself)
         "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12", "celer>=0.7",

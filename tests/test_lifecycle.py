@@ -194,14 +194,12 @@ def test_shards_off_the_loopback_serve_tls_by_default_and_plaintext_only_when_to
 
 @pytest.mark.slow
 def test_a_fit_runs_over_tls_shards(tmp_path):
-    import shutil
+    from pystrads.ps.tls import self_signed
 
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a test certificate")
     cert, key = tmp_path / "shard.pem", tmp_path / "shard.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
-                    str(cert)], check=True, capture_output=True)
+    cert_pem, key_pem = self_signed("127.0.0.1")
+    cert.write_bytes(cert_pem)
+    key.write_bytes(key_pem)
     out, _ = _run_tls_driver({"spark.pystrads.shard.tls.certFile": str(cert),
                               "spark.pystrads.shard.tls.keyFile": str(key)})
     assert out["uris"] and all(u.startswith("grpc+tls://127.0.0.1:") for u in out["uris"])

@@ -80,7 +80,7 @@ def test_lasso_objective_equals_mllib(problem, fit_intercept, standardization):
 
 @pytest.mark.parametrize("fit_intercept,standardization", [(True, True), (True, False), (False, True), (False, False)])
 def test_elastic_net_objective_equals_mllib_and_sklearn(problem, fit_intercept, standardization):
-    sklearn = pytest.importorskip("sklearn.linear_model")
+    import sklearn.linear_model as sklearn
     x, y, _, w, df = problem
     lam = 0.05
     scale = mllib_scale(x, w, standardization)
@@ -136,7 +136,7 @@ def test_logistic_objective_equals_mllib(problem, fit_intercept, standardization
 
 
 def test_logistic_elastic_net_matches_sklearn(problem):
-    sklearn = pytest.importorskip("sklearn.linear_model")
+    import sklearn.linear_model as sklearn
     x, _, yb, w, df = problem
     lam, alpha = 0.02, 0.5
     model = StradsLogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=alpha, weightCol="w",
@@ -246,7 +246,7 @@ def test_logistic_output_columns_match_mllib(problem):
 
 
 def test_logistic_matches_sklearn(problem):
-    sklearn = pytest.importorskip("sklearn.linear_model")
+    import sklearn.linear_model as sklearn
     x, _, yb, _, df = problem
     lam = 0.01
     model = StradsLogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=1.0, standardization=False,
@@ -363,7 +363,7 @@ def mllib_scale(x, w, standardization):
 
 @pytest.mark.parametrize("fit_intercept,standardization", [(True, True), (False, False)])
 def test_lasso_parallel_rounds_reach_sklearns_optimum(wide_problem, fit_intercept, standardization):
-    sklearn = pytest.importorskip("sklearn.linear_model")
+    import sklearn.linear_model as sklearn
     x, y, _, w, df = wide_problem
     lam = 0.02
     model = StradsLasso(regParam=lam, fitIntercept=fit_intercept, standardization=standardization, weightCol="w",
@@ -401,7 +401,7 @@ def test_relaxation_reaches_the_rounds_and_plain_steps_follow_another_path(wide_
 
 
 def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
-    sklearn = pytest.importorskip("sklearn.linear_model")
+    import sklearn.linear_model as sklearn
     x, _, yb, w, df = wide_problem
     # at 0.005 scikit-learn's saga needs ~80,000 epochs (about 4 minutes) to reach tol 1e-12 here;
     # at 0.01 about 4,000, with ~150 non-zero coefficients still to find

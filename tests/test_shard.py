@@ -582,18 +582,15 @@ def test_oversized_tables_and_bad_write_schemas_are_refused_clearly(shards):
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory):
-    """A self-signed certificate for 127.0.0.1 and another, unrelated one (openssl CLI)."""
-    import shutil
-    import subprocess
+    """A self-signed certificate for 127.0.0.1 and another, unrelated one (made by
+    ``cryptography``, a dependency, as the shards make their per-run ones)."""
+    from pystrads.ps.tls import self_signed
 
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make test certificates")
     out = tmp_path_factory.mktemp("tls")
     for name in ("shard", "other"):
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(out / f"{name}.key"), "-out", str(out / f"{name}.pem")],
-                       check=True, capture_output=True)
+        cert, key = self_signed("127.0.0.1")
+        (out / f"{name}.pem").write_bytes(cert)
+        (out / f"{name}.key").write_bytes(key)
     return out
 
 
