@@ -103,6 +103,30 @@ def test_a_step_size_the_algorithm_ignores_is_named_in_a_warning(ratings, caplog
     assert "stepSize" not in caplog.text
     assert list(model.summary.to_pandas()["step_size"]) == pytest.approx([0.02])  # and it was used
 
+def test_als_partitioning_and_storage_params_are_accepted_and_named_in_a_warning(ratings, caplog):
+    """A pipeline written for ALS passes numUserBlocks / numItemBlocks / the storage levels: they
+    are accepted (constructor, setters, setParams, save and load), checked as ALS checks them, and a
+    fit names each one set in a warning (the workers and shards partition and keep the data)."""
+    est = mf(maxIter=1, numUserBlocks=4, intermediateStorageLevel="MEMORY_ONLY")
+    est.setNumItemBlocks(3).setParams(finalStorageLevel="DISK_ONLY")
+    assert (est.getNumUserBlocks(), est.getNumItemBlocks()) == (4, 3)
+    assert (est.getIntermediateStorageLevel(), est.getFinalStorageLevel()) == ("MEMORY_ONLY", "DISK_ONLY")
+    assert StradsMF().getNumUserBlocks() == 10 == ALS().getNumUserBlocks()
+    assert StradsMF().getFinalStorageLevel() == ALS().getFinalStorageLevel()
+    with caplog.at_level("WARNING", logger="pystrads.ml.recommendation"):
+        est.fit(ratings)
+    for text in ("numUserBlocks=4", "numItemBlocks=3", "intermediateStorageLevel='MEMORY_ONLY'",
+                 "finalStorageLevel='DISK_ONLY'"):
+        assert f"StradsMF: {text} is ignored with pystrads' own partitioning" in caplog.text, text
+    path = os.path.join(tempfile.mkdtemp(), "est")
+    est.save(path)
+    assert StradsMF.load(path).getNumItemBlocks() == 3
+    with pytest.raises(ConfigurationError, match="numUserBlocks"):
+        mf(numUserBlocks=0).fit(ratings)
+    with pytest.raises(ConfigurationError, match="intermediateStorageLevel"):
+        mf(intermediateStorageLevel="NONE").fit(ratings)
+
+
 def test_recommendations_are_the_top_scores(fitted):
     recs = {r.userId: r.recommendations for r in fitted.recommendForAllUsers(3).collect()}
     w = {r.id: np.array(r.features) for r in fitted.userFactors.collect()}

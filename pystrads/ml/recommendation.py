@@ -91,7 +91,30 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "'sgd': stochastic gradient descent with block rotation (each worker sweeps its ratings of one item "
         "block per round, stepSize / sqrt(1 + iteration))", typeConverter=TypeConverters.toString)
 
+    # ALS's partitioning and storage params, accepted so that pipelines written for ALS run unchanged; the
+    # workers are numWorkers' data partitions and the factors live on the shards, then in the model's tables
+    numUserBlocks: Param[int] = Param(Params._dummy(), "numUserBlocks",
+                                      "number of user blocks (ALS's; accepted and ignored: the users are split "
+                                      "over numWorkers workers)", typeConverter=TypeConverters.toInt)
+    numItemBlocks: Param[int] = Param(Params._dummy(), "numItemBlocks",
+                                      "number of item blocks (ALS's; accepted and ignored: the item factors are "
+                                      "range-partitioned over the shards)", typeConverter=TypeConverters.toInt)
+    intermediateStorageLevel: Param[str] = Param(
+        Params._dummy(), "intermediateStorageLevel",
+        "StorageLevel for intermediate datasets (ALS's; accepted and ignored: the workers keep their ratings in "
+        "memory for the fit)", typeConverter=TypeConverters.toString)
+    finalStorageLevel: Param[str] = Param(
+        Params._dummy(), "finalStorageLevel",
+        "StorageLevel for ALS model factors (ALS's; accepted and ignored: see spark.pystrads.model.dir for where "
+        "the factors are kept)", typeConverter=TypeConverters.toString)
+
+    #: ALS's params a fit accepts and ignores (a warning names each one set)
+    _als_only = ("numUserBlocks", "numItemBlocks", "intermediateStorageLevel", "finalStorageLevel")
+
     _param_rules = {
+        "numUserBlocks": at_least(1, note="ALS's range"),
+        "numItemBlocks": at_least(1, note="ALS's range"),
+        "intermediateStorageLevel": Rule(lambda v, p: v != "NONE", "cannot be 'NONE' (ALS's rule)"),
         "rank": at_least(1),
         "alpha": at_least(0, finite=True, note="ALS's range; the confidence of an observation is 1 + alpha |rating|"),
         "innerIterations": at_least(0, note="0 = automatic"),
@@ -112,7 +135,8 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         super().__init__(*args)
         self._setDefault(rank=10, maxIter=10, regParam=0.1, implicitPrefs=False, alpha=1.0, ratingCol="rating",
                          nonnegative=False, checkpointInterval=10, innerIterations=0, featureBlockSize=0,
-                         algorithm="cd", stepSize=0.05)
+                         algorithm="cd", stepSize=0.05, numUserBlocks=10, numItemBlocks=10,
+                         intermediateStorageLevel="MEMORY_AND_DISK", finalStorageLevel="MEMORY_AND_DISK")
 
     def _inner_iterations(self) -> int:
         """The resolved innerIterations (0 = automatic)."""
@@ -199,7 +223,8 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
                  ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                  coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
                  innerIterations: int = 0, featureBlockSize: int = 0, algorithm: str = "cd",
-                 stepSize: float = 0.05, blockSize: int = 4096):
+                 stepSize: float = 0.05, blockSize: int = 4096, numUserBlocks: int = 10, numItemBlocks: int = 10,
+                 intermediateStorageLevel: str = "MEMORY_AND_DISK", finalStorageLevel: str = "MEMORY_AND_DISK"):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -208,6 +233,8 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
 
     def _program(self, fit: Fit):
         users, items, item_counts = fit.stats["users"], fit.stats["items"], fit.stats["item_counts"]
+        self._warn_ignored("pystrads' own partitioning (numWorkers workers, the factors on the shards)",
+                           *self._als_only)
         if self.getImplicitPrefs():
             self._warn_ignored("implicitPrefs=True (exact block solves)", "innerIterations", "stepSize")
             program = ImplicitMFProgram(len(users), len(items), self.getRank(), self.getRegParam(),
