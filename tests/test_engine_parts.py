@@ -168,6 +168,9 @@ def test_parallel_runs_the_items_on_the_workers_threads_in_order_and_raises_thei
 
     assert ctx.parallel(item, range(3)) == [0, 1, 4]
     assert len(set(arrived)) == 3 and all(n.startswith("pystrads-compute") for n in arrived)
+    import numba
+
+    assert ctx.parallel(lambda i: numba.get_num_threads(), range(3)) == [1, 1, 1]  # the items are the parallelism
     assert ctx.split(7) == [range(0, 2), range(2, 4), range(4, 7)]
 
     def fails(i):

@@ -249,14 +249,23 @@ _COMPUTE: Optional["concurrent.futures.ThreadPoolExecutor"] = None
 
 def _compute_pool(threads: int) -> "concurrent.futures.ThreadPoolExecutor":
     """The task's compute threads (:meth:`WorkerContext.parallel`), apart from the background
-    pool so that a compute item never waits behind table I/O."""
+    pool so that a compute item never waits behind table I/O.  Each runs numba's parallel
+    kernels on one thread: the items are the parallelism (numba's thread count is per thread,
+    and a new thread would otherwise take every core)."""
     global _COMPUTE
     with _POOL_LOCK:
         if _COMPUTE is None or _COMPUTE._max_workers != threads:
             if _COMPUTE is not None:
                 _COMPUTE.shutdown(wait=False)
-            _COMPUTE = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pystrads-compute")
+            _COMPUTE = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pystrads-compute",
+                                                             initializer=_one_numba_thread)
     return _COMPUTE
+
+
+def _one_numba_thread() -> None:
+    import numba
+
+    numba.set_num_threads(1)
 
 
 def split_ranges(sizes, parts: int) -> List[range]:
