@@ -271,18 +271,22 @@ def test_the_prior_per_topic_saves_and_loads_and_old_scalar_models_load(spark):
     assert old.estimatedDocConcentration().toArray().tolist() == [25.0, 25.0]
 
 
-def test_a_learned_prior_that_would_never_update_is_warned_about():
+def test_a_learned_prior_that_would_never_update_is_warned_about(caplog):
     with pytest.warns(UserWarning, match=r"first update would follow iteration 10 .* after maxIter=5"):
         StradsLDA(optimizeDocConcentration=True, maxIter=5)._check_params()
     with pytest.warns(UserWarning, match=r"iteration 60 \(optimizeInterval=20, optimizeBurnIn=50\)"):
         StradsLDA(optimizeDocConcentration=True, maxIter=50, optimizeInterval=20, optimizeBurnIn=50)._check_params()
     import warnings
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="pystrads.ml.lda"):
         warnings.simplefilter("error")
         StradsLDA(optimizeDocConcentration=True, maxIter=60, optimizeInterval=20, optimizeBurnIn=50)._check_params()
-        StradsLDA(maxIter=5)._check_params()  # the default learned prior: not asked for, nothing to warn about
         StradsLDA(optimizeDocConcentration=False, maxIter=5)._check_params()  # a fixed prior
+        assert "stays fixed" not in caplog.text
+        # the default learned prior on a short fit: not asked for, so a log line rather than a warning
+        StradsLDA(maxIter=5)._check_params()
+        assert "StradsLDA: optimizeDocConcentration=True but docConcentration stays fixed" in caplog.text
+        assert "after maxIter=5" in caplog.text
     with pytest.warns(UserWarning, match=r"after maxIter=5"):  # asked for through its interval
         StradsLDA(optimizeInterval=7, maxIter=5)._check_params()
 

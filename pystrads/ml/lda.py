@@ -205,12 +205,15 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         super()._check_params()
         interval, burn_in = self.getOptimizeInterval(), self.getOptimizeBurnIn()
         first_update = max(interval, -(-burn_in // interval) * interval)
-        asked = any(self.isSet(p) for p in (self.optimizeDocConcentration, self.optimizeInterval, self.optimizeBurnIn))
-        if self.getOptimizeDocConcentration() and asked and first_update > self.getMaxIter():  # not the default's
-            warnings.warn(f"optimizeDocConcentration=True but docConcentration stays fixed: the first update would "
-                          f"follow iteration {first_update} (optimizeInterval={interval}, optimizeBurnIn={burn_in}), "
-                          f"after maxIter={self.getMaxIter()}; lower optimizeInterval / optimizeBurnIn or raise "
-                          "maxIter", UserWarning, stacklevel=3)
+        if not self.getOptimizeDocConcentration() or first_update <= self.getMaxIter():
+            return
+        message = (f"optimizeDocConcentration=True but docConcentration stays fixed: the first update would "
+                   f"follow iteration {first_update} (optimizeInterval={interval}, optimizeBurnIn={burn_in}), "
+                   f"after maxIter={self.getMaxIter()}; lower optimizeInterval / optimizeBurnIn or raise maxIter")
+        if any(self.isSet(p) for p in (self.optimizeDocConcentration, self.optimizeInterval, self.optimizeBurnIn)):
+            warnings.warn(message, UserWarning, stacklevel=3)  # asked for explicitly
+        else:  # the defaults' learned prior on a short fit: said in the log, not raised to every caller
+            log.warning("StradsLDA: %s", message)
 
     def _scan(self, fit: Fit):
         return _doc_records(fit.dataset, self.getFeaturesCol())  # refuses bad counts and empty corpora
