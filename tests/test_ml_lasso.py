@@ -178,6 +178,70 @@ def test_lasso_model_outputs_summary_and_persistence(problem, spark):
         assert est.getRegParam() == 0.5 and est.getSchedule() == "shotgun"
 
 
+def test_lasso_summaries_have_mllibs_fields_with_mllibs_values(problem):
+    """model.summary and model.evaluate(df) carry LinearRegressionTrainingSummary's /
+    LinearRegressionSummary's fields; each equals what MLlib's evaluators (or the formulas
+    MLlib documents) give on the same predictions, weights included."""
+    from pyspark.ml.evaluation import RegressionEvaluator
+
+    x, y, _, w, df = problem
+    model = StradsLasso(regParam=0.01, weightCol="w", seed=3).fit(df)
+    s, ev = model.summary, model.evaluate(df)
+    n, p = len(y), model.numFeatures
+    pred = s.predictions.select("label", "prediction", "w").toPandas()
+    for name, metric in (("r2", "r2"), ("rootMeanSquaredError", "rmse"), ("meanSquaredError", "mse"),
+                         ("meanAbsoluteError", "mae"), ("explainedVariance", "var")):
+        theirs = RegressionEvaluator(labelCol="label", weightCol="w", metricName=metric).evaluate(s.predictions)
+        assert getattr(s, name) == pytest.approx(theirs, rel=1e-12) == pytest.approx(getattr(ev, name), rel=1e-12)
+    assert s.numInstances == ev.numInstances == n
+    assert s.degreesOfFreedom == ev.degreesOfFreedom == n - p - 1  # with an intercept
+    assert s.r2adj == pytest.approx(1 - (1 - s.r2) * (n - 1) / (n - p - 1), rel=1e-12)
+    np.testing.assert_allclose(np.sort(s.residuals.toPandas()["residuals"]),
+                               np.sort(pred["label"] - pred["prediction"]), rtol=0, atol=1e-12)
+    assert (s.labelCol, s.predictionCol, s.featuresCol) == ("label", "prediction", "features")
+    with pytest.raises(Exception, match="No Std. Error of coefficients available"):
+        s.coefficientStandardErrors  # as MLlib's for every solver but "normal" without regularisation
+    assert len(s.objectiveHistory) == s.totalIterations + 1  # pystrads' history is still there
+
+
+def test_logistic_summaries_have_mllibs_fields_with_mllibs_values(problem):
+    """model.summary and model.evaluate(df) carry BinaryLogisticRegressionTrainingSummary's
+    fields; the scalar ones equal MLlib's evaluators on the same predictions, the curves run
+    from (0, 0) to (1, 1) and their area is areaUnderROC."""
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator
+
+    _, _, yb, _, df = problem
+    model = StradsLogisticRegression(labelCol="clicked", regParam=0.01, seed=3).fit(df)
+    s, ev = model.summary, model.evaluate(df)
+    multi = {m: MulticlassClassificationEvaluator(labelCol="clicked", metricName=m).evaluate(s.predictions)
+             for m in ("accuracy", "weightedPrecision", "weightedRecall", "weightedTruePositiveRate",
+                       "weightedFalsePositiveRate")}
+    for name, value in multi.items():
+        assert getattr(s, name) == pytest.approx(value, rel=1e-12) == pytest.approx(getattr(ev, name), rel=1e-12)
+    assert s.weightedFMeasure() == pytest.approx(MulticlassClassificationEvaluator(
+        labelCol="clicked", metricName="weightedFMeasure").evaluate(s.predictions), rel=1e-12)
+    assert s.labels == [0.0, 1.0]
+    for label in (0, 1):
+        for name, metric in (("precisionByLabel", "precisionByLabel"), ("recallByLabel", "recallByLabel"),
+                             ("truePositiveRateByLabel", "truePositiveRateByLabel"),
+                             ("falsePositiveRateByLabel", "falsePositiveRateByLabel")):
+            theirs = MulticlassClassificationEvaluator(labelCol="clicked", metricName=metric,
+                                                       metricLabel=float(label)).evaluate(s.predictions)
+            assert getattr(s, name)[label] == pytest.approx(theirs, rel=1e-12), (name, label)
+    auc = BinaryClassificationEvaluator(labelCol="clicked", numBins=0).evaluate(s.predictions)
+    assert s.areaUnderROC == pytest.approx(auc, abs=0.01) and s.areaUnderROC == pytest.approx(ev.areaUnderROC)
+    roc = s.roc.toPandas()
+    assert (roc["FPR"].iloc[0], roc["TPR"].iloc[0]) == (0.0, 0.0) and (roc["FPR"].iloc[-1], roc["TPR"].iloc[-1]) == (1.0, 1.0)
+    fpr, tpr = roc["FPR"].to_numpy(), roc["TPR"].to_numpy()
+    assert float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2)) == pytest.approx(s.areaUnderROC, rel=1e-9)
+    assert set(s.pr.columns) == {"recall", "precision"} and set(s.fMeasureByThreshold.columns) == {"threshold", "F-Measure"}
+    probability = np.array([v[1] for v in s.predictions.select("probability").toPandas()["probability"]])
+    features = np.array([v.toArray() for v in s.predictions.select("features").toPandas()["features"]])
+    np.testing.assert_allclose(probability, 1 / (1 + np.exp(-(features @ model.coefficients.toArray()
+                                                               + model.intercept))), rtol=1e-12)
+    assert len(s.objectiveHistory) == s.totalIterations + 1
+
+
 def test_lasso_in_a_pipeline_with_a_vector_assembler(spark):
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal(200), rng.standard_normal(200)
@@ -223,7 +287,7 @@ def test_logistic_output_columns_match_mllib(problem):
     from pyspark.ml.evaluation import BinaryClassificationEvaluator
 
     theirs = BinaryClassificationEvaluator(labelCol="clicked").evaluate(b)
-    assert ours.evaluate(df)["areaUnderROC"] == pytest.approx(theirs, abs=0.01)
+    assert ours.evaluate(df).areaUnderROC == pytest.approx(theirs, abs=0.01)
     # per-class thresholds set on the fitted models: MLlib's rule (largest p_i / t_i)
     base = a.select("prediction").toPandas()["prediction"].to_numpy()
     ours.setThresholds([0.2, 0.8])

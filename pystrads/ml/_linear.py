@@ -99,11 +99,32 @@ class LinearTrainingSummary(FitSummary):
     step, rounds, seconds and the time split); ``timings`` (one-off costs in s).
     """
 
+    #: MLlib's training-summary fields, computed on the training data by MLlib's own summary of
+    #: the fitted coefficients (``model.evaluate``) the first time one is read
+    MLLIB_FIELDS = frozenset((
+        "predictions", "predictionCol", "labelCol", "featuresCol", "weightCol", "explainedVariance",
+        "meanAbsoluteError", "meanSquaredError", "rootMeanSquaredError", "r2", "r2adj", "residuals",
+        "degreesOfFreedom", "devianceResiduals", "coefficientStandardErrors", "tValues", "pValues",
+        "probabilityCol", "labels", "truePositiveRateByLabel", "falsePositiveRateByLabel", "precisionByLabel",
+        "recallByLabel", "fMeasureByLabel", "accuracy", "weightedTruePositiveRate", "weightedFalsePositiveRate",
+        "weightedRecall", "weightedPrecision", "weightedFMeasure", "roc", "areaUnderROC", "pr",
+        "fMeasureByThreshold", "precisionByThreshold", "recallByThreshold"))
+
     def __init__(self, result, fit):
         super().__init__(result, fit)
         self.stopReason = result.stop_reason or "maxIter"
         self.numInstances = int(fit.stats["rows"])
         self.numNonZeros = int(fit.stats["nnz"])
+        self._dataset = fit.dataset  # the training data, scored on first use of an MLlib field
+        self._model = None  # set by the model that holds this summary
+        self._evaluation = None
+
+    def __getattr__(self, name: str):
+        if name in LinearTrainingSummary.MLLIB_FIELDS and self.__dict__.get("_model") is not None:
+            if self.__dict__.get("_evaluation") is None:
+                self._evaluation = self._model.evaluate(self._dataset)
+            return getattr(self._evaluation, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def objectiveHistory(self) -> List[float]:
@@ -208,6 +229,47 @@ class _SparseLinearModel(_StradsModel):
     @property
     def numFeatures(self) -> int:
         return int(len(self._coef))
+
+    @property
+    def summary(self):
+        """The training summary: pystrads' history (``objectiveHistory``, ``gapHistory``,
+        ``timings`` ...) and MLlib's training-summary fields (``r2``, ``residuals``, ``roc``,
+        ``accuracy`` ...), the latter from MLlib's own summary of these coefficients on the
+        training data (scored the first time one is read)."""
+        summary = super().summary
+        summary._model = self
+        return summary
+
+    #: the MLlib model class these coefficients make (``_mllib_model``)
+    _mllib_class = ""
+
+    def _mllib_model(self, dataset):
+        """MLlib's own model with these coefficients and this model's columns, through the JVM
+        (None under Spark Connect, where no JVM object can be made): its ``transform`` scores in
+        the JVM, and its ``evaluate`` gives MLlib's summary classes, field for field."""
+        from ..spark import handle_of
+
+        if handle_of(dataset).connect:
+            return None
+        import importlib
+
+        from pyspark.ml.common import _py2java
+
+        sc = dataset.sparkSession.sparkContext
+        package, name = self._mllib_class.rsplit(".", 1)
+        jvm_class = sc._jvm
+        for part in ("org.apache.spark." + self._mllib_class).split("."):
+            jvm_class = getattr(jvm_class, part)
+        model = getattr(importlib.import_module("pyspark." + package), name)(
+            jvm_class(self.uid, _py2java(sc, self.coefficients), float(self._intercept)))
+        for param in self._mllib_params():
+            if self.isDefined(param) and model.hasParam(param) and self.getOrDefault(param) not in (None, ""):
+                model._set(**{param: self.getOrDefault(param)})
+        model._transfer_params_to_java()
+        return model
+
+    def _mllib_params(self) -> List[str]:
+        return ["featuresCol", "labelCol", "predictionCol", "weightCol", "fitIntercept"]
 
     def _margin_udf(self):
         coef, intercept = self._coef, self._intercept

@@ -90,9 +90,20 @@ def _probability(margin):
 
 class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
     """A fitted binary model: ``rawPrediction`` ([-m, m]), ``probability`` ([1-p, p]) and ``prediction``
-    columns with MLlib's names and types."""
+    columns with MLlib's names and types.
+
+    On a classic session ``transform`` and ``evaluate`` run MLlib's own
+    ``LogisticRegressionModel`` with these coefficients (scoring in the JVM;
+    ``evaluate`` returns MLlib's ``BinaryLogisticRegressionSummary``); under
+    Spark Connect Python UDFs score and ``evaluate`` gives ``areaUnderROC`` and
+    ``accuracy``."""
 
     _setters = _SparseLinearModel._setters + ("probabilityCol", "rawPredictionCol")
+    _mllib_class = "ml.classification.LogisticRegressionModel"
+
+    def _mllib_params(self) -> List[str]:
+        return super()._mllib_params() + ["probabilityCol", "rawPredictionCol",
+                                          "thresholds" if self._set_thresholds() else "threshold"]
 
     @property
     def numClasses(self) -> int:
@@ -107,6 +118,10 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
     def _transform(self, dataset):
         self._check_columns(dataset, "featuresCol")
         self._check_params()  # a threshold set on the model
+        if self.getRawPredictionCol() and self.getProbabilityCol() and self.getPredictionCol():
+            mllib = self._mllib_model(dataset)
+            if mllib is not None:
+                return mllib.transform(dataset)
         margin = F.udf(self._margin_udf(), T.DoubleType())
         threshold = self.getThreshold()
         m = "__pystrads_margin"
@@ -126,15 +141,33 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
         return out.drop(m)
 
     def evaluate(self, dataset):
-        """``areaUnderROC`` and ``accuracy`` of the model on ``dataset`` (a small dict-like summary)."""
+        """The model's metrics on ``dataset``, as ``LogisticRegressionModel.evaluate``: MLlib's
+        ``BinaryLogisticRegressionSummary`` (``roc``, ``areaUnderROC``, ``pr``,
+        ``fMeasureByThreshold``, ``accuracy``, ``precisionByLabel``, ...) on a classic session;
+        under Spark Connect ``areaUnderROC``, ``accuracy`` and ``predictions``."""
         from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator
 
+        self._check_columns(dataset, "featuresCol", "labelCol")
+        self._check_params()
+        mllib = self._mllib_model(dataset)
+        if mllib is not None:
+            return mllib.evaluate(dataset)
         pred = self.transform(dataset)
         auc = BinaryClassificationEvaluator(rawPredictionCol=self.getRawPredictionCol(),
                                             labelCol=self.getLabelCol()).evaluate(pred)
         acc = MulticlassClassificationEvaluator(predictionCol=self.getPredictionCol(), labelCol=self.getLabelCol(),
                                                 metricName="accuracy").evaluate(pred)
-        return {"areaUnderROC": float(auc), "accuracy": float(acc), "predictions": pred}
+        return LogisticEvaluation(pred, float(auc), float(acc))
+
+
+class LogisticEvaluation:
+    """A model's ``areaUnderROC`` and ``accuracy`` on a dataset, with its ``predictions`` (what
+    :meth:`StradsLogisticRegressionModel.evaluate` gives under Spark Connect)."""
+
+    def __init__(self, predictions, area_under_roc: float, accuracy: float):
+        self.predictions = predictions
+        self.areaUnderROC = area_under_roc
+        self.accuracy = accuracy
 
 
 class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):

@@ -30,7 +30,15 @@ from ._params import Rule, _number
 
 
 class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
-    """A fitted :class:`StradsLasso`: ``coefficients``, ``intercept``, ``predict``, ``transform``, ``evaluate``."""
+    """A fitted :class:`StradsLasso`: ``coefficients``, ``intercept``, ``predict``, ``transform``, ``evaluate``.
+
+    On a classic session ``transform`` and ``evaluate`` run MLlib's own
+    ``LinearRegressionModel`` with these coefficients (scoring in the JVM;
+    ``evaluate`` returns MLlib's ``LinearRegressionSummary``); under Spark
+    Connect a Python UDF scores and ``evaluate`` returns a
+    :class:`LassoEvaluation` with MLlib's metrics."""
+
+    _mllib_class = "ml.regression.LinearRegressionModel"
 
     def predict(self, value) -> float:
         """Prediction for one feature vector."""
@@ -41,11 +49,21 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
         out = self.getPredictionCol()
         if not out:
             return dataset
+        mllib = self._mllib_model(dataset)
+        if mllib is not None:
+            return mllib.transform(dataset)
         fn = F.udf(self._margin_udf(), T.DoubleType())
         return dataset.withColumn(out, fn(F.col(self.getFeaturesCol())))
 
-    def evaluate(self, dataset) -> "LassoEvaluation":
-        """Regression metrics of the model on ``dataset`` (as LinearRegressionModel.evaluate)."""
+    def evaluate(self, dataset):
+        """Regression metrics of the model on ``dataset``, as ``LinearRegressionModel.evaluate``:
+        MLlib's ``LinearRegressionSummary`` (``r2``, ``r2adj``, ``rootMeanSquaredError``,
+        ``residuals``, ``numInstances``, ``degreesOfFreedom``, ...) on a classic session, a
+        :class:`LassoEvaluation` under Spark Connect."""
+        self._check_columns(dataset, "featuresCol", "labelCol")
+        mllib = self._mllib_model(dataset)
+        if mllib is not None:
+            return mllib.evaluate(dataset)
         return LassoEvaluation(self.transform(dataset), self.getPredictionCol(), self.getLabelCol())
 
 
