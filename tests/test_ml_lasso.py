@@ -202,6 +202,16 @@ def test_lasso_summaries_have_mllibs_fields_with_mllibs_values(problem):
     with pytest.raises(Exception, match="No Std. Error of coefficients available"):
         s.coefficientStandardErrors  # as MLlib's for every solver but "normal" without regularisation
     assert len(s.objectiveHistory) == s.totalIterations + 1  # pystrads' history is still there
+    # what evaluate gives under Spark Connect (no JVM model there): the same fields from the evaluators
+    from pystrads.ml.regression import LassoEvaluation
+
+    connect = LassoEvaluation(model.transform(df), "prediction", "label", "features", "w", True, p)
+    for name in ("r2", "rootMeanSquaredError", "meanSquaredError", "meanAbsoluteError", "explainedVariance", "r2adj",
+                 "numInstances", "degreesOfFreedom"):
+        assert getattr(connect, name) == pytest.approx(getattr(ev, name), rel=1e-12), name
+    assert connect.residuals.count() == n
+    with pytest.raises(NotImplementedError, match="No Std. Error"):
+        connect.tValues
 
 
 def test_logistic_summaries_have_mllibs_fields_with_mllibs_values(problem):
@@ -240,6 +250,19 @@ def test_logistic_summaries_have_mllibs_fields_with_mllibs_values(problem):
     np.testing.assert_allclose(probability, 1 / (1 + np.exp(-(features @ model.coefficients.toArray()
                                                                + model.intercept))), rtol=1e-12)
     assert len(s.objectiveHistory) == s.totalIterations + 1
+    # what evaluate gives under Spark Connect (no JVM model there): the same fields from the evaluators
+    from pystrads.ml.classification import LogisticEvaluation
+
+    connect = LogisticEvaluation(model.transform(df), "clicked", "prediction", "rawPrediction", "probability")
+    for name in ("accuracy", "weightedPrecision", "weightedRecall", "weightedTruePositiveRate",
+                 "weightedFalsePositiveRate", "precisionByLabel", "recallByLabel", "truePositiveRateByLabel",
+                 "falsePositiveRateByLabel", "labels"):
+        assert getattr(connect, name) == pytest.approx(getattr(ev, name), rel=1e-12), name
+    assert connect.weightedFMeasure() == pytest.approx(ev.weightedFMeasure(), rel=1e-12)
+    assert connect.fMeasureByLabel() == pytest.approx(ev.fMeasureByLabel(), rel=1e-12)
+    assert connect.areaUnderROC == pytest.approx(ev.areaUnderROC, abs=0.01)
+    with pytest.raises(NotImplementedError, match="classic"):
+        connect.roc
 
 
 def test_lasso_in_a_pipeline_with_a_vector_assembler(spark):

@@ -145,29 +145,80 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
         ``BinaryLogisticRegressionSummary`` (``roc``, ``areaUnderROC``, ``pr``,
         ``fMeasureByThreshold``, ``accuracy``, ``precisionByLabel``, ...) on a classic session;
         under Spark Connect ``areaUnderROC``, ``accuracy`` and ``predictions``."""
-        from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator
-
         self._check_columns(dataset, "featuresCol", "labelCol")
         self._check_params()
         mllib = self._mllib_model(dataset)
         if mllib is not None:
             return mllib.evaluate(dataset)
-        pred = self.transform(dataset)
-        auc = BinaryClassificationEvaluator(rawPredictionCol=self.getRawPredictionCol(),
-                                            labelCol=self.getLabelCol()).evaluate(pred)
-        acc = MulticlassClassificationEvaluator(predictionCol=self.getPredictionCol(), labelCol=self.getLabelCol(),
-                                                metricName="accuracy").evaluate(pred)
-        return LogisticEvaluation(pred, float(auc), float(acc))
+        return LogisticEvaluation(self.transform(dataset), self.getLabelCol(), self.getPredictionCol(),
+                                  self.getRawPredictionCol(), self.getProbabilityCol(), self.getFeaturesCol(),
+                                  self.getOrDefault("weightCol") if self.isDefined("weightCol") else None)
 
 
 class LogisticEvaluation:
-    """A model's ``areaUnderROC`` and ``accuracy`` on a dataset, with its ``predictions`` (what
-    :meth:`StradsLogisticRegressionModel.evaluate` gives under Spark Connect)."""
+    """``BinaryLogisticRegressionSummary``'s fields computed with MLlib's evaluators (what
+    :meth:`StradsLogisticRegressionModel.evaluate` gives under Spark Connect, where MLlib's own
+    summary cannot be made): ``accuracy``, ``labels``, the ``...ByLabel`` lists, the
+    ``weighted...`` rates, ``weightedFMeasure()`` / ``fMeasureByLabel()``, ``areaUnderROC``
+    (MLlib's evaluator: 1,000 bins, where MLlib's summary uses 100), ``predictions`` and the
+    column names.  The curves (``roc``, ``pr``, ``...ByThreshold``) need a classic session."""
 
-    def __init__(self, predictions, area_under_roc: float, accuracy: float):
+    def __init__(self, predictions, label_col: str, prediction_col: str, raw_prediction_col: str,
+                 probability_col: str, features_col: str = "features", weight_col: Optional[str] = None):
         self.predictions = predictions
-        self.areaUnderROC = area_under_roc
-        self.accuracy = accuracy
+        self.labelCol, self.predictionCol, self.probabilityCol = label_col, prediction_col, probability_col
+        self.featuresCol, self.weightCol = features_col, weight_col or None
+        self._raw = raw_prediction_col
+        self.labels = [0.0, 1.0]
+        self._cache = {}
+
+    def _multi(self, metric: str, label: Optional[float] = None, beta: float = 1.0) -> float:
+        key = (metric, label, beta)
+        if key not in self._cache:
+            from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+            ev = MulticlassClassificationEvaluator(labelCol=self.labelCol, predictionCol=self.predictionCol,
+                                                   metricName=metric, beta=beta)
+            if label is not None:
+                ev.setMetricLabel(label)
+            if self.weightCol:
+                ev.setWeightCol(self.weightCol)
+            self._cache[key] = float(ev.evaluate(self.predictions))
+        return self._cache[key]
+
+    @property
+    def areaUnderROC(self) -> float:
+        if "auc" not in self._cache:
+            from pyspark.ml.evaluation import BinaryClassificationEvaluator
+
+            ev = BinaryClassificationEvaluator(rawPredictionCol=self._raw, labelCol=self.labelCol)
+            if self.weightCol:
+                ev.setWeightCol(self.weightCol)
+            self._cache["auc"] = float(ev.evaluate(self.predictions))
+        return self._cache["auc"]
+
+    accuracy = property(lambda self: self._multi("accuracy"))
+    weightedPrecision = property(lambda self: self._multi("weightedPrecision"))
+    weightedRecall = property(lambda self: self._multi("weightedRecall"))
+    weightedTruePositiveRate = property(lambda self: self._multi("weightedTruePositiveRate"))
+    weightedFalsePositiveRate = property(lambda self: self._multi("weightedFalsePositiveRate"))
+    precisionByLabel = property(lambda self: [self._multi("precisionByLabel", x) for x in self.labels])
+    recallByLabel = property(lambda self: [self._multi("recallByLabel", x) for x in self.labels])
+    truePositiveRateByLabel = property(lambda self: [self._multi("truePositiveRateByLabel", x) for x in self.labels])
+    falsePositiveRateByLabel = property(lambda self: [self._multi("falsePositiveRateByLabel", x)
+                                                      for x in self.labels])
+
+    def weightedFMeasure(self, beta: float = 1.0) -> float:
+        return self._multi("weightedFMeasure", beta=beta)
+
+    def fMeasureByLabel(self, beta: float = 1.0) -> List[float]:
+        return [self._multi("fMeasureByLabel", x, beta) for x in self.labels]
+
+    def _needs_classic(self):
+        raise NotImplementedError("roc, pr and the by-threshold curves are MLlib's BinaryClassificationMetrics, made "
+                                  "in the JVM: evaluate on a classic (non-Connect) session to get them")
+
+    roc = pr = fMeasureByThreshold = precisionByThreshold = recallByThreshold = property(_needs_classic)
 
 
 class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):

@@ -64,7 +64,10 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
         mllib = self._mllib_model(dataset)
         if mllib is not None:
             return mllib.evaluate(dataset)
-        return LassoEvaluation(self.transform(dataset), self.getPredictionCol(), self.getLabelCol())
+        return LassoEvaluation(self.transform(dataset), self.getPredictionCol(), self.getLabelCol(),
+                               self.getFeaturesCol(),
+                               self.getOrDefault("weightCol") if self.isDefined("weightCol") else None,
+                               self.getFitIntercept(), self.numFeatures)
 
 
 class StradsLasso(_SparseLinearEstimator):
@@ -111,22 +114,62 @@ class StradsLasso(_SparseLinearEstimator):
 
 
 class LassoEvaluation:
-    """Metrics on a dataset: ``rootMeanSquaredError``, ``meanSquaredError``, ``meanAbsoluteError``, ``r2``,
-    ``explainedVariance`` (as pyspark's LinearRegressionSummary; ``predictions`` holds the rows)."""
+    """``LinearRegressionSummary``'s fields computed with MLlib's evaluators (what
+    :meth:`StradsLassoModel.evaluate` gives under Spark Connect, where MLlib's own summary
+    cannot be made): ``rootMeanSquaredError``, ``meanSquaredError``, ``meanAbsoluteError``,
+    ``r2``, ``explainedVariance`` (weighted, through the origin without an intercept, as
+    MLlib's), ``r2adj``, ``residuals``, ``numInstances``, ``degreesOfFreedom``,
+    ``predictions`` and the column names; standard errors raise as MLlib's do for a
+    regularised fit."""
 
-    def __init__(self, predictions, prediction_col: str, label_col: str):
+    def __init__(self, predictions, prediction_col: str, label_col: str, features_col: str = "features",
+                 weight_col: Optional[str] = None, fit_intercept: bool = True, num_features: int = 0):
         self.predictions = predictions
         self.predictionCol = prediction_col
         self.labelCol = label_col
+        self.featuresCol = features_col
+        self.weightCol = weight_col or None
+        self._fit_intercept, self._num_features = bool(fit_intercept), int(num_features)
         self._cache = {}
 
     def _metric(self, name: str) -> float:
         if name not in self._cache:
             from pyspark.ml.evaluation import RegressionEvaluator
 
-            ev = RegressionEvaluator(predictionCol=self.predictionCol, labelCol=self.labelCol, metricName=name)
+            ev = RegressionEvaluator(predictionCol=self.predictionCol, labelCol=self.labelCol, metricName=name,
+                                     throughOrigin=not self._fit_intercept)
+            if self.weightCol:
+                ev.setWeightCol(self.weightCol)
             self._cache[name] = float(ev.evaluate(self.predictions))
         return self._cache[name]
+
+    @property
+    def numInstances(self) -> int:
+        if "n" not in self._cache:
+            self._cache["n"] = int(self.predictions.count())
+        return self._cache["n"]
+
+    @property
+    def degreesOfFreedom(self) -> int:
+        return self.numInstances - self._num_features - (1 if self._fit_intercept else 0)
+
+    @property
+    def r2adj(self) -> float:
+        """MLlib's: ``1 - (1 - r2) (n - i) / (n - p - i)``, ``i`` = 1 with an intercept."""
+        i = 1 if self._fit_intercept else 0
+        return 1.0 - (1.0 - self.r2) * (self.numInstances - i) / (self.numInstances - self._num_features - i)
+
+    @property
+    def residuals(self):
+        """A DataFrame of ``label - prediction`` (column ``residuals``)."""
+        return self.predictions.select((F.col(self.labelCol).cast("double") - F.col(self.predictionCol))
+                                       .alias("residuals"))
+
+    def _no_standard_errors(self):
+        raise NotImplementedError("No Std. Error of coefficients available for this model: a regularised fit has "
+                                  "none (MLlib gives them for its 'normal' solver without regularisation only)")
+
+    coefficientStandardErrors = tValues = pValues = property(_no_standard_errors)
 
     @property
     def rootMeanSquaredError(self) -> float:
