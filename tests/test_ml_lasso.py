@@ -332,6 +332,53 @@ def test_logistic_output_columns_match_mllib(problem):
         assert back.transform(df).select("prediction").collect() == a.select("prediction").collect()
 
 
+def test_arrow_scoring_equals_mllibs_jvm_scoring(problem, spark, monkeypatch):
+    """transform without a JVM model (as under Spark Connect) scores in Arrow batches and gives
+    MLlib's columns and values: sparse, dense and null feature rows, a replaced column, a
+    threshold, and a vector of the wrong size refused by name."""
+    from pyspark.ml.classification import LogisticRegressionModel
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.ml.regression import LinearRegressionModel
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    _, _, _, _, df = problem
+    lasso = StradsLasso(regParam=0.01).fit(df)
+    logistic = StradsLogisticRegression(labelCol="clicked", regParam=0.01, threshold=0.4).fit(df)
+    x = df.toPandas()
+    p = len(x["features"][0])
+    rows = [(float(i), x["features"][i] if i % 3 else Vectors.dense(x["features"][i].toArray())) for i in range(60)]
+    schema = T.StructType([T.StructField("id", T.DoubleType()), T.StructField("features", VectorUDT())])
+    mixed = spark.createDataFrame(rows, schema).repartition(3)
+    jvm = {m: m._mllib_model(mixed) for m in (lasso, logistic)}
+    assert isinstance(jvm[lasso], LinearRegressionModel) and isinstance(jvm[logistic], LogisticRegressionModel)
+    for model in (lasso, logistic):
+        monkeypatch.setattr(type(model), "_mllib_model", lambda self, dataset: None)
+        ours = model.transform(mixed).orderBy("id").toPandas()
+        monkeypatch.undo()
+        theirs = jvm[model].transform(mixed).orderBy("id").toPandas()
+        assert list(ours.columns) == list(theirs.columns)
+        for col in ours.columns:
+            if col == "features":
+                continue
+            a, b = ours[col].to_numpy(), theirs[col].to_numpy()
+            a, b = (np.array([v.toArray() for v in a]), np.array([v.toArray() for v in b])) \
+                if hasattr(a[0], "toArray") else (a.astype(float), b.astype(float))
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14, err_msg=col)
+        if model is logistic:
+            assert 0 < theirs["prediction"].sum() < 60  # both classes predicted
+        monkeypatch.setattr(type(model), "_mllib_model", lambda self, dataset: None)
+        null = model.transform(spark.createDataFrame([(61.0, None)], schema)).first()  # MLlib's fails on a null
+        assert [null[c] for c in null.asDict() if c not in ("id", "features")] == [None] * (len(null) - 2)
+        monkeypatch.undo()
+    wrong = spark.createDataFrame([(Vectors.sparse(p + 1, [p], [1.0]),)], ["features"])
+    monkeypatch.setattr(type(lasso), "_mllib_model", lambda self, dataset: None)
+    with pytest.raises(Exception, match=f"column 'features' has a vector of size {p + 1} where the model has {p}"):
+        lasso.transform(wrong).collect()
+    with pytest.raises(InputError, match="column 'prediction' already exists in the input"):
+        lasso.transform(mixed.withColumn("prediction", F.lit(-1.0)))  # refused before any job, as MLlib refuses
+
+
 def test_logistic_matches_sklearn(problem):
     import sklearn.linear_model as sklearn
     x, _, yb, _, df = problem

@@ -40,12 +40,69 @@ def vectors(column) -> Iterator[Optional[Tuple[int, np.ndarray, np.ndarray]]]:
             yield len(arr), idx.astype(np.int64), arr[idx]
 
 
-def dense_vectors(rows, arrow_type):
-    """An Arrow vector column (of ``arrow_type``, the VectorUDT struct) of dense vectors."""
+def dense_vectors(rows, arrow_type, valid: Optional[np.ndarray] = None):
+    """An Arrow vector column (of ``arrow_type``, the VectorUDT struct) of dense vectors: the rows
+    of ``rows`` (a 2-D array, or a list of equal-length 1-D arrays), null where ``valid`` is
+    False.  Built from buffers (no Python object per value)."""
     import pyarrow as pa
 
-    return pa.array([{"type": 1, "size": None, "indices": None, "values": [float(x) for x in r]} for r in rows],
-                    type=arrow_type)
+    values = np.asarray(rows, dtype=np.float64)
+    n = len(values)
+    values = values.reshape(n, -1)
+    width = values.shape[1]
+    mask = None if valid is None else pa.array(~np.asarray(valid, dtype=bool))
+    fields = {f.name: f for f in arrow_type}
+    children = {
+        "type": pa.array(np.ones(n, dtype=np.int8), type=fields["type"].type),
+        "size": pa.nulls(n, type=fields["size"].type),
+        "indices": pa.nulls(n, type=fields["indices"].type),
+        "values": pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * width),
+                                           pa.array(values.ravel()), type=fields["values"].type),
+    }
+    return pa.StructArray.from_arrays([children[f.name] for f in arrow_type], fields=list(arrow_type), mask=mask)
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + l)`` for every (s, l), without a Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    before = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - before, lengths)
+
+
+def row_dots(column, coef: np.ndarray, name: str = "features") -> Tuple[np.ndarray, np.ndarray]:
+    """Per row of an Arrow vector column, ``x . coef`` and whether the row is not null: the whole
+    batch in a few numpy calls (sparse and dense rows alike).  A vector whose size is not
+    ``len(coef)`` raises ValueError naming the column ``name``."""
+    if hasattr(column, "chunks"):  # a ChunkedArray
+        parts = [row_dots(chunk, coef, name) for chunk in column.chunks]
+        if not parts:
+            return np.zeros(0), np.zeros(0, dtype=bool)
+        return np.concatenate([d for d, _ in parts]), np.concatenate([v for _, v in parts])
+    n = len(column)
+    fields = dict(zip((f.name for f in column.type), column.flatten()))
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    kind = fields["type"].fill_null(1).to_numpy(zero_copy_only=False)
+    size = fields["size"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    ind, val = fields["indices"], fields["values"]
+    ind_off, val_off = ind.offsets.to_numpy().astype(np.int64), val.offsets.to_numpy().astype(np.int64)
+    ind_all = ind.values.to_numpy(zero_copy_only=False)
+    val_all = val.values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    rows = np.flatnonzero(valid)
+    lengths = val_off[rows + 1] - val_off[rows]
+    sparse = kind[rows] == 0
+    dims = np.where(sparse, size[rows], lengths)
+    bad = np.flatnonzero(dims != len(coef))
+    if len(bad):
+        raise ValueError(f"column {name!r} has a vector of size {int(dims[bad[0]])} where the model has "
+                         f"{len(coef)} features: score vectors of the size the model was fitted on")
+    cols = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    # (a dense row's element: its position in the row)
+    srows = rows[sparse]
+    cols[np.repeat(sparse, lengths)] = ind_all[_ranges(ind_off[srows], ind_off[srows + 1] - ind_off[srows])]
+    products = val_all[_ranges(val_off[rows], lengths)] * coef[cols]
+    return np.bincount(np.repeat(rows, lengths), weights=products, minlength=n)[:n], valid
 
 
 def partition_id() -> int:

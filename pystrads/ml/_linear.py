@@ -271,6 +271,32 @@ class _SparseLinearModel(_StradsModel):
     def _mllib_params(self) -> List[str]:
         return ["featuresCol", "labelCol", "predictionCol", "weightCol", "fitIntercept"]
 
+    def _score_arrow(self, dataset, columns, fields):
+        """``dataset`` with the columns ``columns(margin, valid)`` returns (name -> Arrow array;
+        ``fields``: their StructFields, refused when the input has one, as MLlib refuses) appended,
+        scored in Arrow batches (``mapInArrow``, classic and Connect): each batch's margins
+        ``x . coef + intercept`` in a few numpy calls (:func:`~pystrads.ml._arrow.row_dots`),
+        ``valid`` False for null features."""
+        import pyarrow as pa
+
+        from ._arrow import row_dots
+
+        for field in fields:
+            if field.name in dataset.columns:
+                raise InputError(f"column {field.name!r} already exists in the input: set the model's output column "
+                                 f"to another name, or drop it first")
+        coef, intercept, fcol = self._coef, self._intercept, self.getFeaturesCol()
+        index = dataset.columns.index(fcol)
+
+        def score(batches):
+            for batch in batches:
+                dots, valid = row_dots(batch.column(index), coef, fcol)
+                added = columns(dots + intercept, valid)
+                yield pa.RecordBatch.from_arrays(list(batch.columns) + list(added.values()),
+                                                 batch.schema.names + list(added))
+
+        return dataset.mapInArrow(score, T.StructType(dataset.schema.fields + list(fields)))
+
     def _margin_udf(self):
         coef, intercept = self._coef, self._intercept
 

@@ -15,15 +15,17 @@ from __future__ import annotations
 import math
 from typing import List, Optional
 
+import numpy as np
+import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml.linalg import Vectors, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError
 from ..programs.logistic import L1LogisticProgram
+from ._arrow import dense_vectors
 from ._linear import _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
 from ._params import one_of, within
 
@@ -80,6 +82,19 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
                                          f"disagree (thresholds mean threshold={self.getThreshold()!r}); set one")
 
 
+def _sigmoid(margin: np.ndarray) -> np.ndarray:
+    """``1 / (1 + exp(-margin))`` elementwise, without overflow (as :func:`_probability`)."""
+    e = np.exp(-np.abs(margin))
+    return np.where(margin >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _arrow_vector_type():
+    """VectorUDT's SQL struct as an Arrow type (what ``mapInArrow`` reads and writes)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(VectorUDT().sqlType())
+
+
 def _probability(margin):
     """``[1 - p, p]`` with ``p = 1 / (1 + exp(-margin))`` (without overflow); None for None."""
     if margin is None:
@@ -95,8 +110,8 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
     On a classic session ``transform`` and ``evaluate`` run MLlib's own
     ``LogisticRegressionModel`` with these coefficients (scoring in the JVM;
     ``evaluate`` returns MLlib's ``BinaryLogisticRegressionSummary``); under
-    Spark Connect Python UDFs score and ``evaluate`` gives ``areaUnderROC`` and
-    ``accuracy``."""
+    Spark Connect ``transform`` scores in Arrow batches (the same columns and values) and
+    ``evaluate`` gives a :class:`LogisticEvaluation` with the summary's fields but the curves."""
 
     _setters = _SparseLinearModel._setters + ("probabilityCol", "rawPredictionCol")
     _mllib_class = "ml.classification.LogisticRegressionModel"
@@ -122,23 +137,26 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
             mllib = self._mllib_model(dataset)
             if mllib is not None:
                 return mllib.transform(dataset)
-        margin = F.udf(self._margin_udf(), T.DoubleType())
         threshold = self.getThreshold()
-        m = "__pystrads_margin"
-        out = dataset.withColumn(m, margin(F.col(self.getFeaturesCol())))
+        # p > threshold  <=>  margin > logit(threshold)
+        cut = math.inf if threshold >= 1 else (-math.inf if threshold <= 0 else math.log(threshold / (1 - threshold)))
+        vector_type = _arrow_vector_type()
+        raw_col, prob_col, pred_col = self.getRawPredictionCol(), self.getProbabilityCol(), self.getPredictionCol()
 
-        def raw(v):
-            return None if v is None else Vectors.dense([-v, v])
+        def columns(margin, valid):
+            out = {}
+            if raw_col:
+                out[raw_col] = dense_vectors(np.stack([-margin, margin], axis=1), vector_type, valid)
+            if prob_col:
+                p = _sigmoid(margin)
+                out[prob_col] = dense_vectors(np.stack([1.0 - p, p], axis=1), vector_type, valid)
+            if pred_col:
+                out[pred_col] = pa.array(np.where(margin > cut, 1.0, 0.0), mask=~valid)
+            return out
 
-        if self.getRawPredictionCol():
-            out = out.withColumn(self.getRawPredictionCol(), F.udf(raw, VectorUDT())(F.col(m)))
-        if self.getProbabilityCol():
-            out = out.withColumn(self.getProbabilityCol(), F.udf(_probability, VectorUDT())(F.col(m)))
-        if self.getPredictionCol():
-            # p > threshold  <=>  m > logit(threshold)
-            cut = math.inf if threshold >= 1 else (-math.inf if threshold <= 0 else math.log(threshold / (1 - threshold)))
-            out = out.withColumn(self.getPredictionCol(), F.when(F.col(m) > F.lit(cut), 1.0).otherwise(0.0))
-        return out.drop(m)
+        fields = [T.StructField(c, VectorUDT(), True) for c in (raw_col, prob_col) if c]
+        fields += [T.StructField(pred_col, T.DoubleType(), True)] if pred_col else []
+        return self._score_arrow(dataset, columns, fields)
 
     def evaluate(self, dataset):
         """The model's metrics on ``dataset``, as ``LogisticRegressionModel.evaluate``: MLlib's

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import functions as F
@@ -35,8 +36,8 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
     On a classic session ``transform`` and ``evaluate`` run MLlib's own
     ``LinearRegressionModel`` with these coefficients (scoring in the JVM;
     ``evaluate`` returns MLlib's ``LinearRegressionSummary``); under Spark
-    Connect a Python UDF scores and ``evaluate`` returns a
-    :class:`LassoEvaluation` with MLlib's metrics."""
+    Connect ``transform`` scores in Arrow batches (the same values) and ``evaluate`` returns a
+    :class:`LassoEvaluation` with the summary's fields."""
 
     _mllib_class = "ml.regression.LinearRegressionModel"
 
@@ -52,8 +53,8 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
         mllib = self._mllib_model(dataset)
         if mllib is not None:
             return mllib.transform(dataset)
-        fn = F.udf(self._margin_udf(), T.DoubleType())
-        return dataset.withColumn(out, fn(F.col(self.getFeaturesCol())))
+        return self._score_arrow(dataset, lambda margin, valid: {out: pa.array(margin, mask=~valid)},
+                                 [T.StructField(out, T.DoubleType(), True)])
 
     def evaluate(self, dataset):
         """Regression metrics of the model on ``dataset``, as ``LinearRegressionModel.evaluate``:
