@@ -94,8 +94,8 @@ _SETTINGS = [
     Setting("model.dir", "", str,
             "directory where a fitted model's distributed tables (e.g. StradsMF's factors) are written as "
             "Parquet by the executors before the shards drop them: a shared path or pyarrow filesystem URI, "
-            "one folder per fit, deleted by you; empty = Spark local checkpoints (executor memory and disk, "
-            "lost with an executor after the fit)"),
+            "one folder per fit, deleted by model.close() or by you; empty = Spark local checkpoints (executor "
+            "memory and disk, lost with an executor after the fit, freed by model.close())"),
     Setting("mf.localModelBytes", 32 * 1024 * 1024, int,
             "StradsMF models up to this size as float64 ((users + items) x rank x 8 bytes) are read onto the "
             "driver when the fit ends (one read of the shards, no Spark job) and their userFactors / itemFactors "

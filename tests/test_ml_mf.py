@@ -6,11 +6,12 @@ import tempfile
 import numpy as np
 import pytest
 from pyspark.ml.evaluation import RegressionEvaluator
+from pyspark.ml.linalg import Vectors
 from pyspark.ml.recommendation import ALS
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
 from pystrads.errors import ConfigurationError, InputError
-from pystrads.ml import StradsMF, StradsMFModel
+from pystrads.ml import StradsLDA, StradsMF, StradsMFModel
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +245,44 @@ def test_implicit_feedback_reaches_als_objective_and_its_rankings(interactions):
         return np.mean([(m // 2) % 3 == (u - 1000) % 3 for u in top for m in top[u]])
 
     assert in_group(ours) >= in_group(theirs) - 0.02 and in_group(ours) >= 0.85, (in_group(ours), in_group(theirs))
+
+
+def _kept_rdd_ids(frames):
+    """The ids of the local-checkpointed RDDs behind a model's kept DataFrames."""
+    return {f._jdf.queryExecution().analyzed().rdd().id() for f in frames}
+
+
+def _cached_bytes(spark):
+    """Spark's storage status: cached RDD id -> bytes in memory and on disk."""
+    return {i.id(): i.memSize() + i.diskSize() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+
+
+def test_close_frees_the_models_blocks_and_closed_models_say_so(spark, ratings, monkeypatch):
+    from pystrads import config
+    from pystrads.errors import PystradsError
+
+    monkeypatch.setitem(config.DEFAULTS, "mf.localModelBytes", 0)  # factors kept on the executors
+    model = mf(maxIter=2).fit(ratings)
+    ids = _kept_rdd_ids([model.userFactors, model.itemFactors])
+    assert len(ids) == 2 and all(_cached_bytes(spark).get(i, 0) > 0 for i in ids)
+    copy = model.copy()
+    assert model.transform(ratings).count() == ratings.count()
+    with model as same:
+        assert same is model and same.recommendForAllUsers(2).count() == 60
+    assert not ids & set(_cached_bytes(spark))  # the blocks are gone
+    for m in (model, copy):  # copies share the tables
+        with pytest.raises(PystradsError, match="StradsMFModel was closed"):
+            m.transform(ratings)
+        with pytest.raises(PystradsError, match="was closed"):
+            m.recommendForAllItems(1)
+    model.close()  # twice: nothing more to do
+
+    docs = spark.createDataFrame([(Vectors.sparse(6, {i % 6: 2.0, (i + 1) % 6: 1.0}),) for i in range(30)],
+                                 ["features"])
+    lda = StradsLDA(k=2, maxIter=3, seed=1).fit(docs)
+    (lda_id,) = _kept_rdd_ids(lda._kept_frames())
+    assert _cached_bytes(spark).get(lda_id, 0) > 0
+    lda.close()
+    assert lda_id not in _cached_bytes(spark)
+    with pytest.raises(PystradsError, match="StradsLDAModel was closed"):
+        lda.describeTopics(3)

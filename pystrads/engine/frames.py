@@ -13,7 +13,7 @@ must be materialised first: :func:`keep_frame` writes it as Parquet under
 deletion), else it local-checkpoints it (Spark keeps the blocks on the executors, memory and
 disk; losing an executor after the fit loses its blocks, and Spark then fails the next job
 that needs them, naming the lost checkpoint block); :func:`keep_frames` materialises several
-at once.  :func:`row_ranges` cuts rows into tasks.
+at once, and :func:`release_frame` frees what they kept (a model's ``close()``).  :func:`row_ranges` cuts rows into tasks.
 """
 
 from __future__ import annotations
@@ -115,5 +115,37 @@ def keep_frame(frame, result, name: str):
     if root:
         path = storage.join(root, result.engine.namespace, name)
         frame.write.parquet(path)
-        return frame.sparkSession.read.schema(frame.schema).parquet(path)
-    return frame.localCheckpoint(eager=True)
+        kept = frame.sparkSession.read.schema(frame.schema).parquet(path)
+    else:
+        path = None
+        kept = frame.localCheckpoint(eager=True)
+    kept._pystrads_kept = path or "checkpoint"  # what release_frame frees
+    return kept
+
+
+def release_frame(frame) -> bool:
+    """Free what :func:`keep_frame` kept for ``frame`` (a frame it returned; any other is left
+    alone): the local checkpoint's blocks on the executors (on a classic session at once; under
+    Spark Connect the server drops the cached relation when the last reference to ``frame`` goes),
+    or the Parquet files it wrote under ``spark.pystrads.model.dir``.  Returns whether it freed
+    anything; a frame released once is not released again."""
+    import logging
+
+    from ..spark import handle_of
+
+    kept = getattr(frame, "_pystrads_kept", None)
+    if kept is None:
+        return False
+    frame._pystrads_kept, frame._pystrads_released = None, True
+    if kept != "checkpoint":
+        try:
+            storage.delete_dir(kept)
+        except Exception as exc:  # noqa: BLE001 - the files stay; the model is freed all the same
+            logging.getLogger(__name__).warning("could not delete the model files %s (%s); delete them by hand",
+                                                kept, exc)
+        return True
+    if not handle_of(frame).connect:
+        plan = frame._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() == "LogicalRDD":  # what Dataset.localCheckpoint makes
+            plan.rdd().unpersist(True)
+    return True

@@ -34,6 +34,7 @@ from pyspark.ml.param import Param
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
 from ..engine import Engine
+from ..errors import PystradsError
 from ..engine.preflight import FitSetup, preflight
 from ._params import _StradsParams, add_accessor
 from ._persistence import PersistentModel
@@ -133,6 +134,41 @@ class _StradsModel(HasTrainingSummary, Model, _StradsParams, PersistentModel):
 
     _setters: ClassVar[Tuple[str, ...]] = ()
     _summary: Optional[Any] = None
+    _closed: bool = False
+
+    # -- the DataFrames a model keeps on the executors, and freeing them
+    def _kept_frames(self) -> list:
+        """The DataFrames this model keeps on the executors (what :meth:`close` frees)."""
+        return []
+
+    def _forget_frames(self) -> None:
+        """Drop this model's references to its kept frames (after :meth:`close`)."""
+
+    def close(self) -> None:
+        """Free what the model keeps on the executors: its tables' local-checkpoint blocks (or its
+        Parquet files under ``spark.pystrads.model.dir``).  The model and its copies cannot
+        score, recommend or save afterwards (a saved model loads again); models whose
+        parameters live on the driver (the linear models) keep working.  Also a context manager:
+        ``with est.fit(df) as model: ...`` closes it at the end of the block."""
+        from ..engine.frames import release_frame
+
+        for frame in self._kept_frames():
+            if frame is not None:
+                release_frame(frame)
+        self._closed = True
+        self._forget_frames()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        self.close()
+        return False
+
+    def _check_open(self) -> None:
+        if self._closed or any(getattr(f, "_pystrads_released", False) for f in self._kept_frames() if f is not None):
+            raise PystradsError(f"this {type(self).__name__} was closed (close()): the tables it kept on the executors "
+                                "are freed; load a saved copy or fit again")
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)

@@ -263,6 +263,22 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
         self._alpha_value = alpha_vector(alpha, 1 if word_topic is None else self._topics.k).copy()
         self._beta_value = float(beta)
 
+    @property
+    def _topics(self) -> WordTopics:
+        self._check_open()
+        return self._word_topics
+
+    @_topics.setter
+    def _topics(self, topics: WordTopics) -> None:
+        self._word_topics = topics
+
+    def _kept_frames(self) -> list:
+        topics = getattr(self, "_word_topics", None)
+        return [topics.frame] if topics is not None else []
+
+    def _forget_frames(self) -> None:
+        self._word_topics = None
+
     # -- MLlib LDAModel API
     def vocabSize(self) -> int:
         return self._topics.vocab_size

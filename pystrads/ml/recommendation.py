@@ -288,12 +288,20 @@ class StradsMFModel(_StradsModel, _StradsMFModelParams):
     @property
     def userFactors(self):
         """DataFrame (id int, features array<float>), as ALSModel.userFactors."""
+        self._check_open()
         return self._user_factors
 
     @property
     def itemFactors(self):
         """DataFrame (id int, features array<float>), as ALSModel.itemFactors."""
+        self._check_open()
         return self._item_factors
+
+    def _kept_frames(self) -> list:
+        return [self._user_factors, self._item_factors]
+
+    def _forget_frames(self) -> None:
+        self._user_factors = self._item_factors = None
 
     def _transform(self, dataset):
         self._check_params()
