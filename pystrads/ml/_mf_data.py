@@ -220,10 +220,12 @@ def predictions(dataset, ucol: str, icol: str, out_col: str, users, items, drop:
     if _ALS_CASTS_IDS:
         out = out.withColumn(ucol, F.col(ucol).cast("int")).withColumn(icol, F.col(icol).cast("int"))
     u_id, u_f, i_id, i_f = (f"__pystrads_{n}" for n in ("uid", "ufeatures", "iid", "ifeatures"))
+    def key(col):  # ints from 4 on (ALS's join); 3.5 keeps the input's type: compared as doubles, as ALS does
+        return F.col(col) if _ALS_CASTS_IDS else F.col(col).cast("double")
+
     out = out.join(users.select(F.col("id").alias(u_id), F.col("features").alias(u_f)),
-                   F.col(ucol).cast("double") == F.col(u_id).cast("double"), "left") \
-        .join(items.select(F.col("id").alias(i_id), F.col("features").alias(i_f)),
-              F.col(icol).cast("double") == F.col(i_id).cast("double"), "left")
+                   key(ucol) == key(u_id), "left") \
+        .join(items.select(F.col("id").alias(i_id), F.col("features").alias(i_f)), key(icol) == key(i_id), "left")
     dot = F.aggregate(F.zip_with(u_f, i_f, lambda a, b: a.cast("double") * b), F.lit(0.0), lambda acc, x: acc + x)
     prediction = F.coalesce(dot.cast("float"), F.lit(float("nan")).cast("float"))  # an unknown id: null -> NaN
     out = out.withColumn(out_col, prediction).drop(u_id, u_f, i_id, i_f)
