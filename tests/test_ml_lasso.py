@@ -4,6 +4,7 @@ import os
 import tempfile
 
 import numpy as np
+import pyspark
 import pytest
 from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.classification import LogisticRegression
@@ -332,8 +333,10 @@ def test_logistic_output_columns_match_mllib(problem):
         assert back.transform(df).select("prediction").collect() == a.select("prediction").collect()
 
 
-def test_arrow_scoring_equals_mllibs_jvm_scoring(problem, spark, monkeypatch):
-    """transform without a JVM model (as under Spark Connect) scores in Arrow batches and gives
+@pytest.mark.parametrize("path", ["arrow_udf", "mapInArrow"])
+def test_arrow_scoring_equals_mllibs_jvm_scoring(problem, spark, monkeypatch, path):
+    """transform without a JVM model (as under Spark Connect) scores in Arrow (an Arrow UDF of the
+    features where pyspark has one, else mapInArrow batches of whole rows) and gives
     MLlib's columns and values: sparse, dense and null feature rows, a replaced column, a
     threshold, and a vector of the wrong size refused by name."""
     from pyspark.ml.classification import LogisticRegressionModel
@@ -342,9 +345,16 @@ def test_arrow_scoring_equals_mllibs_jvm_scoring(problem, spark, monkeypatch):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    from pyspark.sql import functions
+
+    if path == "arrow_udf" and not hasattr(functions, "arrow_udf"):
+        pytest.skip(f"pyspark {pyspark.__version__} has no arrow_udf (4.1+): the mapInArrow case covers it")
     _, _, _, _, df = problem
     lasso = StradsLasso(regParam=0.01).fit(df)
     logistic = StradsLogisticRegression(labelCol="clicked", regParam=0.01, threshold=0.4).fit(df)
+    if path == "mapInArrow":
+        for model in (lasso, logistic):
+            monkeypatch.setattr(model, "_margin_column", lambda dataset: None)
     x = df.toPandas()
     p = len(x["features"][0])
     rows = [(float(i), x["features"][i] if i % 3 else Vectors.dense(x["features"][i].toArray())) for i in range(60)]
@@ -353,9 +363,8 @@ def test_arrow_scoring_equals_mllibs_jvm_scoring(problem, spark, monkeypatch):
     jvm = {m: m._mllib_model(mixed) for m in (lasso, logistic)}
     assert isinstance(jvm[lasso], LinearRegressionModel) and isinstance(jvm[logistic], LogisticRegressionModel)
     for model in (lasso, logistic):
-        monkeypatch.setattr(type(model), "_mllib_model", lambda self, dataset: None)
+        monkeypatch.setattr(model, "_mllib_model", lambda dataset: None)  # as under Spark Connect
         ours = model.transform(mixed).orderBy("id").toPandas()
-        monkeypatch.undo()
         theirs = jvm[model].transform(mixed).orderBy("id").toPandas()
         assert list(ours.columns) == list(theirs.columns)
         for col in ours.columns:
@@ -367,12 +376,9 @@ def test_arrow_scoring_equals_mllibs_jvm_scoring(problem, spark, monkeypatch):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14, err_msg=col)
         if model is logistic:
             assert 0 < theirs["prediction"].sum() < 60  # both classes predicted
-        monkeypatch.setattr(type(model), "_mllib_model", lambda self, dataset: None)
         null = model.transform(spark.createDataFrame([(61.0, None)], schema)).first()  # MLlib's fails on a null
         assert [null[c] for c in null.asDict() if c not in ("id", "features")] == [None] * (len(null) - 2)
-        monkeypatch.undo()
     wrong = spark.createDataFrame([(Vectors.sparse(p + 1, [p], [1.0]),)], ["features"])
-    monkeypatch.setattr(type(lasso), "_mllib_model", lambda self, dataset: None)
     with pytest.raises(Exception, match=f"column 'features' has a vector of size {p + 1} where the model has {p}"):
         lasso.transform(wrong).collect()
     with pytest.raises(InputError, match="column 'prediction' already exists in the input"):

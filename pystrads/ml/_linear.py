@@ -11,6 +11,7 @@ model.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, List
 
 import numpy as np
@@ -18,6 +19,7 @@ from pyspark.ml.linalg import DenseVector, SparseVector, Vectors
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasFitIntercept, HasLabelCol, HasMaxIter, HasPredictionCol,
                                      HasRegParam, HasSeed, HasStandardization, HasTol, HasWeightCol)
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..spark import is_dataframe
@@ -281,10 +283,7 @@ class _SparseLinearModel(_StradsModel):
 
         from ._arrow import row_dots
 
-        for field in fields:
-            if field.name in dataset.columns:
-                raise InputError(f"column {field.name!r} already exists in the input: set the model's output column "
-                                 f"to another name, or drop it first")
+        self._refuse_existing(dataset, [f.name for f in fields])
         coef, intercept, fcol = self._coef, self._intercept, self.getFeaturesCol()
         index = dataset.columns.index(fcol)
 
@@ -296,6 +295,35 @@ class _SparseLinearModel(_StradsModel):
                                                  batch.schema.names + list(added))
 
         return dataset.mapInArrow(score, T.StructType(dataset.schema.fields + list(fields)))
+
+    def _margin_column(self, dataset):
+        """The margin ``x . coef + intercept`` of ``dataset``'s features as a Column computed by an
+        Arrow UDF (pyspark >= 4.1: only the features travel to Python, a double comes back; null
+        for null features), or None where pyspark has no Arrow UDF."""
+        try:
+            from pyspark.sql.functions import ArrowUDFType, arrow_udf
+        except ImportError:
+            return None
+        import pyarrow as pa
+
+        from ._arrow import row_dots
+
+        coef, intercept, fcol = self._coef, self._intercept, self.getFeaturesCol()
+
+        def margin(column):
+            dots, valid = row_dots(column, coef, fcol)
+            return pa.array(dots + intercept, mask=~valid)
+
+        with warnings.catch_warnings():  # "prefer type hints": this module's annotations are strings
+            warnings.simplefilter("ignore", UserWarning)
+            udf = arrow_udf(margin, T.DoubleType(), ArrowUDFType.SCALAR)
+        return udf(F.col(fcol))
+
+    def _refuse_existing(self, dataset, names) -> None:
+        for name in names:
+            if name in dataset.columns:
+                raise InputError(f"column {name!r} already exists in the input: set the model's output column "
+                                 f"to another name, or drop it first")
 
     def _margin_udf(self):
         coef, intercept = self._coef, self._intercept

@@ -140,8 +140,25 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
         threshold = self.getThreshold()
         # p > threshold  <=>  margin > logit(threshold)
         cut = math.inf if threshold >= 1 else (-math.inf if threshold <= 0 else math.log(threshold / (1 - threshold)))
-        vector_type = _arrow_vector_type()
         raw_col, prob_col, pred_col = self.getRawPredictionCol(), self.getProbabilityCol(), self.getPredictionCol()
+        margin = self._margin_column(dataset)
+        if margin is not None:  # the margin from an Arrow UDF, the columns from it in the JVM (MLlib's formulas)
+            from pyspark.ml.functions import array_to_vector
+            from pyspark.sql import functions as F
+
+            self._refuse_existing(dataset, [c for c in (raw_col, prob_col, pred_col) if c])
+            m, name = F.col("__pystrads_margin"), "__pystrads_margin"
+            p = F.lit(1.0) / (F.lit(1.0) + F.exp(-m))
+            present = m.isNotNull()
+            out = dataset.withColumn(name, margin)
+            if raw_col:
+                out = out.withColumn(raw_col, F.when(present, array_to_vector(F.array(-m, m))))
+            if prob_col:
+                out = out.withColumn(prob_col, F.when(present, array_to_vector(F.array(F.lit(1.0) - p, p))))
+            if pred_col:
+                out = out.withColumn(pred_col, F.when(present, F.when(m > F.lit(cut), 1.0).otherwise(0.0)))
+            return out.drop(name)
+        vector_type = _arrow_vector_type()
 
         def columns(margin, valid):
             out = {}

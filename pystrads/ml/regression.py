@@ -53,6 +53,10 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
         mllib = self._mllib_model(dataset)
         if mllib is not None:
             return mllib.transform(dataset)
+        margin = self._margin_column(dataset)
+        if margin is not None:
+            self._refuse_existing(dataset, [out])
+            return dataset.withColumn(out, margin)
         return self._score_arrow(dataset, lambda margin, valid: {out: pa.array(margin, mask=~valid)},
                                  [T.StructField(out, T.DoubleType(), True)])
 
