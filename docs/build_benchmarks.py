@@ -276,6 +276,40 @@ def lda_scaleout_table(data):
     return out
 
 
+def lda_priors_table(data):
+    """jobs/bench_lda_priors.py: StradsLDA with a fixed and a learned topicConcentration."""
+    out = ["| corpus | K | iterations | β | held-out perplexity | × fixed | fit time |", "|---|---:|---:|---|---:|---:|---:|"]
+    for r in data["results"]:
+        for variant in ("fixed", "learned"):
+            m = r[variant]
+            beta = f"{data['beta']} (fixed)" if variant == "fixed" else f"learned: {m['beta']:.4f}"
+            ratio = f"**{r['perplexity_ratio']:.3f}×**" if variant == "learned" else ""
+            out.append(f"| {r['corpus']} | {r['k']} | {r['iterations']} | {beta} | {m['heldout_perplexity']:.1f} | "
+                       f"{ratio} | {_f(m['wall_s'])} s |")
+    return out
+
+
+SCORING_NAMES = {"linear": "StradsLassoModel", "logistic": "StradsLogisticRegressionModel", "mf": "StradsMFModel",
+                 "lda": "StradsLDAModel"}
+
+
+def scoring_table(data):
+    """jobs/bench_scoring.py: transform of pystrads' models against MLlib's on the same rows."""
+    out = ["| model | MLlib peer | rows | pystrads | MLlib | × MLlib |", "|---|---|---:|---:|---:|---:|"]
+    for r in data["results"]:
+        m = r["median_s"]
+        out.append(f"| {SCORING_NAMES[r['case']]} | {r['peer']} | {r['rows']:,} | {_f(m['pystrads'], 2)} s | "
+                   f"{_f(m['MLlib'], 2)} s | **{_f(r['ratio']['pystrads'], 2)}×** |")
+    arrow = [r for r in data["results"] if r.get("arrow")]
+    if arrow:
+        out += ["", "The Arrow path (what scores where no JVM model can be made, under Spark Connect): "
+                + "; ".join(f"{SCORING_NAMES[r['case']]} on {r['arrow']['rows']:,} rows "
+                            f"{_f(r['arrow']['median_s']['pystrads (Arrow)'], 2)} s against MLlib's "
+                            f"{_f(r['arrow']['median_s']['MLlib'], 2)} s (**{_f(r['arrow']['ratio'], 1)}×**)"
+                            for r in arrow) + "."]
+    return out
+
+
 # -- the tables of the page -----------------------------------------------------------------------
 
 class Table(NamedTuple):
@@ -313,6 +347,8 @@ TABLES = {
     "runtime_throughput": Table(runtime_throughput_table, _RUNTIME, "2026-11-24",
                                 json="runtime"),
     "scale": Table(scale_table, date="2026-11-24"),
+    "scoring": Table(scoring_table),
+    "lda_priors": Table(lda_priors_table),
 }
 
 

@@ -13,7 +13,7 @@ one warm-up call each, then ``--repeats`` calls each, interleaved; medians and t
   LinearRegressionModel / LogisticRegressionModel on ``--rows`` rows of ``--features`` dense
   features (Spark's own random columns).  On this classic session pystrads scores through MLlib's
   own model made from its coefficients; the Arrow path that scores under Spark Connect is timed
-  beside it (``pystrads (Arrow)``).
+  beside MLlib on ``--arrow-rows`` rows (``pystrads (Arrow)``).
 - **mf**: StradsMFModel against ALSModel (rank 10, fitted on 1 M synthetic ratings of 50 k
   users and 10 k items) on ``--rows`` (user, item) pairs.
 - **lda**: StradsLDAModel (K = 50, its default fold-in sweeps) against MLlib's online LDAModel
@@ -70,6 +70,7 @@ def linear_rows(spark, n: int, d: int, partitions: int):
 
 def linear_case(spark, args, logistic: bool) -> dict:
     from pyspark.ml.classification import LogisticRegression
+    from pyspark.ml.functions import vector_to_array
     from pyspark.ml.regression import LinearRegression
     from pyspark.sql import functions as F
 
@@ -77,7 +78,8 @@ def linear_case(spark, args, logistic: bool) -> dict:
 
     d = args.features
     w = np.random.default_rng(0).standard_normal(d)
-    score = sum(F.expr(f"vector_to_array(features)[{j}]") * float(w[j]) for j in range(d))
+    arr = vector_to_array(F.col("features"))
+    score = sum(arr[j] * float(w[j]) for j in range(d))
     train = linear_rows(spark, 20_000, d, 2).withColumn("margin", score + F.randn(seed=99))
     if logistic:
         train = train.withColumn("label", (F.col("margin") > float(w.sum() / 2)).cast("double"))
@@ -98,9 +100,17 @@ def linear_case(spark, args, logistic: bool) -> dict:
         finally:
             type(ours)._mllib_model = saved
 
-    out = compare({"pystrads": ours.transform, "pystrads (Arrow)": arrow, "MLlib": theirs.transform},
-                  rows, args.repeats)
+    out = compare({"pystrads": ours.transform, "MLlib": theirs.transform}, rows, args.repeats)
     rows.unpersist()
+    if args.arrow_rows:
+        rows = linear_rows(spark, args.arrow_rows, d, args.partitions).cache()
+        rows.count()
+        arrow_out = compare({"pystrads (Arrow)": arrow, "MLlib": theirs.transform}, rows, args.repeats)
+        rows.unpersist()
+        m = arrow_out["median_s"]
+        out["arrow"] = {"rows": args.arrow_rows, **arrow_out, "ratio": m["pystrads (Arrow)"] / m["MLlib"]}
+        print(f"  Arrow path on {args.arrow_rows:,} rows: {m['pystrads (Arrow)']:.2f} s against MLlib's "
+              f"{m['MLlib']:.2f} s ({out['arrow']['ratio']:.1f}x)", flush=True)
     return {"case": "logistic" if logistic else "linear", "rows": args.rows, "features": d,
             "peer": "LogisticRegressionModel" if logistic else "LinearRegressionModel", **out}
 
@@ -154,13 +164,15 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=10_000_000, help="rows scored by the linear and MF cases")
     p.add_argument("--features", type=int, default=20)
     p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--arrow-rows", type=int, default=1_000_000,
+                   help="linear cases: also time the Arrow path (as under Spark Connect) on this many rows; 0: skip")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cases", default="linear,logistic,mf,lda")
     p.add_argument("--quick", action="store_true", help="100 k rows, 2,000 documents, 1 repeat")
     p.add_argument("--out", default="out/bench_scoring.json")
     args = p.parse_args(argv)
     if args.quick:
-        args.rows, args.repeats = 100_000, 1
+        args.rows, args.arrow_rows, args.repeats = 100_000, 100_000, 1
     from pystrads.session import spark_session
 
     spark = spark_session(app_name="bench_scoring", conf={"spark.driver.memory": "12g"})
@@ -181,7 +193,7 @@ def main(argv=None):
         results.append(r)
         print(f"{r['case']:>9} {r['rows']:>11,} rows: " + "  ".join(f"{n} {s:.2f} s" for n, s in m.items())
               + "  ratio " + ", ".join(f"{n} {x:.2f}x" for n, x in r["ratio"].items()), flush=True)
-    data = {"command": "python3 jobs/bench_scoring.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    data = {"command": ("python3 jobs/bench_scoring.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
             "date": datetime.date.today().isoformat(),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "repeats": args.repeats, "results": results}

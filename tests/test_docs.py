@@ -86,7 +86,7 @@ def _check_readme(ns, outputs):
 
 
 def _check_lda(ns, outputs):
-    out, learned = outputs
+    out, learned, sharp = outputs
     assert out.rstrip().splitlines()[-1] == "True", out
     lda = ns["lda"]
     assert lda.summary.totalIterations == 15 and lda.getK() == 10
@@ -95,6 +95,9 @@ def _check_lda(ns, outputs):
     assert low < high < 5.0, learned  # no longer the symmetric start (5.0 each)
     updates = ns["learned"].summary.iterations.dropna(subset=["alpha_sum"])
     assert updates["iteration"].tolist() == [5, 10, 15], learned
+    beta = float(re.search(r"^learned beta ([\d.]+) \(start: 0.1\)$", sharp, re.M).group(1))
+    assert 0 < beta < 0.1 and beta == pytest.approx(ns["sharp"].estimatedTopicConcentration(), abs=1e-4), sharp
+    assert ns["sharp"].summary.iterations.dropna(subset=["beta"])["iteration"].tolist() == [5, 10, 15, 20]
 
 
 def _check_mf(ns, outputs):

@@ -561,3 +561,33 @@ def test_dispatch_by_name_and_recommendation():
                      b.word_topic, b.topic_totals, b.doc_topic, b.doc_ptr, b.doc_tokens,
                      b.doc_nz_topics, b.doc_nz_count, np.full(5, 0.1), 0.05, 100, new_state(60))
     np.testing.assert_array_equal(a.token_topic, b.token_topic)
+
+
+def test_learned_beta_fixed_point_equals_the_exact_digamma_sums_and_finds_the_prior():
+    """beta_fixed_point on the shards' summaries (exact histogram up to 1024, ln n and 1/n
+    above) equals Minka's fixed point iterated on every count with scipy's digamma, and recovers
+    the symmetric prior the counts were drawn with; summaries of disjoint rows add up."""
+    from scipy.special import digamma as scipy_digamma
+
+    from pystrads.kernels.lda.priors import beta_fixed_point, digamma, word_topic_count_summary
+
+    x = np.array([1e-6, 0.01, 0.5, 1.0, 3.0, 5.9, 6.0, 7.5, 100.0, 1e6])
+    np.testing.assert_allclose(digamma(x), scipy_digamma(x), rtol=1e-12, atol=1e-12)
+    rng = np.random.default_rng(0)
+    vocab, topics, true_beta = 2000, 20, 0.05
+    phi = rng.dirichlet(np.full(vocab, true_beta), size=topics)
+    counts = np.stack([rng.multinomial(n, p) for n, p in zip(rng.integers(2000, 200000, topics), phi)]).T
+    counts = counts.astype(np.int32)
+    assert counts.max() > 1024  # both parts of the summary are used
+    summary = word_topic_count_summary(counts)
+    np.testing.assert_allclose(summary, word_topic_count_summary(counts[:700]) + word_topic_count_summary(counts[700:]),
+                               rtol=1e-14)
+    totals = counts.sum(axis=0)
+    beta = 0.5
+    for _ in range(500):
+        beta *= (scipy_digamma(counts + beta) - scipy_digamma(beta)).sum() / (
+            vocab * (scipy_digamma(totals + vocab * beta) - scipy_digamma(vocab * beta)).sum())
+    learned = beta_fixed_point(0.5, summary, totals, vocab, iterations=500, tol=1e-12)
+    assert learned == pytest.approx(beta, rel=1e-8)
+    assert learned == pytest.approx(true_beta, rel=0.05)
+    assert beta_fixed_point(0.3, summary, np.zeros(topics), vocab) == 0.3  # no tokens: unchanged

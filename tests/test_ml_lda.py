@@ -241,6 +241,27 @@ def test_optimize_doc_concentration_learns_an_asymmetric_prior_the_model_uses(sp
     assert learned.logPerplexity(df) < fixed.logPerplexity(df)
 
 
+def test_optimize_topic_concentration_learns_beta_the_model_uses_and_saves(spark, tmp_path):
+    df = skewed_vectors(spark)
+    learned = StradsLDA(k=3, maxIter=20, seed=2, topicConcentration=0.5, optimizeTopicConcentration=True,
+                        optimizeInterval=5).fit(df)
+    history = learned.summary.iterations.dropna(subset=["beta"])
+    assert history["iteration"].tolist() == [5, 10, 15, 20]
+    beta = learned.estimatedTopicConcentration()
+    assert beta == history["beta"].iloc[-1] and beta < 0.5  # the start was far too flat
+    assert learned.getTopicConcentration() == 0.5  # the param stays as given, as MLlib's
+    # the model's topics and scoring use the learned beta
+    counts = learned.topicsMatrix().toArray()
+    phi = (counts + beta) / (counts.sum(axis=0) + counts.shape[0] * beta)
+    top = learned.describeTopics(30).orderBy("topic").first()
+    np.testing.assert_allclose(sorted(top.termWeights, reverse=True), np.sort(phi[:, 0])[::-1], rtol=1e-6)
+    learned.write().save(str(tmp_path / "m"))
+    assert StradsLDAModel.load(str(tmp_path / "m")).estimatedTopicConcentration() == beta
+    assert StradsLDA().getOptimizeTopicConcentration() is False
+    with pytest.warns(UserWarning, match="optimizeTopicConcentration=True but topicConcentration stays fixed"):
+        StradsLDA(k=3, maxIter=3, optimizeTopicConcentration=True, optimizeDocConcentration=False).fit(df)
+
+
 def test_transform_and_perplexity_use_the_prior_per_topic(spark):
     rng = np.random.default_rng(8)
     word_topic = rng.integers(1, 20, size=(30, 3))

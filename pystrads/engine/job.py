@@ -237,6 +237,8 @@ class WorkerJob:
         group = self.group
         body = dict(step=step, num_workers=self.num_workers, namespace=self.namespace, round_offset=round_offset)
         try:
+            if "program" in command:  # the shards run the program's pull and shard_metrics: the same program
+                group.broadcast("register_program", namespace=self.namespace, payload=command["program"])
             fan_out([lambda i=i: group.client(i).action("begin_step", **body) for i in range(1, len(group.shards))])
             group.client(0).action("begin_step", command=command, **body)
             if "program" in command:

@@ -52,19 +52,26 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         "Minka's fixed point from the documents' topic counts every optimizeInterval iterations, from "
         "iteration optimizeBurnIn on; estimatedDocConcentration() returns it. Default True, as MLlib's online "
         "optimizer and tomotopy (False: the fixed prior of MLlib's EM optimizer).", typeConverter=TypeConverters.toBoolean)
+    optimizeTopicConcentration: Param[bool] = Param(
+        Params._dummy(), "optimizeTopicConcentration",
+        "learn topicConcentration from the data: a symmetric prior re-estimated by Minka's fixed point from "
+        "the word-topic counts every optimizeInterval iterations, from iteration optimizeBurnIn on (as "
+        "Mallet's optimizeBeta); estimatedTopicConcentration() returns it. Default False.",
+        typeConverter=TypeConverters.toBoolean)
     optimizeInterval: Param[int] = Param(
         Params._dummy(), "optimizeInterval",
-        "iterations between two updates of the learned docConcentration (tomotopy's optim_interval); >= 1.",
+        "iterations between two updates of the learned priors (tomotopy's optim_interval); >= 1.",
         typeConverter=TypeConverters.toInt)
     optimizeBurnIn: Param[int] = Param(
         Params._dummy(), "optimizeBurnIn",
-        "iterations before the first update of the learned docConcentration (the first update is after the "
+        "iterations before the first update of the learned priors (the first update is after the "
         "first iteration that is a multiple of optimizeInterval and >= optimizeBurnIn); >= 0.",
         typeConverter=TypeConverters.toInt)
     topicConcentration: Param[float] = Param(
         Params._dummy(), "topicConcentration",
         "concentration parameter (commonly named 'beta' or 'eta') for the prior placed on topics' "
-        "distributions over terms; > 0. Unset: 0.1 (what MLlib EM's default 1.1 means after its MAP shift).",
+        "distributions over terms; > 0. Unset: 0.1 (what MLlib EM's default 1.1 means after its MAP shift). "
+        "With optimizeTopicConcentration: where the learned prior starts.",
         typeConverter=TypeConverters.toFloat)
     topicDistributionCol: Param[str] = Param(
         Params._dummy(), "topicDistributionCol",
@@ -107,7 +114,7 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
                          sampler="auto", logLikelihoodEvery=10, foldInIterations=20, optimizeDocConcentration=True,
-                         optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN)
+                         optimizeTopicConcentration=False, optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN)
 
     # -- resolved hyper-parameters
     def _alpha(self) -> np.ndarray:
@@ -124,6 +131,7 @@ class StradsLDASummary(FitSummary):
     """Training history of a :class:`StradsLDAModel` fit (:class:`~pystrads.ml._summary.FitSummary`).
 
     ``iterations``: one row per iteration with ``log_likelihood`` (log p(w, z)),
+    ``alpha_sum`` / ``alpha_min`` / ``alpha_max`` and ``beta`` where a learned prior was updated,
     ``log_perplexity`` (−log p(w, z) / tokens), ``s_error`` (the STRADS
     supplement's Δt) and ``tokens``; ``steps`` adds tokens/s to the time split
     (``compute_s``, ``sync_s``, ``outside_rounds_s``, ``schedule_s``).
@@ -170,7 +178,8 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
     ``optimizeDocConcentration`` the prior α is learned too: an asymmetric α
     re-estimated every ``optimizeInterval`` iterations by Minka's fixed point
     (Wallach, Mimno & McCallum 2009), toward the maximum of p(z | α) at the
-    current sample.
+    current sample; with ``optimizeTopicConcentration`` the symmetric β too
+    (as Mallet's ``optimizeBeta``), from the word-topic counts on the shards.
 
     Schedule: the vocabulary is cut into ``numWorkers`` blocks of equal token
     mass; in round r worker p samples the tokens of block (p + r) mod U, so
@@ -197,7 +206,7 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 10,
                  foldInIterations: int = 20, optimizeDocConcentration: bool = True, optimizeInterval: int = 10,
-                 optimizeBurnIn: int = OPTIMIZE_BURN_IN):
+                 optimizeBurnIn: int = OPTIMIZE_BURN_IN, optimizeTopicConcentration: bool = False):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -205,15 +214,19 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         super()._check_params()
         interval, burn_in = self.getOptimizeInterval(), self.getOptimizeBurnIn()
         first_update = max(interval, -(-burn_in // interval) * interval)
-        if not self.getOptimizeDocConcentration() or first_update <= self.getMaxIter():
+        if first_update <= self.getMaxIter():
             return
-        message = (f"optimizeDocConcentration=True but docConcentration stays fixed: the first update would "
-                   f"follow iteration {first_update} (optimizeInterval={interval}, optimizeBurnIn={burn_in}), "
-                   f"after maxIter={self.getMaxIter()}; lower optimizeInterval / optimizeBurnIn or raise maxIter")
-        if any(self.isSet(p) for p in (self.optimizeDocConcentration, self.optimizeInterval, self.optimizeBurnIn)):
-            warnings.warn(message, UserWarning, stacklevel=3)  # asked for explicitly
-        else:  # the defaults' learned prior on a short fit: said in the log, not raised to every caller
-            log.warning("StradsLDA: %s", message)
+        for learn, prior in ((self.optimizeDocConcentration, self.docConcentration),
+                             (self.optimizeTopicConcentration, self.topicConcentration)):
+            if not self.getOrDefault(learn):
+                continue
+            message = (f"{learn.name}=True but {prior.name} stays fixed: the first update would follow iteration "
+                       f"{first_update} (optimizeInterval={interval}, optimizeBurnIn={burn_in}), after "
+                       f"maxIter={self.getMaxIter()}; lower optimizeInterval / optimizeBurnIn or raise maxIter")
+            if any(self.isSet(p) for p in (learn, self.optimizeInterval, self.optimizeBurnIn)):
+                warnings.warn(message, UserWarning, stacklevel=3)  # asked for explicitly
+            else:  # the defaults' learned prior on a short fit: said in the log, not raised to every caller
+                log.warning("StradsLDA: %s", message)
 
     def _scan(self, fit: Fit):
         return _doc_records(fit.dataset, self.getFeaturesCol())  # refuses bad counts and empty corpora
@@ -229,7 +242,8 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
                              log_likelihood_every=self.getLogLikelihoodEvery(),
                              optimize_alpha=self.getOptimizeDocConcentration(),
                              optimize_interval=self.getOptimizeInterval(), optimize_burn_in=self.getOptimizeBurnIn(),
-                             max_doc_length=stats["max_length"])
+                             max_doc_length=stats["max_length"],
+                             optimize_beta=self.getOptimizeTopicConcentration())
         log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, %d workers, %r", stats["docs"],
                  stats["empty"], stats["tokens"], vocab, fit.workers, program)
         return program
@@ -238,9 +252,9 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
         return {"decode_batch": doc_blocks}  # the documents' CSR arrays straight from Arrow
 
     def _read_model(self, result, fit: Fit) -> "StradsLDAModel":
-        # the driver's program holds the learned alpha; the counts stay on the executors
+        # the driver's program holds the learned priors; the counts stay on the executors
         topics = fitted_topics(fit.dataset.sparkSession, result, fit.program.vocab_size, self.getK())
-        return StradsLDAModel(topics, fit.program.alpha, self._beta())
+        return StradsLDAModel(topics, fit.program.alpha, fit.program.beta)
 
 
 class StradsLDAModel(_StradsModel, _StradsLDAParams):
@@ -289,6 +303,10 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
     def estimatedDocConcentration(self) -> DenseVector:
         """The document-topic prior the model uses: learned (optimizeDocConcentration) or as given."""
         return DenseVector(self._alpha_value.copy())
+
+    def estimatedTopicConcentration(self) -> float:
+        """The topic-word prior β the model uses: learned (optimizeTopicConcentration) or as given."""
+        return self._beta_value
 
     def topicsMatrix(self) -> DenseMatrix:
         """vocabSize x k word-topic **counts** (they sum to the training tokens).

@@ -40,6 +40,16 @@ Learned α (``optimize_alpha``)
     reaches the workers with the next step; ``alpha`` is a program attribute,
     so checkpoints save it and a resumed fit restores it.
 
+Learned β (``optimize_beta``)
+    at the same iterations, the shards summarise their ``word_topic`` rows in
+    the iteration's last round (``shard_metrics``: the histogram of the counts
+    and the logs and inverses of the large ones,
+    :func:`pystrads.kernels.lda.word_topic_count_summary`), and ``after_step``
+    updates the symmetric ``beta`` by Minka's fixed point
+    (:func:`pystrads.kernels.lda.beta_fixed_point`) with the topic totals.
+    The workers and the shards (whose log-likelihood uses β) get the changed
+    program with the next step.
+
 Metrics per iteration: the joint log-likelihood log p(w, z) -- the document
 part computed by the workers, the word part by the shards over their rows
 (a consistent snapshot at the iteration's last round) -- tokens sampled and
@@ -56,6 +66,8 @@ import numpy as np
 from ..engine.program import Program, Schedule, Table, split_ranges
 from ..kernels.sets import unique
 
+#: shard metrics named this plus an index carry the learned β's count summary (word_topic_count_summary)
+BETA_SUMMARY = "beta_summary/"
 #: The learned α's histograms hold at most this many cells ((K + 1) x (L + 1) float64, 32 MB):
 #: documents longer than HISTOGRAM_MAX_CELLS / (K + 1) tokens have their counts clipped.
 HISTOGRAM_MAX_CELLS = 1 << 22
@@ -235,9 +247,11 @@ class LDAProgram(Program):
     optimize_alpha : bool
         Learn an asymmetric ``alpha`` (see the module docstring).
     optimize_interval : int
-        Iterations between two α updates (tomotopy's ``optim_interval``).
+        Iterations between two prior updates (tomotopy's ``optim_interval``).
     optimize_burn_in : int
-        No α update before this iteration.
+        No prior update before this iteration.
+    optimize_beta : bool
+        Learn the symmetric ``beta`` (see the module docstring).
     max_doc_length : int
         Tokens of the longest document (needed with ``optimize_alpha``): the
         histograms' length, capped at :data:`HISTOGRAM_MAX_CELLS` / (K + 1)
@@ -248,7 +262,7 @@ class LDAProgram(Program):
                  beta: float, max_iter: int, sampler: str = "fplus", seed: int = 0,
                  word_weights: Optional[np.ndarray] = None, log_likelihood_every: int = 1,
                  optimize_alpha: bool = False, optimize_interval: int = 10, optimize_burn_in: int = 0,
-                 max_doc_length: int = 0):
+                 max_doc_length: int = 0, optimize_beta: bool = False):
         from ..kernels.lda.priors import alpha_vector
 
         self.num_topics = int(num_topics)
@@ -266,6 +280,9 @@ class LDAProgram(Program):
         self.optimize_alpha = bool(optimize_alpha)
         self.optimize_interval = int(optimize_interval)
         self.optimize_burn_in = int(optimize_burn_in)
+        self.optimize_beta = bool(optimize_beta)
+        if self.optimize_beta and self.optimize_interval < 1:
+            raise ValueError(f"optimize_beta needs optimize_interval >= 1 (got {optimize_interval})")
         if self.optimize_alpha and (max_doc_length < 1 or self.optimize_interval < 1):
             raise ValueError(f"optimize_alpha needs max_doc_length >= 1 (got {max_doc_length}) and "
                              f"optimize_interval >= 1 (got {optimize_interval})")
@@ -294,15 +311,22 @@ class LDAProgram(Program):
     def __repr__(self) -> str:
         lo, hi = float(self.alpha.min()), float(self.alpha.max())
         alpha = f"{lo:.4g}" if lo == hi else f"[{lo:.4g} .. {hi:.4g}]"
-        learned = (f", learned alpha every {self.optimize_interval} iterations from {self.optimize_burn_in}"
-                   if self.optimize_alpha else "")
+        priors = " and ".join(n for n, on in (("alpha", self.optimize_alpha), ("beta", self.optimize_beta)) if on)
+        learned = f", learned {priors} every {self.optimize_interval} iterations from {self.optimize_burn_in}" \
+            if priors else ""
         return (f"LDAProgram(K={self.num_topics}, V={self.vocab_size}, U={self.num_workers}, alpha={alpha}, "
                 f"beta={self.beta}, iterations={self.max_iter}, sampler={self.sampler!r}{learned})")
 
     def alpha_update_due(self, iteration: int) -> bool:
         """Whether α is updated after iteration ``iteration`` (counted from 1)."""
-        return (self.optimize_alpha and iteration >= self.optimize_burn_in
-                and iteration % self.optimize_interval == 0)
+        return self.optimize_alpha and self._update_iteration(iteration)
+
+    def beta_update_due(self, iteration: int) -> bool:
+        """Whether β is updated after iteration ``iteration`` (counted from 1)."""
+        return getattr(self, "optimize_beta", False) and self._update_iteration(iteration)
+
+    def _update_iteration(self, iteration: int) -> bool:
+        return iteration >= self.optimize_burn_in and iteration % self.optimize_interval == 0
 
     # ------------------------------------------------------------------ tables
     def _shard_weights(self) -> Optional[np.ndarray]:
@@ -537,10 +561,12 @@ class LDAProgram(Program):
         """The log-likelihood's rounds: the last of every ``log_likelihood_every``-th iteration,
         and of the fit's last iteration (so the final figure is always there)."""
         U, every = self.num_workers, self.log_likelihood_every
-        if not every or (round_index + 1) % U:
+        if (round_index + 1) % U:
             return False
         iteration = (round_index + 1) // U
-        return iteration % every == 0 or iteration == self.max_iter
+        if self.beta_update_due(iteration):  # the shards summarise the counts for the β update
+            return True
+        return bool(every) and (iteration % every == 0 or iteration == self.max_iter)
 
     def pull(self, table: str, keys: np.ndarray, partials: np.ndarray, current: np.ndarray) -> np.ndarray:
         if table == "topic_totals":  # the round's summed changes (exact in float64 below 2^53)
@@ -552,7 +578,11 @@ class LDAProgram(Program):
         from ..kernels import lda as K
 
         if table == "word_topic":
-            return {"ll_word": K.word_log_likelihood_rows(rows, self.beta)}
+            out = {"ll_word": K.word_log_likelihood_rows(rows, self.beta)}
+            if getattr(self, "optimize_beta", False):
+                summary = K.word_topic_count_summary(rows)
+                out.update((f"{BETA_SUMMARY}{i}", float(summary[i])) for i in np.flatnonzero(summary))
+            return out
         if table == "topic_totals":
             return {"ll_totals": K.topic_totals_log_likelihood(rows[0], self.beta, self.vocab_size)}
         return {}
@@ -563,8 +593,10 @@ class LDAProgram(Program):
         done, iterations = ctx.rounds_done // U, ctx.rounds_this_step(self.max_iter * U, U) // U
         if not iterations:
             return None
-        if self.optimize_alpha:  # end the step at the next α update: after_step makes it
-            iterations = next((i for i in range(1, iterations) if self.alpha_update_due(done + i)), iterations)
+        if self.optimize_alpha or getattr(self, "optimize_beta", False):  # end the step at the next prior
+            # update: after_step makes it
+            iterations = next((i for i in range(1, iterations)
+                               if self.alpha_update_due(done + i) or self.beta_update_due(done + i)), iterations)
         return Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(iterations * U)])
 
     def _update_alpha(self, ctx) -> Dict[str, float]:
@@ -577,12 +609,28 @@ class LDAProgram(Program):
         return {"alpha_sum": float(self.alpha.sum()), "alpha_min": float(self.alpha.min()),
                 "alpha_max": float(self.alpha.max())}
 
+    def _update_beta(self, ctx, last_round: Dict[str, float]) -> Dict[str, float]:
+        """Minka's fixed point for β on the shards' summaries of the word-topic counts (in the
+        metrics of the iteration's last round) and the topic totals; returns the new β for the
+        iteration's row."""
+        from ..kernels.lda.priors import BETA_EXACT_COUNTS, beta_fixed_point
+
+        summary = np.zeros(BETA_EXACT_COUNTS + 4)
+        for key, value in last_round.items():
+            if key.startswith(BETA_SUMMARY):
+                summary[int(key[len(BETA_SUMMARY):])] = value
+        totals = ctx.table("topic_totals").get_range(0, 1)[0]
+        self.beta = beta_fixed_point(self.beta, summary, totals, self.vocab_size)
+        return {"beta": self.beta}
+
     def after_step(self, ctx, metrics) -> None:
         U = self.num_workers
         tokens_total = metrics.total("tokens")
         last_iteration = (ctx.rounds_done + len(metrics.rounds)) // U
         ctx.record(iteration=last_iteration, tokens=tokens_total, sample_s=metrics.total("sample_s") / U)
         updated = self._update_alpha(ctx) if metrics.rounds and self.alpha_update_due(last_iteration) else {}
+        if metrics.rounds and self.beta_update_due(last_iteration):
+            updated.update(self._update_beta(ctx, metrics.rounds[-1]))
         start = 0
         last_row: Dict[str, Any] = {}
         for r in range(len(metrics.rounds)):

@@ -116,7 +116,8 @@ from .likelihood import (
     topic_totals_log_likelihood,
     word_log_likelihood_rows,
 )
-from .priors import MIN_ALPHA, alpha_vector, doc_topic_histograms, minka_fixed_point
+from .priors import (MIN_ALPHA, MIN_BETA, alpha_vector, beta_fixed_point, doc_topic_histograms, minka_fixed_point,
+                     word_topic_count_summary)
 from .samplers import (
     MH_CYCLES,
     SAMPLERS,
