@@ -15,10 +15,7 @@ document-completion perplexity of each model with its own priors (``jobs/bench_l
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -57,6 +54,7 @@ def main(argv=None):
     from pyspark.ml.feature import StopWordsRemover
 
     from bench_lda import heldout_perplexity, spark_df, tokenize_corpus
+    from bench_scoring import write_run
     from pystrads.session import spark_session
 
     spark = spark_session(app_name="bench_lda_priors", conf={"spark.driver.memory": "8g"})
@@ -88,15 +86,7 @@ def main(argv=None):
               f"{row['learned']['heldout_perplexity']:.1f} ({row['perplexity_ratio']:.3f}x), learned beta "
               f"{row['learned']['beta']:.4f}", flush=True)
         df.unpersist()
-    data = {"command": ("python3 jobs/bench_lda_priors.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
-            "date": datetime.date.today().isoformat(),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            "beta": args.beta, "seeds": seeds, "results": results}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1)
-    print(f"wrote {args.out}")
-    return data
+    return write_run("bench_lda_priors.py", argv, args.out, beta=args.beta, seeds=seeds, results=results)
 
 
 if __name__ == "__main__":

@@ -193,14 +193,18 @@ def main(argv=None):
         results.append(r)
         print(f"{r['case']:>9} {r['rows']:>11,} rows: " + "  ".join(f"{n} {s:.2f} s" for n, s in m.items())
               + "  ratio " + ", ".join(f"{n} {x:.2f}x" for n, x in r["ratio"].items()), flush=True)
-    data = {"command": ("python3 jobs/bench_scoring.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
+    return write_run("bench_scoring.py", argv, args.out, repeats=args.repeats, results=results)
+
+
+def write_run(job: str, argv, out: str, **fields) -> dict:
+    """The run's JSON (``--out``): the command that made it, the date, the machine, then ``fields``."""
+    data = {"command": ("python3 jobs/" + job + " " + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
             "date": datetime.date.today().isoformat(),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            "repeats": args.repeats, "results": results}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as fh:
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, **fields}
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1)
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return data
 
 

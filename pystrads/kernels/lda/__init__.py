@@ -133,8 +133,10 @@ from .samplers import (
 __all__ = [
     "MH_CYCLES",
     "MIN_ALPHA",
+    "MIN_BETA",
     "SAMPLERS",
     "alpha_vector",
+    "beta_fixed_point",
     "build_doc_nonzero",
     "build_doc_tokens",
     "choose_sampler",
@@ -157,4 +159,5 @@ __all__ = [
     "sample_block_sparse",
     "topic_totals_log_likelihood",
     "word_log_likelihood_rows",
+    "word_topic_count_summary",
 ]
