@@ -119,7 +119,7 @@ def keep_frame(frame, result, name: str):
     else:
         path = None
         kept = frame.localCheckpoint(eager=True)
-    kept._pystrads_kept = path or "checkpoint"  # what release_frame frees
+    vars(kept)["_pystrads_kept"] = path or "checkpoint"  # what release_frame frees
     return kept
 
 
@@ -133,10 +133,10 @@ def release_frame(frame) -> bool:
 
     from ..spark import handle_of
 
-    kept = getattr(frame, "_pystrads_kept", None)
+    kept = vars(frame).get("_pystrads_kept")  # not getattr: a Connect DataFrame makes a Column of any name
     if kept is None:
         return False
-    frame._pystrads_kept, frame._pystrads_released = None, True
+    vars(frame).update(_pystrads_kept=None, _pystrads_released=True)
     if kept != "checkpoint":
         try:
             storage.delete_dir(kept)

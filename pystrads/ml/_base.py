@@ -166,7 +166,7 @@ class _StradsModel(HasTrainingSummary, Model, _StradsParams, PersistentModel):
         return False
 
     def _check_open(self) -> None:
-        if self._closed or any(getattr(f, "_pystrads_released", False) for f in self._kept_frames() if f is not None):
+        if self._closed or any(vars(f).get("_pystrads_released", False) for f in self._kept_frames() if f is not None):
             raise PystradsError(f"this {type(self).__name__} was closed (close()): the tables it kept on the executors "
                                 "are freed; load a saved copy or fit again")
 
