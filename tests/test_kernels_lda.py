@@ -591,3 +591,4 @@ def test_learned_beta_fixed_point_equals_the_exact_digamma_sums_and_finds_the_pr
     assert learned == pytest.approx(beta, rel=1e-8)
     assert learned == pytest.approx(true_beta, rel=0.05)
     assert beta_fixed_point(0.3, summary, np.zeros(topics), vocab) == 0.3  # no tokens: unchanged
+    assert beta_fixed_point(0.3, np.zeros_like(summary), totals, vocab) == 0.3  # no summary: unchanged

@@ -491,3 +491,7 @@ def test_learned_beta_is_minkas_fixed_point_of_the_counts_and_the_shards_use_it(
     # measured 0.117, 0.067, 0.049: from a random start the counts first look flatter than they end
     assert 0.03 < betas[-1][1] < 0.07 and betas[-1][1] < betas[1][1] < betas[0][1], betas
     assert all(not any(k.startswith("beta_summary") for k in r) for r in rows)  # the summaries stay internal
+    # without the log-likelihood the shards still summarise the counts at the updates: the same chain, same betas
+    quiet = make_program(docs, 400, 2, iterations=12, optimize_beta=True, optimize_interval=4, log_likelihood_every=0)
+    with Engine(quiet, sc.parallelize(docs, 2), seed=1).fit() as res:
+        assert [(r["iteration"], r["beta"]) for r in res.summary.iterations if "beta" in r] == betas

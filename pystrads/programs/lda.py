@@ -276,13 +276,15 @@ class LDAProgram(Program):
         self.seed = int(seed)
         self.word_weights = word_weights
         self.log_likelihood_every = int(log_likelihood_every)
-        self.shard_metrics_every = self.num_workers * self.log_likelihood_every
         self.optimize_alpha = bool(optimize_alpha)
         self.optimize_interval = int(optimize_interval)
         self.optimize_burn_in = int(optimize_burn_in)
         self.optimize_beta = bool(optimize_beta)
         if self.optimize_beta and self.optimize_interval < 1:
             raise ValueError(f"optimize_beta needs optimize_interval >= 1 (got {optimize_interval})")
+        # shard metrics on (shard_metrics_due names the rounds): the log-likelihood's, the learned β's
+        self.shard_metrics_every = self.num_workers * (self.log_likelihood_every
+                                                       or (self.optimize_interval if self.optimize_beta else 0))
         if self.optimize_alpha and (max_doc_length < 1 or self.optimize_interval < 1):
             raise ValueError(f"optimize_alpha needs max_doc_length >= 1 (got {max_doc_length}) and "
                              f"optimize_interval >= 1 (got {optimize_interval})")

@@ -199,14 +199,14 @@ def beta_fixed_point(beta, summary, topic_totals, vocab_size, iterations=20, tol
     Returns
     -------
     float
-        The new β (the input when there are no tokens).
+        The new β (the input when there are no tokens or the summary is empty).
     """
     summary = np.asarray(summary, dtype=np.float64)
     exact = len(summary) - 4
     hist = summary[:exact + 1]
     tail_n, tail_log, tail_inv = summary[exact + 1:]
     totals = np.asarray(topic_totals, dtype=np.float64)
-    if totals.sum() <= 0:
+    if totals.sum() <= 0 or hist.sum() + tail_n <= 0:  # no tokens, or no summary of them
         return float(beta)
     exceeding = hist[::-1].cumsum()[::-1][1:]  # c[i] = Σ_{n > i} h[n], i = 0 .. exact - 1
     steps = np.arange(exact, dtype=np.float64)
