@@ -92,13 +92,9 @@ def linear_case(spark, args, logistic: bool) -> dict:
     rows = linear_rows(spark, args.rows, d, args.partitions).cache()
     rows.count()
 
-    def arrow(frame):  # the path transform takes where no JVM model can be made (Spark Connect)
-        saved = type(ours)._mllib_model
-        type(ours)._mllib_model = lambda self, dataset: None
-        try:
-            return ours.transform(frame)
-        finally:
-            type(ours)._mllib_model = saved
+    arrow_model = ours.copy()
+    arrow_model._mllib_model = lambda dataset: None  # the path taken where no JVM model can be made (Connect)
+    arrow = arrow_model.transform
 
     out = compare({"pystrads": ours.transform, "MLlib": theirs.transform}, rows, args.repeats)
     rows.unpersist()
