@@ -276,7 +276,8 @@ class _SparseLinearModel(_StradsModel):
     def _score_arrow(self, dataset, columns, fields):
         """``dataset`` with the columns ``columns(margin, valid)`` returns (name -> Arrow array;
         ``fields``: their StructFields, refused when the input has one, as MLlib refuses) appended,
-        scored in Arrow batches (``mapInArrow``, classic and Connect): each batch's margins
+        scored in Arrow batches of whole rows (``mapInArrow``: where pyspark has no Arrow UDF for
+        :meth:`_margin_column`, classic and Connect alike): each batch's margins
         ``x . coef + intercept`` in a few numpy calls (:func:`~pystrads.ml._arrow.row_dots`),
         ``valid`` False for null features."""
         import pyarrow as pa
