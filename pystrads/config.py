@@ -66,6 +66,11 @@ _SETTINGS = [
     Setting("shard.tls.plaintext", False, bool,
             "allow plain gRPC off the loopback when no certificate is configured (logs a warning: the run "
             "token and program payloads then cross the network in clear); false = per-run TLS"),
+    Setting("table.sparseRowMaxFill", 0.25, float,
+            "tables a program declares sparse (Table(storage='sparse')): a row is stored as (column, value) "
+            "pairs while at most this fraction of its width is non-zero, dense above (LightLDA's K / 4; "
+            "a pair costs 4 bytes more than a dense cell, and a row keeps room to double); 0 = every "
+            "non-empty row dense, 1 = every row as pairs", 0.0),
     Setting("rpc.chunkBytes", CHUNK_BYTES, int,
             "bytes per Arrow record batch in a get or put stream (kept under gRPC's "
             "4 MiB message limit)", 4096),

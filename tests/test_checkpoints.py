@@ -61,7 +61,11 @@ def test_a_checkpoint_of_other_data_is_not_resumed(sc, ratings):
     assert np.allclose(h, reference, atol=1e-10)
 
 
-def test_snapshots_restore_into_a_different_number_of_shards(tmp_path):
+@pytest.mark.parametrize("kinds", [("dense", "dense"), ("sparse", "sparse"), ("dense", "sparse"),
+                                   ("sparse", "dense")])
+def test_snapshots_restore_into_a_different_number_of_shards(tmp_path, kinds):
+    """Snapshots of 3 shards restore into 2 (other row cuts), whichever kind wrote them and
+    whichever reads them (a sparse table writes its entries, ``.npz``; a dense one ``.npy``)."""
     from pystrads.ps.client import ShardGroup, ShardInfo
     from pystrads.ps.server import ShardServer
 
@@ -69,24 +73,29 @@ def test_snapshots_restore_into_a_different_number_of_shards(tmp_path):
     three = [ShardServer("grpc://127.0.0.1:0", token, 1e9, f"a{i}") for i in range(3)]
     two = [ShardServer("grpc://127.0.0.1:0", token, 1e9, f"b{i}") for i in range(2)]
     try:
-        def create(servers, bounds):
+        def create(servers, bounds, kind):
             group = ShardGroup([ShardInfo("127.0.0.1", s.port, 0, "e", s.shard_id) for s in servers], token)
             for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-                group.client(i).action("create_table", name="fit/x", row_start=lo, row_stop=hi, width=2)
+                group.client(i).action("create_table", name="fit/x", row_start=lo, row_stop=hi, width=4,
+                                       storage=kind, max_fill=0.5)
             return group
 
-        src = create(three, [0, 3, 7, 10])
-        values = np.arange(20.0).reshape(10, 2)
+        src = create(three, [0, 3, 7, 10], kinds[0])
+        values = np.arange(40.0).reshape(10, 4) * (np.arange(40).reshape(10, 4) % 3 == 0)
+        values[4] = 0.0  # an empty row
+        values[6] = 1.5  # a full row (dense in a sparse table)
         for i, (lo, hi) in enumerate([(0, 3), (3, 7), (7, 10)]):
             src.client(i).write_rows("put", "fit/x", np.arange(lo, hi), values[lo:hi], "float64")
         src.broadcast("snapshot", prefix="fit/", dir=str(tmp_path / "snap"))
-        assert len(storage.list_names(str(tmp_path / "snap"))) == 3
-        dst = create(two, [0, 5, 10])
+        ext = "npz" if kinds[0] == "sparse" else "npy"
+        assert storage.list_names(str(tmp_path / "snap")) == [f"x.{a}.{ext}" for a in ("0-3", "3-7", "7-10")]
+        dst = create(two, [0, 5, 10], kinds[1])
+        dst.client(1).write_rows("put", "fit/x", np.arange(5, 10), np.full((5, 4), 9.0), "float64")  # replaced
         dst.broadcast("restore", prefix="fit/", dir=str(tmp_path / "snap"))
-        got = np.vstack([dst.client(i).get_rows("fit/x", 2, "float64", start=lo, stop=hi)
+        got = np.vstack([dst.client(i).get_rows("fit/x", 4, "float64", start=lo, stop=hi)
                          for i, (lo, hi) in enumerate([(0, 5), (5, 10)])])
         assert np.array_equal(got, values)
-        os.remove(tmp_path / "snap" / "x.3-7.npy")  # an incomplete snapshot is refused, naming the gap
+        os.remove(tmp_path / "snap" / f"x.3-7.{ext}")  # an incomplete snapshot is refused, naming the gap
         with pytest.raises(Exception, match="lacks rows of table 'x' from row 3"):
             dst.broadcast("restore", prefix="fit/", dir=str(tmp_path / "snap"))
     finally:

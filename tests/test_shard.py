@@ -35,14 +35,22 @@ def group_layout(group, name="fit/t", rows=10, width=1):
     return TableLayout(name, rows, width, "float64", bounds, tuple(range(len(group.shards))), width)
 
 
-def make_table(group, name="fit/t", rows=1000, width=3, dtype="float64", contrib_width=None):
+def make_table(group, name="fit/t", rows=1000, width=3, dtype="float64", contrib_width=None, storage="dense",
+               max_fill=0.5):
     bounds = tuple(int(b) for b in range_bounds(rows, len(group.shards)))
     layout = TableLayout(name, rows, width, dtype, bounds, tuple(range(len(group.shards))),
                          contrib_width or width)
     for shard, lo, hi in layout.ranges():
         group.client(shard).action("create_table", name=name, row_start=lo, row_stop=hi, width=width,
-                                   dtype=dtype, contrib_width=layout.contrib_width)
+                                   dtype=dtype, contrib_width=layout.contrib_width, storage=storage,
+                                   max_fill=max_fill)
     return group.table(layout)
+
+
+@pytest.fixture(params=["dense", "sparse"])
+def storage(request):
+    """The table kinds: every read, write, step and round behaves the same on both."""
+    return request.param
 
 
 def test_refuses_calls_without_the_token(shards):
@@ -77,9 +85,9 @@ def test_refuses_calls_without_the_token(shards):
     assert group.table(group_layout(group)).get([3])[0, 0] == 0.0
 
 
-def test_get_put_inc_round_trip_across_shards(shards):
+def test_get_put_inc_round_trip_across_shards(shards, storage):
     _, group = shards
-    table = make_table(group)
+    table = make_table(group, storage=storage)
     values = np.arange(3000, dtype=np.float64).reshape(1000, 3)
     table.put(np.arange(1000), values)
     assert np.array_equal(table.read_all(), values)
@@ -112,9 +120,9 @@ def test_shard_table_adds_every_key_each_time_it_is_given(keys):
     assert np.array_equal(table.values, want)
 
 
-def test_chunked_transfers_are_exact(shards):
+def test_chunked_transfers_are_exact(shards, storage):
     _, group = shards  # chunk_bytes=4096 -> many batches per request
-    table = make_table(group, rows=20000, width=5)
+    table = make_table(group, rows=20000, width=5, storage=storage)
     values = np.random.default_rng(0).random((20000, 5))
     table.put(range(0, len(values)), values)
     assert np.array_equal(table.get_range(0, 20000), values)
@@ -122,9 +130,9 @@ def test_chunked_transfers_are_exact(shards):
     assert np.array_equal(table.get(keys), values[keys])
 
 
-def test_nonzero_reads_send_only_the_nonzero_rows_across_shards_and_chunks(shards):
+def test_nonzero_reads_send_only_the_nonzero_rows_across_shards_and_chunks(shards, storage):
     servers, group = shards  # chunk_bytes=4096 -> many batches per shard's reply
-    table = make_table(group, rows=20000, width=2)
+    table = make_table(group, rows=20000, width=2, storage=storage)
     rng = np.random.default_rng(3)
     keys = np.unique(rng.integers(0, 20000, 3000))
     values = rng.random((len(keys), 2))
@@ -142,9 +150,9 @@ def test_nonzero_reads_send_only_the_nonzero_rows_across_shards_and_chunks(shard
         table.get_nonzero(0, 20001)
 
 
-def test_uncopied_reads_are_read_only_views_of_one_message(shards):
+def test_uncopied_reads_are_read_only_views_of_one_message(shards, storage):
     _, group = shards  # chunk_bytes=4096: a copied read of shard 0's rows takes many batches
-    table = make_table(group, rows=20000, width=5)
+    table = make_table(group, rows=20000, width=5, storage=storage)
     values = np.random.default_rng(0).random((20000, 5))
     table.put(range(0, len(values)), values)
     requests = group.client(0).action("stats")["requests"]
@@ -158,9 +166,9 @@ def test_uncopied_reads_are_read_only_views_of_one_message(shards):
         view[0, 0] = 1.0
 
 
-def test_integer_tables_and_stats(shards):
+def test_integer_tables_and_stats(shards, storage):
     _, group = shards
-    table = make_table(group, rows=10, width=2, dtype="int32")
+    table = make_table(group, rows=10, width=2, dtype="int32", storage=storage)
     table.inc(np.arange(10), np.ones((10, 2), dtype=np.int32))
     assert table.read_all().dtype == np.int32
     assert table.read_all().sum() == 20
@@ -176,9 +184,9 @@ def _enter(group, step, worker, task):
     return fence
 
 
-def test_retried_step_rolls_back_and_fences_out_zombies(shards):
+def test_retried_step_rolls_back_and_fences_out_zombies(shards, storage):
     _, group = shards
-    table = make_table(group, rows=100, width=1, dtype="int64")
+    table = make_table(group, rows=100, width=1, dtype="int64", storage=storage)
     table.put(np.arange(100), np.arange(100).reshape(-1, 1))
     group.broadcast("begin_step", step=1, num_workers=2, namespace="fit")
     f0 = _enter(group, 1, 0, task=10)
@@ -199,9 +207,9 @@ def test_retried_step_rolls_back_and_fences_out_zombies(shards):
     assert np.array_equal(table.read_all()[:, 0], expected)
 
 
-def test_abort_step_restores_rows(shards):
+def test_abort_step_restores_rows(shards, storage):
     _, group = shards
-    table = make_table(group, rows=50, width=2)
+    table = make_table(group, rows=50, width=2, storage=storage)
     base = np.random.default_rng(3).random((50, 2))
     table.put(range(0, len(base)), base)
     group.broadcast("begin_step", step=4, num_workers=1, namespace="fit")
@@ -215,7 +223,7 @@ def test_abort_step_restores_rows(shards):
         table.fenced(**fence).inc([0], [[1, 1]])
 
 
-def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards):
+def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards, storage):
     """The undo log saves each row once, at its first write of the step, whatever the order
     and repeats of the keys (it dedups them by a sort: :mod:`pystrads.kernels.sets`)."""
     from pystrads.kernels.sets import union, unique
@@ -226,7 +234,7 @@ def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards):
         assert unique(a).dtype == a.dtype
     np.testing.assert_array_equal(union([5, 1, 5], [3, 1]), [1, 3, 5])
     _, group = shards
-    table = make_table(group, rows=50, width=2)
+    table = make_table(group, rows=50, width=2, storage=storage)
     base = rng.random((50, 2))
     table.put(range(0, len(base)), base)
     group.broadcast("begin_step", step=5, num_workers=1, namespace="fit")
@@ -243,12 +251,12 @@ def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards):
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float64"])
-def test_sparse_reads_and_writes_carry_the_same_rows_in_fewer_bytes(shards, dtype):
+def test_sparse_reads_and_writes_carry_the_same_rows_in_fewer_bytes(shards, dtype, storage):
     """``sparse=True`` reads and writes send each row's non-zero entries only (a mostly-zero
     block: about a tenth of the bytes) and give the very same rows as dense ones, across shards
     and batches, keys in any order and repeated; a step's sparse writes roll back exactly."""
     servers, group = shards
-    table = make_table(group, rows=300, width=40, dtype=dtype)
+    table = make_table(group, rows=300, width=40, dtype=dtype, storage=storage)
     rng = np.random.default_rng(3)
     base = (rng.random((300, 40)) < 0.08) * rng.integers(1, 9, (300, 40))
     table.put(np.arange(300), np.full((300, 40), 7), sparse=True)
@@ -288,7 +296,7 @@ def test_sparse_entries_refuse_column_indexes_outside_the_row():
         protocol.sparse_entries(cols, vals, "float64", 2)
 
 
-def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(shards):
+def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(shards, storage):
     """The worker's tick (``contribute(..., read_back=True)``): one exchange per shard
     carries the contribution and the tick and brings back the rows after the round's pull;
     over two shards, with unsorted repeated keys and a second table contributed by range, the
@@ -302,8 +310,8 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
     from pystrads.engine.worker import WorkerSpec, _Worker
 
     _, group = shards
-    table = make_table(group, rows=30, width=1, contrib_width=2)
-    other = make_table(group, name="fit/g", rows=6, width=1, contrib_width=1)
+    table = make_table(group, rows=30, width=1, contrib_width=2, storage=storage)
+    other = make_table(group, name="fit/g", rows=6, width=1, contrib_width=1, storage=storage)
     for i in range(2):
         group.client(i).action("register_program", namespace="fit",
                                payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
@@ -350,9 +358,9 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
     assert np.array_equal(other.read_all()[:, 0], np.full(6, 12.0))
 
 
-def test_round_clocks_bsp_and_contributions(shards):
+def test_round_clocks_bsp_and_contributions(shards, storage):
     _, group = shards
-    table = make_table(group, rows=10, width=1, contrib_width=2)
+    table = make_table(group, rows=10, width=1, contrib_width=2, storage=storage)
     for i in range(2):
         group.client(i).action("register_program", namespace="fit",
                                payload=__import__("base64").b64encode(
@@ -398,11 +406,11 @@ class _Replace:
 
 
 @pytest.mark.parametrize("spread", [1, 25])  # a dense key range, and a sparse one
-def test_a_rounds_contributions_sum_exactly_whatever_their_keys(shards, spread):
+def test_a_rounds_contributions_sum_exactly_whatever_their_keys(shards, spread, storage):
     """The shard sums a round's parts before ``pull``: sorted parts, a part with repeated keys
     in any order, keys seen by one part only; rows nobody contributed to stay as they were."""
     servers, group = shards
-    table = make_table(group, rows=1000, width=2)
+    table = make_table(group, rows=1000, width=2, storage=storage)
     table.put(range(0, 1000), np.full((1000, 2), -1.0))
     group.client(0).action("register_program", namespace="fit", payload=__import__("base64").b64encode(
         __import__("pyspark").cloudpickle.dumps(_Replace())).decode())
@@ -717,3 +725,93 @@ def test_a_shard_takes_the_first_free_port_of_its_range():
             _listen("127.0.0.1", base, 1, "t", 1e9, "s", None)
     finally:
         taken.close()
+
+
+@pytest.mark.parametrize("dtype,max_fill", [("int32", 0.25), ("int32", 0.0), ("int32", 1.0), ("float64", 0.25)])
+def test_sparse_table_equals_a_dense_one_under_any_sequence_of_writes_and_rollbacks(dtype, max_fill):
+    """A sparse table (rows as pairs, dense past ``max_fill``, moved, promoted, compacted) holds
+    exactly what a dense table holds after the same random adds, puts, entry writes (replacing
+    or adding, keys repeated or not), undo-log saves, rollbacks and compactions."""
+    from pystrads.kernels.rows import to_csr
+    from pystrads.ps.table import ShardTable, SparseShardTable
+
+    rng = np.random.default_rng(int(max_fill * 100))
+    n, w = 60, 12
+    dense = ShardTable("t", 100, 100 + n, w, dtype, np.zeros((n, w), dtype), w)
+    sparse = SparseShardTable("t", 100, 100 + n, w, dtype, w, max_fill)
+    for it in range(2500):
+        op = int(rng.integers(0, 7))
+        if rng.random() < 0.1:
+            start = int(rng.integers(0, n - 5))
+            index = slice(start, start + 5)
+        elif rng.random() < 0.7:
+            index = np.sort(rng.choice(n, int(rng.integers(1, 8)), replace=False))
+        else:
+            index = rng.integers(0, n, int(rng.integers(1, 8)))  # repeated, unsorted
+        m = 5 if isinstance(index, slice) else len(index)
+        block = ((rng.random((m, w)) < rng.random()) * rng.integers(-3, 4, (m, w))).astype(dtype)
+        repeated = not isinstance(index, slice) and len(np.unique(index)) < len(index)
+        for table in (dense, sparse):
+            if op == 0:
+                table.add(index, block)
+            elif op == 1 and not repeated:
+                table.write(index, block)
+            elif op in (2, 6) and not (op == 6 and repeated):
+                table.add_entries(index, *to_csr(block), replace=op == 6)
+            elif op == 3:
+                table.remember(index if isinstance(index, slice) else np.asarray(index))
+        if op == 4 and rng.random() < 0.1:
+            assert dense.rollback() == sparse.rollback()
+        elif op == 5 and rng.random() < 0.1:
+            dense.forget()
+            sparse.forget()
+            sparse.settle()
+        assert np.array_equal(sparse.read(slice(0, n)), dense.values), (it, op)
+        if it % 50 == 0:
+            for a, b in zip(dense.read_entries(slice(0, n)), sparse.read_entries(slice(0, n))):
+                assert np.array_equal(a, b)
+            assert np.array_equal(dense.nonzero_rows(3, n), sparse.nonzero_rows(3, n))
+            assert np.array_equal(sparse.nnz, np.count_nonzero(dense.values, axis=1))  # each row's count
+    sparse.compact()
+    assert np.array_equal(sparse.read(slice(0, n)), dense.values)
+    info = sparse.storage()
+    assert info["nonzeros"] == np.count_nonzero(dense.values)
+    if max_fill == 0.0:
+        assert info["pair_entries"] == 0  # every non-empty row dense
+    if max_fill == 1.0:
+        assert info["dense_rows"] == 0  # every row as pairs
+
+
+def test_a_sparse_tables_memory_follows_its_non_zeros(shards):
+    """A mostly-empty sparse table of 200 k rows x 1000 int32 holds its non-zeros (pairs for
+    the light rows, dense rows for the full ones), not 800 MB; the stats name its storage, and
+    as its rows empty out, a step's commit gives the memory back."""
+    servers, group = shards
+    rows, width = 200_000, 1000
+    table = make_table(group, rows=rows, width=width, dtype="int32", storage="sparse", max_fill=0.25)
+    rng = np.random.default_rng(0)
+    keys = np.unique(rng.integers(0, rows, 20_000))
+    block = np.zeros((len(keys), width), np.int32)
+    block[np.arange(len(keys)), rng.integers(0, width, len(keys))] = 3
+    block[:400] = 1  # 400 full rows: stored dense
+    table.inc(keys, block, sparse=True)
+    nnz = int(np.count_nonzero(block))
+    stats = [s._action_stats(None)["tables"]["fit/t"] for s in servers]
+    assert sum(t["nonzeros"] for t in stats) == nnz
+    assert sum(t["dense_rows"] for t in stats) == 400
+    held = sum(t["bytes"] for t in stats)
+    assert held < 24 * rows + 400 * width * 4 * 2 + 40 * nnz, held  # not rows x width x 4 = 800 MB
+    assert np.array_equal(table.get(keys, sparse=True), block)
+    # the full rows empty out inside a step: at its commit the dense rows go back to pairs
+    group.broadcast("begin_step", step=1, num_workers=1, namespace="fit")
+    fence = _enter(group, 1, 0, task=1)
+    minus = np.full((400, width), -1, np.int32)
+    minus[:, 0] = 0
+    table.fenced(**fence).inc(keys[:400], minus, sparse=True)
+    group.broadcast("commit_step", step=1)
+    stats = [s._action_stats(None)["tables"]["fit/t"] for s in servers]
+    assert sum(t["dense_rows"] for t in stats) == 0
+    assert sum(t["bytes"] for t in stats) < held - 400 * width * 4
+    block[:400] += minus
+    assert np.array_equal(table.get(keys, sparse=True), block)
+    assert np.array_equal(table.get_nonzero(0, rows)[0], keys)

@@ -252,7 +252,8 @@ class Engine:
             for shard, lo, hi in layout.ranges():
                 self.group.client(shard).action(
                     "create_table", name=layout.name, row_start=lo, row_stop=hi, width=layout.width,
-                    dtype=layout.dtype, fill=t.fill, initializer=init, contrib_width=layout.contrib_width)
+                    dtype=layout.dtype, fill=t.fill, initializer=init, contrib_width=layout.contrib_width,
+                    storage=t.storage, max_fill=self.config["table.sparseRowMaxFill"])
             self.layouts[t.name] = layout
         payload = base64.b64encode(cloudpickle.dumps(self.program)).decode()
         self.group.broadcast("register_program", namespace=self.namespace, payload=payload)

@@ -64,6 +64,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ScheduleError
+from ..ps.table import RowEntries  # part of the Program API: a sparse table's rows in shard_metrics
 
 
 @dataclasses.dataclass
@@ -94,6 +95,16 @@ class Table:
     single_shard : bool
         Keep the whole table on one shard (for a ``pull`` that needs all of
         a round's keys together, or a tiny table read every round).
+    storage : {"dense", "sparse"}
+        How the shards store the rows.  ``"dense"``: one array, ``num_rows x
+        width`` values whatever they hold.  ``"sparse"``: each row as its
+        (column, value) pairs while few of its values are non-zero, dense
+        above ``spark.pystrads.table.sparseRowMaxFill`` of its width, so a
+        shard's memory follows the non-zeros (a table that starts empty:
+        ``fill`` must be 0).  Reads, writes, ``pull``, checkpoints and the
+        undo log work the same on both; ``shard_metrics`` gets a sparse
+        table's rows as :class:`~pystrads.ps.table.RowEntries` (their
+        non-zero entries) instead of a dense block.
     """
 
     name: str
@@ -106,6 +117,14 @@ class Table:
     partitioner: Optional[Callable[[int, int], Sequence[int]]] = None
     contrib_width: Optional[int] = None
     single_shard: bool = False
+    storage: str = "dense"
+
+    def __post_init__(self):
+        if self.storage not in ("dense", "sparse"):
+            raise ValueError(f"table {self.name!r}: storage={self.storage!r}; use 'dense' or 'sparse'")
+        if self.storage == "sparse" and self.fill != 0 and self.initializer is None:
+            raise ValueError(f"table {self.name!r}: a sparse table starts empty; fill={self.fill!r} must be 0 "
+                             "(or give an initializer)")
 
 
 class Schedule:
@@ -211,7 +230,8 @@ class Program:
         """On each shard, every ``shard_metrics_every`` rounds, once the round is
         committed and before any worker starts the next: numbers computed from
         the shard's rows ``row_start, ...`` of ``table`` (read only), summed over
-        shards into that round's metrics (e.g. LDA's word log-likelihood)."""
+        shards into that round's metrics (e.g. LDA's word log-likelihood).  A
+        sparse table's rows come as :class:`RowEntries` (their non-zero entries)."""
         return {}
 
     def shard_metrics_due(self, round_index: int) -> bool:

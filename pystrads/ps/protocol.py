@@ -85,6 +85,42 @@ def rows_to_sparse(values: np.ndarray) -> Tuple[pa.ListArray, pa.ListArray]:
     return pa.ListArray.from_arrays(offsets, pa.array(cols)), pa.ListArray.from_arrays(offsets, pa.array(vals))
 
 
+def entry_batches(offsets: np.ndarray, cols: np.ndarray, vals: np.ndarray, schema: pa.Schema,
+                  chunk_bytes: int) -> list:
+    """Rows given as their entries (CSR) as sparse record batches (``cols``, ``vals``) of about
+    ``chunk_bytes`` each (whole rows; at least one batch, possibly empty)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = len(offsets) - 1
+    per_entry = 4 + vals.dtype.itemsize
+    cuts = [0]
+    if n:
+        # row cuts where the entries reach another chunk's worth (row ends, so rows stay whole)
+        budget = max(1, chunk_bytes // per_entry)
+        marks = np.searchsorted(offsets[1:], np.arange(budget, int(offsets[-1]) + 1, budget), side="left") + 1
+        cuts = unique_cuts(np.r_[0, marks, n], n)
+    batches = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        lo, hi = int(offsets[a]), int(offsets[b])
+        off = pa.array(offsets[a:b + 1] - lo, pa.int32())
+        batches.append(pa.record_batch([pa.ListArray.from_arrays(off, pa.array(cols[lo:hi], pa.int32())),
+                                        pa.ListArray.from_arrays(off, pa.array(vals[lo:hi]))], schema=schema))
+    if not batches:
+        batches.append(pa.record_batch([pa.array([], f.type) for f in schema], schema=schema))
+    return batches
+
+
+def unique_cuts(marks: np.ndarray, n: int) -> list:
+    """Strictly increasing cut points from 0 to ``n`` out of ``marks`` (sorted, possibly repeated)."""
+    marks = np.clip(np.asarray(marks, dtype=np.int64), 0, n)
+    keep = np.r_[True, marks[1:] != marks[:-1]]
+    out = marks[keep].tolist()
+    if out[0] != 0:
+        out.insert(0, 0)
+    if out[-1] != n:
+        out.append(n)
+    return out
+
+
 def sparse_entries(cols, vals, dtype: str, width: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(offsets, cols, vals)`` (CSR, offsets from 0) of two received list columns; raises
     ValueError if they disagree or a column index is outside ``[0, width)``."""

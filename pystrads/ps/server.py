@@ -57,7 +57,7 @@ from .memory import _mem_available, _rss_bytes, tune_malloc
 from .request import _refuse, _Request, authorize_payload, decode_action, decode_request
 from .snapshots import TableSnapshots
 from .steps import StepFences, _StepState
-from .table import ShardTable
+from .table import KINDS, SPARSE_ROW_MAX_FILL, ShardTable, SparseShardTable
 
 log = logging.getLogger("pystrads.ps.server")
 
@@ -160,6 +160,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                                                                  schema=protocol.BLOB_SCHEMA))
         table = self._table(header.str("table", ""))
         chunk_bytes = header.int("chunk", protocol.CHUNK_BYTES)
+        nonzero = bool(header.get("nonzero"))
+        entries = None
         with table.lock:
             if "start" in header:
                 start, stop = header.int("start"), header.int("stop")
@@ -167,25 +169,27 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                     raise flight.FlightServerError(
                         f"table {table.name!r}: range [{start}, {stop}) is outside this shard's rows "
                         f"[{table.row_start}, {table.row_stop})")
-                rows = table.values[start - table.row_start:stop - table.row_start]  # zero-copy view
-            elif header.get("nonzero"):
+                index: Any = slice(start - table.row_start, stop - table.row_start)
+            elif nonzero:
                 raise flight.FlightServerError("a nonzero read takes a range (start, stop), not keys")
             else:
                 if len(payload) % 8:
                     raise flight.FlightServerError(
                         f"malformed request: a key list of {len(payload)} bytes is not int64 keys")
-                keys = np.frombuffer(payload, dtype="<i8")
-                rows = table.values[table.local(keys)].copy()
-            if header.get("nonzero"):  # only the rows with a non-zero value, with their keys
-                where = np.flatnonzero(np.any(rows != 0, axis=1))
-                rows, keys = rows[where], where + header.int("start")
-        nonzero = bool(header.get("nonzero"))
-        if header.get("sparse") and not nonzero:  # each row as its non-zero entries
-            chunk = protocol.sparse_rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
+                index = table.local(np.frombuffer(payload, dtype="<i8"))
+            if nonzero:  # only the rows with a non-zero value, with their keys
+                index = table.nonzero_rows(index.start, index.stop)
+                keys = index + table.row_start
+            if header.get("sparse") and not nonzero:  # each row as its non-zero entries
+                entries = table.read_entries(index)
+            else:
+                rows = table.read(index)  # a range of a dense table: a zero-copy view
+                if table.kind == "dense" and isinstance(index, slice) and "start" not in header:
+                    rows = rows.copy()  # keys that happen to be one run: not a view that may change
+        if entries is not None:
             schema = protocol.sparse_schema(table.dtype, with_keys=False)
-            batches = [pa.record_batch(list(protocol.rows_to_sparse(rows[start:start + chunk])), schema=schema)
-                       for start in range(0, max(len(rows), 1), chunk)]
-            self._count(requests=1, bytes_out=sum(b.nbytes for b in batches), rows_out=len(rows))
+            batches = protocol.entry_batches(*entries, schema, max(1, chunk_bytes))
+            self._count(requests=1, bytes_out=sum(b.nbytes for b in batches), rows_out=len(entries[0]) - 1)
             return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
         chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
         schema = protocol.value_schema(table.dtype, table.width, with_keys=nonzero)
@@ -281,7 +285,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                     if self.step.open:
                         table.remember(index)
                     if op == "put":
-                        table.values[index] = rows
+                        table.write(index, rows)
                     else:
                         table.add(index, rows)
         return nbytes, nrows
@@ -342,7 +346,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         if header.get("read_back") and table is not None:
             keys = np.concatenate(keys_seen) if keys_seen else np.zeros(0, np.int64)
             with table.lock:
-                rows = table.values[table.local(keys)].copy()
+                rows = np.array(table.read(table.local(keys)))
             schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
             chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, header.int("chunk", protocol.CHUNK_BYTES)))
             writer.begin(schema)
@@ -385,11 +389,18 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             raise flight.FlightServerError(f"table {name!r}: bad shape rows [{start}, {stop}) x {width}")
         nbytes = (stop - start) * width * np.dtype(protocol.DTYPES[dtype][0]).itemsize
         available = _mem_available()
-        if available and nbytes > available:
+        if available and nbytes > available and req.str("storage", "dense") == "dense":
             raise flight.FlightServerError(
                 f"table {name!r}: its {nbytes / 2 ** 30:.1f} GiB slice does not fit in shard {self.shard_id}'s "
                 f"available memory ({available / 2 ** 30:.1f} GiB); spread the model over more executors or "
                 "shards (spark.pystrads.shard.perExecutor) or give the executors more memoryOverhead")
+        kind = req.str("storage", "dense")
+        if kind not in KINDS:
+            raise flight.FlightServerError(f"table {name!r}: unknown storage {kind!r}; use one of {list(KINDS)}")
+        if kind == "sparse" and req.num("fill", 0) != 0:
+            raise flight.FlightServerError(f"table {name!r}: a sparse table starts empty (fill 0), got "
+                                           f"fill={req.num('fill', 0)}")
+        values = None
         if req.get("initializer"):
             authorize_payload(req, self._admin)
             init = pickle.loads(base64.b64decode(req.str("initializer")))
@@ -398,12 +409,20 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 raise flight.FlightServerError(
                     f"table {name!r}: initializer returned shape {values.shape}, "
                     f"expected {(stop - start, width)}")
-        else:
+        elif kind == "dense":
             values = np.full((stop - start, width), req.num("fill", 0), dtype=protocol.DTYPES[dtype][0])
+        table: ShardTable
+        if kind == "sparse":
+            table = SparseShardTable(name, start, stop, width, dtype, req.int("contrib_width", width),
+                                     req.num("max_fill", SPARSE_ROW_MAX_FILL))
+            if values is not None:
+                table.write(slice(0, stop - start), values)
+                del values
+        else:
+            table = ShardTable(name, start, stop, width, dtype, values, req.int("contrib_width", width))
         with self.cond:
-            self.tables[name] = ShardTable(name, start, stop, width, dtype, values,
-                                           req.int("contrib_width", width))
-        return {"rows": stop - start, "bytes": int(values.nbytes)}
+            self.tables[name] = table
+        return {"rows": stop - start, "bytes": table.nbytes}
 
     def _action_drop_tables(self, req):
         """Drop every table whose name starts with ``prefix`` (and its program)."""
@@ -442,9 +461,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             out["handler_seconds"] = dict(self.timers)
         out.update({
             "pid": os.getpid(), "shard": self.shard_id,
-            "tables": {n: {"rows": t.row_stop - t.row_start, "bytes": int(t.values.nbytes)}
-                       for n, t in list(self.tables.items())},
-            "table_bytes": int(sum(t.values.nbytes for t in list(self.tables.values()))),
+            "tables": {n: _table_stats(t) for n, t in list(self.tables.items())},
+            "table_bytes": int(sum(t.nbytes for t in list(self.tables.values()))),
             "rss_bytes": _rss_bytes(),
         })
         return out
@@ -462,6 +480,15 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
 
         threading.Thread(target=stop, daemon=True).start()
         return {}
+
+
+def _table_stats(table: ShardTable) -> Dict[str, Any]:
+    """A table's rows, bytes held and storage (a sparse table: its pairs, dense rows, non-zeros)."""
+    out: Dict[str, Any] = {"rows": table.row_stop - table.row_start, "bytes": table.nbytes, "storage": table.kind}
+    if isinstance(table, SparseShardTable):
+        with table.lock:
+            out.update(table.storage())
+    return out
 
 
 def _start_time(pid: int) -> Optional[str]:

@@ -2,8 +2,8 @@
 
 :class:`TableSnapshots` is the part of :class:`~pystrads.ps.server.ShardServer`
 that serves the actions ``snapshot`` (between steps: one
-``<table>.<row_start>-<row_stop>.npy`` per table, and the workers'
-state snapshots) and ``restore`` (from the files of any number of shards that
+``<table>.<row_start>-<row_stop>.npy`` per dense table, ``.npz`` with the rows' entries
+(``offsets``, ``cols``, ``vals``) per sparse table, and the workers' state snapshots) and ``restore`` (from the files of any number of shards that
 overlap this shard's rows), through :mod:`pystrads.ps.storage`.
 """
 
@@ -35,8 +35,14 @@ class TableSnapshots:
             for t in tables:
                 short = t.name[len(prefix):]
                 with t.lock:
-                    written[short] = storage.save_array(
-                        storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
+                    if t.kind == "sparse":
+                        written[short] = storage.save_arrays(
+                            storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npz"),
+                            dict(zip(("offsets", "cols", "vals"),
+                                     t.read_entries(slice(0, t.row_stop - t.row_start)))))
+                    else:
+                        written[short] = storage.save_array(
+                            storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
             states = self._state_blobs(req)
         states_dir = req.str("states_dir", target)
         for worker, blob in states.items():  # the workers' state snapshots of that step
@@ -76,18 +82,15 @@ class TableSnapshots:
                 for fname in names:
                     stem, _, ext = fname.rpartition(".")
                     table_name, _, rows = stem.rpartition(".")
-                    if ext != "npy" or table_name != short or "-" not in rows:
+                    if ext not in ("npy", "npz") or table_name != short or "-" not in rows:
                         continue
                     lo, hi = (int(x) for x in rows.split("-"))
                     a, b = max(lo, t.row_start), min(hi, t.row_stop)
                     if a >= b:
                         continue
-                    values = storage.load_array(storage.join(source, fname))
-                    if values.shape != (hi - lo, t.width):
-                        raise flight.FlightServerError(
-                            f"snapshot {fname} in {source} has shape {values.shape}, expected {(hi - lo, t.width)}")
+                    part = _read_part(storage, storage.join(source, fname), ext, hi - lo, t.width, t.dtype)
                     with t.lock:
-                        t.values[a - t.row_start:b - t.row_start] = values[a - lo:b - lo]
+                        _restore_rows(t, part, a - lo, b - lo, slice(a - t.row_start, b - t.row_start))
                     covered[a - t.row_start:b - t.row_start] = True
                 if not covered.all():
                     missing = int(np.flatnonzero(~covered)[0]) + t.row_start
@@ -104,3 +107,42 @@ class TableSnapshots:
                     self.blobs[f"{prefix}{int(worker)}/{step}"] = blob
                 loaded.append(int(worker))
         return {"rows": restored, "states": loaded}
+
+
+def _read_part(storage, uri: str, ext: str, n_rows: int, width: int, dtype: str):
+    """A snapshot file's rows: a dense block (``.npy``) or ``(offsets, cols, vals)`` (``.npz``),
+    checked against the table's shape."""
+    if ext == "npy":
+        values = storage.load_array(uri)
+        if values.shape != (n_rows, width):
+            raise flight.FlightServerError(f"snapshot {uri} has shape {values.shape}, expected {(n_rows, width)}")
+        return values
+    parts = storage.load_arrays(uri)
+    offsets, cols = parts["offsets"].astype(np.int64), parts["cols"]
+    if len(offsets) != n_rows + 1 or offsets[-1] != len(cols) or len(cols) != len(parts["vals"]) \
+            or (len(cols) and (int(cols.min()) < 0 or int(cols.max()) >= width)):
+        raise flight.FlightServerError(
+            f"snapshot {uri} does not hold {n_rows} rows of {width} columns; it belongs to another model")
+    return offsets, cols, parts["vals"]
+
+
+def _restore_rows(table, part, lo: int, hi: int, index: slice) -> None:
+    """Rows ``[lo, hi)`` of a snapshot part into the table's rows at ``index`` (either storage
+    into either kind of table: a model whose table changed kind still resumes)."""
+    from ..kernels.rows import csr_into, to_csr
+
+    if isinstance(part, np.ndarray):
+        if table.kind == "dense":
+            table.write(index, part[lo:hi])
+        else:
+            table.add_entries(index, *to_csr(np.ascontiguousarray(part[lo:hi])), replace=True)
+        return
+    offsets, cols, vals = part
+    a, b = int(offsets[lo]), int(offsets[hi])
+    sub = (offsets[lo:hi + 1] - a, cols[a:b], vals[a:b])
+    if table.kind == "sparse":
+        table.add_entries(index, *sub, replace=True)
+    else:
+        block = np.empty((hi - lo, table.width), dtype=table.values.dtype)
+        csr_into(*sub, block, 0)
+        table.write(index, block)

@@ -137,7 +137,7 @@ class StepFences:
                 continue
             try:
                 with table.lock:
-                    values = program.shard_metrics(name[len(prefix):], table.values, table.row_start) or {}
+                    values = program.shard_metrics(name[len(prefix):], table.metrics_view(), table.row_start) or {}
             except Exception as exc:
                 st.error = f"shard_metrics of table {name!r} in round {rnd} failed: {exc!r}"
                 log.exception("shard %s: %s", self.shard_id, st.error)
@@ -177,13 +177,13 @@ class StepFences:
             raise RuntimeError(f"no program registered for {namespace!r}")
         with table.lock:
             index = table.local(uniq)
-            current = table.values[index].copy()
+            current = np.array(table.read(index))
             new = np.asarray(program.pull(short, uniq, sums, current))
             if new.shape != current.shape:
                 raise ValueError(f"pull returned shape {new.shape}, expected {current.shape}")
             if self.step.open:
                 table.remember(index)
-            table.values[index] = new
+            table.write(index, new)
 
     def _action_begin_step(self, req):
         """Open a step: clocks reset, writes from now on are undoable (``command``: the
@@ -294,6 +294,7 @@ class StepFences:
                 for table in self.tables.values():
                     with table.lock:
                         table.forget()
+                        table.settle()
                 st.open = False
                 self.cond.notify_all()
         with self._counter_lock:

@@ -106,3 +106,22 @@ def load_array(uri: str) -> np.ndarray:
     fsys, path = filesystem(uri)
     with fsys.open_input_file(path) as src:
         return np.load(src, allow_pickle=False)
+
+
+def save_arrays(uri: str, arrays: dict) -> int:
+    """Several named arrays to ``uri`` as one uncompressed ``.npz``; returns their bytes."""
+    fsys, path = filesystem(uri)
+    fsys.create_dir(os.path.dirname(path), recursive=True)
+    with fsys.open_output_stream(path) as out:
+        np.savez(out, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    return int(sum(np.asarray(v).nbytes for v in arrays.values()))
+
+
+def load_arrays(uri: str) -> dict:
+    """The named arrays of an ``.npz`` written by :func:`save_arrays`."""
+    import io
+
+    fsys, path = filesystem(uri)
+    with fsys.open_input_file(path) as src:
+        with np.load(io.BytesIO(src.read()), allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
