@@ -815,3 +815,36 @@ def test_a_sparse_tables_memory_follows_its_non_zeros(shards):
     block[:400] += minus
     assert np.array_equal(table.get(keys, sparse=True), block)
     assert np.array_equal(table.get_nonzero(0, rows)[0], keys)
+
+
+def test_entries_travel_across_shards_and_a_blocks_delta_is_exact(shards, storage):
+    """``get_entries`` gives the rows at sorted keys (over both shards, many batches) as their
+    CSR entries; ``csr_delta`` of a changed block against them, sent by ``inc_entries``, makes
+    the table equal the block, sending only the rows that changed."""
+    from pystrads.kernels.rows import csr_delta, csr_into
+
+    servers, group = shards
+    table = make_table(group, rows=3000, width=40, dtype="int32", storage=storage, max_fill=0.25)
+    rng = np.random.default_rng(5)
+    base = ((rng.random((3000, 40)) < 0.1) * rng.integers(1, 9, (3000, 40))).astype(np.int32)
+    base[7] = 3  # a full row
+    table.put(np.arange(3000), base, sparse=True)
+    keys = np.unique(rng.integers(0, 3000, 900))
+    entries = table.get_entries(keys)
+    block = np.empty((len(keys), 40), np.int32)
+    csr_into(*entries, block, 0)
+    assert np.array_equal(block, base[keys])
+    assert entries[0].dtype == np.int64 and len(entries[0]) == len(keys) + 1
+    changed = rng.choice(len(keys), 100, replace=False)
+    block[changed[:10]] = 0
+    block[changed, rng.integers(0, 40, 100)] += 10  # every one of them differs from before
+    rows, offsets, cols, vals = csr_delta(block, *entries)
+    assert np.array_equal(rows, np.sort(changed))
+    before = sum(s.counters["rows_in"] for s in servers)
+    table.inc_entries(keys[rows], offsets, cols, vals)
+    assert sum(s.counters["rows_in"] for s in servers) - before == 100
+    want = base.copy()
+    want[keys] = block
+    assert np.array_equal(table.read_all(), want)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        table.get_entries(keys[::-1])

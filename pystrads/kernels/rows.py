@@ -2,7 +2,8 @@
 
 :func:`to_csr` turns a ``(n, width)`` block into ``(offsets, cols, vals)``;
 :func:`csr_into` writes such entries into a dense block, :func:`csr_add` adds
-them to rows of a table.  One pass each, in numba: with numpy (``nonzero``,
+them to rows of a table, :func:`csr_delta` gives a block's change since it held
+some entries.  One pass each, in numba: with numpy (``nonzero``,
 ``bincount``, fancy indexing) encoding a 2 MB block cost 2-3 ms, more than
 sending it dense saved.  :func:`row_hashes` gives each CSR row a 128-bit hash of
 its content (the linear programs' canonical row order).
@@ -63,6 +64,46 @@ def csr_add(values, index, offsets, cols, vals, replace):
         row = index[r]
         for k in range(offsets[r], offsets[r + 1]):
             values[row, cols[k]] += vals[k]
+
+
+@njit(cache=True, nogil=True)
+def csr_delta(values, offsets, cols, vals):
+    """What changed in a block since it held the CSR entries ``(offsets, cols, vals)`` (columns
+    ascending per row), in one pass over it: ``(rows int64, d_offsets int64, d_cols int32,
+    d_vals)``, the changed rows (ascending) and ``values[row] - before[row]`` as their non-zero
+    entries -- a sparse write's arguments, without a copy of the block or a dense difference."""
+    n, width = values.shape
+    d_rows = np.empty(n, dtype=np.int64)
+    d_offsets = np.zeros(n + 1, dtype=np.int64)
+    cap = max(16, 2 * (offsets[n] - offsets[0]))
+    d_cols = np.empty(cap, dtype=np.int32)
+    d_vals = np.empty(cap, dtype=values.dtype)
+    m = 0
+    k_out = 0
+    for r in range(n):
+        k, end = offsets[r], offsets[r + 1]
+        start = k_out
+        for c in range(width):
+            old = values.dtype.type(0)
+            if k < end and cols[k] == c:
+                old = vals[k]
+                k += 1
+            x = values[r, c]
+            if x != old:
+                if k_out == d_cols.shape[0]:  # grow
+                    grown_cols = np.empty(2 * k_out, dtype=np.int32)
+                    grown_vals = np.empty(2 * k_out, dtype=values.dtype)
+                    grown_cols[:k_out] = d_cols
+                    grown_vals[:k_out] = d_vals
+                    d_cols, d_vals = grown_cols, grown_vals
+                d_cols[k_out] = c
+                d_vals[k_out] = x - old
+                k_out += 1
+        if k_out > start:
+            d_rows[m] = r
+            m += 1
+            d_offsets[m] = k_out
+    return d_rows[:m].copy(), d_offsets[:m + 1].copy(), d_cols[:k_out].copy(), d_vals[:k_out].copy()
 
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)

@@ -3,7 +3,8 @@
 Tables
     ``word_topic``  (V x K int32): word-topic counts, rows range-partitioned
     over the shards by word id, cut so every shard holds about the same
-    token mass; ``topic_totals`` (1 x K int64): the column sums, on one shard;
+    token mass, stored sparse (each row as its non-zero (topic, count) pairs,
+    dense once a quarter full: ``Table(storage="sparse")``); ``topic_totals`` (1 x K int64): the column sums, on one shard;
     with a learned α, ``doc_topic_hist`` ((K + 1) x (L + 1) float64, one
     shard): the corpus's histograms of document-topic counts (row k) and
     document lengths (row K), replaced at every α update.
@@ -63,7 +64,7 @@ from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
 
-from ..engine.program import Program, Schedule, Table, split_ranges
+from ..engine.program import Program, RowEntries, Schedule, Table, split_ranges
 from ..kernels.sets import unique
 
 #: shard metrics named this plus an index carry the learned β's count summary (word_topic_count_summary)
@@ -177,14 +178,23 @@ class _Ready:
         return self.value
 
 
+def _entries(rows: np.ndarray):
+    """A block's non-zero entries (offsets as int64), as :meth:`TableHandle.get_entries` gives them."""
+    from ..kernels.rows import to_csr
+
+    offsets, cols, vals = to_csr(rows)
+    return offsets.astype(np.int64), cols, vals
+
+
 class _Kept(NamedTuple):
     """What a lone worker holds between the rounds of a step: its block's rows and the topic
-    totals as sampled so far, and both as the shards last received them (``base``)."""
+    totals as sampled so far, and both as the shards last received them (``base``: the rows'
+    entries)."""
 
     step: int
     block: int
     rows: np.ndarray
-    base: np.ndarray
+    base: Any
     totals: np.ndarray
     base_totals: np.ndarray
 
@@ -294,6 +304,9 @@ class LDAProgram(Program):
     round_rows_bytes = ROUND_ROWS_BYTES
     #: word_topic rows travel as their non-zero entries (8 % of a row on Reuters at K = 50)
     sparse_rows = True
+    #: the shards store word_topic rows as their non-zero entries (dense once a quarter full:
+    #: Table(storage="sparse")), so their memory follows the corpus's distinct (word, topic) pairs
+    word_topic_storage = "sparse"
     #: a lone worker (U = 1) keeps its block's rows from one round to the next within a step instead
     #: of reading them again: nobody else writes them (its own changes are still written every round)
     keep_rows = True
@@ -341,7 +354,8 @@ class LDAProgram(Program):
         return (mass / total if total > 0 else 0.0) + 1.0 / self.vocab_size
 
     def tables(self):
-        tables = [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self._shard_weights()),
+        tables = [Table("word_topic", self.vocab_size, self.num_topics, "int32", weights=self._shard_weights(),
+                        storage=self.word_topic_storage),
                   Table("topic_totals", 1, self.num_topics, "int64", single_shard=True,
                         contrib_width=self.num_topics)]
         if self.optimize_alpha:
@@ -446,6 +460,7 @@ class LDAProgram(Program):
 
     def push(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:
         from ..kernels import lda as K
+        from ..kernels.rows import csr_delta
 
         if state.doc_topic is None:
             self._doc_structures(data, state)
@@ -477,8 +492,8 @@ class LDAProgram(Program):
         # run of rows arrives and the last one's deltas leave while a run is sampled
         if chunks:
             a, b = chunks[0][:2]
-            reading = _Ready(kept.rows) if kept is not None else \
-                ctx.background(word_topic.get, words[a:b], self.sparse_rows)
+            reading = _Ready((kept.rows, kept.base)) if kept is not None else \
+                ctx.background(self._read_rows, word_topic, words[a:b])
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
         if chunks:
@@ -487,22 +502,19 @@ class LDAProgram(Program):
             sample_s, changed = 0.0, 0
             for j, run in enumerate(chunks):
                 a, b = run.rows_lo, run.rows_hi
-                rows = reading.result()
+                rows, before = reading.result()  # the rows, and their entries as the shards hold them
                 if j + 1 < len(chunks):
                     a2, b2 = chunks[j + 1][:2]
-                    reading = ctx.background(word_topic.get, words[a2:b2], self.sparse_rows)
-                before = kept.base if kept is not None else rows.copy()  # the rows as the shards hold them
+                    reading = ctx.background(self._read_rows, word_topic, words[a2:b2])
                 t0 = time.perf_counter()
                 changed += self._sample_run(ctx, sampler, data, state, run, rows, totals)
                 sample_s += time.perf_counter() - t0
-                if write:
-                    delta = np.subtract(rows, before, out=before)  # the run's delta (rows: its new counts)
-                    touched = np.flatnonzero(np.any(delta != 0, axis=1))
+                if write:  # the run's change, as entries of the rows that changed (one pass over the block)
+                    touched, d_offsets, d_cols, d_vals = csr_delta(rows, *before)
                     if len(touched):
-                        ctx.background(word_topic.inc, words[a:b][touched], delta[touched], self.sparse_rows)
-                    del delta
+                        ctx.background(word_topic.inc_entries, words[a:b][touched], d_offsets, d_cols, d_vals)
                 if hold and not ctx.last_round:
-                    state.kept_rows = _Kept(ctx.step, block, rows, rows.copy() if write else before, totals,
+                    state.kept_rows = _Kept(ctx.step, block, rows, _entries(rows) if write else before, totals,
                                             totals.copy() if write else before_totals)
                 del rows, before
             ctx.report(sample_s=sample_s, changed=changed)
@@ -522,6 +534,16 @@ class LDAProgram(Program):
                                           data.doc_lengths, self.histogram_length)
             ctx.contribute("doc_topic_hist", range(0, len(hist)), hist.astype(np.float64))
         return state
+
+    def _read_rows(self, word_topic, keys: np.ndarray):
+        """``(rows, entries)``: the word_topic rows of ``keys`` as a dense block for the samplers, and
+        the entries they were made from (what :func:`~pystrads.kernels.rows.csr_delta` diffs against)."""
+        from ..kernels.rows import csr_into
+
+        entries = word_topic.get_entries(keys)
+        rows = np.empty((len(keys), self.num_topics), dtype=np.int32)
+        csr_into(*entries, rows, 0)
+        return rows, entries
 
     def _sample_run(self, ctx, sampler, data: _WorkerData, state: _WorkerState, run: _Run, rows: np.ndarray,
                     totals: np.ndarray) -> int:
@@ -580,6 +602,8 @@ class LDAProgram(Program):
         from ..kernels import lda as K
 
         if table == "word_topic":
+            if isinstance(rows, RowEntries):  # both sums are over the non-zero counts only
+                rows = rows.vals.reshape(1, -1)
             out = {"ll_word": K.word_log_likelihood_rows(rows, self.beta)}
             if getattr(self, "optimize_beta", False):
                 summary = K.word_topic_count_summary(rows)

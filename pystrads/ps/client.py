@@ -216,18 +216,9 @@ class ShardClient:
         width = values.shape[1]
         head = dict(header or {}, op=op, table=table, token=self._token)
         if sparse:  # the rows' non-zero entries, with the key column
-            head["sparse"] = True
-            descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
-            schema = protocol.sparse_schema(dtype, with_keys=True)
-            chunk = protocol.sparse_rows_per_chunk(width, dtype, self.chunk_bytes)
-            try:
-                writer, _ = self._client.do_put(descriptor, schema, self._options)
-                for k, v in protocol.iter_chunks(keys, values, chunk):
-                    writer.write_batch(pa.record_batch([pa.array(k, pa.int64()), *protocol.rows_to_sparse(v)],
-                                                       schema=schema))
-                writer.close()
-            except flight.FlightError as exc:
-                raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+            from ..kernels.rows import to_csr
+
+            self.write_entries(op, table, keys, *to_csr(np.ascontiguousarray(values)), dtype=dtype, header=header)
             return
         start = _run_start(keys, start)
         if start is not None:
@@ -240,6 +231,52 @@ class ShardClient:
             writer.close()
         except flight.FlightError as exc:
             raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+
+    def write_entries(self, op: str, table: str, keys: np.ndarray, offsets: np.ndarray, cols: np.ndarray,
+                      vals: np.ndarray, dtype: str, header: Optional[Dict[str, Any]] = None) -> None:
+        """``put`` / ``inc`` the rows at sorted unique ``keys`` given as their entries (CSR: row i
+        holds ``cols[offsets[i]:offsets[i + 1]]`` with ``vals`` of that range), in batches cut
+        by the entries they carry."""
+        head = dict(header or {}, op=op, table=table, token=self._token, sparse=True)
+        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
+        schema = protocol.sparse_schema(dtype, with_keys=True)
+        vals = np.asarray(vals, dtype=protocol.DTYPES[dtype][0])
+        try:
+            writer, _ = self._client.do_put(descriptor, schema, self._options)
+            for batch in protocol.entry_batches(offsets, cols, vals, schema, self.chunk_bytes,
+                                                keys=np.asarray(keys, dtype=np.int64)):
+                if batch.num_rows:
+                    writer.write_batch(batch)
+            writer.close()
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+
+    def get_entries(self, table: str, dtype: str, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows at ``keys`` (in that order) as their non-zero entries: ``(offsets int64,
+        cols int32, vals)``, CSR."""
+        header: Dict[str, Any] = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "sparse": True}
+        keys = np.ascontiguousarray(keys, dtype="<i8")
+        ticket = protocol.encode_header(header, keys.tobytes())
+        parts = []
+        try:
+            for chunk in self._client.do_get(flight.Ticket(ticket), self._options):
+                batch = chunk.data
+                if batch.num_rows:
+                    parts.append(batch)
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+        n = sum(b.num_rows for b in parts)
+        if n != len(keys):
+            raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {n} rows, expected {len(keys)}")
+        offsets, cols, vals, base = [np.zeros(1, np.int64)], [], [], 0
+        for batch in parts:
+            o, c, v = protocol.sparse_entries(batch.column(0), batch.column(1), dtype, 1 << 30)
+            offsets.append(o[1:] + base)
+            cols.append(c)
+            vals.append(v)
+            base += len(c)
+        return (np.concatenate(offsets), np.concatenate(cols) if cols else np.zeros(0, np.int32),
+                np.concatenate(vals) if vals else np.zeros(0, protocol.DTYPES[dtype][0]))
 
     def _write_batches(self, writer, schema, keys, values: np.ndarray, contiguous: bool, dtype: str) -> None:
         """``values`` (with their ``keys`` unless ``contiguous``) as record batches of at most
@@ -518,6 +555,28 @@ class TableHandle:
             out[order] = buf
         return out
 
+    def get_entries(self, keys) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows at ``keys`` (strictly increasing) as their non-zero entries, ``(offsets
+        int64[n + 1], cols int32, vals)`` (CSR, columns ascending within a row): what
+        :meth:`get` with ``sparse=True`` receives, without making it dense."""
+        keys = _as_keys(keys)
+        self._check_keys(keys)
+        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError(f"table {self.layout.short_name!r}: get_entries takes strictly increasing keys")
+        parts = []
+        step = self.group.max_keys
+        for part, lo, hi in self._segments(keys):
+            client = self.group.client(self.layout.shards[part])
+            for a in range(lo, hi, step):
+                parts.append(client.get_entries(self.layout.name, self.layout.dtype, keys[a:min(hi, a + step)]))
+        if not parts:
+            return np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, protocol.DTYPES[self.layout.dtype][0])
+        if len(parts) == 1:
+            return parts[0]
+        shift = np.cumsum([0] + [len(p[1]) for p in parts[:-1]])
+        return (np.concatenate([np.zeros(1, np.int64)] + [p[0][1:] + s for p, s in zip(parts, shift)]),
+                np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
+
     def get_range(self, start: int, stop: int, out: Optional[np.ndarray] = None,
                   copy: bool = True) -> np.ndarray:
         """Rows ``[start, stop)`` (one request per shard the range spans).
@@ -578,6 +637,24 @@ class TableHandle:
         """Add ``deltas`` to the rows at ``keys`` (an array, duplicates adding up, or a ``range``);
         ``sparse``: only their non-zero entries travel (see :meth:`get`)."""
         self._write("inc", keys, deltas, sparse=sparse)
+
+    def inc_entries(self, keys, offsets, cols, vals) -> None:
+        """Add to the rows at ``keys`` (strictly increasing) the entries ``(offsets, cols, vals)``
+        (CSR, as :meth:`get_entries` gives them): a sparse :meth:`inc` without a dense block."""
+        keys = _as_keys(keys)
+        self._check_keys(keys)
+        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError(f"table {self.layout.short_name!r}: inc_entries takes strictly increasing keys")
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if len(offsets) != len(keys) + 1:
+            raise ValueError(f"table {self.layout.short_name!r}: {len(keys)} keys need {len(keys) + 1} offsets, "
+                             f"got {len(offsets)}")
+        header = dict(self._fence or {})
+        for part, lo, hi in self._segments(keys):
+            a, b = int(offsets[lo]), int(offsets[hi])
+            self.group.client(self.layout.shards[part]).write_entries(
+                "inc", self.layout.name, keys[lo:hi], offsets[lo:hi + 1] - a, cols[a:b], vals[a:b],
+                self.layout.dtype, header)
 
     def put(self, keys, values, sparse: bool = False) -> None:
         """Overwrite the rows at ``keys`` (an array of distinct keys, or a ``range``; ``sparse``:

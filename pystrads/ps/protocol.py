@@ -86,12 +86,15 @@ def rows_to_sparse(values: np.ndarray) -> Tuple[pa.ListArray, pa.ListArray]:
 
 
 def entry_batches(offsets: np.ndarray, cols: np.ndarray, vals: np.ndarray, schema: pa.Schema,
-                  chunk_bytes: int) -> list:
-    """Rows given as their entries (CSR) as sparse record batches (``cols``, ``vals``) of about
-    ``chunk_bytes`` each (whole rows; at least one batch, possibly empty)."""
+                  chunk_bytes: int, keys: "np.ndarray | None" = None) -> list:
+    """Rows given as their entries (CSR) as sparse record batches (``cols``, ``vals``, after
+    ``key`` when ``keys`` are given) of about ``chunk_bytes`` each, cut by the entries they
+    hold (whole rows; at least one batch, possibly empty)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     n = len(offsets) - 1
     per_entry = 4 + vals.dtype.itemsize
+    if keys is not None:  # a key per row: count it as an entry's worth
+        chunk_bytes = max(1, chunk_bytes // 2)
     cuts = [0]
     if n:
         # row cuts where the entries reach another chunk's worth (row ends, so rows stay whole)
@@ -102,8 +105,11 @@ def entry_batches(offsets: np.ndarray, cols: np.ndarray, vals: np.ndarray, schem
     for a, b in zip(cuts[:-1], cuts[1:]):
         lo, hi = int(offsets[a]), int(offsets[b])
         off = pa.array(offsets[a:b + 1] - lo, pa.int32())
-        batches.append(pa.record_batch([pa.ListArray.from_arrays(off, pa.array(cols[lo:hi], pa.int32())),
-                                        pa.ListArray.from_arrays(off, pa.array(vals[lo:hi]))], schema=schema))
+        columns = [pa.ListArray.from_arrays(off, pa.array(cols[lo:hi], pa.int32())),
+                   pa.ListArray.from_arrays(off, pa.array(vals[lo:hi]))]
+        if keys is not None:
+            columns.insert(0, pa.array(keys[a:b], pa.int64()))
+        batches.append(pa.record_batch(columns, schema=schema))
     if not batches:
         batches.append(pa.record_batch([pa.array([], f.type) for f in schema], schema=schema))
     return batches
