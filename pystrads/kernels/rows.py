@@ -68,41 +68,50 @@ def csr_add(values, index, offsets, cols, vals, replace):
 
 @njit(cache=True, nogil=True)
 def csr_delta(values, offsets, cols, vals):
-    """What changed in a block since it held the CSR entries ``(offsets, cols, vals)`` (columns
-    ascending per row), in one pass over it: ``(rows int64, d_offsets int64, d_cols int32,
-    d_vals)``, the changed rows (ascending) and ``values[row] - before[row]`` as their non-zero
-    entries -- a sparse write's arguments, without a copy of the block or a dense difference."""
+    """What changed in a block since it held the CSR entries ``(offsets, cols, vals)``, in one
+    pass over it: ``(rows int64, d_offsets int64, d_cols int32, d_vals)``, the changed rows
+    (ascending) and ``values[row] - before[row]`` as their non-zero entries -- a sparse
+    write's arguments, without a copy of the block or a dense difference.  Per row the old
+    entries are scattered into a zeroed row, the difference is taken in one vectorised pass
+    and its non-zeros emitted (a branch on every column of a merge measured 6x slower)."""
     n, width = values.shape
     d_rows = np.empty(n, dtype=np.int64)
     d_offsets = np.zeros(n + 1, dtype=np.int64)
     cap = max(16, 2 * (offsets[n] - offsets[0]))
     d_cols = np.empty(cap, dtype=np.int32)
     d_vals = np.empty(cap, dtype=values.dtype)
+    old = np.zeros(width, dtype=values.dtype)
+    diff = np.empty(width, dtype=values.dtype)
     m = 0
     k_out = 0
     for r in range(n):
-        k, end = offsets[r], offsets[r + 1]
-        start = k_out
+        lo, hi = offsets[r], offsets[r + 1]
+        for k in range(lo, hi):
+            old[cols[k]] = vals[k]
+        changed = 0
         for c in range(width):
-            old = values.dtype.type(0)
-            if k < end and cols[k] == c:
-                old = vals[k]
-                k += 1
-            x = values[r, c]
-            if x != old:
-                if k_out == d_cols.shape[0]:  # grow
-                    grown_cols = np.empty(2 * k_out, dtype=np.int32)
-                    grown_vals = np.empty(2 * k_out, dtype=values.dtype)
-                    grown_cols[:k_out] = d_cols
-                    grown_vals[:k_out] = d_vals
-                    d_cols, d_vals = grown_cols, grown_vals
+            x = values[r, c] - old[c]
+            diff[c] = x
+            changed += x != 0
+        for k in range(lo, hi):
+            old[cols[k]] = 0
+        if changed == 0:
+            continue
+        if k_out + changed > d_cols.shape[0]:  # grow
+            size = max(2 * d_cols.shape[0], k_out + changed)
+            grown_cols = np.empty(size, dtype=np.int32)
+            grown_vals = np.empty(size, dtype=values.dtype)
+            grown_cols[:k_out] = d_cols[:k_out]
+            grown_vals[:k_out] = d_vals[:k_out]
+            d_cols, d_vals = grown_cols, grown_vals
+        for c in range(width):
+            if diff[c] != 0:
                 d_cols[k_out] = c
-                d_vals[k_out] = x - old
+                d_vals[k_out] = diff[c]
                 k_out += 1
-        if k_out > start:
-            d_rows[m] = r
-            m += 1
-            d_offsets[m] = k_out
+        d_rows[m] = r
+        m += 1
+        d_offsets[m] = k_out
     return d_rows[:m].copy(), d_offsets[:m + 1].copy(), d_cols[:k_out].copy(), d_vals[:k_out].copy()
 
 
