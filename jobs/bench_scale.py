@@ -10,6 +10,15 @@ Each case runs in a fresh ``local[2]`` driver with ``spark.driver.memory=1g``:
   table) on a synthetic Zipf(0.8) corpus of 10 M tokens made on the executors:
   2 iterations, then ``describeTopics(10)``, ``transform`` and ``logPerplexity`` of
   2,000 documents, save, load and ``transform`` with the loaded model;
+* **lda-peer** -- StradsLDA (2 workers, fixed priors α = 0.1, β = 0.01) against
+  tomotopy (2 threads) on one Zipf(0.8) corpus, V = 1,000,000, K = 1,000, 3 M tokens
+  in 15,000 documents (``--peer-*`` to change it, e.g. ``--peer-vocab 100000
+  --peer-k 10000``): a short and a long fit of each (3 and 9 iterations; time per
+  iteration = their difference / 6), each after a warm-up fit of a tiny model;
+  tomotopy in a process of its own, after StradsLDA.  Reported beside the phases:
+  both systems' whole long fit (tomotopy: ``add_doc`` + ``train``) and time per
+  iteration, the word-topic table's non-zeros and how the shards stored them, the
+  shard's peak against 500 MiB + 3 x 8 bytes x (non-zeros + V);
 * **mf** -- StradsMF with 2,000,000 users, 20,000 items and rank 100 on 10 ratings
   per user made on the executors: 2 iterations, then ``recommendForUserSubset(10)``
   for 10,000 users, save, load and the same recommendations from the loaded model.
@@ -92,24 +101,36 @@ def status(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(key))
 
 
+def zipf_cdf(vocab: int):
+    import numpy as np
+
+    cdf = np.cumsum(np.arange(1, vocab + 1, dtype=np.float64) ** -0.8)
+    return cdf / cdf[-1]
+
+
+def zipf_doc(cdf, d: int, doc_len: int):
+    """Document ``d``: ``(word ids, counts)`` of ``doc_len`` Zipf(0.8) draws (the same wherever made)."""
+    import numpy as np
+
+    words = np.searchsorted(cdf, np.random.default_rng(int(d)).random(doc_len))
+    return np.unique(np.minimum(words, len(cdf) - 1), return_counts=True)
+
+
 def zipf_docs(spark, num_docs: int, vocab: int, doc_len: int):
     """DataFrame(id, features): documents of ``doc_len`` Zipf(0.8) words, made on the executors."""
-    import numpy as np
     import pyarrow as pa
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_type
 
     def make(batches):
-        cdf = np.cumsum(np.arange(1, vocab + 1, dtype=np.float64) ** -0.8)
-        cdf /= cdf[-1]
+        cdf = zipf_cdf(vocab)
         vector_type = to_arrow_type(VectorUDT().sqlType())
         for batch in batches:
             ids = batch.column(0).to_numpy()
             rows = []
             for d in ids:
-                words = np.searchsorted(cdf, np.random.default_rng(int(d)).random(doc_len))
-                w, c = np.unique(np.minimum(words, vocab - 1), return_counts=True)
+                w, c = zipf_doc(cdf, d, doc_len)
                 rows.append({"type": 0, "size": vocab, "indices": w.tolist(), "values": c.astype(float).tolist()})
             yield pa.RecordBatch.from_arrays([pa.array(ids), pa.array(rows, type=vector_type)], ["id", "features"])
 
@@ -155,6 +176,47 @@ def lda_phases(spark, df, k: int, path: str, phase):
     return {"tokens": model.summary.numTokens}
 
 
+def lda_peer_phases(spark, df, k: int, phase, short: int, long: int):
+    """StradsLDA's short and long fits with fixed priors (the peer comparison's settings)."""
+    from pystrads.ml import StradsLDA
+
+    def fit(iters):
+        return StradsLDA(k=k, maxIter=iters, seed=1, numWorkers=2, docConcentration=[0.1], topicConcentration=0.01,
+                         optimizeDocConcentration=False, logLikelihoodEvery=0).fit(df)
+
+    phase(f"fit {short} iterations", lambda: fit(short).close())
+    model = phase(f"fit {long} iterations", lambda: fit(long))
+    out = {"shards": model.summary.shards, "timings": model.summary.timings,
+           "steps": model.summary.steps.to_dict(orient="list")}
+    model.close()
+    return out
+
+
+def tomotopy_peer(args) -> dict:
+    """tomotopy on the same corpus in this process (its own): warm-up, then ``add_doc`` + ``train``
+    of a short and a long fit, 2 threads, the same priors and seed."""
+    import tomotopy as tp
+
+    def fit(num_docs, vocab, k, iters, timed):
+        cdf = zipf_cdf(vocab)
+        t0 = time.perf_counter()
+        model = tp.LDAModel(k=k, alpha=0.1, eta=0.01, seed=1)
+        for d in range(num_docs):
+            w, c = zipf_doc(cdf, d, args.doc_len)
+            model.add_doc([str(x) for x in __import__("numpy").repeat(w, c)])
+        t1 = time.perf_counter()
+        model.train(iters, workers=2)
+        t2 = time.perf_counter()
+        return {"add_doc_s": t1 - t0, "train_s": t2 - t1, "fit_s": t2 - t0}
+
+    fit(40, 200, 2, 2, False)  # warm-up, as StradsLDA's
+    num_docs = args.peer_tokens // args.doc_len
+    out = {"short": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_short, True),
+           "long": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_long, True)}
+    out["peak_rss"] = status("VmHWM:")
+    return out
+
+
 def mf_phases(spark, df, rank: int, path: str, phase, sample_users: int):
     from pystrads.ml import StradsMF, StradsMFModel
 
@@ -176,8 +238,9 @@ def child(args) -> dict:
 
     sampler = Sampler(os.environ[MARKER])
     sampler.start()
-    spark = spark_session("local[2]", f"pystrads-scale-{args.case}", {
-        "spark.ui.enabled": "false", "spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "8"})
+    spark = spark_session("local[2]", f"pystrads-scale-{args.case}", dict({
+        "spark.ui.enabled": "false", "spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "8"},
+        **dict(kv.split("=", 1) for kv in args.conf)))
     spark.sparkContext.setLogLevel("ERROR")
     tmp = tempfile.mkdtemp(prefix="pystrads-scale-")
     report = {"case": args.case, "phases": {}}
@@ -190,6 +253,11 @@ def child(args) -> dict:
         df = zipf_docs(spark, args.lda_tokens // args.doc_len, args.lda_vocab, args.doc_len).cache()
         report["model_bytes"] = args.lda_vocab * args.lda_k * 4
         report["size"] = {"vocab": args.lda_vocab, "k": args.lda_k, "tokens": args.lda_tokens}
+    elif args.case == "lda-peer":
+        lda_peer_phases(spark, zipf_docs(spark, 40, 200, 50), 2, quiet, 1, 2)
+        df = zipf_docs(spark, args.peer_tokens // args.doc_len, args.peer_vocab, args.doc_len).cache()
+        report["model_bytes"] = args.peer_vocab * args.peer_k * 4
+        report["size"] = {"vocab": args.peer_vocab, "k": args.peer_k, "tokens": args.peer_tokens}
     else:
         mf_phases(spark, ratings(spark, 200, 50, 5), 4, tmp + "/warm", quiet, 20)
         df = ratings(spark, args.mf_users, args.mf_items, args.mf_per_user).cache()
@@ -213,6 +281,8 @@ def child(args) -> dict:
 
     if args.case == "lda":
         report.update(lda_phases(spark, df, args.lda_k, tmp + "/model", phase))
+    elif args.case == "lda-peer":
+        report.update(lda_peer_phases(spark, df, args.peer_k, phase, args.peer_short, args.peer_long))
     else:
         report.update(mf_phases(spark, df, args.mf_rank, tmp + "/model", phase, args.sample_users))
     report["driver_traced_peak"] = tracemalloc.get_traced_memory()[1]
@@ -224,6 +294,15 @@ def child(args) -> dict:
 
 
 def run_case(args, case: str) -> dict:
+    if case == "lda-peer" and "tomotopy" not in args.skip:
+        r = _run_child(args, case)
+        if "error" not in r:
+            r["tomotopy"] = _run_child(args, "tomotopy")
+        return r
+    return _run_child(args, case)
+
+
+def _run_child(args, case: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", case] + args.passthrough
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **{MARKER: f"{os.getpid()}-{case}"})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -252,40 +331,100 @@ def print_report(r: dict) -> bool:
                                                                         if got["processes"] > 1 else ""))
         print(f"| {name} | {p['seconds']} | " + " | ".join(cells) + " |")
     growth = r["driver_peak_rss_growth"]
-    ok = growth < 0.05 * r["model_bytes"]
+    if r["case"] == "lda-peer":  # a model of a few million non-zeros: a fixed budget
+        driver_ok = growth <= 100 * MIB
+        target = "target <= 100 MiB"
+    else:
+        driver_ok = growth < 0.05 * r["model_bytes"]
+        target = "target < 5 %"
     print(f"Python driver: peak RSS grew {growth / MIB:,.0f} MiB = {growth / r['model_bytes']:.1%} of the model "
-          f"(target < 5 %: {'met' if ok else 'NOT met'}); traced peak {r['driver_traced_peak'] / MIB:,.1f} MiB")
+          f"({target}: {'met' if driver_ok else 'NOT met'}); traced peak {r['driver_traced_peak'] / MIB:,.1f} MiB")
+    if r["case"] == "lda-peer":
+        return print_peer(r) and driver_ok
+    return driver_ok
+
+
+def print_peer(r: dict) -> bool:
+    """The peer comparison's figures (and whether the shard's memory met its bound)."""
+    phases = list(r["phases"].values())
+    short_s, long_s = phases[0]["seconds"], phases[1]["seconds"]
+    n_short, n_long = (int(name.split()[1]) for name in r["phases"])
+    per_it = (long_s - short_s) / (n_long - n_short)
+    tables = [s["tables"] for s in r["shards"]]
+    word = [t[name] for t in tables for name in t if name.endswith("/word_topic")]
+    nnz = sum(w.get("nonzeros", 0) for w in word)
+    shard_peak = max(p["peaks"].get("shard", {}).get("max_mib", 0) for p in phases) * MIB
+    bound = 500 * MIB + 3 * 8 * (nnz + r["size"]["vocab"])
+    r["peer"] = {"strads_fit_s": long_s, "strads_per_iteration_s": round(per_it, 2), "nonzeros": nnz,
+                 "word_topic_storage": word, "shard_peak_bytes": shard_peak, "shard_bound_bytes": bound}
+    steps = r.get("steps") or {}
+    if steps:
+        print("StradsLDA's long fit, per iteration (medians): " + ", ".join(
+            f"{key} {sorted(steps[key])[len(steps[key]) // 2]:.2f} s" for key in ("seconds", "compute_s", "sample_s",
+                                                                                 "sync_s") if key in steps))
+    print("StradsLDA's long fit, one-off: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["timings"].items())
+                                                        if isinstance(v, (int, float)) and v >= 0.05))
+    print(f"StradsLDA: {n_long}-iteration fit {long_s:.1f} s, {per_it:.2f} s per iteration; word_topic "
+          f"{nnz:,} non-zeros, stored {[{k: w[k] for k in ('bytes', 'pair_entries', 'dense_rows') if k in w} for w in word]}")
+    ok = shard_peak <= bound
+    print(f"shard peak {shard_peak / MIB:,.0f} MiB against 500 MiB + 3 x 8 B x (non-zeros + V) = "
+          f"{bound / MIB:,.0f} MiB: {'met' if ok else 'NOT met'}")
+    tt = r.get("tomotopy")
+    if tt and "error" not in tt:
+        t_per_it = (tt["long"]["train_s"] - tt["short"]["train_s"]) / (n_long - n_short)
+        r["peer"].update(tomotopy_fit_s=round(tt["long"]["fit_s"], 2), tomotopy_per_iteration_s=round(t_per_it, 2),
+                         per_iteration_ratio=round(t_per_it / per_it, 3) if per_it > 0 else None,
+                         fit_ratio=round(tt["long"]["fit_s"] / long_s, 3))
+        print(f"tomotopy: {n_long}-iteration add_doc + train {tt['long']['fit_s']:.1f} s (add_doc "
+              f"{tt['long']['add_doc_s']:.1f} s), {t_per_it:.2f} s per iteration; peak RSS {tt['peak_rss'] / MIB:,.0f} MiB")
+        print(f"tomotopy / StradsLDA: per iteration {r['peer']['per_iteration_ratio']} (target >= 0.8), whole fit "
+              f"{r['peer']['fit_ratio']} (target >= 0.5)")
+    elif tt:
+        print(f"tomotopy FAILED: {tt['error'][-800:]}")
     return ok
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--case", choices=["lda", "mf", "both"], default="both")
+    p.add_argument("--case", choices=["lda", "lda-peer", "mf", "both", "all"], default="both",
+                   help="both = lda and mf; all = lda, lda-peer and mf")
     p.add_argument("--quick", action="store_true", help="tiny sizes (checks the job, not the claim)")
     p.add_argument("--lda-vocab", type=int, default=1_000_000)
     p.add_argument("--lda-k", type=int, default=1000)
     p.add_argument("--lda-tokens", type=int, default=10_000_000)
     p.add_argument("--doc-len", type=int, default=200)
+    p.add_argument("--peer-vocab", type=int, default=1_000_000)
+    p.add_argument("--peer-k", type=int, default=1000)
+    p.add_argument("--peer-tokens", type=int, default=3_000_000)
+    p.add_argument("--peer-short", type=int, default=3)
+    p.add_argument("--peer-long", type=int, default=9)
+    p.add_argument("--skip", nargs="*", default=[], help="peers to leave out (tomotopy)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the measured session (e.g. spark.pystrads.shard.mallocRetainBytes=0)")
     p.add_argument("--mf-users", type=int, default=2_000_000)
     p.add_argument("--mf-items", type=int, default=20_000)
     p.add_argument("--mf-rank", type=int, default=100)
     p.add_argument("--mf-per-user", type=int, default=10)
     p.add_argument("--sample-users", type=int, default=10_000)
     p.add_argument("--out", default="out/bench_scale.json")
-    p.add_argument("--child", choices=["lda", "mf"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["lda", "lda-peer", "tomotopy", "mf"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.lda_vocab, args.lda_k, args.lda_tokens = 20_000, 50, 200_000
         args.mf_users, args.mf_items, args.mf_rank, args.sample_users = 20_000, 500, 10, 500
+        args.peer_vocab, args.peer_k, args.peer_tokens = 20_000, 100, 200_000
     if args.child:
         args.case = args.child
-        print("RESULT " + json.dumps(child(args)), flush=True)
+        result = tomotopy_peer(args) if args.child == "tomotopy" else child(args)
+        print("RESULT " + json.dumps(result), flush=True)
         return 0
     args.passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                         if k in ("lda_vocab", "lda_k", "lda_tokens", "doc_len", "mf_users", "mf_items", "mf_rank",
-                                 "mf_per_user", "sample_users")]
+                                 "mf_per_user", "sample_users", "peer_vocab", "peer_k", "peer_tokens", "peer_short",
+                                 "peer_long")] + [f"--conf={kv}" for kv in args.conf]
     results, ok = [], True
-    for case in (["lda", "mf"] if args.case == "both" else [args.case]):
+    cases = {"both": ["lda", "mf"], "all": ["lda", "lda-peer", "mf"]}.get(args.case, [args.case])
+    for case in cases:
         r = run_case(args, case)
         ok = print_report(r) and ok
         results.append(r)
