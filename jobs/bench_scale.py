@@ -176,19 +176,22 @@ def lda_phases(spark, df, k: int, path: str, phase):
     return {"tokens": model.summary.numTokens}
 
 
-def lda_peer_phases(spark, df, k: int, phase, short: int, long: int):
-    """StradsLDA's short and long fits with fixed priors (the peer comparison's settings)."""
+def lda_peer_phases(spark, df, k: int, phase, short: int, long: int, repeats: int = 1):
+    """StradsLDA's short and long fits with fixed priors (the peer comparison's settings),
+    ``repeats`` times; the last long fit's summary."""
     from pystrads.ml import StradsLDA
 
     def fit(iters):
         return StradsLDA(k=k, maxIter=iters, seed=1, numWorkers=2, docConcentration=[0.1], topicConcentration=0.01,
                          optimizeDocConcentration=False, logLikelihoodEvery=0).fit(df)
 
-    phase(f"fit {short} iterations", lambda: fit(short).close())
-    model = phase(f"fit {long} iterations", lambda: fit(long))
-    out = {"shards": model.summary.shards, "timings": model.summary.timings,
-           "steps": model.summary.steps.to_dict(orient="list")}
-    model.close()
+    for run in range(1, repeats + 1):
+        suffix = f" (run {run})" if repeats > 1 else ""
+        phase(f"fit {short} iterations{suffix}", lambda: fit(short).close())
+        model = phase(f"fit {long} iterations{suffix}", lambda: fit(long))
+        out = {"shards": model.summary.shards, "timings": model.summary.timings,
+               "steps": model.summary.steps.to_dict(orient="list")}
+        model.close()
     return out
 
 
@@ -211,8 +214,9 @@ def tomotopy_peer(args) -> dict:
 
     fit(40, 200, 2, 2, False)  # warm-up, as StradsLDA's
     num_docs = args.peer_tokens // args.doc_len
-    out = {"short": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_short, True),
-           "long": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_long, True)}
+    out = {"runs": [{"short": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_short, True),
+                     "long": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_long, True)}
+                    for _ in range(args.repeats)]}
     out["peak_rss"] = status("VmHWM:")
     return out
 
@@ -282,7 +286,7 @@ def child(args) -> dict:
     if args.case == "lda":
         report.update(lda_phases(spark, df, args.lda_k, tmp + "/model", phase))
     elif args.case == "lda-peer":
-        report.update(lda_peer_phases(spark, df, args.peer_k, phase, args.peer_short, args.peer_long))
+        report.update(lda_peer_phases(spark, df, args.peer_k, phase, args.peer_short, args.peer_long, args.repeats))
     else:
         report.update(mf_phases(spark, df, args.mf_rank, tmp + "/model", phase, args.sample_users))
     report["driver_traced_peak"] = tracemalloc.get_traced_memory()[1]
@@ -344,39 +348,55 @@ def print_report(r: dict) -> bool:
     return driver_ok
 
 
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
 def print_peer(r: dict) -> bool:
-    """The peer comparison's figures (and whether the shard's memory met its bound)."""
-    phases = list(r["phases"].values())
-    short_s, long_s = phases[0]["seconds"], phases[1]["seconds"]
-    n_short, n_long = (int(name.split()[1]) for name in r["phases"])
-    per_it = (long_s - short_s) / (n_long - n_short)
+    """The peer comparison's figures, medians over the runs (and whether the shard's memory met
+    its bound); stores them in ``r["peer"]``."""
+    fits = {}  # iterations -> seconds of each run
+    for name, p in r["phases"].items():
+        fits.setdefault(int(name.split()[1]), []).append(p["seconds"])
+    n_short, n_long = sorted(fits)
+    per_runs = [(b - a) / (n_long - n_short) for a, b in zip(fits[n_short], fits[n_long])]
+    per_it, long_s = _median(per_runs), _median(fits[n_long])
     tables = [s["tables"] for s in r["shards"]]
     word = [t[name] for t in tables for name in t if name.endswith("/word_topic")]
     nnz = sum(w.get("nonzeros", 0) for w in word)
-    shard_peak = max(p["peaks"].get("shard", {}).get("max_mib", 0) for p in phases) * MIB
+    shard_peak = max(p["peaks"].get("shard", {}).get("max_mib", 0) for p in r["phases"].values()) * MIB
     bound = 500 * MIB + 3 * 8 * (nnz + r["size"]["vocab"])
-    r["peer"] = {"strads_fit_s": long_s, "strads_per_iteration_s": round(per_it, 2), "nonzeros": nnz,
-                 "word_topic_storage": word, "shard_peak_bytes": shard_peak, "shard_bound_bytes": bound}
     steps = r.get("steps") or {}
-    if steps:
-        print("StradsLDA's long fit, per iteration (medians): " + ", ".join(
-            f"{key} {sorted(steps[key])[len(steps[key]) // 2]:.2f} s" for key in ("seconds", "compute_s", "sample_s",
-                                                                                 "sync_s") if key in steps))
+    r["peer"] = {"iterations": [n_short, n_long], "runs": len(per_runs), "strads_fit_s": long_s,
+                 "strads_per_iteration_s": round(per_it, 3), "strads_per_iteration_runs": per_runs,
+                 "nonzeros": nnz, "word_topic_storage": word, "shard_peak_bytes": shard_peak,
+                 "shard_bound_bytes": bound, "strads_one_off": {k: v for k, v in r["timings"].items()
+                                                                 if isinstance(v, (int, float))},
+                 "strads_iteration_split": {key: _median(steps[key]) for key in ("seconds", "compute_s", "sample_s",
+                                                                                 "sync_s") if key in steps}}
+    print(f"StradsLDA's long fit, per iteration (medians): " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in r["peer"]["strads_iteration_split"].items()))
     print("StradsLDA's long fit, one-off: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["timings"].items())
                                                         if isinstance(v, (int, float)) and v >= 0.05))
-    print(f"StradsLDA: {n_long}-iteration fit {long_s:.1f} s, {per_it:.2f} s per iteration; word_topic "
-          f"{nnz:,} non-zeros, stored {[{k: w[k] for k in ('bytes', 'pair_entries', 'dense_rows') if k in w} for w in word]}")
+    print(f"StradsLDA: {n_long}-iteration fit {long_s:.1f} s, {per_it:.2f} s per iteration (medians of "
+          f"{len(per_runs)}); word_topic {nnz:,} non-zeros, stored "
+          f"{[{k: w[k] for k in ('bytes', 'pair_entries', 'dense_rows') if k in w} for w in word]}")
     ok = shard_peak <= bound
     print(f"shard peak {shard_peak / MIB:,.0f} MiB against 500 MiB + 3 x 8 B x (non-zeros + V) = "
           f"{bound / MIB:,.0f} MiB: {'met' if ok else 'NOT met'}")
     tt = r.get("tomotopy")
     if tt and "error" not in tt:
-        t_per_it = (tt["long"]["train_s"] - tt["short"]["train_s"]) / (n_long - n_short)
-        r["peer"].update(tomotopy_fit_s=round(tt["long"]["fit_s"], 2), tomotopy_per_iteration_s=round(t_per_it, 2),
+        t_per_runs = [(run["long"]["train_s"] - run["short"]["train_s"]) / (n_long - n_short) for run in tt["runs"]]
+        t_per_it, t_fit = _median(t_per_runs), _median([run["long"]["fit_s"] for run in tt["runs"]])
+        r["peer"].update(tomotopy_fit_s=round(t_fit, 2), tomotopy_per_iteration_s=round(t_per_it, 3),
+                         tomotopy_add_doc_s=round(_median([run["long"]["add_doc_s"] for run in tt["runs"]]), 2),
+                         tomotopy_peak_rss=tt["peak_rss"],
                          per_iteration_ratio=round(t_per_it / per_it, 3) if per_it > 0 else None,
-                         fit_ratio=round(tt["long"]["fit_s"] / long_s, 3))
-        print(f"tomotopy: {n_long}-iteration add_doc + train {tt['long']['fit_s']:.1f} s (add_doc "
-              f"{tt['long']['add_doc_s']:.1f} s), {t_per_it:.2f} s per iteration; peak RSS {tt['peak_rss'] / MIB:,.0f} MiB")
+                         fit_ratio=round(t_fit / long_s, 3))
+        print(f"tomotopy: {n_long}-iteration add_doc + train {t_fit:.1f} s (add_doc "
+              f"{r['peer']['tomotopy_add_doc_s']:.1f} s), {t_per_it:.2f} s per iteration; peak RSS "
+              f"{tt['peak_rss'] / MIB:,.0f} MiB")
         print(f"tomotopy / StradsLDA: per iteration {r['peer']['per_iteration_ratio']} (target >= 0.8), whole fit "
               f"{r['peer']['fit_ratio']} (target >= 0.5)")
     elif tt:
@@ -399,6 +419,7 @@ def main(argv=None) -> int:
     p.add_argument("--peer-short", type=int, default=3)
     p.add_argument("--peer-long", type=int, default=9)
     p.add_argument("--skip", nargs="*", default=[], help="peers to leave out (tomotopy)")
+    p.add_argument("--repeats", type=int, default=1, help="lda-peer: short and long fits of each system (medians)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the measured session (e.g. spark.pystrads.shard.mallocRetainBytes=0)")
     p.add_argument("--mf-users", type=int, default=2_000_000)
@@ -421,7 +442,7 @@ def main(argv=None) -> int:
     args.passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                         if k in ("lda_vocab", "lda_k", "lda_tokens", "doc_len", "mf_users", "mf_items", "mf_rank",
                                  "mf_per_user", "sample_users", "peer_vocab", "peer_k", "peer_tokens", "peer_short",
-                                 "peer_long")] + [f"--conf={kv}" for kv in args.conf]
+                                 "peer_long", "repeats")] + [f"--conf={kv}" for kv in args.conf]
     results, ok = [], True
     cases = {"both": ["lda", "mf"], "all": ["lda", "lda-peer", "mf"]}.get(args.case, [args.case])
     for case in cases:
@@ -430,7 +451,9 @@ def main(argv=None) -> int:
         results.append(r)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"quick": args.quick, "results": results}, fh, indent=2)
+        json.dump({"quick": args.quick, "command": "python3 jobs/bench_scale.py " + " ".join(
+            a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--out")),
+            "date": time.strftime("%Y-%m-%d"), "results": results}, fh, indent=2)
     print(f"\nwrote {args.out}")
     return 0 if ok else 1
 
