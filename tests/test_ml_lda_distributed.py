@@ -82,6 +82,28 @@ def test_the_joined_fold_in_equals_the_fold_in_with_phi_shipped(spark, monkeypat
     assert shipped[0][120].tolist() == [0.0, 0.0, 0.0]  # the empty document
     assert shipped[1:] == joined[1:] and shipped[1] < 0
 
+    # the fit's rows hold each term's non-zero counts only; the rows of models saved by earlier
+    # versions (each term's K counts) give the very same results on every path
+    assert model._topics.frame.columns == ["term", "topics", "counts"]
+    entries = model._topics.frame.orderBy("term").collect()
+    assert all(len(r.topics) == len(r.counts) and all(c > 0 for c in r.counts) and r.topics == sorted(r.topics)
+               for r in entries)
+    assert sum(len(r.topics) for r in entries) == int(np.count_nonzero(counts))
+    from pystrads.ml._lda_model import COUNTS_SCHEMA
+
+    old_rows = spark.createDataFrame([(int(i), counts[i].astype(int).tolist()) for i in np.flatnonzero(counts.any(axis=1))],
+                                     COUNTS_SCHEMA).repartition(3)
+    old_model = model.copy()
+    old_model._topics = WordTopics.from_frame(old_rows, model.vocabSize(), 3)
+    assert old_model._topics.topic_totals.tolist() == model._topics.topic_totals.tolist()
+    old = results(old_model)  # the joined path (localModelBytes 0)
+    for i in shipped[0]:
+        np.testing.assert_array_equal(shipped[0][i], old[0][i])
+    assert old[1:] == joined[1:]
+    assert [r.termIndices for r in old_model.describeTopics(4).collect()] == \
+        [r.termIndices for r in model.describeTopics(4).collect()]
+    np.testing.assert_array_equal(old_model.topicsMatrix().toArray(), counts)
+
 
 def _apply_all(df, k, path, **params):
     """Fit, describe, transform, score, save, load and transform again; what each gave."""

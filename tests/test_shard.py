@@ -848,3 +848,26 @@ def test_entries_travel_across_shards_and_a_blocks_delta_is_exact(shards, storag
     assert np.array_equal(table.read_all(), want)
     with pytest.raises(ValueError, match="strictly increasing"):
         table.get_entries(keys[::-1])
+
+
+def test_nonzero_entry_reads_send_the_nonzero_rows_entries_with_their_keys(shards, storage):
+    """``get_nonzero_entries`` gives the rows of a range that hold a non-zero value, with their
+    keys, as their entries: the same rows as ``get_nonzero``, across both shards and many batches."""
+    from pystrads.kernels.rows import csr_into
+
+    servers, group = shards
+    table = make_table(group, rows=20000, width=30, dtype="int32", storage=storage)
+    rng = np.random.default_rng(9)
+    keys = np.unique(rng.integers(0, 20000, 3000))
+    rows = ((rng.random((len(keys), 30)) < 0.1) * rng.integers(1, 5, (len(keys), 30))).astype(np.int32)
+    rows[:, 0] += 1  # every row non-zero
+    table.put(keys, rows, sparse=True)
+    for lo, hi in ((0, 20000), (5000, 15000), (0, 0)):
+        got_keys, offsets, cols, vals = table.get_nonzero_entries(lo, hi)
+        want_keys, want_rows = table.get_nonzero(lo, hi)
+        assert np.array_equal(got_keys, want_keys)
+        block = np.empty((len(got_keys), 30), np.int32)
+        csr_into(offsets, cols, vals, block, 0)
+        assert np.array_equal(block, want_rows)
+    sub = (keys >= 5000) & (keys < 15000)
+    assert np.array_equal(table.get_nonzero_entries(5000, 15000)[0], keys[sub])

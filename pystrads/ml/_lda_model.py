@@ -2,10 +2,12 @@
 
 :class:`WordTopics` is what a :class:`~pystrads.ml.lda.StradsLDAModel` holds:
 
-- ``frame``: DataFrame(term int, counts array<int>) (:data:`COUNTS_SCHEMA`), one row per term
-  that has tokens (term in [0, V); ``counts[t]`` = n_wt, K int32), made by executor tasks
-  reading the fit's ``word_topic`` rows from the shards (:func:`fitted_topics`), or read from a
-  saved model's Parquet;
+- ``frame``: DataFrame(term int, topics array<int>, counts array<int>) (:data:`ENTRIES_SCHEMA`),
+  one row per term that has tokens (term in [0, V)): its topics with a non-zero count, ascending,
+  and those counts n_wt -- the model's non-zeros, not V x K -- made by executor tasks reading the
+  fit's ``word_topic`` entries from the shards (:func:`fitted_topics`), or read from a saved
+  model's Parquet (models saved by earlier versions hold each term's K counts,
+  :data:`COUNTS_SCHEMA`; every operation reads both);
 - ``topic_totals``: n_t, K int64, and ``vocab_size`` V, on the driver;
 - ``dense``: V x K int32 on the driver only for a model built from an array, or cached once a
   small model (at most ``spark.pystrads.lda.localModelBytes`` as int32) was collected.
@@ -39,7 +41,11 @@ from ..engine.frames import keep_frame, row_ranges, shard_frame
 from ._arrow import collect_binary, collect_per_partition, vectors
 from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
 
-#: the model's rows; a saved model's data/ folder (the layout of every earlier version)
+#: the model's rows, each term's non-zero counts; a saved model's data/ folder
+ENTRIES_SCHEMA = T.StructType([T.StructField("term", T.IntegerType(), False),
+                               T.StructField("topics", T.ArrayType(T.IntegerType(), False), False),
+                               T.StructField("counts", T.ArrayType(T.IntegerType(), False), False)])
+#: the rows as models saved by earlier versions hold them: each term's K counts
 COUNTS_SCHEMA = T.StructType([T.StructField("term", T.IntegerType(), False),
                               T.StructField("counts", T.ArrayType(T.IntegerType(), False), False)])
 
@@ -56,19 +62,42 @@ BUCKET = "__pystrads_bucket"
 _HAS_COGROUP_ARROW = int(pyspark.__version__.split(".")[0]) >= 4
 
 
-def _counts_batch(terms: np.ndarray, rows: np.ndarray):
-    """An Arrow batch of :data:`COUNTS_SCHEMA` from term ids and their (n, K) count rows."""
+def _entries_batch(terms: np.ndarray, offsets: np.ndarray, topics: np.ndarray, counts: np.ndarray):
+    """An Arrow batch of :data:`ENTRIES_SCHEMA` from term ids and their rows' entries (CSR)."""
     import pyarrow as pa
 
-    rows = np.ascontiguousarray(rows, dtype=np.int32)
-    offsets = pa.array(np.arange(len(terms) + 1, dtype=np.int32) * rows.shape[1])
-    counts = pa.ListArray.from_arrays(offsets, pa.array(rows.ravel(), pa.int32()))
-    return pa.RecordBatch.from_arrays([pa.array(np.asarray(terms, dtype=np.int32)), counts], ["term", "counts"])
+    offsets = pa.array(np.asarray(offsets, dtype=np.int64) - int(offsets[0]), pa.int32())
+    return pa.RecordBatch.from_arrays([pa.array(np.asarray(terms, dtype=np.int32)),
+                                       pa.ListArray.from_arrays(offsets, pa.array(topics, pa.int32())),
+                                       pa.ListArray.from_arrays(offsets, pa.array(counts, pa.int32()))],
+                                      ["term", "topics", "counts"])
+
+
+def _counts_batch(terms: np.ndarray, rows: np.ndarray):
+    """An Arrow batch of :data:`ENTRIES_SCHEMA` from term ids and their (n, K) count rows."""
+    from ..kernels.rows import to_csr
+
+    return _entries_batch(terms, *to_csr(np.ascontiguousarray(rows, dtype=np.int32)))
+
+
+def _row_columns(frame) -> list:
+    """The model frame's columns :func:`_batch_counts` reads (either layout)."""
+    return ["term", "topics", "counts"] if "topics" in frame.columns else ["term", "counts"]
 
 
 def _batch_counts(batch, k: int):
-    """(terms int64, counts (n, k) int32) of an Arrow batch of :data:`COUNTS_SCHEMA`."""
+    """(terms int64, counts (n, k) int32) of an Arrow batch of the model's rows, in either layout
+    (:data:`ENTRIES_SCHEMA`, or :data:`COUNTS_SCHEMA` of models saved by earlier versions)."""
+    from ..kernels.rows import csr_into
+
     terms = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if batch.num_columns == 3:
+        topics, counts = batch.column(1), batch.column(2)
+        offsets = np.asarray(topics.offsets, dtype=np.int64)
+        block = np.empty((len(terms), k), np.int32)
+        csr_into(offsets - offsets[0], topics.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+                 counts.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False), block, 0)
+        return terms, block
     values = batch.column(1).flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     return terms, values.reshape(len(terms), k)
 
@@ -101,7 +130,7 @@ class WordTopics:
                 out += _batch_counts(batch, k)[1].sum(axis=0, dtype=np.int64)
             return out
 
-        parts = collect_per_partition(frame.select("term", "counts"), totals)
+        parts = collect_per_partition(frame.select(*_row_columns(frame)), totals)
         return cls(frame, np.sum(parts, axis=0, dtype=np.int64) if parts else np.zeros(k, np.int64), int(vocab_size))
 
     @property
@@ -116,7 +145,11 @@ class WordTopics:
         """The rows as a DataFrame (made from ``dense`` the first time, for a model built from an array)."""
         if self.frame is None:
             keep = np.flatnonzero(self.dense.any(axis=1))
-            self.frame = spark.createDataFrame([(int(i), self.dense[i].tolist()) for i in keep], COUNTS_SCHEMA)
+            rows = []
+            for i in keep:
+                topics = np.flatnonzero(self.dense[i])
+                rows.append((int(i), topics.tolist(), self.dense[i, topics].tolist()))
+            self.frame = spark.createDataFrame(rows, ENTRIES_SCHEMA)
         return self.frame
 
     def phi(self, counts: np.ndarray, beta: float) -> np.ndarray:
@@ -133,17 +166,22 @@ def fitted_topics(spark, result, vocab_size: int, k: int) -> WordTopics:
     rows in ranges (each shard filters its part), materialised before the fit is released
     (:func:`~pystrads.engine.frames.keep_frame`); the topic totals (K numbers) come to the driver."""
     totals = np.asarray(result.read_table("topic_totals")[0], dtype=np.int64)
-    step = max(1, READ_BYTES // (4 * k))
-    tasks = row_ranges(vocab_size, max(result.engine.num_workers, -(-vocab_size * k * 4 // TASK_BYTES)))
+    # rows per request: READ_BYTES of entries at ~1/8 fill (a request is at most 8x that, all rows full);
+    # tasks: TASK_BYTES of entries each, from the table's non-zeros as the shards count them
+    step = max(1, 8 * READ_BYTES // (4 * k))
+    stored = [t for s in result.summary.shards for name, t in (s.get("tables") or {}).items()
+              if name.endswith("/word_topic") and "nonzeros" in t]
+    entry_bytes = 8 * sum(t["nonzeros"] for t in stored) + 8 * vocab_size if stored else vocab_size * k * 4
+    tasks = row_ranges(vocab_size, max(result.engine.num_workers, -(-entry_bytes // TASK_BYTES)))
 
     def read(reader, task):
         table = reader.table("word_topic")
         for lo in range(task[0], task[1], step):
-            terms, rows = table.get_nonzero(lo, min(task[1], lo + step))
+            terms, offsets, topics, counts = table.get_nonzero_entries(lo, min(task[1], lo + step))
             if len(terms):
-                yield _counts_batch(terms, rows)
+                yield _entries_batch(terms, offsets, topics, counts)
 
-    frame = keep_frame(shard_frame(spark, result, tasks, read, COUNTS_SCHEMA), result, "word_topic")
+    frame = keep_frame(shard_frame(spark, result, tasks, read, ENTRIES_SCHEMA), result, "word_topic")
     return WordTopics(frame, totals, int(vocab_size))
 
 
@@ -152,7 +190,8 @@ def dense_counts(topics: WordTopics, spark, cache: bool = False) -> np.ndarray:
     if topics.dense is not None:
         return topics.dense
     out = np.zeros((topics.vocab_size, topics.k), np.int32)
-    frame = topics.rows_frame(spark).select("term", "counts")
+    frame = topics.rows_frame(spark)
+    frame = frame.select(*_row_columns(frame))
     table = frame.toArrow() if hasattr(frame, "toArrow") else frame._collect_as_arrow()  # pyspark 3.5: private
     for batch in (table.to_batches() if hasattr(table, "to_batches") else table):
         terms, counts = _batch_counts(batch, topics.k)
@@ -176,7 +215,8 @@ def topics_matrix(topics: WordTopics, spark):
 
 def save_topics(write, topics: WordTopics, alpha: np.ndarray, beta: float, spark) -> dict:
     """A model's ``_save_data``: the rows (written by the executors) and the metadata."""
-    write("data", COUNTS_SCHEMA, topics.rows_frame(spark))
+    frame = topics.rows_frame(spark)
+    write("data", ENTRIES_SCHEMA if "topics" in frame.columns else COUNTS_SCHEMA, frame)
     return {"alpha": alpha.tolist(), "beta": beta, "vocabSize": topics.vocab_size, "k": topics.k}
 
 
@@ -221,7 +261,8 @@ def describe(topics: WordTopics, beta: float, max_terms: int, spark):
         return (np.repeat(np.arange(k, dtype=np.int32), sizes), np.concatenate([b[0] for b in best]),
                 np.concatenate([b[1] for b in best]))
 
-    parts = collect_per_partition(topics.rows_frame(spark).select("term", "counts"), candidates)
+    frame = topics.rows_frame(spark)
+    parts = collect_per_partition(frame.select(*_row_columns(frame)), candidates)
     flat = [np.concatenate([p[j] for p in parts] or [np.zeros(0, np.int64)]) for j in range(3)]
     del parts
     order = np.lexsort((flat[1], -flat[2], flat[0]))  # by topic, then decreasing count, then term
@@ -355,6 +396,7 @@ class FoldIn:
         import pyarrow as pa
 
         buckets, k, beta = _bucket_count(dataset), self.topics.k, self.beta
+        columns = _row_columns(self.topics.rows_frame(dataset.sparkSession))
         totals, vocab = self.topics.topic_totals, self.topics.vocab_size  # not the frame: tasks cannot hold it
 
         def doc_buckets(column):
@@ -379,7 +421,7 @@ class FoldIn:
         def run(docs, rows):
             model_terms, counts = np.zeros(0, np.int64), np.zeros((0, k), np.int32)
             if rows.num_rows:
-                parts = [_batch_counts(b, k) for b in rows.select(["term", "counts"]).to_batches()]
+                parts = [_batch_counts(b, k) for b in rows.select(columns).to_batches()]
                 model_terms, counts = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
             def lookup(words):

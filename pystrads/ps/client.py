@@ -207,6 +207,29 @@ class ShardClient:
             raise _translate(exc, self.uri, f"get from table {table!r}") from None
         return np.concatenate(keys), np.concatenate(rows)
 
+    def get_nonzero_entries(self, table: str, dtype: str, start: int, stop: int):
+        """``(keys, offsets, cols, vals)``: the rows in ``[start, stop)`` holding a non-zero value,
+        as their entries (CSR); the shard filters, and only the entries travel."""
+        header = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "start": int(start),
+                  "stop": int(stop), "nonzero": True, "sparse": True}
+        keys, offsets, cols, vals, base = [np.zeros(0, np.int64)], [np.zeros(1, np.int64)], [], [], 0
+        try:
+            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), self._options):
+                batch = chunk.data
+                if not batch.num_rows:
+                    continue
+                keys.append(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+                o, c, v = protocol.sparse_entries(batch.column(1), batch.column(2), dtype, 1 << 30)
+                offsets.append(o[1:] + base)
+                cols.append(c)
+                vals.append(v)
+                base += len(c)
+        except flight.FlightError as exc:
+            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+        return (np.concatenate(keys), np.concatenate(offsets),
+                np.concatenate(cols) if cols else np.zeros(0, np.int32),
+                np.concatenate(vals) if vals else np.zeros(0, protocol.DTYPES[dtype][0]))
+
     def write_rows(self, op: str, table: str, keys: Optional[np.ndarray], values: np.ndarray, dtype: str,
                    header: Optional[Dict[str, Any]] = None, start: Optional[int] = None,
                    sparse: bool = False) -> None:
@@ -615,6 +638,21 @@ class TableHandle:
         if not parts:
             return np.zeros(0, np.int64), np.zeros((0, self.layout.width), protocol.DTYPES[self.layout.dtype][0])
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def get_nonzero_entries(self, start: int, stop: int):
+        """``(keys, offsets, cols, vals)``: the rows in ``[start, stop)`` holding a non-zero value,
+        keys ascending, as their entries (CSR, offsets int64): :meth:`get_nonzero` where only the
+        non-zeros travel."""
+        self._check_range(start, stop)
+        parts = [self.group.client(shard).get_nonzero_entries(self.layout.name, self.layout.dtype, lo, hi)
+                 for shard, lo, hi in self._range_parts(start, stop)]
+        if not parts:
+            return (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32),
+                    np.zeros(0, protocol.DTYPES[self.layout.dtype][0]))
+        shift = np.cumsum([0] + [len(p[2]) for p in parts[:-1]])
+        return (np.concatenate([p[0] for p in parts]),
+                np.concatenate([np.zeros(1, np.int64)] + [p[1][1:] + s for p, s in zip(parts, shift)]),
+                np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
     def read_all(self, copy: bool = True) -> np.ndarray:
         """The whole table on the caller: mind the memory for large models

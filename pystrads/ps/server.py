@@ -180,15 +180,15 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             if nonzero:  # only the rows with a non-zero value, with their keys
                 index = table.nonzero_rows(index.start, index.stop)
                 keys = index + table.row_start
-            if header.get("sparse") and not nonzero:  # each row as its non-zero entries
+            if header.get("sparse"):  # each row as its non-zero entries (with its key for a nonzero read)
                 entries = table.read_entries(index)
             else:
                 rows = table.read(index)  # a range of a dense table: a zero-copy view
                 if table.kind == "dense" and isinstance(index, slice) and "start" not in header:
                     rows = rows.copy()  # keys that happen to be one run: not a view that may change
         if entries is not None:
-            schema = protocol.sparse_schema(table.dtype, with_keys=False)
-            batches = protocol.entry_batches(*entries, schema, max(1, chunk_bytes))
+            schema = protocol.sparse_schema(table.dtype, with_keys=nonzero)
+            batches = protocol.entry_batches(*entries, schema, max(1, chunk_bytes), keys=keys if nonzero else None)
             self._count(requests=1, bytes_out=sum(b.nbytes for b in batches), rows_out=len(entries[0]) - 1)
             return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
         chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
