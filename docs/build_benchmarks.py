@@ -264,6 +264,39 @@ def scale_table(data):
     return out
 
 
+def lda_peer_table(data):
+    """jobs/bench_scale.py --case lda-peer: StradsLDA against tomotopy on one large sparse model."""
+    r = data["results"][0]
+    peer, size = r["peer"], r["size"]
+    n_short, n_long = peer["iterations"]
+    split = peer["strads_iteration_split"]
+    out = [f"Corpus: Zipf(0.8), V = {size['vocab']:,}, K = {size['k']:,}, {size['tokens']:,} tokens; medians of "
+           f"{peer['runs']} runs, each a {n_short}- and a {n_long}-iteration fit of each system "
+           "(per iteration = their difference).", "",
+           "| system | per iteration | whole fit | peak memory |", "|---|---:|---:|---:|",
+           f"| StradsLDA, 2 workers | {_f(peer['strads_per_iteration_s'], 2)} s | {_f(peer['strads_fit_s'])} s | shard "
+           f"{peer['shard_peak_bytes'] / 2**20:,.0f} MiB |"]
+    if "tomotopy_fit_s" in peer:
+        out.append(f"| tomotopy, 2 threads | {_f(peer['tomotopy_per_iteration_s'], 2)} s | {_f(peer['tomotopy_fit_s'])} s "
+                   f"(add_doc {_f(peer['tomotopy_add_doc_s'])} s) | {peer['tomotopy_peak_rss'] / 2**20:,.0f} MiB |")
+        out.append(f"| **tomotopy ÷ StradsLDA** | **{peer['per_iteration_ratio']:.2f}** | **{peer['fit_ratio']:.2f}** | |")
+    stored = peer["word_topic_storage"]
+    pairs = sum(w.get("pair_entries", 0) for w in stored)
+    dense = sum(w.get("dense_rows", 0) for w in stored)
+    held = sum(w.get("bytes", 0) for w in stored)
+    one_off = peer["strads_one_off"]
+    out += ["", f"The word-topic table held {peer['nonzeros']:,} non-zero counts in {held / 2**20:,.0f} MiB "
+            f"({pairs:,} pair slots, {dense:,} dense rows; dense it is {r['model_bytes'] / 2**20:,.0f} MiB); the "
+            f"shard's peak {peer['shard_peak_bytes'] / 2**20:,.0f} MiB against 500 MiB + 24 B × (non-zeros + V) = "
+            f"{peer['shard_bound_bytes'] / 2**20:,.0f} MiB; the Python driver grew "
+            f"{r['driver_peak_rss_growth'] / 2**20:,.0f} MiB. The long fit's steps (one iteration each, medians): "
+            + ", ".join(f"{k} {_f(v, 2)} s" for k, v in split.items()) + " (compute and sync: mean per worker, "
+            "sample: summed over the workers). One-off costs of the long fit: "
+            + ", ".join(f"{k} {_f(v)} s" for k, v in sorted(one_off.items())
+                        if k.endswith("_s") and k != "total_s" and v >= 0.5) + "."]
+    return out
+
+
 def lda_scaleout_table(data):
     """jobs/bench_lda_scaleout.py: throughput at U = 1, 2, 4."""
     out = ["| master | workers | runs | wall s | tokens/s (wall) | speed-up vs U = 1 | per worker | per core "
@@ -347,6 +380,7 @@ TABLES = {
     "runtime_throughput": Table(runtime_throughput_table, _RUNTIME, "2026-11-24",
                                 json="runtime"),
     "scale": Table(scale_table, date="2026-11-24"),
+    "lda_peer": Table(lda_peer_table),
     "scoring": Table(scoring_table),
     "lda_priors": Table(lda_priors_table),
 }

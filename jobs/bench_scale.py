@@ -451,8 +451,9 @@ def main(argv=None) -> int:
         results.append(r)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"quick": args.quick, "command": "python3 jobs/bench_scale.py " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--out")),
+        given = list(argv if argv is not None else sys.argv[1:])
+        shown = [a for i, a in enumerate(given) if not a.startswith("--out") and (i == 0 or given[i - 1] != "--out")]
+        json.dump({"quick": args.quick, "command": "python3 jobs/bench_scale.py " + " ".join(shown),
             "date": time.strftime("%Y-%m-%d"), "results": results}, fh, indent=2)
     print(f"\nwrote {args.out}")
     return 0 if ok else 1
