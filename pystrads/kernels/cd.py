@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from .offsets import bucket_offsets
+from .rows import grow_pair
 
 
 @njit(cache=True, nogil=True)
@@ -308,11 +309,7 @@ def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
                 acc[which[q]] += vp * value[q]
         if e + m > cap:  # grow the output (at most m * m entries in all)
             cap = min(m * m, max(2 * cap, e + m))
-            keys2 = np.empty(cap, dtype=np.int64)
-            out2 = np.empty(cap, dtype=np.float64)
-            keys2[:e] = keys[:e]
-            out2[:e] = out[:e]
-            keys, out = keys2, out2
+            keys, out = grow_pair(keys, out, e, cap)
         # emit Gram row a in key order by one scan (branch-predictable, O(m): cheaper than
         # tracking and sorting the touched columns); exact zeros need not travel
         for b in range(m):

@@ -13,6 +13,30 @@ import numpy as np
 from numba import njit
 
 
+@njit(cache=True, inline="always")
+def emit_nonzeros(row, cols, vals, k):
+    """Write the non-zero entries of the dense ``row`` at ``cols[k:]`` / ``vals[k:]``, columns
+    ascending; returns the next free position."""
+    for c in range(row.shape[0]):
+        x = row[c]
+        if x != 0:
+            cols[k] = c
+            vals[k] = x
+            k += 1
+    return k
+
+
+@njit(cache=True, inline="always")
+def grow_pair(a, b, used, size):
+    """Two arrays grown to ``size`` entries, their first ``used`` kept (an output of unknown
+    length, doubled as it fills)."""
+    a2 = np.empty(size, dtype=a.dtype)
+    b2 = np.empty(size, dtype=b.dtype)
+    a2[:used] = a[:used]
+    b2[:used] = b[:used]
+    return a2, b2
+
+
 @njit(cache=True, nogil=True)
 def to_csr(values):
     """``(offsets int32[n + 1], cols int32[nnz], vals[nnz])``: the non-zero entries of each row
@@ -29,12 +53,7 @@ def to_csr(values):
     vals = np.empty(nnz, dtype=values.dtype)
     k = 0
     for r in range(n):
-        for c in range(width):
-            x = values[r, c]
-            if x != 0:
-                cols[k] = c
-                vals[k] = x
-                k += 1
+        k = emit_nonzeros(values[r], cols, vals, k)
     return offsets, cols, vals
 
 
@@ -97,18 +116,9 @@ def csr_delta(values, offsets, cols, vals):
             old[cols[k]] = 0
         if changed == 0:
             continue
-        if k_out + changed > d_cols.shape[0]:  # grow
-            size = max(2 * d_cols.shape[0], k_out + changed)
-            grown_cols = np.empty(size, dtype=np.int32)
-            grown_vals = np.empty(size, dtype=values.dtype)
-            grown_cols[:k_out] = d_cols[:k_out]
-            grown_vals[:k_out] = d_vals[:k_out]
-            d_cols, d_vals = grown_cols, grown_vals
-        for c in range(width):
-            if diff[c] != 0:
-                d_cols[k_out] = c
-                d_vals[k_out] = diff[c]
-                k_out += 1
+        if k_out + changed > d_cols.shape[0]:
+            d_cols, d_vals = grow_pair(d_cols, d_vals, k_out, max(2 * d_cols.shape[0], k_out + changed))
+        k_out = emit_nonzeros(diff, d_cols, d_vals, k_out)
         d_rows[m] = r
         m += 1
         d_offsets[m] = k_out

@@ -25,6 +25,8 @@ entries becomes dense.  The caller makes room first (:func:`room_needed`, then
 import numpy as np
 from numba import njit
 
+from .rows import emit_nonzeros
+
 #: meta entries: pool entries used, pool entries that are garbage, dense rows used
 USED, GARBAGE, DENSE_USED = 0, 1, 2
 
@@ -176,18 +178,12 @@ def read_csr(slot, pos, nnz, pcols, pvals, dense, rows):
         offsets[r + 1] = offsets[r] + nnz[rows[r]]
     cols = np.empty(offsets[n], dtype=np.int32)
     vals = np.empty(offsets[n], dtype=pvals.dtype)
-    width = dense.shape[1]
     for r in range(n):
         row = rows[r]
         k = offsets[r]
         d = slot[row]
         if d >= 0:
-            for c in range(width):
-                x = dense[d, c]
-                if x != 0:
-                    cols[k] = c
-                    vals[k] = x
-                    k += 1
+            k = emit_nonzeros(dense[d], cols, vals, k)
         else:
             p = pos[row]
             for j in range(nnz[row]):
@@ -220,13 +216,7 @@ def compact(slot, pos, cap, nnz, pcols, pvals, dense, pool_size, dense_size, min
             continue
         room = _grown(nnz[row]) if nnz[row] else 0
         if d >= 0:  # back to pairs
-            k = used
-            for c in range(width):
-                x = dense[d, c]
-                if x != 0:
-                    new_cols[k] = c
-                    new_vals[k] = x
-                    k += 1
+            emit_nonzeros(dense[d], new_cols, new_vals, used)
             slot[row] = -1
         else:
             p = pos[row]
