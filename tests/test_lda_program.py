@@ -87,7 +87,7 @@ def test_log_likelihood_matches_a_direct_recount(sc, corpus):
     assert reported == pytest.approx(direct, rel=1e-12)
 
 
-@pytest.mark.parametrize("sampler", ["dense", "fplus"])
+@pytest.mark.parametrize("sampler", ["dense", "fplus", "alias"])
 def test_a_round_read_in_row_chunks_samples_as_one_read(sc, corpus, sampler):
     """A worker reads its block's rows ``rows_per_fetch`` at a time (its memory bound for a large V x K),
     or in ``pipeline_pieces`` runs of equal token mass, the next run read while one is sampled; the

@@ -81,7 +81,7 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
     sampler: Param[str] = Param(
         Params._dummy(), "sampler",
         "collapsed Gibbs sampler: 'auto' (chosen by k and mean document length), 'dense', 'sparse' "
-        "(SparseLDA), 'fplus' (F+LDA) or 'mh' (Metropolis-Hastings).", typeConverter=TypeConverters.toString)
+        "(SparseLDA), 'fplus' (F+LDA), 'mh' (Metropolis-Hastings) or 'alias' (LightLDA's alias-table MH).", typeConverter=TypeConverters.toString)
     logLikelihoodEvery: Param[int] = Param(
         Params._dummy(), "logLikelihoodEvery",
         "compute the training log-likelihood log p(w, z) every this many iterations and at the last one "

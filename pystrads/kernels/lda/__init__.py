@@ -57,6 +57,16 @@ Samplers (all with the signature documented in :func:`sample_block`)
     alternating O(1) document proposals (a random token of the document)
     and O(log K) word proposals (drawn from the same F+ tree), ``MH_CYCLES``
     cycles per token.  Exact MH for each token given the others.
+``"alias"``
+    LightLDA's alias-table Metropolis-Hastings (Yuan et al., WWW 2015;
+    :mod:`.alias`): ``ALIAS_MH_STEPS`` cycles per token of a word proposal
+    ``∝ (n_wt + β) / (n_t + Vβ)`` drawn in O(1) from *stale* alias tables (the
+    word's non-zeros, rebuilt in O(K_w) when the word changes, plus β over K,
+    built once per call) and the ``"mh"`` sampler's document proposal, each
+    accepted with its exact MH ratio against the current counts.  O(1) per
+    token whatever K, K_d and K_w (plus an O(K) row scan per distinct word);
+    the proposal is stale within a word's run, the MH test makes each step
+    exact for the token's conditional.
 
 :func:`choose_sampler` returns the recommended one for K and the mean
 document length (dense for K <= 600, F+LDA beyond), from the measurements
@@ -82,8 +92,10 @@ Modules
 :mod:`.fplus_tree`
     The F+ sum tree over K shared by the ``"fplus"`` and ``"mh"`` samplers.
 :mod:`.samplers`
-    The four samplers, ``SAMPLERS``, :func:`get_sampler`,
+    The dense, sparse, F+ and MH samplers, ``SAMPLERS``, :func:`get_sampler`,
     :func:`sample_block` and :func:`choose_sampler`.
+:mod:`.alias`
+    The ``"alias"`` sampler (LightLDA's alias tables + MH).
 :mod:`.likelihood`
     log p(w, z) in parts that add up across workers and shards; fold-in
     and document completion for held-out documents.
@@ -99,6 +111,7 @@ clear the cache (the ``*.nbi`` / ``*.nbc`` files in ``__pycache__`` or
 ``NUMBA_CACHE_DIR``) or touch the modules that call them.
 """
 
+from .alias import ALIAS_MH_STEPS, sample_block_alias, sample_block_alias_steps
 from .counts import (
     build_doc_nonzero,
     build_doc_tokens,
@@ -131,6 +144,7 @@ from .samplers import (
 )
 
 __all__ = [
+    "ALIAS_MH_STEPS",
     "MH_CYCLES",
     "MIN_ALPHA",
     "MIN_BETA",
@@ -153,6 +167,8 @@ __all__ = [
     "minka_fixed_point",
     "random_topics",
     "sample_block",
+    "sample_block_alias",
+    "sample_block_alias_steps",
     "sample_block_dense",
     "sample_block_fplus",
     "sample_block_mh",
