@@ -632,8 +632,11 @@ def test_dispatch_by_name_and_recommendation():
         lda.get_sampler("gibbs")
     # the measured crossover (choose_sampler's notes): dense through K = 600 whatever the length
     for n_topics, doc_len in itertools.product([2, 20, 100, 1000, 10000], [1, 50, 1000, 10**5]):
-        assert lda.choose_sampler(n_topics, doc_len) == ("dense" if n_topics <= 600 else "fplus")
+        assert lda.choose_sampler(n_topics, doc_len) == \
+            ("dense" if n_topics <= 600 else "fplus" if n_topics < 2000 else "alias")
     assert (lda.choose_sampler(600, 80), lda.choose_sampler(601, 80)) == ("dense", "fplus")
+    # and the alias sampler from K = 2000 on (its row store keeps it O(1) per token)
+    assert [lda.choose_sampler(k, 200) for k in (1999, 2000, 10_000)] == ["fplus", "alias", "alias"]
 
     token_word, token_doc, true_topic, _ = make_lda_corpus(4, doc_len=10)
     a = Chain(token_word, token_doc, true_topic.copy(), 100, 80, 5)
@@ -674,3 +677,85 @@ def test_learned_beta_fixed_point_equals_the_exact_digamma_sums_and_finds_the_pr
     assert learned == pytest.approx(true_beta, rel=0.05)
     assert beta_fixed_point(0.3, summary, np.zeros(topics), vocab) == 0.3  # no tokens: unchanged
     assert beta_fixed_point(0.3, np.zeros_like(summary), totals, vocab) == 0.3  # no summary: unchanged
+
+
+# --------------------------------------------------------------------------
+# row stores (the alias sampler's rows)
+# --------------------------------------------------------------------------
+
+
+def _random_csr(rng, n_rows, n_topics, density):
+    dense = np.where(rng.random((n_rows, n_topics)) < density, rng.integers(1, 9, (n_rows, n_topics)), 0)
+    offsets = np.concatenate(([0], np.cumsum((dense != 0).sum(axis=1)))).astype(np.int64)
+    rows, cols = np.nonzero(dense)
+    return dense.astype(np.int32), offsets, cols.astype(np.int32), dense[rows, cols].astype(np.int32)
+
+
+def _store_dense(store, n_rows, n_topics):
+    ptr, used, topics, counts = store
+    out = np.zeros((n_rows, n_topics), dtype=np.int64)
+    for r in range(n_rows):
+        for s in range(ptr[r], ptr[r] + used[r]):
+            out[r, topics[s]] += counts[s]
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_row_store_entries_and_delta_match_a_dense_block(seed):
+    """A store made from entries, changed as a sweep changes it (moves of one count, new topics in
+    their rows' room), gives back its rows as canonical entries and its change as the dense
+    difference's non-zeros, whatever the density."""
+    rng = np.random.default_rng(seed)
+    n_rows, n_topics = 40, 30
+    dense, offsets, cols, vals = _random_csr(rng, n_rows, n_topics, [0.05, 0.3, 0.9][seed])
+    tokens = rng.integers(0, 6, n_rows)
+    store = lda.row_store(offsets, cols, vals, tokens, n_topics)
+    ptr, used, topics, counts = store
+    assert np.array_equal(_store_dense(store, n_rows, n_topics), dense)
+    assert (np.diff(ptr) == np.minimum(n_topics, np.diff(offsets) + tokens)).all()
+    after = dense.astype(np.int64).copy()
+    for r in range(n_rows):  # each token moves one count of its row, maybe to a topic new to it
+        for _ in range(tokens[r]):
+            live = [s for s in range(ptr[r], ptr[r] + used[r]) if counts[s] > 0]
+            if not live:
+                break
+            s_old = live[rng.integers(len(live))]
+            counts[s_old] -= 1
+            after[r, topics[s_old]] -= 1
+            new = int(rng.integers(n_topics))
+            where = [s for s in range(ptr[r], ptr[r] + used[r]) if topics[s] == new]
+            if where:
+                counts[where[0]] += 1
+            else:
+                assert ptr[r] + used[r] < ptr[r + 1]  # the room the store promised
+                topics[ptr[r] + used[r]], counts[ptr[r] + used[r]] = new, 1
+                used[r] += 1
+            after[r, new] += 1
+    assert np.array_equal(_store_dense(store, n_rows, n_topics), after)
+    o2, c2, v2 = lda.row_store_entries(*store)
+    assert np.array_equal(o2, np.concatenate(([0], np.cumsum((after != 0).sum(axis=1)))))
+    rows, nz = np.nonzero(after)
+    assert np.array_equal(c2, nz) and np.array_equal(v2, after[rows, nz])
+    touched, d_off, d_cols, d_vals = lda.row_store_delta(*store, offsets, cols, vals, n_topics)
+    diff = after - dense
+    assert np.array_equal(touched, np.flatnonzero((diff != 0).any(axis=1)))
+    got = np.zeros_like(diff)
+    for j, r in enumerate(touched):
+        seg = slice(d_off[j], d_off[j + 1])
+        assert (np.diff(d_cols[seg]) > 0).all()  # columns ascending, as a sparse write takes them
+        got[r, d_cols[seg]] = d_vals[seg]
+    assert np.array_equal(got, diff)
+
+
+def test_count_word_topic_entries_is_the_dense_count():
+    rng = np.random.default_rng(3)
+    token_row = rng.integers(5, 25, 500).astype(np.int32)
+    token_topic = rng.integers(0, 40, 500).astype(np.int32)
+    offsets, cols, vals = lda.count_word_topic_entries(token_row, token_topic, 100, 450, 5, 20, 40)
+    want = lda.count_word_topic(token_row[100:450], token_topic[100:450], 5, 25, 40)
+    got = np.zeros_like(want)
+    for r in range(20):
+        seg = slice(offsets[r], offsets[r + 1])
+        assert (np.diff(cols[seg]) > 0).all()
+        got[r, cols[seg]] = vals[seg]
+    assert np.array_equal(got, want)

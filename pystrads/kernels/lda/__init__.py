@@ -64,14 +64,15 @@ Samplers (all with the signature documented in :func:`sample_block`)
     word's non-zeros, rebuilt in O(K_w) when the word changes, plus β over K,
     built once per call) and the ``"mh"`` sampler's document proposal, each
     accepted with its exact MH ratio against the current counts.  O(1) per
-    token whatever K, K_d and K_w (plus an O(K) row scan per distinct word);
-    the proposal is stale within a word's run, the MH test makes each step
-    exact for the token's conditional.
+    token whatever K, K_d and K_w, O(K_w) per distinct word on a row store
+    (``STORE_SAMPLERS``; through the common dense-block signature the rows
+    are copied into one and back, O(K) per row); the proposal is stale within
+    a word's run, the MH test makes each step exact for the token's
+    conditional.
 
 :func:`choose_sampler` returns the recommended one for K and the mean
-document length (dense for K <= 600, F+LDA beyond), from the measurements
-of ``jobs/bench_lda_kernel.py`` on Reuters and the Debian descriptions
-recorded in its docstring.
+document length (dense for K <= 600, F+LDA below 2000, alias from there on),
+from the measurements recorded in its docstring.
 
 Equations (LDA* eq. 1; Griffiths & Steyvers 2004), with ``¬`` meaning the
 token's own assignment removed from the counts::
@@ -96,6 +97,9 @@ Modules
     :func:`sample_block` and :func:`choose_sampler`.
 :mod:`.alias`
     The ``"alias"`` sampler (LightLDA's alias tables + MH).
+:mod:`.rowstore`
+    A run's rows as their non-zeros with room for the sweep's changes (the
+    store the ``STORE_SAMPLERS`` sample), its entries and its delta.
 :mod:`.likelihood`
     log p(w, z) in parts that add up across workers and shards; fold-in
     and document completion for held-out documents.
@@ -111,7 +115,7 @@ clear the cache (the ``*.nbi`` / ``*.nbc`` files in ``__pycache__`` or
 ``NUMBA_CACHE_DIR``) or touch the modules that call them.
 """
 
-from .alias import ALIAS_MH_STEPS, sample_block_alias, sample_block_alias_steps
+from .alias import ALIAS_MH_STEPS, sample_block_alias, sample_block_alias_steps, sample_rows_alias, sample_rows_alias_steps
 from .counts import (
     build_doc_nonzero,
     build_doc_tokens,
@@ -131,9 +135,11 @@ from .likelihood import (
 )
 from .priors import (MIN_ALPHA, MIN_BETA, alpha_vector, beta_fixed_point, doc_topic_histograms, minka_fixed_point,
                      word_topic_count_summary)
+from .rowstore import count_word_topic_entries, row_store, row_store_delta, row_store_entries, run_row_tokens
 from .samplers import (
     MH_CYCLES,
     SAMPLERS,
+    STORE_SAMPLERS,
     choose_sampler,
     get_sampler,
     sample_block,
@@ -149,6 +155,7 @@ __all__ = [
     "MIN_ALPHA",
     "MIN_BETA",
     "SAMPLERS",
+    "STORE_SAMPLERS",
     "alpha_vector",
     "beta_fixed_point",
     "build_doc_nonzero",
@@ -156,6 +163,7 @@ __all__ = [
     "choose_sampler",
     "count_doc_topic",
     "count_topic_totals",
+    "count_word_topic_entries",
     "count_word_topic",
     "doc_log_likelihood",
     "doc_states",
@@ -166,6 +174,10 @@ __all__ = [
     "joint_log_likelihood",
     "minka_fixed_point",
     "random_topics",
+    "row_store",
+    "row_store_delta",
+    "row_store_entries",
+    "run_row_tokens",
     "sample_block",
     "sample_block_alias",
     "sample_block_alias_steps",
@@ -173,6 +185,8 @@ __all__ = [
     "sample_block_fplus",
     "sample_block_mh",
     "sample_block_sparse",
+    "sample_rows_alias",
+    "sample_rows_alias_steps",
     "topic_totals_log_likelihood",
     "word_log_likelihood_rows",
     "word_topic_count_summary",

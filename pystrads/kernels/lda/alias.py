@@ -27,12 +27,15 @@ removed, all counts current)::
 
 ``ALIAS_MH_STEPS`` cycles (word step, then document step) per token.  Cost:
 O(1) per token (O(mh_steps) draws and ratios, independent of K, K_d and
-K_w), O(K) per distinct word of a call (a scan of the row for its non-zeros,
-as the other sparse samplers do) and O(K) per call (the dense table).  On
-the ``--quick`` corpus of ``jobs/bench_lda_kernel.py`` (long documents) one
-cycle cost 45-60 ns per token for K = 100-4000, while the row scans, memory
-bound at ~0.5 ns per topic, added 190 ns per token at K = 4000 (11 tokens
-per distinct word): with few tokens per word and call, they dominate.
+K_w), O(K_w) per distinct word of a call (its row's slots, in a row store of
+:mod:`.rowstore`: the alias table and a topic -> slot map) and O(K) per call
+(the dense table).  Nothing is O(K) per word, which is what keeps the cost per
+token flat in K: with a dense block the row scans alone, memory bound at
+~0.5 ns per topic, added 190 ns per token at K = 4000 and 11 tokens per
+distinct word on the ``--quick`` corpus of ``jobs/bench_lda_kernel.py``,
+against 45-60 ns for a cycle.  :func:`sample_rows_alias` samples a store;
+:func:`sample_block_alias` (the samplers' common dense-block signature) copies
+the touched rows into one and back.
 
 Why the stale table still gives an exact MH step
 -------------------------------------------------
@@ -91,6 +94,7 @@ from numba import njit
 
 from ..random import uniform
 from .counts import _doc_decrement, _doc_increment
+from .rowstore import block_row_store, store_into_block
 
 #: Metropolis-Hastings cycles (one word-proposal step + one document-proposal
 #: step) per token of the ``"alias"`` sampler (LightLDA's default of 2).
@@ -138,14 +142,13 @@ def _alias_build(weights, n, total, prob, alias, small, large):
 def sample_block_alias(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
-    """LightLDA alias-table Metropolis-Hastings sweep, O(1) per token.
+    """LightLDA alias-table Metropolis-Hastings sweep on a dense block (the samplers' common
+    signature, documented in :func:`~pystrads.kernels.lda.sample_block`).
 
-    ``ALIAS_MH_STEPS`` cycles of a stale word proposal (alias tables: the
-    word's non-zeros, rebuilt per word; β over K, built once per call) and a
-    document proposal (a random token of the document), each with its exact
-    MH acceptance ratio; see :mod:`pystrads.kernels.lda.alias` for the
-    proposals and ratios.  Signature, arguments and return value as in
-    :func:`~pystrads.kernels.lda.sample_block`.
+    ``ALIAS_MH_STEPS`` cycles of a stale word proposal and a document proposal, each with its
+    exact MH acceptance ratio; see :mod:`pystrads.kernels.lda.alias`.  The touched rows go
+    through a row store (:func:`sample_rows_alias_steps`), an O(K) copy per row each way:
+    the LDA program samples its runs' stores directly.
     """
     return sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
                                     word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
@@ -158,11 +161,41 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
                              word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
                              doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
                              mh_steps):
-    """:func:`sample_block_alias` with ``mh_steps`` (word + document) cycles per token.
+    """:func:`sample_block_alias` with ``mh_steps`` (word + document) cycles per token."""
+    ptr, used, topics, counts = block_row_store(word_topic_block, token_word, tok_lo, tok_hi, word_lo)
+    changed = sample_rows_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                                      ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                                      doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                                      mh_steps)
+    store_into_block(ptr, used, topics, counts, word_topic_block)
+    return changed
 
-    The draws and the acceptance tests are written out in the token loop (no
-    inline helpers with array arguments: see ``_fplus_sweep`` in
-    :mod:`.samplers` for their cost).
+
+@njit(cache=True, nogil=True)
+def sample_rows_alias(token_row, token_doc, token_topic, tok_lo, tok_hi, row_lo,
+                      ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                      doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+    """The ``"alias"`` sweep on a row store (:mod:`.rowstore`) with ``ALIAS_MH_STEPS`` cycles."""
+    return sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, row_lo,
+                                   ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                                   doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                                   ALIAS_MH_STEPS)
+
+
+@njit(cache=True, nogil=True)
+def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, row_lo,
+                            ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
+                            doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                            mh_steps):
+    """The ``"alias"`` sweep of the tokens ``[tok_lo, tok_hi)`` (word-major; token ``i``'s row is
+    ``token_row[i] - row_lo`` of the store ``ptr, used, topics, counts``, mutated, as are
+    ``token_topic``, ``topic_totals``, ``doc_topic`` and the documents' non-zero lists) with
+    ``mh_steps`` cycles per token; returns the tokens that changed topic.
+
+    O(1) per token and O(K_w) per word of the call (its slots: the alias table and a topic ->
+    slot map); O(K) once per call (the dense proposal, the map).  The draws and the
+    acceptance tests are written out in the token loop (no inline helpers with array
+    arguments: see ``_fplus_sweep`` in :mod:`.samplers` for their cost).
     """
     n_topics = topic_totals.shape[0]
     v_beta = vocab_size * beta
@@ -192,7 +225,9 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
         symmetric = symmetric and alpha[t] == alpha[0]
     inv_alpha0 = 1.0 / alpha[0]
 
-    # Sparse part R_t / (T_t + Vβ) of the current word (snapshot at its first token).
+    # The current word: slot of each topic in its row (-1: none), and the sparse part
+    # R_t / (T_t + Vβ) of its snapshot at its first token.
+    slot = np.full(n_topics, -1, dtype=np.int64)
     sparse_w = np.zeros(n_topics, dtype=np.float64)  # by topic, 0 off the word's non-zeros
     sparse_list = np.empty(n_topics, dtype=np.float64)  # by position in nz_topics
     snap_row = np.zeros(n_topics, dtype=np.int32)  # R_t (valid on the non-zeros)
@@ -208,16 +243,21 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
     current_word = -1
     n_changed = 0
     for i in range(tok_lo, tok_hi):
-        w = token_word[i] - word_lo
+        w = token_row[i] - row_lo
         if w != current_word:
-            # New word: snapshot its row and the totals, alias table over the non-zeros.
-            current_word = w
+            # New word: forget the last one, map the row's slots, alias table over its non-zeros.
+            if current_word >= 0:
+                for s in range(ptr[current_word], ptr[current_word] + used[current_word]):
+                    slot[topics[s]] = -1
             for j in range(nnz):
                 sparse_w[nz_topics[j]] = 0.0
+            current_word = w
             nnz = 0
             sparse_mass = 0.0
-            for t in range(n_topics):
-                c = word_topic_block[w, t]
+            for s in range(ptr[w], ptr[w] + used[w]):
+                t = topics[s]
+                slot[t] = s
+                c = counts[s]
                 if c != 0:
                     tot = topic_totals[t]
                     x = c / (tot + v_beta)
@@ -237,7 +277,7 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
 
         d = token_doc[i]
         old = token_topic[i]
-        word_topic_block[w, old] -= 1
+        counts[slot[old]] -= 1
         topic_totals[old] -= 1
         _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
 
@@ -255,6 +295,8 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
         base = doc_ptr[d]
         doc_len = doc_ptr[d + 1] - base  # includes this token
         state = old
+        s_state = slot[state]
+        n_state = counts[s_state]  # n_w,state¬ (the token's own count is out)
         for _ in range(mh_steps):
             # Word proposal: t ~ g¬, accept with π(t) g¬(x) / (π(x) g¬(t)).
             while True:
@@ -275,14 +317,17 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
                 if keep >= 1.0 or uniform(rng_state) < keep:
                     break
             if cand != state:
+                s_cand = slot[cand]
+                n_cand = counts[s_cand] if s_cand >= 0 else 0
                 g_cand = g_old_own_removed if cand == old else sparse_w[cand] + dense_w[cand]
                 g_state = g_old_own_removed if state == old else sparse_w[state] + dense_w[state]
-                num = ((doc_topic[d, cand] + alpha[cand]) * (word_topic_block[w, cand] + beta)
+                num = ((doc_topic[d, cand] + alpha[cand]) * (n_cand + beta)
                        * (topic_totals[state] + v_beta) * g_state)
-                den = ((doc_topic[d, state] + alpha[state]) * (word_topic_block[w, state] + beta)
+                den = ((doc_topic[d, state] + alpha[state]) * (n_state + beta)
                        * (topic_totals[cand] + v_beta) * g_cand)
                 if num >= den or uniform(rng_state) * den < num:
                     state = cand
+                    n_state = n_cand
             # Document proposal: n_dt¬ + [t = x] + α_t, accept with the word factors' ratio.
             u = uniform(rng_state) * (doc_len + alpha_sum)
             if u < doc_len:
@@ -303,13 +348,23 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
                         lo = mid + 1
                 cand = lo
             if cand != state:
-                num = (word_topic_block[w, cand] + beta) * (topic_totals[state] + v_beta)
-                den = (word_topic_block[w, state] + beta) * (topic_totals[cand] + v_beta)
+                s_cand = slot[cand]
+                n_cand = counts[s_cand] if s_cand >= 0 else 0
+                num = (n_cand + beta) * (topic_totals[state] + v_beta)
+                den = (n_state + beta) * (topic_totals[cand] + v_beta)
                 if num >= den or uniform(rng_state) * den < num:
                     state = cand
+                    n_state = n_cand
 
         new = state
-        word_topic_block[w, new] += 1
+        s_new = slot[new]
+        if s_new < 0:  # a topic new to the row: its next free slot (the store has room)
+            s_new = ptr[w] + used[w]
+            used[w] += 1
+            topics[s_new] = new
+            counts[s_new] = 0
+            slot[new] = s_new
+        counts[s_new] += 1
         topic_totals[new] += 1
         _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
         token_topic[i] = new

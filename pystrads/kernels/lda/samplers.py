@@ -13,12 +13,14 @@ import numpy as np
 from numba import njit
 
 from ..random import uniform
-from .alias import sample_block_alias
+from .alias import sample_block_alias, sample_rows_alias
 from .counts import _doc_decrement, _doc_increment, _doc_nz_rebuild, _word_nz_add, _word_nz_remove, _word_nz_scan
 from .fplus_tree import _tree_depth, _tree_leaf_offset, _tree_rebuild, _tree_sample, _tree_set, _tree_switch_word
 
 #: ``choose_sampler`` picks the dense sampler up to this many topics (the measured crossover).
 DENSE_MAX_TOPICS = 600
+#: ``choose_sampler`` picks the ``"alias"`` sampler from this many topics on (measured: see there).
+ALIAS_MIN_TOPICS = 2000
 #: Topics per block of the dense sampler's two-level search (8 float32: one AVX2 register).
 DENSE_BLOCK = 8
 
@@ -453,6 +455,14 @@ SAMPLERS = {
 }
 
 
+#: Sampler name -> its kernel on a row store (:mod:`.rowstore`), for the samplers whose cost
+#: per word must follow the row's non-zeros, not K: the same arguments as in ``SAMPLERS``
+#: with ``word_lo, word_topic_block`` replaced by ``row_lo, ptr, used, topics, counts``.
+STORE_SAMPLERS = {
+    "alias": sample_rows_alias,
+}
+
+
 def get_sampler(name):
     """Return the kernel registered under ``name`` (one of ``SAMPLERS``).
 
@@ -529,10 +539,11 @@ def sample_block(sampler, token_word, token_doc, token_topic, tok_lo, tok_hi, wo
 def choose_sampler(n_topics, mean_doc_len):
     """Return the name of the recommended sampler for K and the mean doc length.
 
-    ``"dense"`` when K <= ``DENSE_MAX_TOPICS`` (600), ``"fplus"`` beyond;
-    the document length did not move the crossover in any corpus measured
-    (it is kept as an argument for the rule to come).  ``"mh"`` is never the
-    default (see below).
+    ``"dense"`` when K <= ``DENSE_MAX_TOPICS`` (600), ``"fplus"`` up to
+    ``ALIAS_MIN_TOPICS`` (2000), ``"alias"`` from there on; the document
+    length did not move the crossovers in any corpus measured (it is kept as
+    an argument for the rule to come).  ``"mh"`` is never the default (see
+    below).
 
     Parameters
     ----------
@@ -581,12 +592,27 @@ def choose_sampler(n_topics, mean_doc_len):
     log-likelihood of its own 15th sweep in every synthetic cell measured;
     only with 5000-token documents and K = 4000 did it reach early levels 2x
     sooner, and ``fplus`` overtook it by its 6th sweep.  LDA* (§3.2) also
-    places its switch at K > 600.  ``alias`` (not yet part of the rule; its
-    gain per sweep is unmeasured) swept the ``--quick`` synthetic corpus at
-    7.5 / 8.6 M tokens/s (short / long documents) for K = 100, 4.0 / 5.2 for
-    K = 1000 and 1.7 / 2.9 for K = 4000, where dense ran 0.70 / 0.85
-    (measured with the VM under a load of 3-4).
+    places its switch at K > 600.
+
+    ``alias`` samples a row store (O(K_w) per word, not O(K)), so it is
+    measured end to end, in StradsLDA fits on the synthetic Zipf(0.8) corpus
+    of ``jobs/bench_scale.py --case lda-samplers`` (V = 100,000, 3 M tokens in
+    200-token documents, α = 0.1, β = 0.01, 2 workers, the log-likelihood
+    computed every iteration, its time included): time per iteration, and the
+    time each sampler needed to reach ``fplus``'s log-likelihood of its 4th
+    iteration::
+
+        K        fplus s/it   alias s/it   alias's iterations   alias's time
+                                           to fplus's 4th       / fplus's
+        1,000    2.85         1.34         9                    1.10
+        2,500    4.74         1.59         8                    0.75
+        10,000   8.93         2.50         6                    0.43
+
+    Its MH steps gain about half as much per iteration as an exact draw, which
+    its cheaper iterations make up at K ~ 1,500 and outrun beyond.
     """
     if n_topics <= DENSE_MAX_TOPICS:
         return "dense"
-    return "fplus"
+    if n_topics < ALIAS_MIN_TOPICS:
+        return "fplus"
+    return "alias"
