@@ -117,7 +117,8 @@ def test_a_round_read_in_row_chunks_samples_as_one_read(sc, corpus, sampler):
         assert np.array_equal(models[0], models[1])
 
 
-def test_a_lone_worker_keeps_its_rows_between_rounds_and_samples_the_same_chain(sc, corpus, tmp_path):
+@pytest.mark.parametrize("sampler", ["dense", "alias"])  # a dense block kept, and a row store's entries
+def test_a_lone_worker_keeps_its_rows_between_rounds_and_samples_the_same_chain(sc, corpus, tmp_path, sampler):
     """With U = 1 nobody else reads or writes the block, so the worker keeps its rows and the
     totals from one round to the next within a step, and sends its changes only at the step's
     last round and at the rounds whose log-likelihood the shards compute: the same chain and the
@@ -127,7 +128,7 @@ def test_a_lone_worker_keeps_its_rows_between_rounds_and_samples_the_same_chain(
     tokens = sum(int(c.sum()) for _, _, c in docs)
     tables, read, written, lls = [], [], [], []
     for keep in (False, True):
-        program = make_program(docs, 400, 1, iterations=12, sampler="dense", log_likelihood_every=3)
+        program = make_program(docs, 400, 1, iterations=12, sampler=sampler, log_likelihood_every=3)
         program.keep_rows = keep
         with Engine(program, sc.parallelize(docs, 1), seed=1, config={"step.targetSeconds": 60}).fit() as res:
             word_topic = res.read_table("word_topic")
@@ -147,7 +148,7 @@ def test_a_lone_worker_keeps_its_rows_between_rounds_and_samples_the_same_chain(
     # the failure comes in step 2's sixth round: after the write of its fifth (a log-likelihood
     # round), with that round's changes still held back
     program = make_program(docs, 400, 1, iterations=12, cls=FailingLDA, marker=str(tmp_path / "failed"),
-                           sampler="dense", log_likelihood_every=3, fail_round=5)
+                           sampler=sampler, log_likelihood_every=3, fail_round=5)
     with Engine(program, sc.parallelize(docs, 1), seed=1, config={"step.targetSeconds": 60}).fit() as res:
         assert (tmp_path / "failed").exists()
         word_topic = res.read_table("word_topic")
@@ -438,7 +439,8 @@ def test_doc_blocks_and_tuples_load_as_the_same_documents_in_id_order():
 
 
 
-@pytest.mark.parametrize("workers,threads,sampler", [(1, 2, "dense"), (2, 2, "fplus"), (1, 3, "mh")])
+@pytest.mark.parametrize("workers,threads,sampler", [(1, 2, "dense"), (2, 2, "fplus"), (1, 3, "mh"),
+                                                     (2, 2, "alias")])
 def test_a_workers_threads_keep_the_counts_exact_and_learn_as_one_thread_does(sc, workers, threads, sampler):
     """T threads per worker (tomotopy's partitioned scheme inside the worker): document parts x
     row parts, each thread with its own copy of the totals merged after every sub-round. Counts

@@ -310,8 +310,6 @@ class LDAProgram(Program):
 
     #: bytes of word_topic rows a worker reads, samples and sends back at once within a round
     round_rows_bytes = ROUND_ROWS_BYTES
-    #: word_topic rows travel as their non-zero entries (8 % of a row on Reuters at K = 50)
-    sparse_rows = True
     #: the shards store word_topic rows as their non-zero entries (dense once a quarter full:
     #: Table(storage="sparse")), so their memory follows the corpus's distinct (word, topic) pairs
     word_topic_storage = "sparse"
@@ -430,11 +428,11 @@ class LDAProgram(Program):
 
         rng = new_state(self.seed, ctx.worker)
         token_topic = K.random_topics(data.num_tokens, self.num_topics, rng)
-        for block in range(self.num_workers):
-            words = data.block_words[block]
+        for block in range(self.num_workers):  # the initial counts, run by run, as entries (every
+            words = data.block_words[block]  # row of a block has tokens on this worker)
             for a, b, t_lo, t_hi, _ in data.runs[block]:
-                ctx.table("word_topic").inc(words[a:b], K.count_word_topic(
-                    data.token_row[t_lo:t_hi], token_topic[t_lo:t_hi], a, b, self.num_topics), self.sparse_rows)
+                ctx.table("word_topic").inc_entries(words[a:b], *K.count_word_topic_entries(
+                    data.token_row, token_topic, t_lo, t_hi, a, b - a, self.num_topics))
         totals = K.count_topic_totals(token_topic, self.num_topics)
         ctx.table("topic_totals").inc([0], totals.reshape(1, -1))
         ctx.report(tokens=data.num_tokens, docs=len(data.doc_ids))
@@ -498,34 +496,44 @@ class LDAProgram(Program):
         state.next_totals, state.asked_totals = None, False
         # reads, writes and sampling overlap (background Flight calls, a nogil kernel): the next
         # run of rows arrives and the last one's deltas leave while a run is sampled
-        if chunks and (state.blocks is None or state.blocks[0].shape != (data.max_run_rows, self.num_topics)):
+        stored = self.sampler in K.STORE_SAMPLERS  # the runs' rows as row stores, never dense
+        if chunks and not stored and (state.blocks is None or
+                                      state.blocks[0].shape != (data.max_run_rows, self.num_topics)):
             state.blocks = [np.empty((data.max_run_rows, self.num_topics), dtype=np.int32) for _ in range(2)]
+
+        def read(j):
+            run = chunks[j]
+            keys = words[run.rows_lo:run.rows_hi]
+            if stored:
+                return ctx.background(self._read_store, word_topic, keys, data, run)
+            return ctx.background(self._read_rows, word_topic, keys, state.blocks[j % 2])
+
         if chunks:
-            a, b = chunks[0][:2]
-            reading = _Ready((kept.rows, kept.base)) if kept is not None else \
-                ctx.background(self._read_rows, word_topic, words[a:b], state.blocks[0])
+            reading = read(0) if kept is None else \
+                _Ready((self._store(kept.rows, data, chunks[0]) if stored else kept.rows, kept.base))
         if state.last_totals is not None:  # s-error of the previous round (supplement eq. 1)
             ctx.report(s_error_l1=float(np.abs(state.last_totals - totals).sum()))
         if chunks:
-            sampler = K.get_sampler(self.sampler)
+            sampler = K.STORE_SAMPLERS[self.sampler] if stored else K.get_sampler(self.sampler)
             before_totals = kept.base_totals if kept is not None else totals.copy()
             sample_s, changed = 0.0, 0
             for j, run in enumerate(chunks):
                 a, b = run.rows_lo, run.rows_hi
                 rows, before = reading.result()  # the rows, and their entries as the shards hold them
                 if j + 1 < len(chunks):
-                    a2, b2 = chunks[j + 1][:2]
-                    reading = ctx.background(self._read_rows, word_topic, words[a2:b2], state.blocks[(j + 1) % 2])
+                    reading = read(j + 1)
                 t0 = time.perf_counter()
                 changed += self._sample_run(ctx, sampler, data, state, run, rows, totals)
                 sample_s += time.perf_counter() - t0
-                if write:  # the run's change, as entries of the rows that changed (one pass over the block)
-                    touched, d_offsets, d_cols, d_vals = csr_delta(rows, *before)
+                if write:  # the run's change, as entries of the rows that changed
+                    touched, d_offsets, d_cols, d_vals = K.row_store_delta(*rows, *before, self.num_topics) \
+                        if stored else csr_delta(rows, *before)
                     if len(touched):
                         ctx.background(word_topic.inc_entries, words[a:b][touched], d_offsets, d_cols, d_vals)
                 if hold and not ctx.last_round:
-                    state.kept_rows = _Kept(ctx.step, block, rows, _entries(rows) if write else before, totals,
-                                            totals.copy() if write else before_totals)
+                    now = K.row_store_entries(*rows) if stored else rows
+                    state.kept_rows = _Kept(ctx.step, block, now, (now if stored else _entries(rows)) if write
+                                            else before, totals, totals.copy() if write else before_totals)
                 del rows, before
             ctx.report(sample_s=sample_s, changed=changed)
         if write:
@@ -557,6 +565,19 @@ class LDAProgram(Program):
         csr_into(*entries, rows, 0)
         return rows, entries
 
+    def _store(self, entries, data: _WorkerData, run: _Run):
+        """The run's rows, given as CSR entries, as a row store with room for its tokens."""
+        from ..kernels import lda as K
+
+        tokens = K.run_row_tokens(data.token_row, run.tok_lo, run.tok_hi, run.rows_lo, run.rows_hi - run.rows_lo)
+        return K.row_store(*entries, tokens, self.num_topics)
+
+    def _read_store(self, word_topic, keys: np.ndarray, data: _WorkerData, run: _Run):
+        """``(store, entries)``: the word_topic rows of ``keys`` (the run's) as a row store for the
+        store samplers, and the entries it was made from."""
+        entries = word_topic.get_entries(keys)
+        return self._store(entries, data, run), entries
+
     def _sample_run(self, ctx, sampler, data: _WorkerData, state: _WorkerState, run: _Run, rows: np.ndarray,
                     totals: np.ndarray) -> int:
         """Sample the run's tokens into ``rows`` and ``totals`` (both in place); returns the tokens
@@ -565,8 +586,10 @@ class LDAProgram(Program):
         (t + j) mod T, so no two threads touch the same row of ``rows`` or of ``doc_topic``; each
         thread samples against its own copy of the totals, and their changes are summed into
         ``totals`` after every sub-round (exact counts)."""
+        rows = rows if isinstance(rows, tuple) else (rows,)  # a row store's four arrays, or a dense block
+
         def sample(lo, hi, local_totals, rng_state):
-            return sampler(data.token_row, data.token_doc, state.token_topic, int(lo), int(hi), run.rows_lo, rows,
+            return sampler(data.token_row, data.token_doc, state.token_topic, int(lo), int(hi), run.rows_lo, *rows,
                            local_totals, state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics,
                            state.doc_nz_count, self.alpha, self.beta, self.vocab_size, rng_state)
 
