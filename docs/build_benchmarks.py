@@ -297,6 +297,39 @@ def lda_peer_table(data):
     return out
 
 
+def lda_k_table(data):
+    """jobs/bench_scale.py --case lda-k: time per token at two K, StradsLDA and tomotopy."""
+    r = data["results"][0]
+    g, size = r["growth"], r["size"]
+    out = [f"Corpus: Zipf(0.8), V = {size['vocab']:,}, {size['tokens']:,} tokens; per iteration = the difference of a "
+           "short and a long fit, divided by their difference in iterations.", "",
+           "| K | StradsLDA's sampler (auto) | StradsLDA per iteration | ns per token | tomotopy per iteration "
+           "| ns per token |", "|---:|---|---:|---:|---:|---:|"]
+    for row in g["rows"]:
+        tt = row.get("tomotopy_per_iteration_s")
+        out.append(f"| {row['k']:,} | {row['sampler']} | {_f(row['strads_per_iteration_s'], 2)} s | "
+                   f"{row['strads_ns_per_token']:,.0f} | " + (f"{_f(tt, 2)} s | {row['tomotopy_ns_per_token']:,.0f} |"
+                                                            if tt is not None else "— | — |"))
+    lo, hi = g["rows"][0]["k"], g["rows"][-1]["k"]
+    out.append(f"| **growth, K = {lo:,} → {hi:,}** | | **{g['strads_growth']:.2f}×** | | "
+               + (f"**{g['tomotopy_growth']:.2f}×** | |" if "tomotopy_growth" in g else "— | |"))
+    return out
+
+
+def lda_samplers_table(data):
+    """jobs/bench_scale.py --case lda-samplers: time to a log-likelihood level per sampler and K."""
+    race = data["results"][0]["race"]
+    out = ["| K | sampler | per iteration | iterations to the target | time to the target | × F+LDA's time |",
+           "|---:|---|---:|---:|---:|---:|"]
+    for x in race:
+        hit = x["iterations_to_target"] is not None
+        out.append(f"| {x['k']:,} | {x['sampler']} | {_f(x['seconds_per_iteration'], 2)} s | "
+                   + (f"{x['iterations_to_target']} | {_f(x['seconds_to_target'])} s | " if hit else "not reached | — | ")
+                   + (f"**{x['time_ratio']:.2f}**" if hit and x["sampler"] != race[0]["sampler"] else
+                      ("1" if hit else "—")) + " |")
+    return out
+
+
 def lda_scaleout_table(data):
     """jobs/bench_lda_scaleout.py: throughput at U = 1, 2, 4."""
     out = ["| master | workers | runs | wall s | tokens/s (wall) | speed-up vs U = 1 | per worker | per core "
@@ -381,6 +414,8 @@ TABLES = {
                                 json="runtime"),
     "scale": Table(scale_table, date="2026-11-24"),
     "lda_peer": Table(lda_peer_table),
+    "lda_k": Table(lda_k_table),
+    "lda_samplers": Table(lda_samplers_table),
     "scoring": Table(scoring_table),
     "lda_priors": Table(lda_priors_table),
 }

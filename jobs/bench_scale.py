@@ -19,6 +19,14 @@ Each case runs in a fresh ``local[2]`` driver with ``spark.driver.memory=1g``:
   both systems' whole long fit (tomotopy: ``add_doc`` + ``train``) and time per
   iteration, the word-topic table's non-zeros and how the shards stored them, the
   shard's peak against 500 MiB + 3 x 8 bytes x (non-zeros + V);
+* **lda-k** -- the lda-peer corpus over V = 100,000 words (``--k-vocab``), fitted
+  with K = 1,000 and 10,000 (``--k-list``) by StradsLDA (``sampler="auto"``) and
+  tomotopy, a short and a long fit of each at each K: time per token at each K
+  and its growth from the first K to the last (target for StradsLDA: <= 1.5x);
+* **lda-samplers** -- the lda-k corpus, each of ``--samplers`` (fplus, alias) at
+  each K of ``--k-list``, one fit of ``--sampler-iters`` iterations logging the
+  log-likelihood every iteration: the time each sampler needs to reach the
+  first one's log-likelihood at its 4th iteration (``auto``'s crossover);
 * **mf** -- StradsMF with 2,000,000 users, 20,000 items and rank 100 on 10 ratings
   per user made on the executors: 2 iterations, then ``recommendForUserSubset(10)``
   for 10,000 users, save, load and the same recommendations from the loaded model.
@@ -46,6 +54,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 MARKER = "PYSTRADS_BENCH_SCALE"
+#: lda-samplers: the iteration of the first sampler whose log-likelihood the others race to
+TARGET_ITERATION = 4
 MIB = 2 ** 20
 
 
@@ -176,22 +186,57 @@ def lda_phases(spark, df, k: int, path: str, phase):
     return {"tokens": model.summary.numTokens}
 
 
-def lda_peer_phases(spark, df, k: int, phase, short: int, long: int, repeats: int = 1):
+def lda_peer_phases(spark, df, k: int, phase, short: int, long: int, repeats: int = 1, sampler: str = "auto",
+                    prefix: str = ""):
     """StradsLDA's short and long fits with fixed priors (the peer comparison's settings),
-    ``repeats`` times; the last long fit's summary."""
+    ``repeats`` times, after a warm-up fit of a tiny model with the sampler they will use (its
+    kernels compiled or loaded from numba's cache there, not in the short fit); the last long
+    fit's summary."""
+    from pystrads.kernels.lda import choose_sampler
     from pystrads.ml import StradsLDA
+
+    warm = choose_sampler(k, 200) if sampler == "auto" else sampler
+    StradsLDA(k=2, maxIter=2, seed=1, numWorkers=2, sampler=warm).fit(zipf_docs(spark, 40, 200, 50)).close()
 
     def fit(iters):
         return StradsLDA(k=k, maxIter=iters, seed=1, numWorkers=2, docConcentration=[0.1], topicConcentration=0.01,
-                         optimizeDocConcentration=False, logLikelihoodEvery=0).fit(df)
+                         optimizeDocConcentration=False, logLikelihoodEvery=0, sampler=sampler).fit(df)
 
     for run in range(1, repeats + 1):
         suffix = f" (run {run})" if repeats > 1 else ""
-        phase(f"fit {short} iterations{suffix}", lambda: fit(short).close())
-        model = phase(f"fit {long} iterations{suffix}", lambda: fit(long))
-        out = {"shards": model.summary.shards, "timings": model.summary.timings,
+        phase(f"{prefix}fit {short} iterations{suffix}", lambda: fit(short).close())
+        model = phase(f"{prefix}fit {long} iterations{suffix}", lambda: fit(long))
+        out = {"shards": model.summary.shards, "timings": model.summary.timings, "sampler": model.summary.sampler,
                "steps": model.summary.steps.to_dict(orient="list")}
         model.close()
+    return out
+
+
+def lda_sampler_phases(spark, df, ks, samplers, iterations: int, phase) -> dict:
+    """Each sampler at each K, one fit of ``iterations`` with the log-likelihood logged every
+    iteration (after a warm-up fit of a tiny model with the same sampler): its log-likelihood and
+    the cumulative time of its steps at each iteration, for ``auto``'s crossovers."""
+    import numpy as np
+
+    from pystrads.ml import StradsLDA
+
+    out = {}
+    for k in ks:
+        for sampler in samplers:
+            StradsLDA(k=2, maxIter=2, seed=1, numWorkers=2, sampler=sampler).fit(
+                zipf_docs(spark, 40, 200, 50)).close()
+            model = phase(f"K={k} {sampler} {iterations} iterations", lambda: StradsLDA(
+                k=k, maxIter=iterations, seed=1, numWorkers=2, docConcentration=[0.1], topicConcentration=0.01,
+                optimizeDocConcentration=False, logLikelihoodEvery=1, sampler=sampler).fit(df))
+            steps = model.summary.steps
+            seconds = []  # each step's time spread over its iterations
+            for rounds, step_s in zip(steps["rounds"], steps["step_s"]):
+                per = max(1, int(rounds) // 2)
+                seconds += [float(step_s) / per] * per
+            out[f"{k}/{sampler}"] = {"k": k, "sampler": sampler,
+                                     "log_likelihood": [float(x) for x in model.summary.logLikelihoodHistory],
+                                     "cumulative_s": list(np.cumsum(seconds)[:iterations].round(3))}
+            model.close()
     return out
 
 
@@ -214,6 +259,12 @@ def tomotopy_peer(args) -> dict:
 
     fit(40, 200, 2, 2, False)  # warm-up, as StradsLDA's
     num_docs = args.peer_tokens // args.doc_len
+    if args.case == "tomotopy-k":  # the K-growth case: each K of --k-list at --k-vocab
+        out = {"by_k": {str(k): [{"short": fit(num_docs, args.k_vocab, k, args.peer_short, True),
+                                  "long": fit(num_docs, args.k_vocab, k, args.peer_long, True)}
+                                 for _ in range(args.repeats)] for k in args.k_list}}
+        out["peak_rss"] = status("VmHWM:")
+        return out
     out = {"runs": [{"short": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_short, True),
                      "long": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_long, True)}
                     for _ in range(args.repeats)]}
@@ -257,6 +308,15 @@ def child(args) -> dict:
         df = zipf_docs(spark, args.lda_tokens // args.doc_len, args.lda_vocab, args.doc_len).cache()
         report["model_bytes"] = args.lda_vocab * args.lda_k * 4
         report["size"] = {"vocab": args.lda_vocab, "k": args.lda_k, "tokens": args.lda_tokens}
+    elif args.case == "lda-k":
+        lda_peer_phases(spark, zipf_docs(spark, 40, 200, 50), 2, quiet, 1, 2)
+        df = zipf_docs(spark, args.peer_tokens // args.doc_len, args.k_vocab, args.doc_len).cache()
+        report["model_bytes"] = args.k_vocab * max(args.k_list) * 4
+        report["size"] = {"vocab": args.k_vocab, "k": list(args.k_list), "tokens": args.peer_tokens}
+    elif args.case == "lda-samplers":
+        df = zipf_docs(spark, args.peer_tokens // args.doc_len, args.k_vocab, args.doc_len).cache()
+        report["model_bytes"] = args.k_vocab * max(args.k_list) * 4
+        report["size"] = {"vocab": args.k_vocab, "k": list(args.k_list), "tokens": args.peer_tokens}
     elif args.case == "lda-peer":
         lda_peer_phases(spark, zipf_docs(spark, 40, 200, 50), 2, quiet, 1, 2)
         df = zipf_docs(spark, args.peer_tokens // args.doc_len, args.peer_vocab, args.doc_len).cache()
@@ -285,8 +345,17 @@ def child(args) -> dict:
 
     if args.case == "lda":
         report.update(lda_phases(spark, df, args.lda_k, tmp + "/model", phase))
+    elif args.case == "lda-samplers":
+        report["fits"] = lda_sampler_phases(spark, df, args.k_list, args.samplers, args.sampler_iters, phase)
+    elif args.case == "lda-k":
+        report["by_k"] = {}
+        for k in args.k_list:
+            got = lda_peer_phases(spark, df, k, phase, args.peer_short, args.peer_long, args.repeats,
+                                  args.peer_sampler, prefix=f"K={k} ")
+            report["by_k"][str(k)] = {"sampler": got["sampler"], "timings": got["timings"]}
     elif args.case == "lda-peer":
-        report.update(lda_peer_phases(spark, df, args.peer_k, phase, args.peer_short, args.peer_long, args.repeats))
+        report.update(lda_peer_phases(spark, df, args.peer_k, phase, args.peer_short, args.peer_long, args.repeats,
+                                      args.peer_sampler))
     else:
         report.update(mf_phases(spark, df, args.mf_rank, tmp + "/model", phase, args.sample_users))
     report["driver_traced_peak"] = tracemalloc.get_traced_memory()[1]
@@ -298,10 +367,10 @@ def child(args) -> dict:
 
 
 def run_case(args, case: str) -> dict:
-    if case == "lda-peer" and "tomotopy" not in args.skip:
+    if case in ("lda-peer", "lda-k") and "tomotopy" not in args.skip:
         r = _run_child(args, case)
         if "error" not in r:
-            r["tomotopy"] = _run_child(args, "tomotopy")
+            r["tomotopy"] = _run_child(args, "tomotopy" if case == "lda-peer" else "tomotopy-k")
         return r
     return _run_child(args, case)
 
@@ -335,7 +404,7 @@ def print_report(r: dict) -> bool:
                                                                         if got["processes"] > 1 else ""))
         print(f"| {name} | {p['seconds']} | " + " | ".join(cells) + " |")
     growth = r["driver_peak_rss_growth"]
-    if r["case"] == "lda-peer":  # a model of a few million non-zeros: a fixed budget
+    if r["case"] in ("lda-peer", "lda-k"):  # a model of a few million non-zeros: a fixed budget
         driver_ok = growth <= 100 * MIB
         target = "target <= 100 MiB"
     else:
@@ -345,6 +414,10 @@ def print_report(r: dict) -> bool:
           f"({target}: {'met' if driver_ok else 'NOT met'}); traced peak {r['driver_traced_peak'] / MIB:,.1f} MiB")
     if r["case"] == "lda-peer":
         return print_peer(r) and driver_ok
+    if r["case"] == "lda-k":
+        return print_k_growth(r) and driver_ok
+    if r["case"] == "lda-samplers":
+        print_sampler_race(r)
     return driver_ok
 
 
@@ -404,10 +477,85 @@ def print_peer(r: dict) -> bool:
     return ok
 
 
+def _per_iteration(short_s, long_s, n_short: int, n_long: int):
+    """Median time per iteration over the runs: (long - short) / (n_long - n_short)."""
+    return _median([(b - a) / (n_long - n_short) for a, b in zip(short_s, long_s)])
+
+
+def print_sampler_race(r: dict) -> None:
+    """Per K: each sampler's time to reach the first sampler's log-likelihood at its
+    ``TARGET_ITERATION``-th iteration, and its ratio to the first's; stores them in ``r["race"]``."""
+    race = []
+    for k in r["size"]["k"]:
+        fits = [f for f in r["fits"].values() if f["k"] == k]
+        ref = fits[0]
+        target = ref["log_likelihood"][TARGET_ITERATION - 1]
+        ref_s = ref["cumulative_s"][TARGET_ITERATION - 1]
+        for f in fits:
+            hit = next((i for i, ll in enumerate(f["log_likelihood"]) if ll >= target), None)
+            per_it = (f["cumulative_s"][-1] - f["cumulative_s"][0]) / max(1, len(f["cumulative_s"]) - 1)
+            race.append({"k": k, "sampler": f["sampler"], "seconds_per_iteration": round(per_it, 3),
+                         "iterations_to_target": None if hit is None else hit + 1,
+                         "seconds_to_target": None if hit is None else f["cumulative_s"][hit],
+                         "time_ratio": None if hit is None else round(f["cumulative_s"][hit] / ref_s, 3)})
+    r["race"] = race
+    print(f"time to {race[0]['sampler'] if race else ''}'s log-likelihood at its iteration {TARGET_ITERATION} "
+          "(steps' time, log-likelihood computed every iteration):")
+    print("| K | sampler | s/iteration | iterations to target | seconds to target | × the first |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for x in race:
+        print(f"| {x['k']:,} | {x['sampler']} | {x['seconds_per_iteration']:.2f} | {x['iterations_to_target'] or '—'} | "
+              f"{x['seconds_to_target'] or '—'} | {x['time_ratio'] or '—'} |")
+
+
+def print_k_growth(r: dict) -> bool:
+    """The K-growth case: time per token at each K for StradsLDA and tomotopy, and its growth from the
+    smallest K to the largest (StradsLDA's target: <= 1.5x); stores them in ``r["growth"]``."""
+    ks = [int(k) for k in r["by_k"]]
+    tokens = r["size"]["tokens"]
+    fits: dict = {}
+    for name, p in r["phases"].items():  # "K=1000 fit 2 iterations"
+        k, n = int(name.split()[0][2:]), int(name.split()[2])
+        fits.setdefault(k, {}).setdefault(n, []).append(p["seconds"])
+    rows, tt = [], r.get("tomotopy")
+    for k in ks:
+        n_short, n_long = sorted(fits[k])
+        row = {"k": k, "sampler": r["by_k"][str(k)]["sampler"],
+               "strads_per_iteration_s": round(_per_iteration(fits[k][n_short], fits[k][n_long], n_short, n_long), 3)}
+        row["strads_ns_per_token"] = round(row["strads_per_iteration_s"] / tokens * 1e9, 1)
+        if tt and "error" not in tt:
+            runs = tt["by_k"][str(k)]
+            row["tomotopy_per_iteration_s"] = round(_per_iteration([x["short"]["train_s"] for x in runs],
+                                                                   [x["long"]["train_s"] for x in runs],
+                                                                   n_short, n_long), 3)
+            row["tomotopy_ns_per_token"] = round(row["tomotopy_per_iteration_s"] / tokens * 1e9, 1)
+        rows.append(row)
+    lo, hi = rows[0], rows[-1]
+    growth = {"rows": rows, "strads_growth": round(hi["strads_per_iteration_s"] / lo["strads_per_iteration_s"], 3)}
+    if "tomotopy_per_iteration_s" in lo:
+        growth["tomotopy_growth"] = round(hi["tomotopy_per_iteration_s"] / lo["tomotopy_per_iteration_s"], 3)
+    r["growth"] = growth
+    print(f"time per token, V = {r['size']['vocab']:,}, {tokens:,} tokens (per iteration = (long - short fit) / "
+          f"iterations, medians):")
+    print("| K | StradsLDA sampler | StradsLDA s/iteration | ns/token | tomotopy s/iteration | ns/token |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['k']:,} | {row['sampler']} | {row['strads_per_iteration_s']:.2f} | {row['strads_ns_per_token']} | "
+              f"{row.get('tomotopy_per_iteration_s', '—')} | {row.get('tomotopy_ns_per_token', '—')} |")
+    ok = growth["strads_growth"] <= 1.5
+    print(f"K {lo['k']:,} -> {hi['k']:,}: StradsLDA's time per token grew {growth['strads_growth']}x (target <= 1.5x: "
+          f"{'met' if ok else 'NOT met'})" + (f", tomotopy's {growth['tomotopy_growth']}x" if "tomotopy_growth" in growth
+                                              else ""))
+    if tt and "error" in tt:
+        print(f"tomotopy FAILED: {tt['error'][-800:]}")
+    return ok
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--case", choices=["lda", "lda-peer", "mf", "both", "all"], default="both",
-                   help="both = lda and mf; all = lda, lda-peer and mf")
+    p.add_argument("--case", choices=["lda", "lda-peer", "lda-k", "lda-samplers", "mf", "both", "all"],
+                   default="both",
+                   help="both = lda and mf; all = lda, lda-peer, lda-k and mf")
     p.add_argument("--quick", action="store_true", help="tiny sizes (checks the job, not the claim)")
     p.add_argument("--lda-vocab", type=int, default=1_000_000)
     p.add_argument("--lda-k", type=int, default=1000)
@@ -418,6 +566,11 @@ def main(argv=None) -> int:
     p.add_argument("--peer-tokens", type=int, default=3_000_000)
     p.add_argument("--peer-short", type=int, default=3)
     p.add_argument("--peer-long", type=int, default=9)
+    p.add_argument("--k-vocab", type=int, default=100_000, help="lda-k: V")
+    p.add_argument("--k-list", type=int, nargs="+", default=[1000, 10_000], help="lda-k: the values of K")
+    p.add_argument("--samplers", nargs="+", default=["fplus", "alias"], help="lda-samplers: the samplers raced")
+    p.add_argument("--sampler-iters", type=int, default=10, help="lda-samplers: iterations of each fit")
+    p.add_argument("--peer-sampler", default="auto", help="StradsLDA's sampler in lda-peer (default: auto)")
     p.add_argument("--skip", nargs="*", default=[], help="peers to leave out (tomotopy)")
     p.add_argument("--repeats", type=int, default=1, help="lda-peer: short and long fits of each system (medians)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -428,23 +581,25 @@ def main(argv=None) -> int:
     p.add_argument("--mf-per-user", type=int, default=10)
     p.add_argument("--sample-users", type=int, default=10_000)
     p.add_argument("--out", default="out/bench_scale.json")
-    p.add_argument("--child", choices=["lda", "lda-peer", "tomotopy", "mf"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["lda", "lda-peer", "lda-k", "lda-samplers", "tomotopy", "tomotopy-k", "mf"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.lda_vocab, args.lda_k, args.lda_tokens = 20_000, 50, 200_000
         args.mf_users, args.mf_items, args.mf_rank, args.sample_users = 20_000, 500, 10, 500
         args.peer_vocab, args.peer_k, args.peer_tokens = 20_000, 100, 200_000
+        args.k_vocab, args.k_list = 20_000, [50, 500]
     if args.child:
         args.case = args.child
-        result = tomotopy_peer(args) if args.child == "tomotopy" else child(args)
+        result = tomotopy_peer(args) if args.child.startswith("tomotopy") else child(args)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     args.passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                         if k in ("lda_vocab", "lda_k", "lda_tokens", "doc_len", "mf_users", "mf_items", "mf_rank",
                                  "mf_per_user", "sample_users", "peer_vocab", "peer_k", "peer_tokens", "peer_short",
-                                 "peer_long", "repeats")] + [f"--conf={kv}" for kv in args.conf]
+                                 "peer_long", "peer_sampler", "repeats", "k_vocab", "sampler_iters")] \
+        + [f"--conf={kv}" for kv in args.conf] + ["--k-list", *map(str, args.k_list), "--samplers", *args.samplers]
     results, ok = [], True
-    cases = {"both": ["lda", "mf"], "all": ["lda", "lda-peer", "mf"]}.get(args.case, [args.case])
+    cases = {"both": ["lda", "mf"], "all": ["lda", "lda-peer", "lda-k", "mf"]}.get(args.case, [args.case])
     for case in cases:
         r = run_case(args, case)
         ok = print_report(r) and ok
