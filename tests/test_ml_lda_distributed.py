@@ -81,6 +81,15 @@ def test_the_joined_fold_in_equals_the_fold_in_with_phi_shipped(spark, monkeypat
         np.testing.assert_array_equal(shipped[0][i], joined[0][i])
     assert shipped[0][120].tolist() == [0.0, 0.0, 0.0]  # the empty document
     assert shipped[1:] == joined[1:] and shipped[1] < 0
+    # a bucket folds its documents in runs of at most FOLD_PHI_BYTES of φ rows: runs of one to
+    # three documents (40 words' rows) give the very same mixtures and scores
+    from pystrads.ml import _lda_data
+
+    monkeypatch.setattr(_lda_data, "FOLD_PHI_BYTES", 40 * 3 * 8)
+    in_runs = results(joined_model)
+    for i in shipped[0]:
+        np.testing.assert_array_equal(shipped[0][i], in_runs[0][i])
+    assert in_runs[1:] == joined[1:]
 
     # the fit's rows hold each term's non-zero counts only; the rows of models saved by earlier
     # versions (each term's K counts) give the very same results on every path

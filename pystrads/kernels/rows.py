@@ -1,7 +1,8 @@
 """Row blocks as their non-zero entries (CSR) and back, for the shards' sparse reads and writes.
 
 :func:`to_csr` turns a ``(n, width)`` block into ``(offsets, cols, vals)``;
-:func:`csr_into` writes such entries into a dense block, :func:`csr_add` adds
+:func:`csr_into` writes such entries into a dense block (:func:`csr_gather_into`
+some of their rows, anywhere in it), :func:`csr_add` adds
 them to rows of a table, :func:`csr_delta` gives a block's change since it held
 some entries.  One pass each, in numba: with numpy (``nonzero``,
 ``bincount``, fancy indexing) encoding a 2 MB block cost 2-3 ms, more than
@@ -67,6 +68,17 @@ def csr_into(offsets, cols, vals, out, row0):
             out[row0 + r, c] = 0
         for k in range(offsets[r], offsets[r + 1]):
             out[row0 + r, cols[k]] = vals[k]
+
+
+@njit(cache=True, nogil=True)
+def csr_gather_into(offsets, cols, vals, rows, out, out_rows):
+    """``out[out_rows[j]]`` gets the entries of CSR row ``rows[j]`` (its other columns untouched:
+    a zeroed ``out`` becomes those rows)."""
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        o = out_rows[j]
+        for k in range(offsets[r], offsets[r + 1]):
+            out[o, cols[k]] = vals[k]
 
 
 @njit(cache=True, nogil=True)

@@ -158,23 +158,32 @@ def doc_blocks(batch):
                      terms.flatten().to_numpy(zero_copy_only=False), counts.flatten().to_numpy(zero_copy_only=False))]
 
 
+#: the joined fold-in's φ block per call of the kernel (rows of the distinct words of a run of
+#: documents x K float64): the documents are folded in runs of at most this much φ, so a task's
+#: memory follows its model rows' non-zeros and this block, never its bucket's terms x K
+FOLD_PHI_BYTES = 32 << 20
+
+
 def fold_in(features_index: int, alpha: np.ndarray, n_iter: int, seed: int, phi: Optional[np.ndarray] = None):
     """``fn(batches, lookup=None)``: a partition's batches (column ``features_index`` holding term
     counts) and, per document, its Gibbs fold-in topic counts with the topics fixed --
-    ``(batches, counts, lengths, rows, ptr, phi)``, one fold-in per call.  φ is ``phi`` (V x K,
-    travelling in the function: Spark broadcasts large ones) or, with ``lookup(words) -> (phi,
-    rows)``, the rows of the words the batches use; ``rows`` are the tokens' rows of that φ.  Each
-    document draws from its own random stream, seeded by ``seed`` and its digest: its topic
-    distribution depends on it alone, never on how the input is partitioned or ordered."""
+    ``(batches, counts, lengths, parts)``, one fold-in per call; ``parts`` lists ``(d0, rows,
+    ptr, phi)`` per run of documents from document ``d0`` on: their tokens' rows of ``phi`` and
+    their offsets.  φ is ``phi`` (V x K, travelling in the function: Spark broadcasts large ones;
+    one run) or, with ``lookup(words) -> (phi, rows)``, built per run of documents for the
+    words the run uses (runs of at most :data:`FOLD_PHI_BYTES` of φ).  Each document draws from
+    its own random stream, seeded by ``seed`` and its digest: its topic distribution depends on
+    it alone, never on how the input is partitioned, ordered or cut into runs."""
     if phi is not None and phi.shape[0] == 0:
         raise ConfigurationError("the model has an empty vocabulary")
+    k, phi_bytes = len(alpha), FOLD_PHI_BYTES  # read here, on the driver: the closure carries it
 
     def run(batches, lookup=None):
         from ..kernels import lda as K
         from ._arrow import vectors
 
         batches = list(batches)
-        words, ptr, streams = [], [0], []
+        words, ptr, streams, distinct = [], [0], [], []
         for batch in batches:
             for vec in vectors(batch.column(features_index)):
                 idx, val = (np.zeros(0, np.int64), np.zeros(0)) if vec is None else vec[1:]
@@ -182,12 +191,34 @@ def fold_in(features_index: int, alpha: np.ndarray, n_iter: int, seed: int, phi:
                 words.append(np.repeat(t, n))
                 ptr.append(ptr[-1] + int(n.sum()))
                 streams.append(int.from_bytes(digest, "little"))
+                distinct.append(len(t))
         doc_words = np.concatenate(words) if words else np.zeros(0, np.int64)
         doc_ptr = np.asarray(ptr, dtype=np.int64)
-        phi_rows, rows = (phi, doc_words) if lookup is None else lookup(doc_words)
-        counts = K.fold_in(rows, doc_ptr, phi_rows, alpha, n_iter, K.doc_states(seed, streams)) if len(ptr) > 1 \
-            else np.zeros((0, phi_rows.shape[1]))
-        return batches, counts, np.diff(doc_ptr), rows, doc_ptr, phi_rows
+        n_docs = len(streams)
+        # runs of documents: all of them with a shipped φ, else at most FOLD_PHI_BYTES of φ rows
+        # (counting each document's distinct words: an upper bound on the run's)
+        cuts = [0, n_docs]
+        if lookup is not None and n_docs:
+            budget = max(1, phi_bytes // (8 * k))
+            cuts, used = [0], 0
+            for d, m in enumerate(distinct):
+                if used and used + m > budget:
+                    cuts.append(d)
+                    used = 0
+                used += m
+            cuts.append(n_docs)
+        counts, parts = [], []
+        for d0, d1 in zip(cuts[:-1], cuts[1:]):
+            lo, hi = int(doc_ptr[d0]), int(doc_ptr[d1])
+            run_ptr = doc_ptr[d0:d1 + 1] - lo
+            phi_rows, rows = (phi, doc_words) if lookup is None else lookup(doc_words[lo:hi])
+            if lookup is None:
+                run_ptr = doc_ptr
+            if d1 > d0:
+                counts.append(K.fold_in(rows, run_ptr, phi_rows, alpha, n_iter, K.doc_states(seed, streams[d0:d1])))
+            parts.append((d0, rows, run_ptr, phi_rows))
+        counts = np.concatenate(counts) if counts else np.zeros((0, k))
+        return batches, counts, np.diff(doc_ptr), parts
 
     return run
 
@@ -206,7 +237,7 @@ def with_topic_mixtures(fold: callable, alpha: np.ndarray, features_index: int, 
 
         from ._arrow import dense_vectors
 
-        batches, counts, lengths, _, _, _ = fold(batches, lookup)
+        batches, counts, lengths, _ = fold(batches, lookup)
         start = 0
         for batch in batches:
             theta = [_theta(counts[i], lengths[i], alpha) for i in range(start, start + batch.num_rows)]
@@ -221,9 +252,11 @@ def log_likelihood(fold: callable, alpha: np.ndarray):
     """``fn(batches, lookup=None)``: per document with tokens, ``(log p(its tokens | theta_d, phi),
     its tokens)``."""
     def score(batches, lookup=None):
-        _, counts, lengths, rows, ptr, phi = fold(batches, lookup)
-        for i in np.flatnonzero(lengths):
-            yield float(np.log(phi[rows[ptr[i]:ptr[i + 1]]] @ _theta(counts[i], lengths[i], alpha)).sum()), \
-                int(lengths[i])
+        _, counts, lengths, parts = fold(batches, lookup)
+        for d0, rows, ptr, phi in parts:
+            for j in np.flatnonzero(np.diff(ptr)):
+                i = d0 + j
+                yield float(np.log(phi[rows[ptr[j]:ptr[j + 1]]] @ _theta(counts[i], lengths[i], alpha)).sum()), \
+                    int(lengths[i])
 
     return score

@@ -36,6 +36,7 @@ from pyspark.sql import types as T
 
 from ..config import Config
 from ..errors import ConfigurationError, InputError
+from ..kernels.rows import csr_gather_into
 from ..kernels.sets import unique
 from ..engine.frames import keep_frame, row_ranges, shard_frame
 from ._arrow import collect_binary, collect_per_partition, vectors
@@ -100,6 +101,41 @@ def _batch_counts(batch, k: int):
         return terms, block
     values = batch.column(1).flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     return terms, values.reshape(len(terms), k)
+
+
+def _batch_entries(batch, k: int):
+    """(terms int64, offsets int64, topics int32, counts int32) of an Arrow batch of the model's
+    rows, in either layout (entries as they are; the earlier versions' K counts per term as their
+    non-zeros)."""
+    from ..kernels.rows import to_csr
+
+    terms = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if batch.num_columns == 3:
+        topics, counts = batch.column(1), batch.column(2)
+        offsets = np.asarray(topics.offsets, dtype=np.int64)
+        return (terms, offsets - offsets[0],
+                topics.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+                counts.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False))
+    offsets, topics, counts = to_csr(_batch_counts(batch, k)[1])
+    return terms, offsets.astype(np.int64), topics, counts
+
+
+def _rows_entries(parts):
+    """Model rows' entries from several batches (:func:`_batch_entries`), one CSR sorted by term."""
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+    terms = np.concatenate([p[0] for p in parts])
+    shift = np.cumsum([0] + [p[1][-1] for p in parts[:-1]])
+    offsets = np.concatenate([np.zeros(1, np.int64)] + [p[1][1:] + s for p, s in zip(parts, shift)])
+    topics, counts = np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])
+    if len(terms) > 1 and not bool(np.all(terms[1:] > terms[:-1])):  # rows in term order
+        order = np.argsort(terms, kind="stable")
+        lengths = np.diff(offsets)[order]
+        take = np.repeat(offsets[:-1][order], lengths) + (np.arange(lengths.sum()) -
+                                                          np.repeat(np.cumsum(lengths) - lengths, lengths))
+        terms, topics, counts = terms[order], topics[take], counts[take]
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    return terms, offsets, topics, counts
 
 
 @dataclasses.dataclass(eq=False)
@@ -419,22 +455,20 @@ class FoldIn:
                 yield pa.RecordBatch.from_arrays(list(batch.columns) + [pa.array(ids)], batch.schema.names + [BUCKET])
 
         def run(docs, rows):
-            model_terms, counts = np.zeros(0, np.int64), np.zeros((0, k), np.int32)
-            if rows.num_rows:
-                parts = [_batch_counts(b, k) for b in rows.select(columns).to_batches()]
-                model_terms, counts = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            # the bucket's model rows as their entries (memory per non-zero); φ is made per run of
+            # documents, for the run's words only (fold_in's FOLD_PHI_BYTES)
+            model_terms, offsets, topics, counts = _rows_entries([_batch_entries(b, k) for b in
+                                                                 rows.select(columns).to_batches()])
 
             def lookup(words):
                 needed = unique(words)
-                at = np.searchsorted(model_terms, needed)
-                found = at < len(model_terms)
-                found[found] = model_terms[at[found]] == needed[found]
+                at = np.minimum(np.searchsorted(model_terms, needed), max(len(model_terms) - 1, 0))
+                found = np.flatnonzero(model_terms[at] == needed) if len(model_terms) else np.zeros(0, np.int64)
                 block = np.zeros((len(needed), k), np.int32)
-                block[found] = counts[at[found]]
+                if len(found):
+                    csr_gather_into(offsets, topics, counts, at[found], block, found)
                 return topic_word_prob(block, totals, vocab, beta), np.searchsorted(needed, words)
 
-            order = np.argsort(model_terms, kind="stable")
-            model_terms, counts = model_terms[order], counts[order]
             docs = docs.drop_columns([BUCKET])
             out = fn(docs.to_batches(), lookup)
             return pa.Table.from_batches(out) if out else pa.Table.from_batches([], schema=_arrow_schema(schema))
