@@ -165,20 +165,21 @@ FOLD_PHI_BYTES = 32 << 20
 
 
 def fold_in(features_index: int, alpha: np.ndarray, n_iter: int, seed: int, phi: Optional[np.ndarray] = None):
-    """``fn(batches, lookup=None)``: a partition's batches (column ``features_index`` holding term
-    counts) and, per document, its Gibbs fold-in topic counts with the topics fixed --
-    ``(batches, counts, lengths, parts)``, one fold-in per call; ``parts`` lists ``(d0, rows,
-    ptr, phi)`` per run of documents from document ``d0`` on: their tokens' rows of ``phi`` and
-    their offsets.  φ is ``phi`` (V x K, travelling in the function: Spark broadcasts large ones;
-    one run) or, with ``lookup(words) -> (phi, rows)``, built per run of documents for the
-    words the run uses (runs of at most :data:`FOLD_PHI_BYTES` of φ).  Each document draws from
-    its own random stream, seeded by ``seed`` and its digest: its topic distribution depends on
-    it alone, never on how the input is partitioned, ordered or cut into runs."""
+    """``fn(batches, lookup=None, each=None)``: a partition's batches (column ``features_index``
+    holding term counts) and, per document, its Gibbs fold-in topic counts with the topics fixed
+    -- ``(batches, counts, lengths)``, one fold-in per call.  φ is ``phi`` (V x K, travelling in
+    the function: Spark broadcasts large ones; one run of all the documents) or, with
+    ``lookup(words) -> (phi, rows)``, built per run of documents for the words the run uses
+    (runs of at most :data:`FOLD_PHI_BYTES` of φ, dropped once the run is done);
+    ``each(d0, counts, rows, ptr, phi)`` sees every run when it is folded: its first document,
+    its documents' counts, their tokens' rows of ``phi`` and their offsets.  Each document draws
+    from its own random stream, seeded by ``seed`` and its digest: its topic distribution
+    depends on it alone, never on how the input is partitioned, ordered or cut into runs."""
     if phi is not None and phi.shape[0] == 0:
         raise ConfigurationError("the model has an empty vocabulary")
     k, phi_bytes = len(alpha), FOLD_PHI_BYTES  # read here, on the driver: the closure carries it
 
-    def run(batches, lookup=None):
+    def run(batches, lookup=None, each=None):
         from ..kernels import lda as K
         from ._arrow import vectors
 
@@ -207,18 +208,19 @@ def fold_in(features_index: int, alpha: np.ndarray, n_iter: int, seed: int, phi:
                     used = 0
                 used += m
             cuts.append(n_docs)
-        counts, parts = [], []
+        counts = []
         for d0, d1 in zip(cuts[:-1], cuts[1:]):
+            if d1 == d0:
+                continue
             lo, hi = int(doc_ptr[d0]), int(doc_ptr[d1])
             run_ptr = doc_ptr[d0:d1 + 1] - lo
             phi_rows, rows = (phi, doc_words) if lookup is None else lookup(doc_words[lo:hi])
-            if lookup is None:
-                run_ptr = doc_ptr
-            if d1 > d0:
-                counts.append(K.fold_in(rows, run_ptr, phi_rows, alpha, n_iter, K.doc_states(seed, streams[d0:d1])))
-            parts.append((d0, rows, run_ptr, phi_rows))
+            counts.append(K.fold_in(rows, run_ptr, phi_rows, alpha, n_iter, K.doc_states(seed, streams[d0:d1])))
+            if each is not None:
+                each(d0, counts[-1], rows, run_ptr, phi_rows)
+            del phi_rows, rows
         counts = np.concatenate(counts) if counts else np.zeros((0, k))
-        return batches, counts, np.diff(doc_ptr), parts
+        return batches, counts, np.diff(doc_ptr)
 
     return run
 
@@ -237,7 +239,7 @@ def with_topic_mixtures(fold: callable, alpha: np.ndarray, features_index: int, 
 
         from ._arrow import dense_vectors
 
-        batches, counts, lengths, _ = fold(batches, lookup)
+        batches, counts, lengths = fold(batches, lookup)
         start = 0
         for batch in batches:
             theta = [_theta(counts[i], lengths[i], alpha) for i in range(start, start + batch.num_rows)]
@@ -252,11 +254,14 @@ def log_likelihood(fold: callable, alpha: np.ndarray):
     """``fn(batches, lookup=None)``: per document with tokens, ``(log p(its tokens | theta_d, phi),
     its tokens)``."""
     def score(batches, lookup=None):
-        _, counts, lengths, parts = fold(batches, lookup)
-        for d0, rows, ptr, phi in parts:
+        out = []
+
+        def each(d0, counts, rows, ptr, phi):  # while the run's φ is at hand
             for j in np.flatnonzero(np.diff(ptr)):
-                i = d0 + j
-                yield float(np.log(phi[rows[ptr[j]:ptr[j + 1]]] @ _theta(counts[i], lengths[i], alpha)).sum()), \
-                    int(lengths[i])
+                n = int(ptr[j + 1] - ptr[j])
+                out.append((float(np.log(phi[rows[ptr[j]:ptr[j + 1]]] @ _theta(counts[j], n, alpha)).sum()), n))
+
+        fold(batches, lookup, each)
+        yield from out
 
     return score
