@@ -302,12 +302,44 @@ def test_rating_blocks_and_tuples_load_as_the_same_sorted_triples():
     assert np.array_equal(users[block.users], u) and np.array_equal(items[block.items], i)
     assert np.array_equal(block.ratings, r)
     tuples = list(zip(block.users.tolist(), block.items.tolist(), block.ratings.tolist()))
-    want = _triples(tuples)
+    want, held = _triples(tuples)
+    assert [len(a) for a in held] == [0, 0, 0]
     order = np.lexsort((r, block.items, block.users))
-    assert all(np.array_equal(a, b[order]) for a, b in zip(want, block))
-    halves = [RatingBlock(*(a[100:] for a in block)), *tuples[50:100][::-1], RatingBlock(*(a[:50] for a in block))]
-    assert all(np.array_equal(a, b) for a, b in zip(_triples(halves), want))
-    assert [len(a) for a in _triples([])] == [0, 0, 0]
+    assert all(np.array_equal(a, b[order]) for a, b in zip(want, block[:3]))
+    halves = [RatingBlock(*(a[100:] for a in block[:3])), *tuples[50:100][::-1],
+              RatingBlock(*(a[:50] for a in block[:3]))]
+    assert all(np.array_equal(a, b) for a, b in zip(_triples(halves)[0], want))
+    assert [len(a) for part in _triples([]) for a in part] == [0] * 6
+
+    # a validation flag (4th column) splits the ratings; each part is sorted the same way
+    flags = rng.random(200) < 0.3
+    batch = pa.RecordBatch.from_arrays([*batch.columns, pa.array(flags)], ["u", "i", "r", "v"])
+    (block,) = dense_ids(users, items, batch)
+    assert np.array_equal(block.validation, flags)
+    train, held = _triples([block])
+    for part, keep in ((train, ~flags), (held, flags)):
+        order = np.lexsort((r[keep], block.items[keep], block.users[keep]))
+        assert all(np.array_equal(a, b[keep][order]) for a, b in zip(part, block[:3]))
+    mixed = [(*t, f) for t, f in zip(tuples, flags)]
+    assert all(np.array_equal(a, b) for x, y in zip(_triples(mixed), (train, held)) for a, b in zip(x, y))
+
+
+def test_dense_ids_drops_validation_ratings_of_unknown_users_and_items():
+    """Validation ratings whose user or item never trains cannot be predicted (ALS's cold start):
+    the decode drops them; a training rating's ids are always known."""
+    import pyarrow as pa
+
+    from pystrads.ml._mf_data import dense_ids
+
+    users, items = np.array([3, 10], np.int32), np.array([5, 6], np.int32)
+    u, i = np.array([3, 4, 10, 10, 10]), np.array([5, 5, 7, 6, 6])
+    flags = np.array([True, True, True, True, False])
+    batch = pa.RecordBatch.from_arrays([pa.array(u.astype(float)), pa.array(i.astype(float)),
+                                        pa.array(np.arange(5.0)), pa.array(flags)], ["u", "i", "r", "v"])
+    (block,) = dense_ids(users, items, batch)
+    assert block.ratings.tolist() == [0.0, 3.0, 4.0]  # user 4 and item 7 are unknown
+    assert block.validation.tolist() == [True, True, False]
+    assert users[block.users].tolist() == [3, 10, 10] and items[block.items].tolist() == [5, 6, 6]
 
 
 

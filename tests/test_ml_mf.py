@@ -286,3 +286,66 @@ def test_close_frees_the_models_blocks_and_closed_models_say_so(spark, ratings, 
     assert lda_id not in _cached_bytes(spark)
     with pytest.raises(PystradsError, match="StradsLDAModel was closed"):
         lda.describeTopics(3)
+
+
+MOVIELENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                         "movielens-latest-small", "ratings.csv.gz")
+
+
+@pytest.fixture(scope="module")
+def movielens_split(spark):
+    """MovieLens latest-small with a fixed 20 % of its ratings marked for validation."""
+    import pandas as pd
+
+    frame = pd.read_csv(MOVIELENS)
+    frame["validation"] = np.random.default_rng(0).random(len(frame)) < 0.2
+    return spark.createDataFrame(frame[["userId", "movieId", "rating", "validation"]]).repartition(2).cache()
+
+
+@pytest.mark.parametrize("algorithm", ["cd", "sgd"])
+def test_early_stopping_stops_two_iterations_after_the_validation_minimum(movielens_split, algorithm):
+    """Rank 50 with a small regParam overfits: the validation RMSE falls to a minimum inside the run
+    and rises after it.  With earlyStoppingRounds=2 the fit ends exactly 2 iterations after that
+    minimum, on the same path as the full run; the validation ratings are never trained on."""
+    from pyspark.sql import functions as F
+
+    from pystrads.engine.stopping import EarlyStopping
+
+    est = mf(rank=50, regParam=0.1 if algorithm == "cd" else 0.05, maxIter=20 if algorithm == "cd" else 24,
+             algorithm=algorithm, validationIndicatorCol="validation")
+    full = est.copy({est.earlyStoppingRounds: 0}).fit(movielens_split).summary
+    curve = full.validationHistory
+    best = int(np.argmin(curve)) + 1
+    assert len(curve) == full.totalIterations and 3 <= best <= len(curve) - 3, curve  # a minimum inside
+    assert not full.stoppedEarly and full.bestIteration == best
+    # the validation RMSE is that of the model's predictions on the validation ratings
+    heldout = movielens_split.filter("validation")
+    model = est.copy({est.maxIter: full.totalIterations, est.earlyStoppingRounds: 0}).fit(movielens_split)
+    rmse = RegressionEvaluator(labelCol="rating").evaluate(model.setColdStartStrategy("drop").transform(heldout))
+    assert rmse == pytest.approx(curve[-1], rel=1e-5)
+
+    stopped = est.fit(movielens_split).summary
+    assert stopped.stoppedEarly and stopped.bestIteration == best
+    assert stopped.totalIterations == best + 2
+    assert stopped.validationHistory == pytest.approx(curve[:best + 2], rel=1e-9)
+    assert stopped.earlyStopping == {"metric": "validation_rmse", "best_iteration": best,
+                                     "best_value": pytest.approx(curve[best - 1]), "stopped_at": best + 2}
+    # a validation row marked training changes the fit; the flagged rows are left out of training
+    training_only = est.copy({est.earlyStoppingRounds: 0, est.maxIter: 3}).fit(
+        movielens_split.filter(~F.col("validation"))).summary
+    assert training_only.trainRmseHistory == pytest.approx(full.trainRmseHistory[:3], rel=1e-9)
+    replay = EarlyStopping("validation_rmse", 2)
+    assert next(i for i, v in enumerate(curve, 1) if replay.update(i, v)) == best + 2
+
+
+def test_validation_params_are_checked_before_any_job(movielens_split, ratings):
+    with pytest.raises(InputError, match=r"validationIndicatorCol 'rating' has type double; expected a boolean"):
+        mf(validationIndicatorCol="rating").fit(ratings)
+    with pytest.raises(InputError, match=r"validationIndicatorCol 'nope' is not a column"):
+        mf(validationIndicatorCol="nope").fit(ratings)
+    with pytest.raises(ConfigurationError, match=r"earlyStoppingRounds=-1 must be >= 0"):
+        mf(validationIndicatorCol="validation", earlyStoppingRounds=-1).fit(movielens_split)
+    with pytest.raises(ConfigurationError, match=r"validationIndicatorCol='validation' with implicitPrefs=True"):
+        mf(validationIndicatorCol="validation", implicitPrefs=True).fit(movielens_split)
+    with pytest.raises(InputError, match=r"no training ratings.*whose 'validation' is false"):
+        mf(validationIndicatorCol="validation").fit(movielens_split.filter("validation"))

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import pyspark
@@ -33,17 +33,22 @@ from ._validation import check_ratings
 _ALS_CASTS_IDS = int(pyspark.__version__.split(".")[0]) >= 4
 
 
-def read_ratings(dataset, ucol: str, icol: str, rcol: str, workers: int):
-    """``(records, stats)``: the ratings as (u, i, r) doubles, each worker's partition holding whole
-    users (hashed by user), and ``users``, ``items``, ``item_counts``, ``item_positives`` (see
-    :func:`ids_and_item_counts`).
+def read_ratings(dataset, ucol: str, icol: str, rcol: str, workers: int, vcol: Optional[str] = None):
+    """``(records, stats)``: the ratings as (u, i, r) doubles (and v, the validation flag as a
+    boolean, null counting as training, when ``vcol`` names the validation indicator), each
+    worker's partition holding whole users (hashed by user), and ``users``, ``items``,
+    ``item_counts``, ``item_positives`` of the training ratings (see :func:`ids_and_item_counts`).
     Refuses empty input, bad ids and bad ratings first (one job, naming the column, the value and the fix)."""
-    triples = dataset.select(F.col(ucol).cast("double").alias("u"), F.col(icol).cast("double").alias("i"),
-                             F.col(rcol).cast("double").alias("r"))
+    columns = [F.col(ucol).cast("double").alias("u"), F.col(icol).cast("double").alias("i"),
+               F.col(rcol).cast("double").alias("r")]
+    if vcol:
+        columns.append(F.coalesce(F.col(vcol), F.lit(False)).alias("v"))
+    triples = dataset.select(*columns)
     check_ratings(triples, ucol, icol, rcol)
-    users, items, item_counts, item_positives = ids_and_item_counts(triples)
+    users, items, item_counts, item_positives = ids_and_item_counts(triples.filter(~F.col("v")) if vcol else triples)
     if not len(users) or not len(items):
-        raise InputError("the input has no ratings; StradsMF needs at least one (user, item, rating) row")
+        raise InputError("the input has no training ratings; StradsMF needs at least one (user, item, rating) row"
+                         + (f" whose {vcol!r} is false" if vcol else ""))
     return triples.repartition(workers, "u"), {"users": users, "items": items, "item_counts": item_counts,
                                                "item_positives": item_positives}
 
@@ -121,12 +126,21 @@ def _distinct_ids(frame, id_col: str, *value_cols: str):
 
 
 def dense_ids(users: np.ndarray, items: np.ndarray, batch) -> List[RatingBlock]:
-    """An Arrow batch of ratings (columns u, i, r) as one :class:`RatingBlock` with its ids as
-    positions in the sorted ``users`` / ``items`` (``Engine(decode_batch=...)``: one vectorised
-    search per batch instead of a Python tuple and two searches per rating)."""
+    """An Arrow batch of ratings (columns u, i, r, and v: the validation flag, with a validation
+    set) as one :class:`RatingBlock` with its ids as positions in the sorted ``users`` / ``items``
+    (``Engine(decode_batch=...)``: one vectorised search per batch instead of a Python tuple and
+    two searches per rating).  ``users`` and ``items`` are the training ratings' ids: a validation
+    rating of another user or item cannot be predicted (ALS's cold start) and is dropped."""
     u, i, r = (batch.column(j).to_numpy(zero_copy_only=False) for j in range(3))
-    return [RatingBlock(np.searchsorted(users, u.astype(np.int32)), np.searchsorted(items, i.astype(np.int32)),
-                        r.astype(np.float64, copy=False))]
+    u, i = u.astype(np.int32), i.astype(np.int32)
+    pu, pi = np.searchsorted(users, u), np.searchsorted(items, i)
+    if batch.num_columns < 4:
+        return [RatingBlock(pu, pi, r.astype(np.float64, copy=False))]
+    held = batch.column(3).to_numpy(zero_copy_only=False).astype(bool)
+    known = (pu < len(users)) & (pi < len(items))
+    known[known] &= (users[pu[known]] == u[known]) & (items[pi[known]] == i[known])
+    keep = known | ~held
+    return [RatingBlock(pu[keep], pi[keep], r[keep].astype(np.float64, copy=False), held[keep])]
 
 
 def user_factors(worker: int, data, state):

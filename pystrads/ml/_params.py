@@ -223,3 +223,54 @@ class HasNumWorkers(_StradsParams):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(numWorkers=0)
+
+
+def _boolean(dtype) -> bool:
+    from pyspark.sql.types import BooleanType
+
+    return isinstance(dtype, BooleanType)
+
+
+class HasEarlyStopping(_StradsParams):
+    """Mixin for the params of early stopping on a validation set: ``validationIndicatorCol``
+    (MLlib's GBTs, xgboost.spark), ``validationTol`` (MLlib's GBTs) and ``earlyStoppingRounds``
+    (xgboost's); see :class:`~pystrads.engine.stopping.EarlyStopping` for the rule."""
+
+    validationIndicatorCol: "Param[str]" = Param(
+        Params._dummy(), "validationIndicatorCol",
+        "name of the boolean column that indicates whether each row is for training or for validation. False "
+        "(or null) indicates training; true indicates validation: those rows are never trained on, and their "
+        "metric is computed after every iteration (recorded in the training summary) for early stopping. "
+        "Empty (the default): no validation set.",
+        typeConverter=TypeConverters.toString)
+    validationTol: "Param[float]" = Param(
+        Params._dummy(), "validationTol",
+        "relative improvement of the validation metric that counts as one (>= 0): an iteration improves when "
+        "its metric is below best - validationTol * max(|metric|, 0.01); 0 counts any decrease. Ignored "
+        "without validationIndicatorCol.", typeConverter=TypeConverters.toFloat)
+    earlyStoppingRounds: "Param[int]" = Param(
+        Params._dummy(), "earlyStoppingRounds",
+        "stop once the validation metric has not improved for this many iterations (>= 0; 0 = never stop, "
+        "only record the metric). Ignored without validationIndicatorCol.", typeConverter=TypeConverters.toInt)
+
+    _param_rules = {"validationTol": at_least(0, finite=True),
+                    "earlyStoppingRounds": at_least(0, note="0 = record the validation metric, never stop")}
+    _column_kinds = {"validationIndicatorCol": ColumnKind(
+        _boolean, "a boolean column (true = validation row), e.g. F.col({col}).cast('boolean') or "
+                  "F.rand(seed) < 0.1")}
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(validationIndicatorCol="", validationTol=0.0, earlyStoppingRounds=2)
+
+    def _validation_col(self):
+        """The validation indicator column, or None when the fit has no validation set."""
+        return self.getOrDefault("validationIndicatorCol") or None
+
+    def _early_stopping(self, metric: str):
+        """The stop rule of a fit with a validation set (None without one)."""
+        from ..engine.stopping import EarlyStopping
+
+        if self._validation_col() is None:
+            return None
+        return EarlyStopping(metric, self.getOrDefault("earlyStoppingRounds"), self.getOrDefault("validationTol"))

@@ -24,6 +24,26 @@ class FitSummary:
         self.iterations = pd.DataFrame(result.summary.iterations)
         self.steps = pd.DataFrame(result.summary.rows)
         self.timings: Dict[str, Any] = dict(result.summary.fixed, **fit.timings)
+        stopping = getattr(fit.program, "early_stopping", None)
+        #: the early stopping of a fit with a validation set (metric, best_iteration, best_value,
+        #: stopped_at), None without one
+        self.earlyStopping: Optional[Dict[str, Any]] = None if stopping is None else stopping.summary()
+
+    @property
+    def validationHistory(self) -> List[float]:
+        """The validation metric per iteration (``earlyStopping["metric"]``, smaller is better);
+        empty without a validation set."""
+        return [] if self.earlyStopping is None else self._history(self.earlyStopping["metric"])
+
+    @property
+    def bestIteration(self) -> Optional[int]:
+        """The iteration with the best validation metric (None without a validation set)."""
+        return None if self.earlyStopping is None else self.earlyStopping["best_iteration"]
+
+    @property
+    def stoppedEarly(self) -> bool:
+        """Whether the validation metric ended the fit before maxIter."""
+        return self.earlyStopping is not None and self.earlyStopping["stopped_at"] is not None
 
     @property
     def fixed(self) -> Dict[str, Any]:

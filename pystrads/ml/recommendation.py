@@ -24,7 +24,7 @@ from ..programs.mf_implicit import ImplicitMFProgram
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._mf_data import (dense_ids, fitted_factors, load_factors, predictions, read_ratings, recommendations,
                        save_factors, user_factors)
-from ._params import HasNumWorkers, Rule, _StradsParams, above, at_least, numeric_column, one_of
+from ._params import HasEarlyStopping, HasNumWorkers, Rule, _StradsParams, above, at_least, numeric_column, one_of
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class _StradsMFModelParams(HasPredictionCol, _StradsParams):
 
 
 class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpointInterval, HasSeed, HasStepSize,
-                      HasNumWorkers):
+                      HasNumWorkers, HasEarlyStopping):
     """Params of StradsMF (as pyspark's _ALSParams)."""
 
     rank: Param[int] = Param(Params._dummy(), "rank", "rank of the factorization (>= 1)",
@@ -125,6 +125,11 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "implicitPrefs": Rule(lambda v, p: not v or p.getAlgorithm() != "sgd",
                               "with algorithm='sgd': SGD covers explicit ratings only (the implicit objective sums "
                               "over every user-item pair); use algorithm='cd', the default"),
+        "validationIndicatorCol": Rule(
+            lambda v, p: not v or not p.getImplicitPrefs(),
+            "with implicitPrefs=True: early stopping needs a validation metric for implicit feedback, which "
+            "StradsMF does not compute; leave validationIndicatorCol unset and choose maxIter (e.g. by "
+            "CrossValidator with a ranking evaluator)"),
         "algorithm": one_of("cd", "sgd", note="'cd': coordinate descent, the default; 'sgd': SGD with block "
                                               "rotation"),
         "stepSize": above(0, finite=True, note="SGD's initial step size; the default 0.05 suits ratings on a "
@@ -214,7 +219,7 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     >>> model.recommendForAllUsers(1).show()    # doctest: +SKIP
     """
 
-    _fit_columns = ("userCol", "itemCol", "ratingCol")
+    _fit_columns = ("userCol", "itemCol", "ratingCol", "validationIndicatorCol")
     _summary_class = StradsMFSummary
 
     @keyword_only
@@ -224,12 +229,15 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
                  coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
                  innerIterations: int = 0, featureBlockSize: int = 0, algorithm: str = "cd",
                  stepSize: float = 0.05, blockSize: int = 4096, numUserBlocks: int = 10, numItemBlocks: int = 10,
-                 intermediateStorageLevel: str = "MEMORY_AND_DISK", finalStorageLevel: str = "MEMORY_AND_DISK"):
+                 intermediateStorageLevel: str = "MEMORY_AND_DISK", finalStorageLevel: str = "MEMORY_AND_DISK",
+                 validationIndicatorCol: str = "", validationTol: float = 0.0,
+                 earlyStoppingRounds: int = 2):
         super().__init__()
         self._set(**self._input_kwargs)
 
     def _scan(self, fit: Fit):
-        return read_ratings(fit.dataset, self.getUserCol(), self.getItemCol(), self.getRatingCol(), fit.workers)
+        return read_ratings(fit.dataset, self.getUserCol(), self.getItemCol(), self.getRatingCol(), fit.workers,
+                            self._validation_col())
 
     def _program(self, fit: Fit):
         users, items, item_counts = fit.stats["users"], fit.stats["items"], fit.stats["item_counts"]
@@ -243,12 +251,13 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
         elif self.getAlgorithm() == "sgd":
             self._warn_ignored("algorithm='sgd'", "featureBlockSize", "innerIterations")
             program = MFSGDProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,
-                                   self.getMaxIter(), fit.workers, self.getStepSize(), self.getNonnegative(), fit.seed)
+                                   self.getMaxIter(), fit.workers, self.getStepSize(), self.getNonnegative(), fit.seed,
+                                   early_stopping=self._early_stopping("validation_rmse"))
         else:
             self._warn_ignored("algorithm='cd'", "stepSize")
             program = MFProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,
                                 self.getMaxIter(), self._inner_iterations(), self.getNonnegative(), fit.seed,
-                                block_size=self._block_size())
+                                block_size=self._block_size(), early_stopping=self._early_stopping("validation_rmse"))
         log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers, %r", int(item_counts.sum()),
                  len(users), len(items), self.getRank(), fit.workers, program)
         return program

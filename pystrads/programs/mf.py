@@ -30,6 +30,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..engine.program import Program, Schedule, Table
+from ..engine.stopping import EarlyStopping
 
 
 def over_ranges(ctx, sizes, fn) -> None:
@@ -56,7 +57,17 @@ def hash_uniform(ids: np.ndarray, column: int, seed: int) -> np.ndarray:
 
 class RatingBlock(NamedTuple):
     """Many ``(user, item, rating)`` records at once, as three equal-length arrays: what a
-    columnar decode (``Engine(decode_batch=...)``) hands the MF programs instead of a tuple per rating."""
+    columnar decode (``Engine(decode_batch=...)``) hands the MF programs instead of a tuple per
+    rating; ``validation`` (bool, optional) marks the ratings held out for validation."""
+
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    validation: Optional[np.ndarray] = None
+
+
+class Ratings(NamedTuple):
+    """A worker's ratings as arrays sorted by (user, item, rating)."""
 
     users: np.ndarray
     items: np.ndarray
@@ -64,37 +75,89 @@ class RatingBlock(NamedTuple):
 
 
 def _triples(records):
-    """(user, item, rating) records (tuples or :class:`RatingBlock` s) as three arrays, sorted by
-    (user, item, rating): a worker's data (and the per-rating arrays of its state) must not depend
-    on the order a recomputed partition delivers its records in (a shuffle does not keep it), or a
-    restored state would not match it."""
-    us, its, rs, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)], []
+    """(user, item, rating[, validation]) records (tuples or :class:`RatingBlock` s) as
+    ``(training, validation)`` :class:`Ratings`, each sorted by (user, item, rating): a worker's
+    data (and the per-rating arrays of its state) must not depend on the order a recomputed
+    partition delivers its records in (a shuffle does not keep it), or a restored state would not
+    match it."""
+    us, its, rs, vs, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)], [np.zeros(0, bool)], []
     for rec in records:
         if isinstance(rec, RatingBlock):
             us.append(np.asarray(rec.users, dtype=np.int64))
             its.append(np.asarray(rec.items, dtype=np.int64))
             rs.append(np.asarray(rec.ratings, dtype=np.float64))
+            vs.append(np.zeros(len(rs[-1]), bool) if rec.validation is None else np.asarray(rec.validation, bool))
         else:
             rows.append(rec)
     if rows:
         us.append(np.fromiter((t[0] for t in rows), dtype=np.int64, count=len(rows)))
         its.append(np.fromiter((t[1] for t in rows), dtype=np.int64, count=len(rows)))
         rs.append(np.fromiter((t[2] for t in rows), dtype=np.float64, count=len(rows)))
+        vs.append(np.fromiter((len(t) > 3 and bool(t[3]) for t in rows), dtype=bool, count=len(rows)))
     del rows
-    raw_u, raw_i, ratings = np.concatenate(us), np.concatenate(its), np.concatenate(rs)
-    del us, its, rs
-    order = np.lexsort((ratings, raw_i, raw_u))
-    return raw_u[order], raw_i[order], ratings[order]
+    raw_u, raw_i, ratings, held = np.concatenate(us), np.concatenate(its), np.concatenate(rs), np.concatenate(vs)
+    del us, its, rs, vs
+    order = np.lexsort((ratings, raw_i, raw_u, held))  # training first, then validation
+    split = int(len(held) - held.sum())
+    train, valid = order[:split], order[split:]
+    return (Ratings(raw_u[train], raw_i[train], ratings[train]),
+            Ratings(raw_u[valid], raw_i[valid], ratings[valid]))
+
+
+class _Validation:
+    """A worker's validation ratings whose user trains on this worker and whose item has training
+    ratings (the others cannot be predicted: ALS's cold start): the users as local positions, the
+    items as ids."""
+
+    def __init__(self, users: np.ndarray, held: Ratings, item_counts: np.ndarray):
+        position = np.searchsorted(users, held.users)
+        known = (position < len(users)) & (users[np.minimum(position, max(len(users) - 1, 0))] == held.users) \
+            if len(users) else np.zeros(len(held.users), bool)
+        known &= item_counts[held.items] > 0
+        self.users = position[known].astype(np.int64)
+        self.items = held.items[known].astype(np.int64)
+        self.ratings = held.ratings[known]
+        self.unknown = int(len(known) - known.sum())
+
+    def __len__(self) -> int:
+        return len(self.ratings)
+
+    def report(self, ctx, w: np.ndarray, h: np.ndarray) -> None:
+        """Report ``val_sse`` and ``val_n`` of predictions ``w[users] . h`` (``h``: the items' rows)."""
+        errors = self.ratings - np.einsum("nk,nk->n", w[self.users], h)
+        ctx.report(val_sse=float(errors @ errors), val_n=float(len(errors)))
+
+
+def validation_fields(ctx, early_stopping, iteration: int, values) -> dict:
+    """An iteration's ``validation_rmse`` (for its history row) from the round metrics that carry
+    its ``val_sse`` / ``val_n``, after applying the stop rule to it (which may stop the fit); no
+    fields without a validation set.  NaN when no validation rating could be predicted."""
+    if early_stopping is None or "val_n" not in values:
+        return {}
+    n = values["val_n"]
+    rmse = float(np.sqrt(values["val_sse"] / n)) if n else float("nan")
+    reason = early_stopping.update(iteration, rmse)
+    if reason:
+        ctx.stop(reason)
+    return {"validation_rmse": rmse}
+
+
+def rounds_next_step(ctx, early_stopping, total: int, per: int) -> int:
+    """Rounds of the next step of a program that runs ``total`` rounds in iterations of ``per``:
+    ``ctx.rounds_this_step``, one iteration at most while a stop rule can end the fit (so that it
+    ends right after the iteration that decides)."""
+    n = ctx.rounds_this_step(total, per)
+    return min(n, per) if early_stopping is not None and early_stopping.stops else n
 
 
 class _MFData:
     """A worker's ratings with dense local ids, indexed by user (CSR) and by item (CSC); the
     programs add ``user_reg`` (and their own per-rating arrays)."""
 
-    def __init__(self, records):
+    def __init__(self, train: Ratings):
         from ..kernels.mf import build_index
 
-        raw_u, raw_i, self.ratings = _triples(records)
+        raw_u, raw_i, self.ratings = train
         self.users, rating_user = np.unique(raw_u, return_inverse=True)
         self.items, rating_item = np.unique(raw_i, return_inverse=True)
         self.rating_user = rating_user.astype(np.int32)
@@ -102,6 +165,7 @@ class _MFData:
         self.user_ptr, self.user_ratings = build_index(self.rating_user, len(self.users))
         self.item_ptr, self.item_ratings = build_index(self.rating_item, len(self.items))
         self.user_reg = None
+        self.validation: Optional[_Validation] = None
 
 
 class _MFState:
@@ -132,11 +196,16 @@ class MFProgram(Program):
     nonnegative : bool
         Project every coordinate update onto >= 0.
     seed : int
+    block_size : int
+        Features per block (exact block solves; 1 = CCD++).
+    early_stopping : EarlyStopping, optional
+        The stop rule on the validation RMSE (records marked ``validation``): computed after every
+        iteration, recorded as ``validation_rmse``.
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
                  max_iter: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0,
-                 block_size: int = 1):
+                 block_size: int = 1, early_stopping: Optional[EarlyStopping] = None):
         self.num_users = int(num_users)
         self.num_items = int(num_items)
         self.rank = int(rank)
@@ -151,6 +220,7 @@ class MFProgram(Program):
         if self.nonnegative and self.block_size > 1:
             raise ValueError("nonnegative factors need block_size=1 (exact projected coordinate updates)")
         self.num_blocks = -(-self.rank // self.block_size)
+        self.early_stopping = early_stopping
 
     def __repr__(self) -> str:
         return (f"MFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
@@ -178,14 +248,25 @@ class MFProgram(Program):
         n = self.num_items
         return np.hstack([table.get_range(c * n + lo, c * n + hi) for c in range(self.num_blocks)])[:, :self.rank]
 
+    def item_rows_at(self, table, items: np.ndarray) -> np.ndarray:
+        """The rows of ``items`` (ids, any order, repeats allowed) as (len(items), rank), read from
+        the ``item_factors`` table handle in one request."""
+        distinct, where = np.unique(items, return_inverse=True)
+        keys = (np.arange(self.num_blocks, dtype=np.int64)[:, None] * self.num_items + distinct[None, :]).ravel()
+        rows = np.asarray(table.get(keys)).reshape(self.num_blocks, len(distinct), self.block_size)
+        return rows.transpose(1, 0, 2).reshape(len(distinct), -1)[where, :self.rank]
+
     def _features(self, block: int):
         lo = block * self.block_size
         return lo, min(self.rank, lo + self.block_size)
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _MFData:
-        data = _MFData(records)
+        train, held = _triples(records)
+        data = _MFData(train)
         data.user_reg = self.reg_param * np.diff(data.user_ptr).astype(np.float64)
+        if self.early_stopping is not None:
+            data.validation = _Validation(data.users, held, self.item_counts)
         return data
 
     def init_state(self, ctx, data: _MFData) -> _MFState:
@@ -282,12 +363,16 @@ class MFProgram(Program):
             if c == self.num_blocks - 1:  # an outer iteration ends: report the training error
                 ctx.report(sse=K.squared_error(state.residual),
                            w_reg=float((data.user_reg[:, None] * state.w ** 2).sum()))
+                if data.validation is not None:  # and the validation error: every block is committed now
+                    h = self.item_rows_at(ctx.table("item_factors"), data.validation.items) \
+                        if len(data.validation) else np.zeros((0, self.rank))
+                    data.validation.report(ctx, state.w, h)
         return state
 
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         per = self.rounds_per_iteration
-        n = ctx.rounds_this_step(per * self.max_iter, per)
+        n = rounds_next_step(ctx, self.early_stopping, per * self.max_iter, per)
         if not n:
             return None
         T = self.inner_iterations
@@ -295,17 +380,15 @@ class MFProgram(Program):
 
     def after_step(self, ctx, metrics) -> None:
         per = self.rounds_per_iteration
+        shown = {}
         for r, values in enumerate(metrics.rounds):
             if "sse" in values and (ctx.rounds_done + r + 1) % per == 0:
-                ctx.record_row(iteration=(ctx.rounds_done + r + 1) // per, step=ctx.step,
-                               train_rmse=float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0))),
-                               sse=values["sse"], w_reg=values.get("w_reg", 0.0))
+                iteration = (ctx.rounds_done + r + 1) // per
+                shown = dict(train_rmse=float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0))),
+                             **validation_fields(ctx, self.early_stopping, iteration, values))
+                ctx.record_row(iteration=iteration, step=ctx.step, sse=values["sse"], w_reg=values.get("w_reg", 0.0),
+                               **shown)
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
-        shown = {}
-        for values in reversed(metrics.rounds):
-            if "sse" in values:
-                shown["train_rmse"] = float(np.sqrt(values["sse"] / max(self.num_ratings, 1.0)))
-                break
         ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iter, "iteration", **shown)
 
 
@@ -344,6 +427,7 @@ class _SGDData:
         self.order = order  # visiting order: by block, shuffled within the block (seeded hash)
         self.rating_row = rating_row  # row of the rating's item in its block's item list
         self.block_items = block_items  # list: global item indices of each block seen locally
+        self.validation: Optional[_Validation] = None
 
 
 class _SGDState:
@@ -366,12 +450,14 @@ class MFSGDProgram(Program):
     (U rounds).  Step size ``eta_t = step_size / sqrt(1 + t)`` in iteration t.
 
     ``train_rmse`` of an iteration is the error seen during its sweep (each rating's error
-    before its update), the usual SGD training error.
+    before its update), the usual SGD training error.  With ``early_stopping`` (the stop rule on
+    the validation RMSE of the records marked ``validation``) every iteration ends with one more
+    round in which each worker only predicts its validation ratings (``validation_rmse``).
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
                  max_iter: int = 10, num_workers: int = 1, step_size: float = 0.05,
-                 nonnegative: bool = False, seed: int = 0):
+                 nonnegative: bool = False, seed: int = 0, early_stopping: Optional[EarlyStopping] = None):
         self.num_users = int(num_users)
         self.num_items = int(num_items)
         self.rank = int(rank)
@@ -386,6 +472,7 @@ class MFSGDProgram(Program):
         if not self.step_size > 0:
             raise ValueError(f"step_size={step_size} must be > 0")
         self.bounds = item_blocks(self.item_counts, self.num_workers)
+        self.early_stopping = early_stopping
 
     def __repr__(self) -> str:
         return (f"MFSGDProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
@@ -394,7 +481,8 @@ class MFSGDProgram(Program):
 
     @property
     def rounds_per_iteration(self) -> int:
-        return self.num_workers
+        """U rounds of block rotation, plus the validation round with a validation set."""
+        return self.num_workers + (self.early_stopping is not None)
 
     def tables(self):
         init = functools.partial(_sgd_item_rows, self.rank, self.seed)
@@ -414,7 +502,7 @@ class MFSGDProgram(Program):
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _SGDData:
-        raw_u, raw_i, ratings = _triples(records)
+        (raw_u, raw_i, ratings), held = _triples(records)
         users, rating_user = np.unique(raw_u, return_inverse=True)
         rating_block = np.searchsorted(self.bounds, raw_i, side="right") - 1
         # a visiting order independent of the partitioning: by block, then a hash of (user, item)
@@ -429,7 +517,10 @@ class MFSGDProgram(Program):
             items, rows = np.unique(raw_i[sel], return_inverse=True)
             rating_row[sel] = rows
             block_items.append(items.astype(np.int64))
-        return _SGDData(users, rating_user.astype(np.int64), ratings, block_ptr, order, rating_row, block_items)
+        data = _SGDData(users, rating_user.astype(np.int64), ratings, block_ptr, order, rating_row, block_items)
+        if self.early_stopping is not None:
+            data.validation = _Validation(users, held, self.item_counts)
+        return data
 
     def init_state(self, ctx, data: _SGDData) -> _SGDState:
         return _SGDState(_sgd_initial_factors(self.rank, self.seed, 0, data.users))
@@ -438,6 +529,11 @@ class MFSGDProgram(Program):
         from ..kernels import mf as K
 
         block, iteration = work
+        if block < 0:  # the validation round: every block of this iteration is committed
+            held = data.validation
+            held.report(ctx, state.w, ctx.table("item_factors").get(held.items) if len(held) else
+                        np.zeros((0, self.rank)))
+            return state
         lo, hi = int(data.block_ptr[block]), int(data.block_ptr[block + 1])
         sse = 0.0
         if hi > lo:
@@ -452,25 +548,27 @@ class MFSGDProgram(Program):
 
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
-        U = self.num_workers
-        done, n = ctx.rounds_done // U, ctx.rounds_this_step(self.max_iter * U, U)
+        U, per = self.num_workers, self.rounds_per_iteration
+        done, n = ctx.rounds_done // per, rounds_next_step(ctx, self.early_stopping, self.max_iter * per, per)
         if not n:
             return None
-        return Schedule.per_worker([[((p + r) % U, done + r // U) for p in range(U)] for r in range(n)])
+        return Schedule.per_worker([[((p + r % per) % U if r % per < U else -1, done + r // per) for p in range(U)]
+                                    for r in range(n)])
 
     def after_step(self, ctx, metrics) -> None:
-        U = self.num_workers
-        rmse = None
-        for r in range(U - 1, len(metrics.rounds), U):
-            sse = float(sum(x.get("sse", 0.0) for x in metrics.rounds[r - U + 1:r + 1]))
-            iteration = (ctx.rounds_done + r + 1) // U
+        per = self.rounds_per_iteration
+        shown = {}
+        for r in range(per - 1, len(metrics.rounds), per):
+            rounds = metrics.rounds[r - per + 1:r + 1]
+            sse = float(sum(x.get("sse", 0.0) for x in rounds))
+            iteration = (ctx.rounds_done + r + 1) // per
             if not np.isfinite(sse):
                 raise FloatingPointError(
                     f"SGD diverged in iteration {iteration} (training error {sse}); lower the step size "
                     f"(stepSize={self.step_size}) or raise regParam")
-            rmse = float(np.sqrt(sse / max(self.num_ratings, 1.0)))
-            ctx.record_row(iteration=iteration, step=ctx.step, train_rmse=rmse, sse=sse,
-                           step_size=self.step_size_at(iteration - 1))
-        ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // U)
-        shown = {} if rmse is None else {"train_rmse": rmse}
-        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iter, "iteration", **shown)
+            shown = dict(train_rmse=float(np.sqrt(sse / max(self.num_ratings, 1.0))),
+                         **validation_fields(ctx, self.early_stopping, iteration, rounds[-1]))
+            ctx.record_row(iteration=iteration, step=ctx.step, sse=sse, step_size=self.step_size_at(iteration - 1),
+                           **shown)
+        ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
+        ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iter, "iteration", **shown)

@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ..engine.program import Schedule, Table
-from .mf import MFProgram, _MFData, hash_uniform, over_ranges
+from .mf import MFProgram, _MFData, _triples, hash_uniform, over_ranges
 
 #: Kinds of round (the first element of a round's work item).
 W_GRAM, ITEMS, Y_GRAM = 0, 1, 2
@@ -123,7 +123,7 @@ class ImplicitMFProgram(MFProgram):
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _MFData:
-        data = _MFData(records)
+        data = _MFData(_triples(records)[0])
         positive = data.ratings > 0
         data.c1 = self.alpha * np.abs(data.ratings)  # confidence - 1
         data.target = np.where(positive, 1.0 + data.c1, 0.0)  # confidence * preference
