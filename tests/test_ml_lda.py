@@ -315,3 +315,63 @@ def test_a_learned_prior_that_would_never_update_is_warned_about(caplog):
 def test_the_prior_is_learned_by_default_as_mllib_online_and_tomotopy():
     assert StradsLDA().getOptimizeDocConcentration() is True
     assert StradsLDAModel().getOptimizeDocConcentration() is True
+
+
+@pytest.fixture(scope="module")
+def debian_split(spark):
+    """The bundled Debian sample as term counts, with a fixed 15 % of its documents marked for validation."""
+    from pystrads.datasets import load_debian_sample
+
+    words = StopWordsRemover(inputCol="tokens", outputCol="words").transform(
+        RegexTokenizer(inputCol="text", outputCol="tokens", pattern="[^a-z]+", minTokenLength=3)
+        .transform(load_debian_sample(spark)))
+    counts = CountVectorizer(inputCol="words", outputCol="features", minDF=3).fit(words).transform(words)
+    return counts.select("features", (F.rand(7) < 0.15).alias("validation")).cache()
+
+
+def _tokens(df) -> int:
+    return int(sum(v.values.sum() for (v,) in df.select("features").collect()))
+
+
+def test_early_stopping_on_the_held_out_perplexity(debian_split):
+    """The validation documents are never sampled into the counts; after every iteration they are
+    scored exactly as the fitted model's logPerplexity scores them; with earlyStoppingRounds=2 the
+    fit follows the same chain and ends 2 iterations after the best held-out perplexity."""
+    from pystrads.engine.stopping import EarlyStopping
+
+    heldout = debian_split.filter("validation")
+    est = StradsLDA(k=20, maxIter=40, seed=3, optimizeDocConcentration=False, validationIndicatorCol="validation")
+    model = est.copy({est.earlyStoppingRounds: 0}).fit(debian_split)
+    full = model.summary
+    curve = full.validationHistory
+    assert len(curve) == full.totalIterations == 40 and not full.stoppedEarly
+    assert curve[-1] == pytest.approx(model.logPerplexity(heldout), rel=1e-9)
+    assert curve[-1] < curve[0] - 0.1  # the topics learn: the held-out perplexity falls
+    assert model.topicsMatrix().toArray().sum() == full.numTokens == _tokens(debian_split.filter(~F.col("validation")))
+    assert full.numValidationTokens == _tokens(heldout) > 0
+
+    replay = EarlyStopping("validation_log_perplexity", 2)
+    stop = next((i for i, v in enumerate(curve, 1) if replay.update(i, v)), None)
+    assert stop is not None and stop < 40, curve  # the curve flattens into noise inside the run
+    stopped = est.fit(debian_split).summary
+    assert stopped.stoppedEarly and stopped.totalIterations == stop and stopped.bestIteration == stop - 2
+    assert stopped.validationHistory == pytest.approx(curve[:stop], rel=1e-12)
+
+
+def test_a_lone_worker_scores_its_validation_documents_against_the_committed_counts(debian_split):
+    """One worker holds its rows between the rounds of a step: at every validation round it still
+    writes them first.  Without a stop rule a step runs several iterations; with one (that never
+    fires here) a step per iteration: the same chain, so the same scores."""
+    est = StradsLDA(k=8, maxIter=4, seed=1, numWorkers=1, optimizeDocConcentration=False,
+                    validationIndicatorCol="validation", earlyStoppingRounds=0)
+    model = est.fit(debian_split)
+    held = model.summary.validationHistory
+    assert held[-1] == pytest.approx(model.logPerplexity(debian_split.filter("validation")), rel=1e-9)
+    assert len(model.summary.steps) < 4  # steps of several iterations
+    stepwise = est.copy({est.earlyStoppingRounds: 100}).fit(debian_split).summary
+    assert len(stepwise.steps) == 4 and stepwise.validationHistory == pytest.approx(held, rel=1e-12)
+
+
+def test_every_document_marked_for_validation_is_refused(debian_split):
+    with pytest.raises(InputError, match=r"every non-empty document \(\d+\) is marked for validation"):
+        StradsLDA(k=2, validationIndicatorCol="validation").fit(debian_split.filter("validation"))

@@ -19,7 +19,8 @@ from ..errors import ConfigurationError, InputError
 log = logging.getLogger("pystrads.ml.lda")
 
 
-#: the documents as the LDA program's workers read them (one row per non-empty document)
+#: the documents as the LDA program's workers read them (one row per non-empty document); with a
+#: validation set, a fourth column ``validation boolean`` marks the held-out documents
 DOC_RECORD_SCHEMA = "doc long, terms array<long>, counts array<long>"
 
 
@@ -42,8 +43,11 @@ def _check_corpus(stats, col: str) -> None:
     if bad is not None or len(stats["sizes"]) > 1:
         raise InputError(f"featuresCol {col!r}: vectors have different sizes {sorted(stats['sizes'])}; "
                          "every document needs the same vocabulary (one CountVectorizer model)")
-    if stats["docs"] + stats["empty"] + stats["null"] == 0:
+    if stats["docs"] + stats["empty"] + stats["null"] + stats.get("validation_docs", 0) == 0:
         raise InputError(f"featuresCol {col!r}: the input has no rows; LDA needs at least one non-empty document")
+    if stats["docs"] == 0 and stats.get("validation_docs"):
+        raise InputError(f"featuresCol {col!r}: every non-empty document ({stats['validation_docs']}) is marked for "
+                         "validation (validationIndicatorCol); LDA needs training documents: mark some false")
     if stats["docs"] == 0:
         raise InputError(f"featuresCol {col!r}: no document has any term ({stats['empty']} empty, "
                          f"{stats['null']} null rows); LDA needs at least one non-empty document")
@@ -51,12 +55,15 @@ def _check_corpus(stats, col: str) -> None:
         log.info("StradsLDA: skipped %d empty and %d null documents", stats["empty"], stats["null"])
 
 
-def _doc_records(dataset, features_col: str):
-    """(doc key, term indices, term counts) per non-empty document as a DataFrame, and a corpus scan.
+def _doc_records(dataset, features_col: str, validation_col: Optional[str] = None):
+    """(doc key, term indices, term counts[, validation]) per non-empty document as a DataFrame,
+    and a corpus scan.
 
     The scan (one Spark job) checks every vector (same size, finite,
     non-negative integral counts; :func:`_check_corpus` refuses the corpus
-    otherwise) and counts tokens per term, documents and empty documents.  Both go through ``mapInArrow`` (classic sessions and
+    otherwise) and counts tokens per term, documents and empty documents -- of the training
+    documents only when ``validation_col`` marks held-out ones (true; null counts as training),
+    which are checked alike and counted apart (``validation_docs``, ``validation_tokens``).  Both go through ``mapInArrow`` (classic sessions and
     Spark Connect alike).  A document's key is a hash of its terms and counts: a
     worker orders its documents by key, so the Gibbs chain depends on which documents
     a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
@@ -64,25 +71,30 @@ def _doc_records(dataset, features_col: str):
     between a partition and its recomputation after a lost executor).  Equal documents
     get equal keys and are interchangeable.
     """
+    from pyspark.sql import functions as F
+
     from ._arrow import collect_per_partition, partition_id, vectors
 
-    frame = dataset.select(features_col)
+    frame = dataset.select(features_col, *([F.coalesce(F.col(validation_col), F.lit(False))] if validation_col else []))
+    held_out = bool(validation_col)
 
     def rows(batches):
         part, i = partition_id(), 0
         for batch in batches:
-            for vec in vectors(batch.column(0)):
-                yield (part, i) + ((None, None, None) if vec is None else vec)
+            flags = batch.column(1).to_numpy(zero_copy_only=False) if held_out else None
+            for j, vec in enumerate(vectors(batch.column(0))):
+                held = bool(flags[j]) if held_out else False
+                yield (part, i, held) + ((None, None, None) if vec is None else vec)
                 i += 1
 
     def empty():
         return {"docs": 0, "empty": 0, "null": 0, "tokens": 0, "max_length": 0, "bad": None, "sizes": set(),
-                "freq": None}
+                "freq": None, "validation_docs": 0, "validation_tokens": 0}
 
     def scan(batches):
         size = None
         out = empty()
-        for part, i, vsize, idx, val in rows(batches):
+        for part, i, held, vsize, idx, val in rows(batches):
             if vsize is None:
                 out["null"] += 1
                 continue
@@ -101,6 +113,10 @@ def _doc_records(dataset, features_col: str):
             if counts.sum() == 0:
                 out["empty"] += 1
                 continue
+            if held:
+                out["validation_docs"] += 1
+                out["validation_tokens"] += int(counts.sum())
+                continue
             out["docs"] += 1
             out["tokens"] += int(counts.sum())
             out["max_length"] = max(out["max_length"], int(counts.sum()))
@@ -112,7 +128,7 @@ def _doc_records(dataset, features_col: str):
             a["freq"] = b["freq"]
         elif b["freq"] is not None and len(a["freq"]) == len(b["freq"]):
             a["freq"] = a["freq"] + b["freq"]
-        for key in ("docs", "empty", "null", "tokens"):
+        for key in ("docs", "empty", "null", "tokens", "validation_docs", "validation_tokens"):
             a[key] += b[key]
         a["max_length"] = max(a["max_length"], b["max_length"])
         a["sizes"] |= b["sizes"]
@@ -128,8 +144,8 @@ def _doc_records(dataset, features_col: str):
     def keep(batches):
         import pyarrow as pa
 
-        docs, terms, counts = [], [], []
-        for part, i, vsize, idx, val in rows(batches):
+        docs, terms, counts, flags = [], [], [], []
+        for part, i, held, vsize, idx, val in rows(batches):
             if vsize is None:
                 continue
             t, n, digest = _doc_terms(idx, val)
@@ -137,12 +153,14 @@ def _doc_records(dataset, features_col: str):
                 docs.append(int.from_bytes(digest, "little", signed=True))
                 terms.append(t)
                 counts.append(n)
+                flags.append(held)
         if docs:
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
-                 pa.array(counts, pa.list_(pa.int64()))], ["doc", "terms", "counts"])
+            columns = [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
+                       pa.array(counts, pa.list_(pa.int64()))] + ([pa.array(flags, pa.bool_())] if held_out else [])
+            yield pa.RecordBatch.from_arrays(columns, ["doc", "terms", "counts"] + ["validation"] * held_out)
 
-    return frame.mapInArrow(keep, DOC_RECORD_SCHEMA), stats
+    schema = DOC_RECORD_SCHEMA + (", validation boolean" if held_out else "")
+    return frame.mapInArrow(keep, schema), stats
 
 
 def doc_blocks(batch):
@@ -153,9 +171,11 @@ def doc_blocks(batch):
     if batch.num_rows == 0:
         return []
     terms, counts = batch.column(1), batch.column(2)
+    held = batch.column(3).to_numpy(zero_copy_only=False).astype(bool) if batch.num_columns > 3 else None
     return [DocBlock(batch.column(0).to_numpy(zero_copy_only=False),
                      terms.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
-                     terms.flatten().to_numpy(zero_copy_only=False), counts.flatten().to_numpy(zero_copy_only=False))]
+                     terms.flatten().to_numpy(zero_copy_only=False), counts.flatten().to_numpy(zero_copy_only=False),
+                     held)]
 
 
 #: the joined fold-in's φ block per call of the kernel (rows of the distinct words of a run of

@@ -24,7 +24,7 @@ from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._lda_data import _doc_records, doc_blocks
 from ._lda_model import FoldIn, WordTopics, describe, fitted_topics, load_topics, save_topics, topics_matrix
-from ._params import HasNumWorkers, Rule, above, at_least, one_of, vector_column
+from ._params import HasEarlyStopping, HasNumWorkers, Rule, above, at_least, one_of, vector_column
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,9 @@ class StradsLDASummary(FitSummary):
     ``iterations``: one row per iteration with ``log_likelihood`` (log p(w, z)),
     ``alpha_sum`` / ``alpha_min`` / ``alpha_max`` and ``beta`` where a learned prior was updated,
     ``log_perplexity`` (−log p(w, z) / tokens), ``s_error`` (the STRADS
-    supplement's Δt) and ``tokens``; ``steps`` adds tokens/s to the time split
+    supplement's Δt) and ``tokens``, and with ``validationIndicatorCol``
+    ``validation_log_perplexity`` (the validation documents scored as
+    ``model.logPerplexity`` scores them); ``steps`` adds tokens/s to the time split
     (``compute_s``, ``sync_s``, ``outside_rounds_s``, ``schedule_s``).
     """
 
@@ -147,6 +149,8 @@ class StradsLDASummary(FitSummary):
         self.numEmptyDocuments = int(stats["empty"])  # all-zero vectors: skipped
         self.numNullDocuments = int(stats["null"])  # null vectors: skipped
         self.numTokens = int(stats["tokens"])
+        self.numValidationDocuments = int(stats.get("validation_docs", 0))  # held out (validationIndicatorCol)
+        self.numValidationTokens = int(stats.get("validation_tokens", 0))
         self.sampler = stats["sampler"]
         self.numWorkers = fit.workers
 
@@ -169,7 +173,7 @@ class StradsLDASummary(FitSummary):
                           title=f"StradsLDA: {self.numTokens} tokens, {self.tokensPerSecond:,.0f} tokens/s")
 
 
-class StradsLDA(_StradsEstimator, _StradsLDAParams):
+class StradsLDA(_StradsEstimator, _StradsLDAParams, HasEarlyStopping):
     """Latent Dirichlet Allocation by model-parallel collapsed Gibbs sampling (STRADS LDA).
 
     Objective: samples the posterior of LDA's topic assignments z (collapsed
@@ -197,7 +201,7 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
     >>> model.describeTopics(3).show()        # doctest: +SKIP
     """
 
-    _fit_columns = ("featuresCol",)
+    _fit_columns = ("featuresCol", "validationIndicatorCol")
     _summary_class = StradsLDASummary
 
     @keyword_only
@@ -206,7 +210,8 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
                  topicConcentration: Optional[float] = None, topicDistributionCol: str = "topicDistribution",
                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 10,
                  foldInIterations: int = 20, optimizeDocConcentration: bool = True, optimizeInterval: int = 10,
-                 optimizeBurnIn: int = OPTIMIZE_BURN_IN, optimizeTopicConcentration: bool = False):
+                 optimizeBurnIn: int = OPTIMIZE_BURN_IN, optimizeTopicConcentration: bool = False,
+                 validationIndicatorCol: str = "", validationTol: float = 0.0, earlyStoppingRounds: int = 2):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -229,7 +234,8 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
                 log.warning("StradsLDA: %s", message)
 
     def _scan(self, fit: Fit):
-        return _doc_records(fit.dataset, self.getFeaturesCol())  # refuses bad counts and empty corpora
+        # refuses bad counts and empty corpora
+        return _doc_records(fit.dataset, self.getFeaturesCol(), self._validation_col())
 
     def _program(self, fit: Fit) -> LDAProgram:
         stats, k, alpha, beta = fit.stats, self.getK(), self._alpha(), self._beta()
@@ -243,7 +249,9 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams):
                              optimize_alpha=self.getOptimizeDocConcentration(),
                              optimize_interval=self.getOptimizeInterval(), optimize_burn_in=self.getOptimizeBurnIn(),
                              max_doc_length=stats["max_length"],
-                             optimize_beta=self.getOptimizeTopicConcentration())
+                             optimize_beta=self.getOptimizeTopicConcentration(),
+                             early_stopping=self._early_stopping("validation_log_perplexity"),
+                             fold_in_iterations=self.getFoldInIterations())
         log.info("StradsLDA: %d documents (%d empty skipped), %d tokens, V=%d, %d workers, %r", stats["docs"],
                  stats["empty"], stats["tokens"], vocab, fit.workers, program)
         return program

@@ -65,6 +65,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import numpy as np
 
 from ..engine.program import Program, RowEntries, Schedule, Table, split_ranges
+from ..engine.stopping import EarlyStopping
 from ..kernels.sets import unique
 
 #: shard metrics named this plus an index carry the learned β's count summary (word_topic_count_summary)
@@ -81,6 +82,9 @@ ROUND_ROWS_BYTES = 64 << 20
 #: 4.4 ms, sampling it 24.5 ms; cutting it into 2 or 4 runs to overlap them was slower on 2 cores
 #: (more calls, the sampler preempted), so one run, its writes in the background
 PIPELINE_PIECES = 1
+#: bytes of φ rows (distinct words x K float64) a worker builds at once to score its validation
+#: documents: they are folded in runs of documents of at most this much φ, as the model's fold-in
+VALIDATION_PHI_BYTES = 32 << 20
 
 
 class DocBlock(NamedTuple):
@@ -91,12 +95,25 @@ class DocBlock(NamedTuple):
     lengths: np.ndarray  # (n_docs,) terms per document
     terms: np.ndarray  # (sum(lengths),) term indices, document after document
     counts: np.ndarray  # (sum(lengths),) their counts
+    validation: Optional[np.ndarray] = None  # (n_docs,) bool: held out for validation (None: none is)
+
+    def select(self, keep: np.ndarray) -> "DocBlock":
+        """The documents where ``keep`` (bool, one per document) holds, in order, without flags."""
+        lengths = np.asarray(self.lengths, np.int64)
+        per_term = np.repeat(keep, lengths)
+        return DocBlock(self.docs[keep], lengths[keep], self.terms[per_term], self.counts[per_term])
+
+    def split(self) -> "tuple[DocBlock, DocBlock]":
+        """``(training documents, validation documents)``."""
+        held = np.zeros(len(self.docs), bool) if self.validation is None else np.asarray(self.validation, bool)
+        return self.select(~held), self.select(held)
 
 
 def _documents(records):
-    """Records (tuples or :class:`DocBlock` s) as one DocBlock in document-id order: the worker's
-    data (and so its state's token order) must not depend on the order a recomputed partition
-    delivers its records in (checkpoint restore).  Ids that do not compare keep the input order."""
+    """Records (tuples ``(id, terms, counts[, validation])`` or :class:`DocBlock` s) as one
+    DocBlock in document-id order, with its validation flags: the worker's data (and so its
+    state's token order) must not depend on the order a recomputed partition delivers its records
+    in (checkpoint restore).  Ids that do not compare keep the input order."""
     blocks, rows = [], []
     for rec in records:
         (blocks if isinstance(rec, DocBlock) else rows).append(rec)
@@ -108,24 +125,87 @@ def _documents(records):
             for j, r in enumerate(rows):
                 ids[j] = r[0]
         blocks.append(DocBlock(ids, np.array([len(t) for t in terms], np.int64),
-                               np.concatenate(terms), np.concatenate([np.asarray(r[2], np.int64) for r in rows])))
+                               np.concatenate(terms), np.concatenate([np.asarray(r[2], np.int64) for r in rows]),
+                               np.array([len(r) > 3 and bool(r[3]) for r in rows], bool)))
     del rows
     if not blocks:
-        return DocBlock(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return DocBlock(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                        np.zeros(0, bool))
     docs = np.concatenate([b.docs for b in blocks])
     lengths = np.concatenate([np.asarray(b.lengths, np.int64) for b in blocks])
     terms = np.concatenate([np.asarray(b.terms, np.int64) for b in blocks])
     counts = np.concatenate([np.asarray(b.counts, np.int64) for b in blocks])
+    held = np.concatenate([np.zeros(len(b.docs), bool) if b.validation is None else np.asarray(b.validation, bool)
+                           for b in blocks])
     try:
         order = np.argsort(docs, kind="stable")
     except TypeError:  # ids of mixed types: no order
-        return DocBlock(_plain(docs), lengths, terms, counts)
+        return DocBlock(_plain(docs), lengths, terms, counts, held)
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[order]
     lengths = lengths[order]
     ends = np.cumsum(lengths)
     # each ordered document's terms: its old start plus the position within it
     take = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(ends) else 0)
-    return DocBlock(_plain(docs[order]), lengths, terms[take], counts[take])
+    return DocBlock(_plain(docs[order]), lengths, terms[take], counts[take], held[order])
+
+
+class _HeldOut:
+    """A worker's validation documents, scored after every iteration as the fitted model's
+    ``logPerplexity`` scores documents: Gibbs fold-in with the topics fixed (each document's
+    random stream seeded by the fit's seed and its id, the content hash), then
+    ``log p(w | theta_d, phi)``.  Their tokens are document after document; the documents are cut
+    into runs of at most :data:`VALIDATION_PHI_BYTES` of φ rows, each run with its distinct words
+    and its tokens as rows of them."""
+
+    def __init__(self, docs: DocBlock, num_topics: int):
+        lengths = np.asarray(docs.lengths, np.int64)
+        term_doc = np.repeat(np.arange(len(lengths)), lengths)
+        self.words = np.repeat(docs.terms, docs.counts).astype(np.int64)
+        self.doc_ptr = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(np.bincount(term_doc, weights=docs.counts, minlength=len(lengths)).astype(np.int64),
+                  out=self.doc_ptr[1:])
+        ids = np.asarray(docs.docs)
+        self.streams = ids.astype(np.int64).view(np.uint64) if ids.dtype.kind in "iu" else \
+            np.array([hash(str(d)) & ((1 << 64) - 1) for d in ids], np.uint64)
+        budget, cuts, used = max(1, VALIDATION_PHI_BYTES // (8 * num_topics)), [0], 0
+        for d, distinct in enumerate(lengths.tolist()):  # a document's distinct terms bound its run's
+            if used and used + distinct > budget:
+                cuts.append(d)
+                used = 0
+            used += distinct
+        cuts.append(len(lengths))
+        self.runs = []  # (first document, end document, distinct words, tokens as rows of them)
+        for d0, d1 in zip(cuts[:-1], cuts[1:]):
+            if d1 > d0:
+                words, rows = np.unique(self.words[self.doc_ptr[d0]:self.doc_ptr[d1]], return_inverse=True)
+                self.runs.append((d0, d1, words, rows.astype(np.int64)))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.doc_ptr[-1])
+
+    def log_likelihood(self, word_topic, totals: np.ndarray, alpha: np.ndarray, beta: float, vocab_size: int,
+                       n_iter: int, seed: int) -> float:
+        """Σ over the documents' tokens of log Σ_t θ_dt φ_tw, with φ from the ``word_topic`` table
+        handle and ``totals``, θ from each document's fold-in."""
+        from ..kernels import lda as K
+        from ..kernels.rows import csr_into
+
+        ll = 0.0
+        denominator = totals.astype(np.float64) + vocab_size * beta
+        for d0, d1, words, rows in self.runs:
+            counts = np.empty((len(words), len(alpha)))
+            csr_into(*word_topic.get_entries(words), counts, 0)
+            phi = (counts + beta) / denominator
+            del counts
+            ptr = self.doc_ptr[d0:d1 + 1] - self.doc_ptr[d0]
+            z = K.fold_in(rows, ptr, phi, alpha, n_iter, K.doc_states(seed, self.streams[d0:d1]))
+            theta = (z + alpha) / (np.diff(ptr) + alpha.sum())[:, None]
+            token_doc = np.repeat(np.arange(d1 - d0), np.diff(ptr))
+            for a in range(0, len(rows), 1 << 16):  # bounded temporaries
+                b = a + (1 << 16)
+                ll += float(np.log(np.einsum("nk,nk->n", phi[rows[a:b]], theta[token_doc[a:b]])).sum())
+        return ll
 
 
 def _plain(ids: np.ndarray) -> np.ndarray:
@@ -274,13 +354,22 @@ class LDAProgram(Program):
         Tokens of the longest document (needed with ``optimize_alpha``): the
         histograms' length, capped at :data:`HISTOGRAM_MAX_CELLS` / (K + 1)
         columns (longer counts are clipped into the last column).
+    early_stopping : EarlyStopping, optional
+        The stop rule on the held-out log-perplexity of the records marked
+        ``validation`` (never sampled into the counts): after every iteration
+        each worker folds its validation documents in (``fold_in_iterations``
+        sweeps) and scores them as the fitted model's ``logPerplexity`` would
+        (``validation_log_perplexity`` in the history).
+    fold_in_iterations : int
+        Gibbs sweeps of that fold-in.
     """
 
     def __init__(self, num_topics: int, vocab_size: int, num_workers: int, block_bounds, alpha,
                  beta: float, max_iter: int, sampler: str = "fplus", seed: int = 0,
                  word_weights: Optional[np.ndarray] = None, log_likelihood_every: int = 1,
                  optimize_alpha: bool = False, optimize_interval: int = 10, optimize_burn_in: int = 0,
-                 max_doc_length: int = 0, optimize_beta: bool = False):
+                 max_doc_length: int = 0, optimize_beta: bool = False,
+                 early_stopping: Optional[EarlyStopping] = None, fold_in_iterations: int = 20):
         from ..kernels.lda.priors import alpha_vector
 
         self.num_topics = int(num_topics)
@@ -307,6 +396,8 @@ class LDAProgram(Program):
             raise ValueError(f"optimize_alpha needs max_doc_length >= 1 (got {max_doc_length}) and "
                              f"optimize_interval >= 1 (got {optimize_interval})")
         self.histogram_length = int(min(max_doc_length, max(1, HISTOGRAM_MAX_CELLS // (self.num_topics + 1))))
+        self.early_stopping = early_stopping
+        self.fold_in_iterations = int(fold_in_iterations)
 
     #: bytes of word_topic rows a worker reads, samples and sends back at once within a round
     round_rows_bytes = ROUND_ROWS_BYTES
@@ -373,7 +464,8 @@ class LDAProgram(Program):
     def load(self, ctx, records) -> _WorkerData:
         from ..kernels import lda as K
 
-        doc_ids, per_doc, terms, counts = _documents(records)
+        training, held = _documents(records).split()
+        doc_ids, per_doc, terms, counts, _ = training
         n_docs = len(doc_ids)
         term_doc = np.repeat(np.arange(n_docs), per_doc)
         words, docs = np.repeat(terms, counts), np.repeat(term_doc, counts)
@@ -399,6 +491,7 @@ class LDAProgram(Program):
                       for run in list(self._row_chunks(data, b, self.pipeline_pieces))]
                      for b in range(self.num_workers)]
         data.doc_ptr, data.doc_tokens = K.build_doc_tokens(data.token_doc, n_docs)
+        data.validation = _HeldOut(held, self.num_topics) if getattr(self, "early_stopping", None) else None
         return data
 
     @staticmethod
@@ -483,7 +576,8 @@ class LDAProgram(Program):
         kept, state.kept_rows = state.kept_rows, None
         if not (hold and kept is not None and (kept.step, kept.block) == (ctx.step, block)):
             kept = None
-        write = not hold or ctx.last_round or ctx.rounds_in_step is None or self.shard_metrics_due(ctx.round)
+        write = not hold or ctx.last_round or ctx.rounds_in_step is None or self.shard_metrics_due(ctx.round) \
+            or self.validation_due(ctx.round)
         # the totals as the last round's clock committed them: every worker's change to them is a
         # contribution summed at the clock (pull), so no worker's read can see another's write of
         # this round (a direct inc raced with the reads, and one seed gave two chains)
@@ -614,7 +708,18 @@ class LDAProgram(Program):
     def apply(self, ctx, data: _WorkerData, state: _WorkerState, block: int) -> _WorkerState:
         if state.asked_totals:  # the totals as this round's clock committed them: the next round's
             state.next_totals = (ctx.step, ctx.round + 1, np.array(ctx.pulled("topic_totals")[0]))
+        if self.validation_due(ctx.round):  # every worker's writes of the iteration are in: score
+            held = data.validation
+            totals = state.next_totals[2] if state.asked_totals else ctx.table("topic_totals").get_range(0, 1)[0]
+            ll = held.log_likelihood(ctx.table("word_topic"), totals, self.alpha, self.beta, self.vocab_size,
+                                     self.fold_in_iterations, self.seed) if held.num_tokens else 0.0
+            ctx.report(val_ll=ll, val_tokens=held.num_tokens)
         return state
+
+    def validation_due(self, round_index: int) -> bool:
+        """Whether the workers score their validation documents once round ``round_index`` is
+        committed: the last round of every iteration, with a validation set."""
+        return getattr(self, "early_stopping", None) is not None and (round_index + 1) % self.num_workers == 0
 
     def shard_metrics_due(self, round_index: int) -> bool:
         """The log-likelihood's rounds: the last of every ``log_likelihood_every``-th iteration,
@@ -654,6 +759,9 @@ class LDAProgram(Program):
         done, iterations = ctx.rounds_done // U, ctx.rounds_this_step(self.max_iter * U, U) // U
         if not iterations:
             return None
+        stopping = getattr(self, "early_stopping", None)
+        if stopping is not None and stopping.stops:  # end the step at every iteration: its metric may stop the fit
+            iterations = 1
         if self.optimize_alpha or getattr(self, "optimize_beta", False):  # end the step at the next prior
             # update: after_step makes it
             iterations = next((i for i in range(1, iterations)
@@ -709,6 +817,12 @@ class LDAProgram(Program):
             if "ll_doc" in last and "ll_word" in last:
                 row["log_likelihood"] = last["ll_doc"] + last["ll_word"] + last.get("ll_totals", 0.0)
                 row["log_perplexity"] = -row["log_likelihood"] / row["tokens"] if row["tokens"] else float("nan")
+            if "val_tokens" in last:
+                row["validation_log_perplexity"] = -last["val_ll"] / last["val_tokens"] if last["val_tokens"] \
+                    else float("nan")
+                reason = self.early_stopping.update(row["iteration"], row["validation_log_perplexity"])
+                if reason:
+                    ctx.stop(reason)
             if row["iteration"] == last_iteration:
                 row.update(updated)
             ctx.record_row(**row)
@@ -717,4 +831,6 @@ class LDAProgram(Program):
                                                      1e-9)}
         if start and "log_likelihood" in last_row:
             shown = {"log_likelihood": last_row["log_likelihood"], **shown}
+        if start and "validation_log_perplexity" in last_row:
+            shown = {"validation_log_perplexity": last_row["validation_log_perplexity"], **shown}
         ctx.progress((ctx.rounds_done + len(metrics.rounds)) // U, self.max_iter, "iteration", **shown)
