@@ -565,3 +565,56 @@ def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
     ours_margin = x @ model.coefficients.toArray() + model.intercept
     sk_margin = x @ sk_beta + sk.intercept_[0]
     np.testing.assert_allclose(ours_margin, sk_margin, atol=1e-2 * np.abs(sk_margin).max())
+
+
+@pytest.fixture(scope="module")
+def overfitting_problem(spark):
+    """400 rows x 300 dense features, 10 of them relevant, half the rows marked for validation: with
+    a tiny regParam the fit overfits the 200 training rows, so the validation loss falls to a
+    minimum and rises after it."""
+    rng = np.random.default_rng(0)
+    n, p = 400, 300
+    X = rng.standard_normal((n, p))
+    beta = np.zeros(p)
+    beta[:10] = rng.standard_normal(10)
+    y = X @ beta + rng.standard_normal(n) + 3.0
+    labels = (1.0 / (1.0 + np.exp(-(X @ beta))) > rng.random(n)).astype(float)
+    held = rng.random(n) < 0.5
+    return spark.createDataFrame([(float(y[i]), float(labels[i]), Vectors.dense(X[i]), bool(held[i]))
+                                  for i in range(n)], ["y", "binary", "features", "validation"]).cache()
+
+
+@pytest.mark.parametrize("estimator", ["lasso", "logistic"])
+def test_early_stopping_on_the_validation_loss(overfitting_problem, estimator):
+    """The validation rows are never trained on; after every iteration their mean loss (half the
+    squared error; the log-loss) is that of the model's predictions at that point; the fit stops 2
+    iterations after the best one."""
+    df = overfitting_problem
+    common = dict(featuresCol="features", maxIter=60, tol=1e-12, validationIndicatorCol="validation",
+                  workingSetLimit=0, coordinatesPerRound=8)
+    if estimator == "lasso":
+        est = StradsLasso(labelCol="y", regParam=0.001, relaxation=1.0, **common)
+    else:
+        est = StradsLogisticRegression(labelCol="binary", regParam=0.0001, **common)
+    model = est.fit(df)
+    summary = model.summary
+    curve = summary.validationHistory
+    best = int(np.argmin(curve)) + 1
+    assert summary.stoppedEarly and summary.stopReason.startswith("early stopping: validation_loss")
+    assert summary.bestIteration == best and summary.totalIterations == len(curve) == best + 2 < 60
+    assert curve[0] > curve[best - 1] < curve[-1]  # falls to the best, then rises
+    held = df.filter("validation")
+    rows = model.transform(held).collect()
+    if estimator == "lasso":
+        loss = 0.5 * np.mean([(r.y - r.prediction) ** 2 for r in rows])
+    else:
+        p1 = np.array([r.probability[1] for r in rows])
+        y = np.array([r.binary for r in rows])
+        loss = -np.mean(y * np.log(p1) + (1 - y) * np.log(1 - p1))
+    assert curve[-1] == pytest.approx(loss, rel=1e-8)
+    assert summary.numInstances == df.filter("not validation").count() and summary.numValidationInstances == len(rows)
+
+
+def test_every_row_marked_for_validation_is_refused(overfitting_problem):
+    with pytest.raises(InputError, match=r"validationIndicatorCol 'validation' marks every row \(\d+\) for validation"):
+        StradsLasso(labelCol="y", validationIndicatorCol="validation").fit(overfitting_problem.filter("validation"))

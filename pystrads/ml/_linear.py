@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..programs.lasso import PRIORITIES, SCHEDULES
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._linear_input import batch_blocks, scan_input
-from ._params import NUMBERS, VECTORS, HasNumWorkers, at_least, one_of, within
+from ._params import NUMBERS, VECTORS, HasEarlyStopping, HasNumWorkers, at_least, one_of, within
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,10 @@ class LinearTrainingSummary(FitSummary):
         self.stopReason = result.stop_reason or "maxIter"
         self.numInstances = int(fit.stats["rows"])
         self.numNonZeros = int(fit.stats["nnz"])
-        self._dataset = fit.dataset  # the training data, scored on first use of an MLlib field
+        vcol = fit.stats.get("validation_col")
+        # the training data, scored on first use of an MLlib field
+        self._dataset = fit.dataset.filter(~F.coalesce(F.col(vcol), F.lit(False))) if vcol else fit.dataset
+        self.numValidationInstances = int(fit.stats.get("validation_rows", 0))
         self._model = None  # set by the model that holds this summary
         self._evaluation = None
 
@@ -157,18 +160,22 @@ class LinearTrainingSummary(FitSummary):
         return self._plot(ax, "objective", "objective - final", x=x, log_y=True, values=above_best)
 
 
-class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams):
+class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStopping):
     """The fit hooks of both L1 estimators; each names its ``_program_class``, ``_model_class``
     and whether its labels are 0 / 1 (``_binary_labels``)."""
 
-    _fit_columns = ("featuresCol", "labelCol", "weightCol")
+    _fit_columns = ("featuresCol", "labelCol", "weightCol", "validationIndicatorCol")
     _summary_class = LinearTrainingSummary
     _binary_labels = False
 
     def _scan(self, fit: Fit):
         fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
         wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
-        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self._binary_labels, fit.workers)
+        vcol = self._validation_col()
+        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self._binary_labels, fit.workers, vcol)
+        if stats["rows"] == 0 and stats["validation_rows"]:
+            raise InputError(f"validationIndicatorCol {vcol!r} marks every row ({stats['validation_rows']}) for "
+                             "validation; fit needs training rows: mark some false")
         if stats["rows"] == 0:
             raise InputError("the input has no rows; fit needs at least one (label, features) row")
         if stats["error"]:
@@ -182,6 +189,7 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams):
             raise InputError(f"featuresCol {fcol!r}: vectors have different sizes {sorted(sizes)[:10]}; all rows "
                              f"need the same number of features")
         stats["features"] = int(next(iter(sizes)))
+        stats["validation_col"] = vcol
         if stats["features"] < 1:
             raise InputError(f"featuresCol {fcol!r}: vectors have size 0; there is nothing to fit")
         return records, stats
@@ -194,7 +202,7 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams):
             schedule=self.getSchedule(), priority=self.getPriority(), coords_per_round=self.getCoordinatesPerRound(),
             candidates_per_round=self.getCandidatesPerRound(), rho=self.getCorrelationThreshold(),
             max_iter=self.getMaxIter(), tol=self.getTol(), gram_limit=self.getWorkingSetLimit(),
-            sample_rows=self.getCorrelationSampleSize())
+            sample_rows=self.getCorrelationSampleSize(), early_stopping=self._early_stopping("validation_loss"))
         if program.loss_name != "squared":  # its rounds run without the squared loss's working sets
             self._warn_ignored(f"the {program.loss_name} loss (no working-set solver)", "workingSetLimit")
         program.t_origin = fit.t_start

@@ -29,34 +29,44 @@ def _vector_parts(v):
     return len(arr), nz.astype(np.int64), arr[nz]
 
 
-def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool):
+def _selected(dataset, fcol: str, lcol: str, wcol: Optional[str], vcol: Optional[str]):
+    """The input as columns ``y``, ``w``, ``x`` (and ``v``: the validation flag, null counting as
+    training, when ``vcol`` names the validation indicator)."""
+    weight = F.col(wcol).cast("double") if wcol else F.lit(1.0)
+    columns = [F.col(lcol).cast("double").alias("y"), weight.alias("w"), F.col(fcol).alias("x")]
+    if vcol:
+        columns.append(F.coalesce(F.col(vcol), F.lit(False)).alias("v"))
+    return dataset.select(*columns)
+
+
+def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, vcol: Optional[str] = None):
     """The row-by-row scan (Python ``Row`` objects): the fallback when Spark cannot hand
     the vector column to Python as Arrow."""
-    weight = F.col(wcol).cast("double") if wcol else F.lit(1.0)
-    rows = dataset.select(F.col(lcol).cast("double").alias("y"), weight.alias("w"), F.col(fcol).alias("x")).rdd
+    rows = _selected(dataset, fcol, lcol, wcol, vcol).rdd
+    held_out = bool(vcol)
 
     def to_record(row):
         size, idx, val = _vector_parts(row.x) if row.x is not None else (-1, None, None)
-        return (row.y, row.w, idx, val, size)
+        return (row.y, row.w, idx, val, bool(row.v) if held_out else False, size)
 
     records = rows.map(to_record)
 
     def check(it):
-        n = nnz = 0
-        wsum = 0.0
-        sizes = set()
-        error = None
-        for y, w, idx, val, size in it:
-            n += 1
-            if error is None:
-                error = _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels)
-            sizes.add(size)
+        stats = _empty_stats()
+        for y, w, idx, val, held, size in it:
+            if stats["error"] is None:
+                stats["error"] = _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels)
+            stats["sizes"].add(size)
+            if held:
+                stats["validation_rows"] += 1
+                continue
+            stats["rows"] += 1
             if w is not None and math.isfinite(w):
-                wsum += w
-            nnz += len(idx) if idx is not None else 0
-        yield {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error}
+                stats["wsum"] += w
+            stats["nnz"] += len(idx) if idx is not None else 0
+        yield stats
 
-    return records.map(lambda r: r[:4]), _merge_stats(records.mapPartitions(check).collect())
+    return records.map(lambda r: r[:5] if held_out else r[:4]), _merge_stats(records.mapPartitions(check).collect())
 
 
 def _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels):
@@ -77,12 +87,17 @@ def _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels):
     return None
 
 
+def _empty_stats() -> Dict[str, Any]:
+    """A scan's figures: training ``rows``, their ``nnz`` and weight sum ``wsum``; ``validation_rows``;
+    the vector ``sizes`` and the first ``error`` of any row."""
+    return {"rows": 0, "nnz": 0, "wsum": 0.0, "validation_rows": 0, "sizes": set(), "error": None}
+
+
 def _merge_stats(parts) -> Dict[str, Any]:
-    stats: Dict[str, Any] = {"rows": 0, "nnz": 0, "wsum": 0.0, "sizes": set(), "error": None}
+    stats = _empty_stats()
     for part in parts:
-        stats["rows"] += part["rows"]
-        stats["nnz"] += part["nnz"]
-        stats["wsum"] += part["wsum"]
+        for key in ("rows", "nnz", "wsum", "validation_rows"):
+            stats[key] += part[key]
         stats["sizes"] |= part["sizes"]
         stats["error"] = stats["error"] or part["error"]
     return stats
@@ -122,8 +137,10 @@ def _arrow_block(batch) -> Dict[str, np.ndarray]:
         cols, flat_v, row_of = cols[keep], flat_v[keep], row_of[keep]
     row_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_of, minlength=n), out=row_ptr[1:])
+    held = np.asarray(batch.column(3).to_numpy(zero_copy_only=False), dtype=bool) if batch.num_columns > 3 \
+        else np.zeros(n, dtype=bool)
     return {"y": y, "w": w, "y_null": y_null, "w_null": w_null, "size": size, "row_ptr": row_ptr,
-            "col_idx": cols, "vals": flat_v}
+            "col_idx": cols, "vals": flat_v, "held": held}
 
 
 def batch_blocks(batch):
@@ -131,7 +148,8 @@ def batch_blocks(batch):
     one :class:`RowBlock`, built from the batch's buffers (no Python object per row).  The
     scan has refused null vectors and bad values before the load runs."""
     b = _arrow_block(batch)
-    return [RowBlock(b["y"], b["w"], b["row_ptr"], b["col_idx"], b["vals"])] if len(b["y"]) else []
+    held = b["held"] if batch.num_columns > 3 else None
+    return [RowBlock(b["y"], b["w"], b["row_ptr"], b["col_idx"], b["vals"], held)] if len(b["y"]) else []
 
 
 def _block_error(b, fcol, lcol, wcol, binary_labels):
@@ -155,39 +173,40 @@ def _block_error(b, fcol, lcol, wcol, binary_labels):
                       b["vals"][lo:hi], int(size[i]), fcol, lcol, wcol, binary_labels)
 
 
-def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int):
-    weight = F.col(wcol).cast("double") if wcol else F.lit(1.0)
-    sel = dataset.select(F.col(lcol).cast("double").alias("y"), weight.alias("w"), F.col(fcol).alias("x"))
+def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int,
+                vcol: Optional[str] = None):
+    sel = _selected(dataset, fcol, lcol, wcol, vcol)
     # row-wise, in the JVM (blocks would balance badly); under Spark Connect the partitions are
     # unknown without a job, so always
     if handle_of(dataset).connect or sel.rdd.getNumPartitions() != num_workers:
         sel = sel.repartition(num_workers)
 
     def check(batches):
-        n = nnz = 0
-        wsum = 0.0
-        sizes: set = set()
-        error = None
+        stats = _empty_stats()
         for b in (_arrow_block(batch) for batch in batches if batch.num_rows):
-            n += len(b["y"])
-            if error is None:
-                error = _block_error(b, fcol, lcol, wcol, binary_labels)
-            sizes.update(np.unique(b["size"]).tolist())
-            ok_w = ~b["w_null"] & np.isfinite(b["w"])
-            wsum += float(b["w"][ok_w].sum())
-            nnz += int(b["row_ptr"][-1])
-        return {"rows": n, "nnz": nnz, "wsum": wsum, "sizes": sizes, "error": error}
+            train = ~b["held"]
+            stats["rows"] += int(train.sum())
+            stats["validation_rows"] += int(b["held"].sum())
+            if stats["error"] is None:
+                stats["error"] = _block_error(b, fcol, lcol, wcol, binary_labels)
+            stats["sizes"].update(np.unique(b["size"]).tolist())
+            ok_w = ~b["w_null"] & np.isfinite(b["w"]) & train
+            stats["wsum"] += float(b["w"][ok_w].sum())
+            stats["nnz"] += int(np.diff(b["row_ptr"])[train].sum())
+        return stats
 
     from ._arrow import collect_per_partition
 
     return sel, _merge_stats(collect_per_partition(sel, check))
 
 
-def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int = 0):
+def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int = 0,
+               vcol: Optional[str] = None):
     """One pass over the input: records for the engine, counts, the first bad row.
 
-    Returns ``(records, stats)``; ``stats`` has ``rows``, ``nnz``, ``sizes``
-    (distinct vector sizes) and ``error`` (first problem found, or None).
+    Returns ``(records, stats)``; ``stats`` has ``rows``, ``nnz`` and ``wsum`` of the training
+    rows, ``validation_rows`` (the rows ``vcol`` marks true), ``sizes`` (distinct vector sizes)
+    and ``error`` (first problem found in any row, or None).
     (The correlation check's row sample is drawn by the workers as they load:
     ``LassoProgram.data_summary``.)  The records are the input's
     ``(y, w, x)`` columns as a DataFrame, one partition per worker, read
@@ -196,11 +215,11 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels
     :class:`RowBlock` with :func:`batch_blocks`, without pickling the
     blocks between two jobs); where Spark cannot give the vector column to
     Arrow (classic sessions only), an RDD of ``(label, weight, indices,
-    values)`` tuples, one per row.
+    values[, validation])`` tuples, one per row.
     """
     if num_workers > 0 and _arrow_scan_ok:
         try:
-            return _scan_arrow(dataset, fcol, lcol, wcol, binary_labels, num_workers)
+            return _scan_arrow(dataset, fcol, lcol, wcol, binary_labels, num_workers, vcol)
         except Exception as exc:  # noqa: BLE001 - e.g. a Spark without Arrow support for UDT columns
             if isinstance(exc, (KeyboardInterrupt, InputError)):
                 raise
@@ -209,7 +228,7 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels
                         text.splitlines()[0][:300] if text else type(exc).__name__)
             if "UserDefinedType" in text or "nsupported" in text:  # this Spark cannot: do not try again
                 _disable_arrow_scan()
-    return _scan_rows(dataset, fcol, lcol, wcol, binary_labels)
+    return _scan_rows(dataset, fcol, lcol, wcol, binary_labels, vcol)
 
 
 _arrow_scan_ok = True  # False once this Spark has shown it cannot give a vector column to Arrow

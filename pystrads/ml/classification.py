@@ -274,6 +274,7 @@ class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
                  family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
                  priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
                  correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
-                 numWorkers: int = 0):
+                 numWorkers: int = 0, validationIndicatorCol: str = "", validationTol: float = 0.0,
+                 earlyStoppingRounds: int = 2):
         super().__init__()
         self._set(**self._input_kwargs)

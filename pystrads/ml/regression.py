@@ -107,7 +107,8 @@ class StradsLasso(_SparseLinearEstimator):
                  seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
                  coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
                  correlationSampleSize: int = 10000, workingSetLimit: int = 4096, relaxation: float = 1.8,
-                 numWorkers: int = 0):
+                 numWorkers: int = 0, validationIndicatorCol: str = "", validationTol: float = 0.0,
+                 earlyStoppingRounds: int = 2):
         super().__init__()
         self._setDefault(relaxation=1.8)
         self._set(**self._input_kwargs)

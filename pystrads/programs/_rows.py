@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Tuple
+from typing import Any, Iterable, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -27,16 +27,19 @@ class RowBlock(NamedTuple):
     row_ptr: np.ndarray  # int64 (n + 1,)
     col_idx: np.ndarray  # int64 (nnz,)
     vals: np.ndarray  # float64 (nnz,)
+    validation: Optional[np.ndarray] = None  # bool (n,): held out for validation (None: no row is)
 
 
-def rows_to_arrays(records: Iterable[Any], num_features: int):
+def rows_to_arrays(records: Iterable[Any], num_features: int, held_out: bool = False):
     """Records -> CSR arrays plus labels and weights (rows of weight 0 dropped: they do
-    not enter the objective).  A record is a ``(label, weight, indices, values)`` row
-    or a :class:`RowBlock`."""
+    not enter the objective).  A record is a ``(label, weight, indices, values[,
+    validation])`` row or a :class:`RowBlock`; ``held_out`` picks the validation rows
+    instead of the training rows."""
     labels, weights, lengths, idx_parts, val_parts = [], [], [], [], []
     for rec in records:
         if isinstance(rec, RowBlock):
-            keep = rec.weight != 0
+            held = np.zeros(len(rec.label), bool) if rec.validation is None else np.asarray(rec.validation, bool)
+            keep = (rec.weight != 0) & (held == held_out)
             labels.append(np.asarray(rec.label, dtype=np.float64)[keep])
             weights.append(np.asarray(rec.weight, dtype=np.float64)[keep])
             ptr = np.asarray(rec.row_ptr, dtype=np.int64)
@@ -46,8 +49,8 @@ def rows_to_arrays(records: Iterable[Any], num_features: int):
             idx_parts.append(np.asarray(rec.col_idx, dtype=np.int64)[elem])
             val_parts.append(np.asarray(rec.vals, dtype=np.float64)[elem])
             continue
-        label, weight, indices, values = rec
-        if weight == 0:
+        label, weight, indices, values = rec[:4]
+        if weight == 0 or (len(rec) > 4 and bool(rec[4])) != held_out:
             continue
         labels.append([label])
         weights.append([weight])

@@ -65,6 +65,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ..engine.program import Program, Schedule, Table
+from ..engine.stopping import EarlyStopping
 from ..kernels import cd as K
 from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, eso_factor, soft_step, stepped
 from ._rows import ColumnSample, canonical_order, rows_to_arrays
@@ -141,7 +142,8 @@ class LassoProgram(WorkingSetSolver, Program):
                      priority: str = "gradient", coords_per_round: int = 256, candidates_per_round: int = 512,
                      rho: float = 0.3, eta: float = 1e-6, passes: float = 3.0, max_iter: int = 100,
                      tol: float = 1e-6, min_rounds_per_step: int = 32, gram_limit: int = 4096,
-                     damping: str = "eso", sample: Optional[ColumnSample] = None, sample_rows: int = 0) -> None:
+                     damping: str = "eso", sample: Optional[ColumnSample] = None, sample_rows: int = 0,
+                     early_stopping: Optional[EarlyStopping] = None) -> None:
         """The parameters of both losses (all but ``relaxation``, which the squared loss alone takes)."""
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}")
@@ -170,6 +172,7 @@ class LassoProgram(WorkingSetSolver, Program):
         self.damping = damping
         self.t_origin = time.perf_counter()  # history times count from here (the estimator sets its start)
         self.sample_rows = 0 if sample is not None else max(0, int(sample_rows))
+        self.early_stopping = early_stopping
         self._d = {"sample": sample or ColumnSample.empty(self.num_features)}  # driver-only state
 
     def __getstate__(self):
@@ -195,7 +198,16 @@ class LassoProgram(WorkingSetSolver, Program):
     contrib_width = 4  # x'Wr, sum w r, and the two curvature sums of the ESO damping
 
     def load(self, ctx, records):
-        row_ptr, col_idx, vals, y, w = canonical_order(*rows_to_arrays(records, self.num_features))
+        if getattr(self, "early_stopping", None) is None:
+            return self._columns(records, False)
+        records = list(records)  # read twice: the training rows, then the validation rows
+        data = self._columns(records, False)
+        data["validation"] = self._columns(records, True)
+        return data
+
+    def _columns(self, records, held_out: bool) -> Dict[str, np.ndarray]:
+        """The training (or validation) rows of ``records``, column-wise (CSC), with labels and weights."""
+        row_ptr, col_idx, vals, y, w = canonical_order(*rows_to_arrays(records, self.num_features, held_out))
         col_ptr, row_idx, cvals = K.rows_to_csc(row_ptr, col_idx, vals, self.num_features)
         return {"col_ptr": col_ptr, "row_idx": row_idx, "vals": cvals, "y": y, "w": w}
 
@@ -230,6 +242,8 @@ class LassoProgram(WorkingSetSolver, Program):
         ctx.table("totals").inc([0], [[w.sum(), (w * w).sum(), (w * y).sum(), (w * y * y).sum(), len(y),
                                        len(data["vals"])]])
         state = self._initial_state(data)
+        if "validation" in data:  # the validation rows' residual (margins) follows the same steps
+            state["validation"] = self._initial_state(data["validation"])
         partials = self._sweep_partials(ctx, data, state)
         ctx.table("grad").inc(range(0, len(partials)), partials)
         return state
@@ -266,6 +280,10 @@ class LassoProgram(WorkingSetSolver, Program):
         inv_w = self._inv_weight(ctx, state)
         if isinstance(work, str):  # the closing sweep: full partial gradient and the loss parts
             ctx.report(wr=wr.sum(), wrr=float(wr @ r))
+            if "validation" in data:  # and the validation rows' (intercept-free) residual sums
+                held, r_held = data["validation"], state["validation"]["r"]
+                ctx.report(val_w=float(held["w"].sum()), val_wr=float(held["w"] @ r_held),
+                           val_wrr=float(held["w"] @ (r_held * r_held)))
             partials = self._sweep_partials(ctx, data, state) * inv_w
             ctx.contribute("grad", range(0, len(partials)), partials)
             return state
@@ -309,6 +327,9 @@ class LassoProgram(WorkingSetSolver, Program):
         else:
             delta = ctx.pulled("coef")[:, DELTA]
         K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["r"], -1.0)
+        if "validation" in data:
+            held = data["validation"]
+            K.add_columns(held["col_ptr"], held["row_idx"], held["vals"], work, delta, state["validation"]["r"], -1.0)
         return state
 
     # ------------------------------------------------------------------ shard side
@@ -444,10 +465,21 @@ class LassoProgram(WorkingSetSolver, Program):
         gap = 0.5 * rr * (1 + scale * scale) + W * float(np.maximum(pen, 0) @ np.abs(beta)) - scale * ry
         return max(gap, 0.0) / W
 
+    def _validation_loss(self, coef, metrics) -> float:
+        """The mean loss of the validation rows (1/2 the weighted mean squared error) at ``coef``,
+        from the workers' residual sums and the driver's intercept; NaN without validation rows."""
+        s0, s1, s2 = (metrics.last(key, 0.0) for key in ("val_w", "val_wr", "val_wrr"))
+        if not s0 > 0:
+            return float("nan")
+        b = self.result(coef)[1]  # residuals y - x beta: the intercept comes off them
+        return 0.5 * (s2 - 2.0 * b * s1 + b * b * s0) / s0
+
     def after_step(self, ctx, metrics):
         d = self._d
         objective = self._coefficient_stats(ctx, metrics)
         coef, grad = d["coef"], d["grad"]
+        stopping = getattr(self, "early_stopping", None)
+        validation = {} if stopping is None else {"validation_loss": self._validation_loss(coef, metrics)}
         curv = self._driver_curvature(d["grad_rows"], coef, d["sums"])
         step = soft_step(coef[:, BETA], grad, curv, coef[:, PEN])
         d["step"], d["curv"] = step, curv
@@ -463,8 +495,9 @@ class LassoProgram(WorkingSetSolver, Program):
         ctx.record(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
                    gap=gap, decrease=decrease, nonzeros=int(np.count_nonzero(coef[:self.num_features, BETA])))
         ctx.record_row(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
-                       gap=gap, elapsed_s=time.perf_counter() - self.t_origin)
-        shown = {"objective": objective, "nonzeros": int(np.count_nonzero(coef[:self.num_features, BETA]))}
+                       gap=gap, elapsed_s=time.perf_counter() - self.t_origin, **validation)
+        shown = {"objective": objective, "nonzeros": int(np.count_nonzero(coef[:self.num_features, BETA])),
+                 **validation}
         if np.isfinite(gap):
             shown["gap"] = gap
         ctx.progress(it, self.max_iter, "iteration", **shown)
@@ -475,7 +508,10 @@ class LassoProgram(WorkingSetSolver, Program):
         # then an objective change below tol / 10 over a whole step also counts as converged
         prev = d["history"][-2][0] if len(d["history"]) > 1 else np.inf
         settled = planned > 0 and abs(prev - objective) <= 0.1 * self.tol * scale  # a step of rounds
-        if (gap_ok or settled) and decrease <= self.tol * scale:
+        reason = stopping.update(it, validation["validation_loss"]) if validation and it > 0 else None
+        if reason:
+            ctx.stop(reason)
+        elif (gap_ok or settled) and decrease <= self.tol * scale:
             ctx.stop("converged")
         elif it >= self.max_iter:
             ctx.stop("maxIter")

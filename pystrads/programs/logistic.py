@@ -71,6 +71,9 @@ class L1LogisticProgram(LassoProgram):
         u, h, loss = self._terms(data, state)
         if isinstance(work, str):
             ctx.report(loss=loss, su=u.sum(), sh=h.sum())
+            if "validation" in data:  # the validation rows' log-loss at their margins
+                held = data["validation"]
+                ctx.report(val_w=float(held["w"].sum()), val_loss=self._terms(held, state["validation"])[2])
             partials = self._sweep_partials(ctx, data, state) * inv_w
             ctx.contribute("grad", range(0, len(partials)), partials)
             return state
@@ -92,9 +95,17 @@ class L1LogisticProgram(LassoProgram):
             return state
         rows = ctx.pulled("coef")  # the stepped rows, back with the round's tick
         delta = rows[:, DELTA]
-        K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["m"], 1.0)
-        state["m"] -= float(rows[:, MEAN] @ delta)  # implicit centring: (x - mean) delta
+        shift = float(rows[:, MEAN] @ delta)  # implicit centring: (x - mean) delta
+        for part, margins in ((data, state), (data.get("validation"), state.get("validation"))):
+            if part is not None:
+                K.add_columns(part["col_ptr"], part["row_idx"], part["vals"], work, delta, margins["m"], 1.0)
+                margins["m"] -= shift
         return state
+
+    def _validation_loss(self, coef, metrics) -> float:
+        """The validation rows' weighted mean log-loss (NaN without validation rows)."""
+        weight = metrics.last("val_w", 0.0)
+        return metrics.last("val_loss", 0.0) / weight if weight > 0 else float("nan")
 
     def pull(self, table, keys, partials, current):
         if table == "grad":
