@@ -123,7 +123,10 @@ def _check_programs(ns, outputs):
 
 
 def _check_user_guide(ns, outputs):
-    (out,) = outputs
+    stopping, out = outputs
+    total, best, stopped = stopping.splitlines()[0].split()
+    assert stopped == "True" and int(total) == int(best) + 2 < 30, stopping  # the rule ended the fit
+    assert "validation_rmse" in stopping
     assert out.splitlines()[0] == "2", out
     assert "(3,[0,2],[0.5,2.0])" in out, out
 
