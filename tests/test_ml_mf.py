@@ -345,7 +345,38 @@ def test_validation_params_are_checked_before_any_job(movielens_split, ratings):
         mf(validationIndicatorCol="nope").fit(ratings)
     with pytest.raises(ConfigurationError, match=r"earlyStoppingRounds=-1 must be >= 0"):
         mf(validationIndicatorCol="validation", earlyStoppingRounds=-1).fit(movielens_split)
-    with pytest.raises(ConfigurationError, match=r"validationIndicatorCol='validation' with implicitPrefs=True"):
-        mf(validationIndicatorCol="validation", implicitPrefs=True).fit(movielens_split)
     with pytest.raises(InputError, match=r"no training ratings.*whose 'validation' is false"):
         mf(validationIndicatorCol="validation").fit(movielens_split.filter("validation"))
+
+
+def test_implicit_feedback_stops_on_the_held_out_mean_percentile_rank(movielens_split):
+    """Implicit feedback: after every iteration the held-out positives' mean percentile rank (Hu,
+    Koren & Volinsky's expected percentile ranking, each user's training items left out of the
+    ranking, weighted by r) -- equal to the one recomputed from the model's factors; a stop rule
+    that wants a 50 % gain ends the fit at iteration 2."""
+    est = mf(rank=8, maxIter=6, regParam=0.1, alpha=1.0, implicitPrefs=True, validationIndicatorCol="validation",
+             earlyStoppingRounds=0)
+    model = est.fit(movielens_split)
+    curve = model.summary.validationHistory
+    assert len(curve) == 6 and 0.0 < curve[-1] < 0.2 < 0.5  # far better than a random order
+    frame = movielens_split.toPandas()
+    users = {r.id: np.asarray(r.features) for r in model.userFactors.collect()}
+    items = {r.id: np.asarray(r.features) for r in model.itemFactors.collect()}
+    ids = np.array(sorted(items))
+    h = np.stack([items[i] for i in ids]).astype(np.float64)
+    train = frame[~frame.validation]
+    seen = train.groupby("userId")["movieId"].apply(set)
+    total = weight = 0.0
+    for row in frame[frame.validation].itertuples():
+        if row.userId not in users or row.movieId not in items:
+            continue
+        scores = h @ users[row.userId].astype(np.float64)
+        mask = ~np.isin(ids, list(seen[row.userId]))
+        target = scores[np.searchsorted(ids, row.movieId)]
+        total += row.rating * (scores[mask] > target).sum() / (mask.sum() - 1)
+        weight += row.rating
+    assert curve[-1] == pytest.approx(total / weight, rel=1e-3)
+
+    stopped = est.copy({est.earlyStoppingRounds: 1, est.validationTol: 0.5}).fit(movielens_split).summary
+    assert stopped.stoppedEarly and stopped.totalIterations == 2 and stopped.bestIteration == 1
+    assert stopped.validationHistory == pytest.approx(curve[:2], rel=1e-3)  # sums arrive in any order: near-ties

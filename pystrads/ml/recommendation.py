@@ -125,11 +125,6 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "implicitPrefs": Rule(lambda v, p: not v or p.getAlgorithm() != "sgd",
                               "with algorithm='sgd': SGD covers explicit ratings only (the implicit objective sums "
                               "over every user-item pair); use algorithm='cd', the default"),
-        "validationIndicatorCol": Rule(
-            lambda v, p: not v or not p.getImplicitPrefs(),
-            "with implicitPrefs=True: early stopping needs a validation metric for implicit feedback, which "
-            "StradsMF does not compute; leave validationIndicatorCol unset and choose maxIter (e.g. by "
-            "CrossValidator with a ranking evaluator)"),
         "algorithm": one_of("cd", "sgd", note="'cd': coordinate descent, the default; 'sgd': SGD with block "
                                               "rotation"),
         "stepSize": above(0, finite=True, note="SGD's initial step size; the default 0.05 suits ratings on a "
@@ -247,7 +242,8 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
             self._warn_ignored("implicitPrefs=True (exact block solves)", "innerIterations", "stepSize")
             program = ImplicitMFProgram(len(users), len(items), self.getRank(), self.getRegParam(),
                                         fit.stats["item_positives"], self.getAlpha(), fit.workers, self.getMaxIter(),
-                                        self.getNonnegative(), fit.seed, block_size=self._block_size())
+                                        self.getNonnegative(), fit.seed, block_size=self._block_size(),
+                                        early_stopping=self._early_stopping("validation_mpr"))
         elif self.getAlgorithm() == "sgd":
             self._warn_ignored("algorithm='sgd'", "featureBlockSize", "innerIterations")
             program = MFSGDProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,

@@ -109,11 +109,12 @@ class _Validation:
     ratings (the others cannot be predicted: ALS's cold start): the users as local positions, the
     items as ids."""
 
-    def __init__(self, users: np.ndarray, held: Ratings, item_counts: np.ndarray):
+    def __init__(self, users: np.ndarray, held: Ratings, item_counts: Optional[np.ndarray]):
         position = np.searchsorted(users, held.users)
         known = (position < len(users)) & (users[np.minimum(position, max(len(users) - 1, 0))] == held.users) \
             if len(users) else np.zeros(len(held.users), bool)
-        known &= item_counts[held.items] > 0
+        if item_counts is not None:  # None: every item of the model can be predicted
+            known &= item_counts[held.items] > 0
         self.users = position[known].astype(np.int64)
         self.items = held.items[known].astype(np.int64)
         self.ratings = held.ratings[known]

@@ -38,7 +38,8 @@ from typing import Optional
 import numpy as np
 
 from ..engine.program import Schedule, Table
-from .mf import MFProgram, _MFData, _triples, hash_uniform, over_ranges
+from ..engine.stopping import EarlyStopping
+from .mf import MFProgram, _MFData, _triples, _Validation, hash_uniform, over_ranges, rounds_next_step
 
 #: Kinds of round (the first element of a round's work item).
 W_GRAM, ITEMS, Y_GRAM = 0, 1, 2
@@ -55,6 +56,48 @@ def initial_factors(ids: np.ndarray, rank: int, seed: int) -> np.ndarray:
     w = np.abs(np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2))  # Box-Muller
     norms = np.linalg.norm(w, axis=1, keepdims=True)
     return np.divide(w, norms, out=np.full_like(w, 1.0 / np.sqrt(max(rank, 1))), where=norms > 0)
+
+
+#: bound on the score comparisons :func:`percentile_ranks` holds at once (held-out pairs x items)
+RANK_CELLS = 1 << 22
+
+
+def percentile_ranks(program: "ImplicitMFProgram", table, data: _MFData, w: np.ndarray):
+    """``(ranks, weights)`` of a worker's held-out positives (validation ratings ``r > 0``): each
+    pair's percentile rank among the items its user has no training observation of (0 = the
+    top score, 1 = the bottom; ties do not count as above), and its weight ``r``.  The weighted
+    mean is Hu, Koren & Volinsky's expected percentile ranking (lower is better; 0.5 for a
+    random order).  Every item's factors are read from the ``item_factors`` table handle in
+    ranges, each scored against the held-out users at once, at most :data:`RANK_CELLS`
+    comparisons at a time."""
+    held = data.validation
+    positive = held.ratings > 0
+    users, items, weights = held.users[positive], held.items[positive], held.ratings[positive]
+    if not len(users):
+        return np.zeros(0), np.zeros(0)
+    rows, pair_row = np.unique(users, return_inverse=True)  # the held-out users, local positions
+    wv = w[rows]
+    target = np.einsum("nk,nk->n", w[users], program.item_rows_at(table, items))
+    # the training items of those users (distinct per user): left out of their rankings
+    rating_user, rating_item = data.rating_user, data.items[data.rating_item]
+    in_rows = np.isin(rating_user, rows)
+    train_row = np.searchsorted(rows, rating_user[in_rows])
+    train_item = rating_item[in_rows]
+    first = np.ones(len(train_row), bool)
+    first[1:] = (train_row[1:] != train_row[:-1]) | (train_item[1:] != train_item[:-1])
+    train_row, train_item = train_row[first], train_item[first]
+    order = np.argsort(train_item, kind="stable")
+    train_row, train_item = train_row[order], train_item[order]
+    candidates = program.num_items - np.bincount(train_row, minlength=len(rows))
+    above = np.zeros(len(users), np.int64)
+    step = int(min(max(RANK_CELLS // max(len(users), 1), 256), max(program.num_items, 1)))
+    for lo in range(0, program.num_items, step):
+        hi = min(lo + step, program.num_items)
+        scores = wv @ program.item_rows(table, lo, hi).T  # (held-out users, hi - lo)
+        a, b = np.searchsorted(train_item, [lo, hi])
+        scores[train_row[a:b], train_item[a:b] - lo] = -np.inf
+        above += (scores[pair_row] > target[:, None]).sum(axis=1)
+    return above / np.maximum(candidates[pair_row] - 1, 1), weights
 
 
 class _ImplicitState:
@@ -89,13 +132,16 @@ class ImplicitMFProgram(MFProgram):
     seed : int
     block_size : int
         Features per block (``rank`` = ALS's full solves; smaller = iALS++'s subspaces).
+    early_stopping : EarlyStopping, optional
+        The stop rule on the held-out positives' mean percentile rank (``validation_mpr``, see
+        :func:`percentile_ranks`), computed after every iteration.
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts, alpha: float,
                  num_workers: int, max_iter: int = 10, nonnegative: bool = False, seed: int = 0,
-                 block_size: int = 1):
+                 block_size: int = 1, early_stopping: Optional[EarlyStopping] = None):
         super().__init__(num_users, num_items, rank, reg_param, item_counts, max_iter, 1, nonnegative,
-                         seed, block_size)
+                         seed, block_size, early_stopping)
         self.alpha = float(alpha)
         self.num_workers = int(num_workers)
         if not (self.alpha >= 0 and np.isfinite(self.alpha)):
@@ -123,7 +169,10 @@ class ImplicitMFProgram(MFProgram):
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _MFData:
-        data = _MFData(_triples(records)[0])
+        train, held = _triples(records)
+        data = _MFData(train)
+        if self.early_stopping is not None:  # the held-out positives (preference 1), weighted by r
+            data.validation = _Validation(data.users, held, None)
         positive = data.ratings > 0
         data.c1 = self.alpha * np.abs(data.ratings)  # confidence - 1
         data.target = np.where(positive, 1.0 + data.c1, 0.0)  # confidence * preference
@@ -210,6 +259,9 @@ class ImplicitMFProgram(MFProgram):
             ctx.report(observed_loss=K.implicit_observed_loss(data.c1, data.target, state.pred),
                        all_pairs=float(((w @ gram) * w).sum()),
                        w_reg=float((data.user_reg[:, None] * w ** 2).sum()))
+            if data.validation is not None:
+                ranks, weights = percentile_ranks(self, ctx.table("item_factors"), data, w)
+                ctx.report(val_rank=float(ranks @ weights), val_weight=float(weights.sum()))
         return state
 
     def pull(self, table, keys, partials, current):
@@ -220,7 +272,7 @@ class ImplicitMFProgram(MFProgram):
     # ------------------------------------------------------------------ driver side
     def schedule(self, ctx) -> Optional[Schedule]:
         per = self.rounds_per_iteration
-        n = ctx.rounds_this_step(per * self.max_iter, per)
+        n = rounds_next_step(ctx, self.early_stopping, per * self.max_iter, per)
         if not n:
             return None
         return Schedule.shared([self.work_of(r % per) for r in range(ctx.rounds_done, ctx.rounds_done + n)])
@@ -232,8 +284,16 @@ class ImplicitMFProgram(MFProgram):
             if "observed_loss" in values and (ctx.rounds_done + r + 1) % per == 0:
                 loss = values["observed_loss"] + values["all_pairs"]
                 objective = loss + values.get("w_reg", 0.0) + values.get("h_reg", 0.0)
-                ctx.record_row(iteration=(ctx.rounds_done + r + 1) // per, step=ctx.step, objective=objective,
-                               loss=loss, w_reg=values.get("w_reg", 0.0), h_reg=values.get("h_reg", 0.0))
+                iteration = (ctx.rounds_done + r + 1) // per
+                validation = {}
+                if self.early_stopping is not None and "val_weight" in values:
+                    weight = values["val_weight"]
+                    validation["validation_mpr"] = values["val_rank"] / weight if weight > 0 else float("nan")
+                    reason = self.early_stopping.update(iteration, validation["validation_mpr"])
+                    if reason:
+                        ctx.stop(reason)
+                ctx.record_row(iteration=iteration, step=ctx.step, objective=objective, loss=loss,
+                               w_reg=values.get("w_reg", 0.0), h_reg=values.get("h_reg", 0.0), **validation)
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
         shown = {} if objective is None else {"objective": objective}
         ctx.progress((ctx.rounds_done + len(metrics.rounds)) // per, self.max_iter, "iteration", **shown)
