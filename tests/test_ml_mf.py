@@ -313,14 +313,14 @@ def test_early_stopping_stops_two_iterations_after_the_validation_minimum(moviel
 
     est = mf(rank=50, regParam=0.1 if algorithm == "cd" else 0.05, maxIter=20 if algorithm == "cd" else 24,
              algorithm=algorithm, validationIndicatorCol="validation")
-    full = est.copy({est.earlyStoppingRounds: 0}).fit(movielens_split).summary
+    model = est.copy({est.earlyStoppingRounds: 0}).fit(movielens_split)
+    full = model.summary
     curve = full.validationHistory
     best = int(np.argmin(curve)) + 1
     assert len(curve) == full.totalIterations and 3 <= best <= len(curve) - 3, curve  # a minimum inside
     assert not full.stoppedEarly and full.bestIteration == best
     # the validation RMSE is that of the model's predictions on the validation ratings
     heldout = movielens_split.filter("validation")
-    model = est.copy({est.maxIter: full.totalIterations, est.earlyStoppingRounds: 0}).fit(movielens_split)
     rmse = RegressionEvaluator(labelCol="rating").evaluate(model.setColdStartStrategy("drop").transform(heldout))
     assert rmse == pytest.approx(curve[-1], rel=1e-5)
 
@@ -380,3 +380,42 @@ def test_implicit_feedback_stops_on_the_held_out_mean_percentile_rank(movielens_
     stopped = est.copy({est.earlyStoppingRounds: 1, est.validationTol: 0.5}).fit(movielens_split).summary
     assert stopped.stoppedEarly and stopped.totalIterations == 2 and stopped.bestIteration == 1
     assert stopped.validationHistory == pytest.approx(curve[:2], rel=1e-3)  # sums arrive in any order: near-ties
+
+
+def test_cross_validator_runs_its_fits_at_once_with_the_metrics_of_sequential_fits(ratings):
+    """Fits of one application step at the same time (a step per fit on the shards): with
+    parallelism 2 and one worker each, two fits run side by side and every metric equals the
+    one-after-another run's."""
+    import threading
+
+    from pystrads.engine import driver
+
+    grid = ParamGridBuilder().addGrid(StradsMF.regParam, [0.01, 0.05, 0.1, 0.3]).build()
+
+    def cv(parallelism):
+        return CrossValidator(estimator=mf(numWorkers=1, coldStartStrategy="drop"), estimatorParamMaps=grid,
+                              evaluator=RegressionEvaluator(labelCol="rating"), numFolds=2, parallelism=parallelism,
+                              seed=3).fit(ratings)
+
+    running, most = set(), [0]
+    lock = threading.Lock()
+    original = driver.Engine._step_loop
+
+    def watched(self, *args, **kwargs):  # how many fits are in their step loops at once
+        with lock:
+            running.add(self.namespace)
+            most[0] = max(most[0], len(running))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            with lock:
+                running.discard(self.namespace)
+
+    sequential = cv(1)
+    driver.Engine._step_loop = watched
+    try:
+        parallel = cv(2)
+    finally:
+        driver.Engine._step_loop = original
+    assert most[0] == 2, "the two fits never stepped at the same time"
+    assert parallel.avgMetrics == pytest.approx(sequential.avgMetrics, rel=1e-9)

@@ -871,3 +871,46 @@ def test_nonzero_entry_reads_send_the_nonzero_rows_entries_with_their_keys(shard
         assert np.array_equal(block, want_rows)
     sub = (keys >= 5000) & (keys < 15000)
     assert np.array_equal(table.get_nonzero_entries(5000, 15000)[0], keys[sub])
+
+
+def test_two_fits_step_at_once_each_with_its_own_fence_clocks_and_undo_log(shards, storage):
+    """Each fit (namespace) has its own step: two steps open at once on the same shards, a retry of
+    one rolls back only its tables, one commits while the other aborts, and each round's
+    contributions and clocks stay with their fit."""
+    _, group = shards
+    a = make_table(group, name="fa/t", rows=40, width=1, dtype="int64", storage=storage)
+    b = make_table(group, name="fb/t", rows=40, width=1, dtype="int64", storage=storage)
+    a.put(np.arange(40), np.zeros((40, 1), dtype=np.int64))
+    b.put(np.arange(40), np.zeros((40, 1), dtype=np.int64))
+    for ns in ("fa", "fb"):
+        group.broadcast("begin_step", step=3, num_workers=1, namespace=ns)
+
+    def enter(ns, task):
+        fence = {"step": 3, "worker": 0, "task": task, "namespace": ns}
+        for i in range(len(group.shards)):
+            group.client(i).action("enter", **fence)
+        return fence
+
+    fa, fb = enter("fa", 20), enter("fb", 21)
+    a.fenced(**fa).inc(np.arange(0, 40, 3), np.ones((14, 1), dtype=np.int64))
+    b.fenced(**fb).inc(np.arange(40), np.full((40, 1), 2, dtype=np.int64))
+    with pytest.raises(ShardUnavailableError, match="unfenced write while step 3 is open"):
+        a.inc([0], [[1]])  # the fit's own step is open: its table takes fenced writes only
+    with pytest.raises(ShardUnavailableError, match="2 fits have a step open; the request must name"):
+        group.client(0).action("metrics")
+    fa2 = enter("fa", 22)  # fa's stage is retried: only fa's rows roll back
+    assert a.read_all()[:, 0].sum() == 0 and b.read_all()[:, 0].sum() == 80
+    with pytest.raises(ShardUnavailableError, match="zombie|failed attempt"):
+        a.fenced(**fa).inc([1], [[1]])
+    a.fenced(**fa2).inc([5], [[7]])
+    for i in range(len(group.shards)):  # a round of each fit, ticked independently
+        group.client(i).action("tick", **fb, round=0, wait_for=0, timeout=10, metrics={"n": 2.0} if i == 0 else None)
+        group.client(i).action("tick", **fa2, round=0, wait_for=0, timeout=10, metrics={"n": 1.0} if i == 0 else None)
+    assert group.client(0).action("metrics", namespace="fa")["rounds"]["0"]["n"] == 1.0
+    assert group.client(0).action("metrics", namespace="fb")["rounds"]["0"]["n"] == 2.0
+    group.broadcast("commit_step", step=3, namespace="fb")
+    restored = sum(r["restored_rows"] for r in group.broadcast("abort_step", step=3, namespace="fa"))
+    assert restored >= 1 and a.read_all()[:, 0].sum() == 0
+    assert b.read_all()[:, 0].sum() == 80
+    a.inc([0], [[1]])  # both closed: unfenced writes again
+    assert a.read_all()[0, 0] == 1

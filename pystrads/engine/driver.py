@@ -21,7 +21,6 @@ import logging
 import pickle
 import secrets
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
@@ -41,12 +40,6 @@ from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
-#: Fits of one application step one at a time: the shards hold one open step
-#: (its fence, round clocks and undo log), and every fit's barrier job
-#: already takes all the task slots it uses.  Concurrent fits (CrossValidator
-#: with ``parallelism`` > 1, threads in a notebook) queue here instead of
-#: colliding; their tables live side by side under their own namespaces.
-_STEPPING = threading.Lock()
 
 #: Failure causes meaning the workers' cached states are gone (an executor died).
 _LOST_STATE_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed", "could not be found",
@@ -275,14 +268,7 @@ class Engine:
     def fit(self, max_steps: Optional[int] = None) -> "FitResult":
         """Run the program until ``schedule`` returns ``None``, ``ctx.stop`` is called or
         ``max_steps`` steps ran."""
-        if not _STEPPING.acquire(blocking=False):
-            log.info("fit %s waits for another fit of this application to finish its steps (the shards run "
-                     "one fit's steps at a time; each fit already uses every task slot)", self.namespace)
-            _STEPPING.acquire()
-        try:
-            return self._fit(max_steps)
-        finally:
-            _STEPPING.release()
+        return self._fit(max_steps)  # fits of one application step at once: the shards keep a step per fit
 
     def _fit(self, max_steps: Optional[int]) -> "FitResult":
         t_fit = time.perf_counter()

@@ -244,7 +244,7 @@ class WorkerJob:
             if "program" in command:
                 self._posted_program = command["program_hash"]
             while True:
-                answer = group.client(0).action("wait_step", step=step, timeout=1.0)
+                answer = group.client(0).action("wait_step", step=step, namespace=self.namespace, timeout=1.0)
                 if answer["done"]:
                     break
                 if answer.get("error"):
@@ -254,7 +254,7 @@ class WorkerJob:
                     raise error
         except BaseException as exc:
             try:
-                group.broadcast("abort_step", step=step)
+                group.broadcast("abort_step", step=step, namespace=self.namespace)
             except PystradsError as abort_exc:
                 log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
             if isinstance(exc, KeyboardInterrupt):
@@ -263,7 +263,7 @@ class WorkerJob:
             raise StepFailedError(
                 f"step {step} failed; the model tables were rolled back to their state before the step. "
                 f"Cause: {exc if isinstance(exc, PystradsError) else _python_cause(exc)}") from exc
-        self._traffic_at_commit = group.broadcast("commit_step", step=step)
+        self._traffic_at_commit = group.broadcast("commit_step", step=step, namespace=self.namespace)
         return answer
 
     def metrics(self, answer: Dict[str, Any], program: Program) -> StepMetrics:
@@ -272,7 +272,7 @@ class WorkerJob:
         merged: Dict[int, Dict[str, float]] = {}
         if getattr(program, "shard_metrics_every", 0):
             for i in range(len(self.group.shards)):
-                for key, values in self.group.client(i).action("metrics").get("rounds", {}).items():
+                for key, values in self.group.client(i).action("metrics", namespace=self.namespace).get("rounds", {}).items():
                     bucket = merged.setdefault(int(key), {})
                     for name, value in values.items():
                         bucket[name] = bucket.get(name, 0.0) + value

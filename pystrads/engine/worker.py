@@ -171,7 +171,7 @@ class _Worker:
     # -- a step
     def open(self, cmd: Dict[str, Any]):
         spec = self.spec
-        fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task}
+        fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task, "namespace": spec.namespace}
         fan_out([lambda i=i: self.group.client(i).action("enter", **fence) for i in self.shards])
         handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
         ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,

@@ -17,7 +17,7 @@ import pyarrow.flight as flight
 
 class ResidentMailbox:
     """Resident workers' actions of :class:`~pystrads.ps.server.ShardServer` (a mixin: it
-    uses the server's ``cond``, ``mailbox``, ``hellos``, ``closed``, ``newest_task``,
+    uses the server's ``cond``, ``steps``, ``mailbox``, ``hellos``, ``closed``, ``newest_task``,
     ``blobs``, ``step`` and ``shard_id``)."""
 
     def _is_closed(self, namespace: str) -> bool:
@@ -101,7 +101,7 @@ class ResidentMailbox:
                 command = box.get("command") if box else None
                 if command is not None:
                     kind = command.get("kind")
-                    st = self.step
+                    st = self._step_of(namespace)
                     actionable = kind == "finish" or (
                         kind == "step" and st.open and st.namespace == namespace
                         and st.step == command.get("step") and command.get("step") > done_step

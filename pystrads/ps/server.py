@@ -56,7 +56,7 @@ from .mailbox import ResidentMailbox
 from .memory import _mem_available, _rss_bytes, tune_malloc
 from .request import _refuse, _Request, authorize_payload, decode_action, decode_request
 from .snapshots import TableSnapshots
-from .steps import StepFences, _StepState
+from .steps import StepFences, _StepState, namespace_of
 from .table import KINDS, SPARSE_ROW_MAX_FILL, ShardTable, SparseShardTable
 
 log = logging.getLogger("pystrads.ps.server")
@@ -93,7 +93,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         self.tables: Dict[str, ShardTable] = {}
         self.programs: Dict[str, Any] = {}
         self.cond = threading.Condition()
-        self.step = _StepState()
+        self.steps: Dict[str, _StepState] = {}  # per fit namespace: its open (or last) step
         # the workers (one long task per worker for a whole fit): per fit namespace, the
         # command the driver posted last, the workers' hellos, and the newest task id seen per
         # worker (older ids are zombies of a failed attempt, refused from then on)
@@ -245,10 +245,10 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 nbytes += keys.nbytes + cols.nbytes + vals.nbytes
                 nrows += len(keys)
                 with self.cond:
-                    self._check_fence(header)
+                    st = self._check_fence(header, namespace=namespace_of(table.name))
                     with table.lock:
                         index = table.local(keys)
-                        if self.step.open:
+                        if st.open:
                             table.remember(index)
                         table.add_entries(index, offsets, cols, vals, replace=op == "put")
                 continue
@@ -270,19 +270,19 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             # The fence check and the write happen under one lock, so a retried step's
             # rollback can never be followed by a zombie's write.
             with self.cond:
-                self._check_fence(header)
+                st = self._check_fence(header, namespace=namespace_of(table.name))
                 if op == "contribute":
                     if isinstance(keys, slice):
                         keys = np.arange(keys.start, keys.stop, dtype=np.int64)
                     table.local(keys)  # range check
                     if keys_seen is not None:
                         keys_seen.append(keys)
-                    self.step.contrib.setdefault((table.name, round_index), []).append(
+                    st.contrib.setdefault((table.name, round_index), []).append(
                         (keys.copy(), rows.copy()))
                     continue
                 with table.lock:
                     index = table.local(keys)
-                    if self.step.open:
+                    if st.open:
                         table.remember(index)
                     if op == "put":
                         table.write(index, rows)
@@ -301,7 +301,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         blob = b"".join(parts)
         with self.cond:
             if "step" in header:
-                self._check_fence(header)
+                self._check_fence(header, namespace=namespace_of(key))
             self.blobs[key] = blob
             self.cond.notify_all()
             prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
@@ -438,8 +438,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             for ns in [n for n in list(self.mailbox) + list(self.hellos) if _in_fit(n, fit)]:
                 self.mailbox.pop(ns, None)
                 self.hellos.pop(ns, None)
-            if self.step.namespace and _in_fit(self.step.namespace, fit):
-                self.step = _StepState()
+            for ns in [n for n in self.steps if n and _in_fit(n, fit)]:
+                del self.steps[ns]
             self.closed[fit] = None
             while len(self.closed) > CLOSED_FITS_KEPT:
                 self.closed.popitem(last=False)

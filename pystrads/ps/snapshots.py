@@ -17,7 +17,7 @@ import pyarrow.flight as flight
 
 class TableSnapshots:
     """Checkpoint actions of :class:`~pystrads.ps.server.ShardServer` (a mixin: it uses
-    the server's ``cond``, ``step``, ``tables``, ``blobs`` and ``shard_id``)."""
+    the server's ``cond``, ``steps``, ``tables``, ``blobs`` and ``shard_id``)."""
 
     def _action_snapshot(self, req):
         """Write this shard's rows of every table under ``prefix`` to ``dir`` (between steps):
@@ -27,9 +27,10 @@ class TableSnapshots:
         prefix, target = req.str("prefix"), req.str("dir")
         written = {}
         with self.cond:
-            if self.step.open:
+            st = self._step_of(prefix.rstrip("/"))
+            if st.open:
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: snapshot while step {self.step.step} is open; snapshots are taken "
+                    f"shard {self.shard_id}: snapshot while step {st.step} is open; snapshots are taken "
                     "between steps")
             tables = [t for n, t in self.tables.items() if n.startswith(prefix)]
             for t in tables:
@@ -73,9 +74,10 @@ class TableSnapshots:
         names = storage.list_names(source)
         restored = {}
         with self.cond:
-            if self.step.open:
+            st = self._step_of(prefix.rstrip("/"))
+            if st.open:
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: restore while step {self.step.step} is open")
+                    f"shard {self.shard_id}: restore while step {st.step} is open")
             for t in [t for n, t in self.tables.items() if n.startswith(prefix)]:
                 short = t.name[len(prefix):]
                 covered = np.zeros(t.row_stop - t.row_start, dtype=bool)

@@ -39,12 +39,43 @@ class _StepState:
         self.done: Dict[int, int] = {}  # workers that finished the step -> their task id
 
 
+def namespace_of(name: str) -> str:
+    """The fit namespace of a table name or blob key (``<namespace>/<rest>``; "" for a name
+    without one)."""
+    return name.partition("/")[0] if "/" in name else ""
+
+
 class StepFences:
     """Steps and rounds of :class:`~pystrads.ps.server.ShardServer` (a mixin: it uses the
-    server's ``cond``, ``step``, ``tables``, ``programs``, ``newest_task``, ``shard_id``,
-    ``_table`` and ``_counter_lock`` / ``counters``, and the mailbox's ``_post``)."""
+    server's ``cond``, ``steps``, ``tables``, ``programs``, ``newest_task``, ``shard_id``,
+    ``_table`` and ``_counter_lock`` / ``counters``, and the mailbox's ``_post``).
 
-    def _check_fence(self, header: Dict[str, Any], entering: bool = False) -> None:
+    Each fit (namespace) has a step state of its own, so fits of one application step at
+    the same time: a request names its fit (``namespace``: the workers' fences and the
+    driver's step actions carry it; a write's table or a blob's key names it too); a
+    request that names none belongs to the one open step."""
+
+    def _step_of(self, namespace: str = "") -> _StepState:
+        """The step state of fit ``namespace`` (a closed one if it has none); without a
+        namespace, the one open step (or, with none open, the step begun last)."""
+        if namespace:
+            st = self.steps.get(namespace)
+            return st if st is not None else _StepState(namespace=namespace)
+        open_steps = [st for st in self.steps.values() if st.open]
+        if len(open_steps) == 1:
+            return open_steps[0]
+        if open_steps:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: {len(open_steps)} fits have a step open; the request must name its "
+                "namespace")
+        return next(reversed(self.steps.values())) if self.steps else _StepState()
+
+    def _fit_tables(self, namespace: str):
+        """The tables of fit ``namespace`` (every table when it is empty)."""
+        prefix = namespace + "/"
+        return [t for n, t in self.tables.items() if not namespace or n.startswith(prefix)]
+
+    def _check_fence(self, header: Dict[str, Any], entering: bool = False, namespace: str = "") -> _StepState:
         """Writes during a step must come from the worker's current task.
 
         Python tasks cannot see Spark's stage attempt number, so attempts are
@@ -52,14 +83,16 @@ class StepFences:
         application): when a worker enters again with a newer task id, the
         stage was retried -- roll back to the pre-step state and start a new
         epoch; tasks of older epochs (zombies) are refused from then on.
+        Returns the fit's step state (``namespace``: the fit a write's table or
+        key belongs to, when the header names none).
         """
-        st = self.step
+        st = self._step_of(header.get("namespace") or namespace)
         step = header.get("step")
         if step is None:
             if st.open:
                 raise flight.FlightServerError(
                     f"shard {self.shard_id}: unfenced write while step {st.step} is open")
-            return
+            return st
         if not st.open or step != st.step:
             raise flight.FlightServerError(
                 f"shard {self.shard_id}: request for step {step} but the open step is "
@@ -69,7 +102,7 @@ class StepFences:
             raise flight.FlightServerError(f"worker {worker} out of range [0, {st.num_workers})")
         current = st.registered.get(worker)
         if current == task:
-            return
+            return st
         newest = self.newest_task.get((st.namespace, worker), -1)
         if task <= st.retired or (current is not None and task < current) or task < newest:
             raise flight.FlightServerError(
@@ -79,15 +112,15 @@ class StepFences:
             raise flight.FlightServerError(
                 f"shard {self.shard_id}: task {task} of worker {worker} did not enter step {step}")
         if current is not None:  # the same worker again with a newer task: the stage was retried
-            self._new_epoch()
+            self._new_epoch(st)
         st.registered[worker] = task
         self.newest_task[(st.namespace, worker)] = task
+        return st
 
-    def _new_epoch(self) -> None:
-        """Called with ``self.cond`` held: roll back to the pre-step state."""
-        st = self.step
+    def _new_epoch(self, st: _StepState) -> None:
+        """Called with ``self.cond`` held: roll the fit's tables back to the pre-step state."""
         restored = 0
-        for table in self.tables.values():
+        for table in self._fit_tables(st.namespace):
             with table.lock:
                 restored += table.rollback()
         log.warning("shard %s: step %d was retried (epoch %d); rolled back %d rows",
@@ -103,26 +136,24 @@ class StepFences:
         st.error = None
         self.cond.notify_all()
 
-    def _commit_rounds(self, upto: int) -> None:
+    def _commit_rounds(self, st: _StepState, upto: int) -> None:
         """With ``self.cond`` held: apply the contributions of rounds up to ``upto``."""
-        st = self.step
         while st.committed < upto:
             rnd = st.committed + 1
             for (name, r) in sorted(k for k in st.contrib if k[1] == rnd):
                 parts = st.contrib.pop((name, r))
                 try:
-                    self._apply_pull(name, parts)
+                    self._apply_pull(name, parts, st)
                 except Exception as exc:  # the program's pull failed: fail the round for all
                     st.error = f"pull of table {name!r} in round {rnd} failed: {exc!r}"
                     log.exception("shard %s: %s", self.shard_id, st.error)
-            self._shard_metrics(rnd)
+            self._shard_metrics(st, rnd)
             st.committed = rnd
 
-    def _shard_metrics(self, rnd: int) -> None:
+    def _shard_metrics(self, st: _StepState, rnd: int) -> None:
         """The program's ``shard_metrics`` over this shard's rows, at the rounds its
         ``shard_metrics_due`` names: a consistent snapshot, since no worker
         passes the round's clock until this returns."""
-        st = self.step
         program = self.programs.get(st.namespace)
         if program is None or not getattr(program, "shard_metrics_every", 0):
             return
@@ -145,7 +176,11 @@ class StepFences:
             for key, value in values.items():
                 bucket[key] = bucket.get(key, 0.0) + float(value)
 
-    def _apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+    def _apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]],
+                    st: Optional[_StepState] = None) -> None:
+        """The program's ``pull`` of a round's summed contributions to table ``name`` (``st``: its
+        fit's step, whose undo log keeps the rows' pre-step values; by default the table's fit's)."""
+        st = st if st is not None else self._step_of(namespace_of(name))
         table = self._table(name)
         parts = [(k, v) for k, v in parts if len(k)]
         if not parts:
@@ -181,24 +216,26 @@ class StepFences:
             new = np.asarray(program.pull(short, uniq, sums, current))
             if new.shape != current.shape:
                 raise ValueError(f"pull returned shape {new.shape}, expected {current.shape}")
-            if self.step.open:
+            if st.open:
                 table.remember(index)
             table.write(index, new)
 
     def _action_begin_step(self, req):
         """Open a step: clocks reset, writes from now on are undoable (``command``: the
         workers' command for this step, posted to the fit's mailbox)."""
+        namespace = req.str("namespace", "")
         with self.cond:
-            if self.step.open:
+            current = self.steps.get(namespace, _StepState())
+            if current.open:
                 raise flight.FlightServerError(
-                    f"step {self.step.step} is still open; commit or abort it first")
-            for table in self.tables.values():
+                    f"step {current.step} of fit {namespace!r} is still open; commit or abort it first")
+            for table in self._fit_tables(namespace):
                 table.forget()
             num_workers = req.int("num_workers")
             if not 1 <= num_workers <= 1 << 20:
                 raise flight.FlightServerError(f"malformed request: num_workers={num_workers} out of range")
-            self.step = _StepState(req.int("step"), num_workers, req.str("namespace", ""),
-                                   req.int("round_offset", 0))
+            self.steps.pop(namespace, None)  # re-inserted: the dict's last step is the one begun last
+            self.steps[namespace] = _StepState(req.int("step"), num_workers, namespace, req.int("round_offset", 0))
             if req.get("command") is not None:
                 self._post(req.str("namespace"), req.dict("command"))
         return {}
@@ -206,8 +243,8 @@ class StepFences:
     def _action_enter(self, req):
         """A worker task starts an attempt of the open step (a newer attempt rolls back)."""
         with self.cond:
-            self._check_fence(req, entering=True)
-        return {"epoch": self.step.epoch}
+            st = self._check_fence(req, entering=True)
+        return {"epoch": st.epoch}
 
     def _action_tick(self, req):
         """Advance a worker's round clock, then wait until every worker reached ``wait_for``."""
@@ -216,8 +253,7 @@ class StepFences:
         timeout = req.num("timeout", 600.0)
         deadline = time.monotonic() + timeout
         with self.cond:
-            self._check_fence(req)
-            st = self.step
+            st = self._check_fence(req)
             epoch = st.epoch
             if rnd > st.clocks[worker]:
                 st.clocks[worker] = rnd
@@ -230,10 +266,10 @@ class StepFences:
                     bucket[key] = bucket.get(key, 0.0) + float(value)
             low = int(st.clocks.min())
             if low > st.committed:
-                self._commit_rounds(low)
+                self._commit_rounds(st, low)
                 self.cond.notify_all()
             while True:
-                if st is not self.step or st.epoch != epoch or not st.open:
+                if st is not self.steps.get(st.namespace) or st.epoch != epoch or not st.open:
                     raise flight.FlightServerError(
                         f"step {st.step} was retried or closed while worker {worker} waited")
                 if st.error:
@@ -254,8 +290,7 @@ class StepFences:
         its last round reported after that round's tick)."""
         worker = req.int("worker")
         with self.cond:
-            self._check_fence(req)
-            st = self.step
+            st = self._check_fence(req)
             if req.get("late"):
                 bucket = st.metrics.setdefault(req.int("late_round"), {})
                 for key, value in req.dict("late").items():
@@ -271,7 +306,7 @@ class StepFences:
         deadline = time.monotonic() + req.num("timeout", 1.0)
         with self.cond:
             while True:
-                st = self.step
+                st = self._step_of(req.str("namespace", ""))
                 if not st.open or st.step != step:
                     raise flight.FlightServerError(
                         f"shard {self.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
@@ -289,9 +324,9 @@ class StepFences:
     def _action_commit_step(self, req):
         """Close the step and keep its writes."""
         with self.cond:
-            st = self.step
+            st = self._step_of(req.str("namespace", ""))
             if st.open and st.step == req.int("step"):
-                for table in self.tables.values():
+                for table in self._fit_tables(st.namespace):
                     with table.lock:
                         table.forget()
                         table.settle()
@@ -304,9 +339,9 @@ class StepFences:
         """Close the step and roll back every write it made."""
         restored = 0
         with self.cond:
-            st = self.step
+            st = self._step_of(req.str("namespace", ""))
             if st.open and st.step == req.int("step"):
-                for table in self.tables.values():
+                for table in self._fit_tables(st.namespace):
                     with table.lock:
                         restored += table.rollback()
                 st.open = False  # fences out any straggler
@@ -316,7 +351,7 @@ class StepFences:
     def _action_metrics(self, req):
         """Per-round metric sums reported by the workers of the current step."""
         with self.cond:
-            st = self.step
+            st = self._step_of(req.str("namespace", ""))
             return {"step": st.step, "open": st.open, "epoch": st.epoch,
                     "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
                     "clocks": st.clocks.tolist()}
