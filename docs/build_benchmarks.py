@@ -393,6 +393,21 @@ class Table(NamedTuple):
 _LDA = 'python3 jobs/bench_lda.py {corpus}--repeats {repeats} --skip-em --skip-online --skip-learned --ladder ""'
 _RUNTIME = "python3 jobs/bench_runtime.py --repeats 3"
 
+def cv_table(data):
+    """jobs/bench_cv.py: CrossValidator over StradsMF, parallelism 2 (one worker per fit) against 1."""
+    med, runs = data["median_s"], data["seconds"]
+    rows = [("sequential", "1", "default (2: every slot)"), ("parallel", "2", "1")]
+    out = ["| CrossValidator | parallelism | numWorkers per fit | median | runs | avgMetrics (RMSE) |",
+           "|---|---:|---|---:|---|---|"]
+    for name, parallelism, workers in rows:
+        metrics = ", ".join(f"{m:.4f}" for m in data["avg_metrics"][name])
+        out.append(f"| {name} | {parallelism} | {workers} | {_f(med[name], 2)} s | "
+                   + ", ".join(f"{x:.2f}" for x in runs[name]) + f" s | {metrics} |")
+    out.append(f"| **parallel ÷ sequential** | | | **{data['ratio']:.2f}** | | metrics equal to sequential fits "
+               f"of the parallel settings: {'yes' if data['metrics_equal'] else 'no'} |")
+    return out
+
+
 #: every table of docs/benchmarks.md, by the name in its marker
 TABLES = {
     "lda_reuters": Table(lda_table, _LDA.format(corpus="", repeats=3), "2026-11-26"),
@@ -418,6 +433,7 @@ TABLES = {
     "lda_samplers": Table(lda_samplers_table),
     "scoring": Table(scoring_table),
     "lda_priors": Table(lda_priors_table),
+    "cv": Table(cv_table),
 }
 
 
