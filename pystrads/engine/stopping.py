@@ -67,6 +67,14 @@ class EarlyStopping:
         return (f"early stopping: {self.metric} did not improve for {self.since_best} evaluation(s) after its best, "
                 f"{self.best_value:.6g} at iteration {self.best_iteration}")
 
+    def observe(self, ctx, iteration: int, value: float) -> Optional[str]:
+        """:meth:`update`, and end the fit after this step (``ctx.stop``, a
+        :class:`~pystrads.engine.program.ScheduleContext`) when the rule says so; returns the reason."""
+        reason = self.update(iteration, value)
+        if reason:
+            ctx.stop(reason)
+        return reason
+
     def summary(self) -> Dict[str, Any]:
         """What a training summary shows: the best iteration and value, and where the fit stopped."""
         return {"metric": self.metric, "best_iteration": self.best_iteration,

@@ -508,9 +508,8 @@ class LassoProgram(WorkingSetSolver, Program):
         # then an objective change below tol / 10 over a whole step also counts as converged
         prev = d["history"][-2][0] if len(d["history"]) > 1 else np.inf
         settled = planned > 0 and abs(prev - objective) <= 0.1 * self.tol * scale  # a step of rounds
-        reason = stopping.update(it, validation["validation_loss"]) if validation and it > 0 else None
-        if reason:
-            ctx.stop(reason)
+        if validation and stopping.observe(ctx, it, validation["validation_loss"]):
+            pass  # the validation metric ended the fit
         elif (gap_ok or settled) and decrease <= self.tol * scale:
             ctx.stop("converged")
         elif it >= self.max_iter:

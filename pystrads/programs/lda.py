@@ -820,9 +820,7 @@ class LDAProgram(Program):
             if "val_tokens" in last:
                 row["validation_log_perplexity"] = -last["val_ll"] / last["val_tokens"] if last["val_tokens"] \
                     else float("nan")
-                reason = self.early_stopping.update(row["iteration"], row["validation_log_perplexity"])
-                if reason:
-                    ctx.stop(reason)
+                self.early_stopping.observe(ctx, row["iteration"], row["validation_log_perplexity"])
             if row["iteration"] == last_iteration:
                 row.update(updated)
             ctx.record_row(**row)

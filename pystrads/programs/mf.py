@@ -137,9 +137,7 @@ def validation_fields(ctx, early_stopping, iteration: int, values) -> dict:
         return {}
     n = values["val_n"]
     rmse = float(np.sqrt(values["val_sse"] / n)) if n else float("nan")
-    reason = early_stopping.update(iteration, rmse)
-    if reason:
-        ctx.stop(reason)
+    early_stopping.observe(ctx, iteration, rmse)
     return {"validation_rmse": rmse}
 
 

@@ -289,9 +289,7 @@ class ImplicitMFProgram(MFProgram):
                 if self.early_stopping is not None and "val_weight" in values:
                     weight = values["val_weight"]
                     validation["validation_mpr"] = values["val_rank"] / weight if weight > 0 else float("nan")
-                    reason = self.early_stopping.update(iteration, validation["validation_mpr"])
-                    if reason:
-                        ctx.stop(reason)
+                    self.early_stopping.observe(ctx, iteration, validation["validation_mpr"])
                 ctx.record_row(iteration=iteration, step=ctx.step, objective=objective, loss=loss,
                                w_reg=values.get("w_reg", 0.0), h_reg=values.get("h_reg", 0.0), **validation)
         ctx.record(iteration=(ctx.rounds_done + len(metrics.rounds)) // per)
