@@ -529,7 +529,7 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
             lambda: LogisticRegression(regParam=0.02, elasticNetParam=1.0, maxIter=20),
             lambda: BinaryClassificationEvaluator(),
             grid={"regParam": [0.02, 0.1]},
-            invalid=[("regParam", -0.1), ("elasticNetParam", -0.5), ("threshold", 1.5), ("family", "multinomial"),
+            invalid=[("regParam", -0.1), ("elasticNetParam", -0.5), ("threshold", 1.5), ("family", "gaussian"),
                      ("maxIter", 0), ("featuresCol", "nope"), ("labelCol", "nope")],
             output_param="predictionCol", key_col="id"),
     ]

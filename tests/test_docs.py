@@ -114,6 +114,9 @@ def _check_lasso(ns, outputs):
     assert float(out.splitlines()[0]) > 0.5, out
     assert 0 < sum(1 for c in ns["model"].coefficients if c) < 2000
     assert "probability" in out
+    multi = ns["multi"]  # the multinomial example: five classes, MLlib's shapes and centred intercepts
+    assert multi.isMultinomial and multi.numClasses == multi.coefficientMatrix.numRows == 5
+    assert abs(sum(multi.interceptVector)) < 1e-9 and out.splitlines()[-1].startswith("5 ")
 
 
 def _check_programs(ns, outputs):

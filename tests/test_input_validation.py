@@ -174,13 +174,14 @@ def linear_cases(name, cls) -> List[Case]:
         cases += [
             p("threshold-negative", {"threshold": -0.1}, ["threshold=-0.1", "[0, 1]"]),
             p("threshold-above-1", {"threshold": 1.5}, ["threshold=1.5", "[0, 1]"]),
-            p("family", {"family": "multinomial"}, ["family='multinomial'", "'binomial'"]),
-            v("label-2", lin((2.0, 1.0, "x", Vectors.dense([1.0, 2.0]))),
-              ["labelCol 'label' has value 2.0", "labels 0 and 1", "StringIndexer"]),
+            p("family", {"family": "gaussian"}, ["family='gaussian'", "'binomial'", "'multinomial'"]),
+            v("label-2-binomial", lin((2.0, 1.0, "x", Vectors.dense([1.0, 2.0]))),
+              ["family='binomial' fits two classes", "labelCol 'label' has 3", "family='multinomial'"],
+              {"family": "binomial"}),
             v("label-minus-1", lin((-1.0, 1.0, "x", Vectors.dense([1.0, 2.0]))),
-              ["labelCol 'label' has value -1.0", "labels 0 and 1", "StringIndexer"]),
+              ["labelCol 'label' has value -1.0", "class indices 0, 1, 2", "StringIndexer"]),
             v("label-fractional", lin((0.5, 1.0, "x", Vectors.dense([1.0, 2.0]))),
-              ["labelCol 'label' has value 0.5", "labels 0 and 1", "StringIndexer"]),
+              ["labelCol 'label' has value 0.5", "class indices 0, 1, 2", "StringIndexer"]),
         ]
     return cases
 

@@ -432,7 +432,7 @@ def test_empty_input_and_non_binary_labels_are_refused(spark, problem):
     _, _, _, _, df = problem
     with pytest.raises(InputError, match="no rows"):
         StradsLasso().fit(df.limit(0))
-    with pytest.raises(InputError, match="labelCol 'label' has value .*needs labels 0 and 1"):
+    with pytest.raises(InputError, match="labelCol 'label' has value .*needs class indices 0, 1, 2"):
         StradsLogisticRegression().fit(df)
 
 

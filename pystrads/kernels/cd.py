@@ -485,3 +485,179 @@ def row_overlap(col_ptr, row_idx, coords, num_rows):
             for p in range(col_ptr[j], col_ptr[j + 1]):
                 omega[row_idx[p]] += 1.0
     return omega
+
+
+# ---------------------------------------------------------------- the multinomial (softmax) loss
+# Margins, gradients and curvatures are (rows, classes) arrays, C-ordered: a row's classes sit
+# together, so a column's non-zeros read each row's K values in one cache line or two.
+
+@njit(cache=True, nogil=True)
+def softmax_terms(margin, y, w, u, h):
+    """For class labels ``y`` (0 .. K-1, as floats) and margins ``(n, K)``: ``u = w (p - onehot(y))``
+    with ``p`` the softmax, and ``h`` a diagonal bound of the row's Hessian ``diag(p) - p p'``
+    (``w p`` when every ``p_k <= 1/2``, else ``w 2 p (1 - p)``: both dominate it, so the K classes
+    of one feature can move in one round); returns ``sum w (logsumexp(m) - m_y)``."""
+    n, k_all = margin.shape
+    p = np.empty(k_all)
+    loss = 0.0
+    for i in range(n):
+        top = margin[i, 0]
+        for k in range(1, k_all):
+            if margin[i, k] > top:
+                top = margin[i, k]
+        total = 0.0
+        for k in range(k_all):
+            p[k] = np.exp(margin[i, k] - top)
+            total += p[k]
+        biggest = 0.0
+        for k in range(k_all):
+            p[k] /= total
+            if p[k] > biggest:
+                biggest = p[k]
+        label = int(y[i])
+        wi = w[i]
+        for k in range(k_all):
+            u[i, k] = wi * p[k]
+            h[i, k] = wi * p[k] if biggest <= 0.5 else 2.0 * wi * p[k] * (1.0 - p[k])
+        u[i, label] -= wi
+        loss += wi * (top + np.log(total) - margin[i, label])
+    return loss
+
+
+@njit(cache=True, nogil=True)
+def class_column_dots(col_ptr, row_idx, vals, features, u, h, out_u, out_h2, out_h1):
+    """Per feature ``f = features[a]`` and class k: ``out_u[a, k] = sum_i x_if u_ik``,
+    ``out_h2[a, k] = sum x^2 h_ik`` and ``out_h1[a, k] = sum x h_ik`` (feature ``J``: the
+    intercept's column of ones).  ``out_h1`` may have no rows: then it is not computed."""
+    J = col_ptr.shape[0] - 1
+    k_all = u.shape[1]
+    with_h1 = out_h1.shape[0] > 0
+    for a in range(features.shape[0]):
+        f = features[a]
+        for k in range(k_all):
+            out_u[a, k] = 0.0
+            out_h2[a, k] = 0.0
+            if with_h1:
+                out_h1[a, k] = 0.0
+        if f == J:
+            for i in range(u.shape[0]):
+                for k in range(k_all):
+                    out_u[a, k] += u[i, k]
+                    out_h2[a, k] += h[i, k]
+                    if with_h1:
+                        out_h1[a, k] += h[i, k]
+        else:
+            for q in range(col_ptr[f], col_ptr[f + 1]):
+                i = row_idx[q]
+                x = vals[q]
+                xx = x * x
+                for k in range(k_all):
+                    out_u[a, k] += x * u[i, k]
+                    out_h2[a, k] += xx * h[i, k]
+                    if with_h1:
+                        out_h1[a, k] += x * h[i, k]
+
+
+@njit(cache=True, nogil=True)
+def add_class_columns(col_ptr, row_idx, vals, features, delta, margin):
+    """``margin[:, k] += X[:, features] @ delta[:, k]`` for every class (feature ``J``: every row);
+    features whose deltas are all zero are skipped."""
+    J = col_ptr.shape[0] - 1
+    k_all = margin.shape[1]
+    for a in range(features.shape[0]):
+        moved = False
+        for k in range(k_all):
+            if delta[a, k] != 0.0:
+                moved = True
+        if not moved:
+            continue
+        f = features[a]
+        if f == J:
+            for i in range(margin.shape[0]):
+                for k in range(k_all):
+                    margin[i, k] += delta[a, k]
+        else:
+            for q in range(col_ptr[f], col_ptr[f + 1]):
+                i = row_idx[q]
+                x = vals[q]
+                for k in range(k_all):
+                    margin[i, k] += x * delta[a, k]
+
+
+@njit(cache=True, nogil=True)
+def class_shift(beta, pen, l2, out):
+    """Per feature f: the shift ``c`` that minimises ``sum_k pen_f |beta_fk + c| + l2_f / 2 (beta_fk + c)^2``
+    (softmax margins do not move when every class's coefficient of a feature moves by the same ``c``:
+    glmnet's ``elc``).  0 where 0 is a minimiser (and for frozen features, ``pen < 0``); a minimiser
+    at a kink is exact, so the coefficient it zeroes is exactly 0."""
+    n_f, k_all = beta.shape
+    cands = np.empty(2 * k_all + 2)
+    for f in range(n_f):
+        out[f] = 0.0
+        a, b = pen[f], l2[f]
+        if a < 0.0 or (a == 0.0 and b == 0.0):
+            continue
+        row = np.sort(beta[f])
+        if row[0] == 0.0 and row[k_all - 1] == 0.0:
+            continue
+        total = 0.0
+        for k in range(k_all):
+            total += row[k]
+        m = 0
+        for k in range(k_all):  # the kinks, ascending in c
+            cands[m] = -row[k_all - 1 - k]
+            m += 1
+        if b > 0.0:  # each piece's stationary point, clipped into the piece
+            for s in range(k_all + 1):  # s kinks lie below the piece: s coefficients are positive there
+                lo = -np.inf if s == 0 else -row[k_all - s]
+                hi = np.inf if s == k_all else -row[k_all - 1 - s]
+                c = -(a * (2 * s - k_all) + b * total) / (b * k_all)
+                cands[m] = min(max(c, lo), hi)
+                m += 1
+        best_c, best = 0.0, 0.0
+        for k in range(k_all):
+            best += a * abs(row[k]) + 0.5 * b * row[k] * row[k]
+        for t in range(m):
+            c = cands[t]
+            value = 0.0
+            for k in range(k_all):
+                v = row[k] + c
+                value += a * abs(v) + 0.5 * b * v * v
+            if value < best * (1.0 - 1e-14):
+                best, best_c = value, c
+        out[f] = best_c
+
+
+@njit(cache=True, nogil=True)
+def softmax_line_sums(u, y, w, dm):
+    """Along a change ``dm`` of the margins: the loss's slope ``sum u . dm`` and its exact curvature
+    ``sum_i w_i (p_i . dm_i^2 - (p_i . dm_i)^2)``, with ``u = w (p - onehot(y))`` as
+    :func:`softmax_terms` left it (``w p`` is ``u`` plus ``w`` at the label)."""
+    slope = 0.0
+    curvature = 0.0
+    for i in range(u.shape[0]):
+        wi = w[i]
+        if wi <= 0.0:
+            continue
+        label = int(y[i])
+        first = 0.0
+        second = 0.0
+        for k in range(u.shape[1]):
+            d = dm[i, k]
+            slope += u[i, k] * d
+            wp = u[i, k] + (wi if k == label else 0.0)
+            first += wp * d
+            second += wp * d * d
+        curvature += second - first * first / wi
+    return slope, curvature
+
+
+@njit(cache=True, nogil=True)
+def class_direction(col_ptr, row_idx, vals, features, delta, shift, out):
+    """``out = X[:, features] @ delta - shift`` (each class's margins' change; feature ``J``: every
+    row), written over ``out`` (no zeroing pass of its own)."""
+    n, k_all = out.shape
+    for i in range(n):
+        for k in range(k_all):
+            out[i, k] = -shift[k]
+    add_class_columns(col_ptr, row_idx, vals, features, delta, out)

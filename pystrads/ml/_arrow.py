@@ -73,12 +73,13 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def row_dots(column, coef: np.ndarray, name: str = "features") -> Tuple[np.ndarray, np.ndarray]:
     """Per row of an Arrow vector column, ``x . coef`` and whether the row is not null: the whole
-    batch in a few numpy calls (sparse and dense rows alike).  A vector whose size is not
-    ``len(coef)`` raises ValueError naming the column ``name``."""
+    batch in a few numpy calls (sparse and dense rows alike).  ``coef`` of shape ``(features, K)``
+    gives ``(rows, K)`` dots.  A vector whose size is not ``len(coef)`` raises ValueError naming
+    the column ``name``."""
     if hasattr(column, "chunks"):  # a ChunkedArray
         parts = [row_dots(chunk, coef, name) for chunk in column.chunks]
         if not parts:
-            return np.zeros(0), np.zeros(0, dtype=bool)
+            return np.zeros((0,) + coef.shape[1:]), np.zeros(0, dtype=bool)
         return np.concatenate([d for d, _ in parts]), np.concatenate([v for _, v in parts])
     n = len(column)
     fields = dict(zip((f.name for f in column.type), column.flatten()))
@@ -101,8 +102,13 @@ def row_dots(column, coef: np.ndarray, name: str = "features") -> Tuple[np.ndarr
     # (a dense row's element: its position in the row)
     srows = rows[sparse]
     cols[np.repeat(sparse, lengths)] = ind_all[_ranges(ind_off[srows], ind_off[srows + 1] - ind_off[srows])]
-    products = val_all[_ranges(val_off[rows], lengths)] * coef[cols]
-    return np.bincount(np.repeat(rows, lengths), weights=products, minlength=n)[:n], valid
+    values, of_row = val_all[_ranges(val_off[rows], lengths)], np.repeat(rows, lengths)
+    if coef.ndim == 1:
+        return np.bincount(of_row, weights=values * coef[cols], minlength=n)[:n], valid
+    out = np.empty((n, coef.shape[1]))
+    for k in range(coef.shape[1]):
+        out[:, k] = np.bincount(of_row, weights=values * coef[cols, k], minlength=n)[:n]
+    return out, valid
 
 
 def partition_id() -> int:

@@ -162,17 +162,17 @@ class LinearTrainingSummary(FitSummary):
 
 class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStopping):
     """The fit hooks of both L1 estimators; each names its ``_program_class``, ``_model_class``
-    and whether its labels are 0 / 1 (``_binary_labels``)."""
+    and whether its labels are class indices (``_class_labels``)."""
 
     _fit_columns = ("featuresCol", "labelCol", "weightCol", "validationIndicatorCol")
     _summary_class = LinearTrainingSummary
-    _binary_labels = False
+    _class_labels = False
 
     def _scan(self, fit: Fit):
         fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
         wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
         vcol = self._validation_col()
-        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self._binary_labels, fit.workers, vcol)
+        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self._class_labels, fit.workers, vcol)
         if stats["rows"] == 0 and stats["validation_rows"]:
             raise InputError(f"validationIndicatorCol {vcol!r} marks every row ({stats['validation_rows']}) for "
                              "validation; fit needs training rows: mark some false")
@@ -194,15 +194,21 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStop
             raise InputError(f"featuresCol {fcol!r}: vectors have size 0; there is nothing to fit")
         return records, stats
 
+    def _program_kind(self, fit: Fit):
+        """``(program class, its extra arguments)`` for this fit."""
+        return self._program_class, {}
+
     def _program(self, fit: Fit):
         stats = fit.stats
-        program = self._program_class(
+        program_class, extra = self._program_kind(fit)
+        program = program_class(
             stats["features"], self.getRegParam(), fit_intercept=self.getFitIntercept(),
             elastic_net=self.getElasticNetParam(), standardization=self.getStandardization(),
             schedule=self.getSchedule(), priority=self.getPriority(), coords_per_round=self.getCoordinatesPerRound(),
             candidates_per_round=self.getCandidatesPerRound(), rho=self.getCorrelationThreshold(),
             max_iter=self.getMaxIter(), tol=self.getTol(), gram_limit=self.getWorkingSetLimit(),
-            sample_rows=self.getCorrelationSampleSize(), early_stopping=self._early_stopping("validation_loss"))
+            sample_rows=self.getCorrelationSampleSize(), early_stopping=self._early_stopping("validation_loss"),
+            **extra)
         if program.loss_name != "squared":  # its rounds run without the squared loss's working sets
             self._warn_ignored(f"the {program.loss_name} loss (no working-set solver)", "workingSetLimit")
         program.t_origin = fit.t_start
@@ -271,12 +277,16 @@ class _SparseLinearModel(_StradsModel):
         for part in ("org.apache.spark." + self._mllib_class).split("."):
             jvm_class = getattr(jvm_class, part)
         model = getattr(importlib.import_module("pyspark." + package), name)(
-            jvm_class(self.uid, _py2java(sc, self.coefficients), float(self._intercept)))
+            jvm_class(*self._jvm_model_args(lambda value: _py2java(sc, value))))
         for param in self._mllib_params():
             if self.isDefined(param) and model.hasParam(param) and self.getOrDefault(param) not in (None, ""):
                 model._set(**{param: self.getOrDefault(param)})
         model._transfer_params_to_java()
         return model
+
+    def _jvm_model_args(self, to_java) -> tuple:
+        """The MLlib model's constructor arguments (``to_java`` converts a vector or matrix)."""
+        return self.uid, to_java(self.coefficients), float(self._intercept)
 
     def _mllib_params(self) -> List[str]:
         return ["featuresCol", "labelCol", "predictionCol", "weightCol", "fitIntercept"]
@@ -286,14 +296,14 @@ class _SparseLinearModel(_StradsModel):
         ``fields``: their StructFields, refused when the input has one, as MLlib refuses) appended,
         scored in Arrow batches of whole rows (``mapInArrow``: where pyspark has no Arrow UDF for
         :meth:`_margin_column`, classic and Connect alike): each batch's margins
-        ``x . coef + intercept`` in a few numpy calls (:func:`~pystrads.ml._arrow.row_dots`),
+        ``x . coef + intercept`` (one per class for a coefficient matrix) in a few numpy calls (:func:`~pystrads.ml._arrow.row_dots`),
         ``valid`` False for null features."""
         import pyarrow as pa
 
         from ._arrow import row_dots
 
         self._refuse_existing(dataset, [f.name for f in fields])
-        coef, intercept, fcol = self._coef, self._intercept, self.getFeaturesCol()
+        coef, intercept, fcol = self._coef.T, self._intercept, self.getFeaturesCol()  # (features[, classes])
         index = dataset.columns.index(fcol)
 
         def score(batches):

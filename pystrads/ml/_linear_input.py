@@ -39,7 +39,7 @@ def _selected(dataset, fcol: str, lcol: str, wcol: Optional[str], vcol: Optional
     return dataset.select(*columns)
 
 
-def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, vcol: Optional[str] = None):
+def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, vcol: Optional[str] = None):
     """The row-by-row scan (Python ``Row`` objects): the fallback when Spark cannot hand
     the vector column to Python as Arrow."""
     rows = _selected(dataset, fcol, lcol, wcol, vcol).rdd
@@ -55,8 +55,10 @@ def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels
         stats = _empty_stats()
         for y, w, idx, val, held, size in it:
             if stats["error"] is None:
-                stats["error"] = _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels)
+                stats["error"] = _row_error(y, w, val, size, fcol, lcol, wcol, class_labels)
             stats["sizes"].add(size)
+            if y is not None and math.isfinite(y):
+                stats["max_label"] = max(stats["max_label"], y)
             if held:
                 stats["validation_rows"] += 1
                 continue
@@ -69,15 +71,15 @@ def _scan_rows(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels
     return records.map(lambda r: r[:5] if held_out else r[:4]), _merge_stats(records.mapPartitions(check).collect())
 
 
-def _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels):
+def _row_error(y, w, val, size, fcol, lcol, wcol, class_labels):
     """``(what, fix)`` for the first problem of one row, or None (checks in a fixed order)."""
     if size < 0:
         return (f"featuresCol {fcol!r} is null in a row", "drop or fill the rows with null features")
     if y is None or not math.isfinite(y):
         return (f"labelCol {lcol!r} has value {y!r}", "drop the rows or fill the missing labels")
-    if binary_labels and y not in (0.0, 1.0):
-        return (f"labelCol {lcol!r} has value {y!r}; binary logistic regression needs labels 0 and 1",
-                "recode the labels (e.g. with StringIndexer) to 0.0 / 1.0")
+    if class_labels and not (y >= 0 and y == int(y)):
+        return (f"labelCol {lcol!r} has value {y!r}; logistic regression needs class indices 0, 1, 2, ... "
+                "(0 and 1 for two classes)", "recode the labels (e.g. with StringIndexer)")
     if w is None or not math.isfinite(w) or w < 0:
         return (f"weightCol {wcol!r} has value {w!r}", "weights must be finite and >= 0")
     if len(val) and not np.all(np.isfinite(val)):
@@ -90,7 +92,8 @@ def _row_error(y, w, val, size, fcol, lcol, wcol, binary_labels):
 def _empty_stats() -> Dict[str, Any]:
     """A scan's figures: training ``rows``, their ``nnz`` and weight sum ``wsum``; ``validation_rows``;
     the vector ``sizes`` and the first ``error`` of any row."""
-    return {"rows": 0, "nnz": 0, "wsum": 0.0, "validation_rows": 0, "sizes": set(), "error": None}
+    return {"rows": 0, "nnz": 0, "wsum": 0.0, "validation_rows": 0, "sizes": set(), "error": None,
+            "max_label": -1.0}
 
 
 def _merge_stats(parts) -> Dict[str, Any]:
@@ -99,6 +102,7 @@ def _merge_stats(parts) -> Dict[str, Any]:
         for key in ("rows", "nnz", "wsum", "validation_rows"):
             stats[key] += part[key]
         stats["sizes"] |= part["sizes"]
+        stats["max_label"] = max(stats["max_label"], part["max_label"])
         stats["error"] = stats["error"] or part["error"]
     return stats
 
@@ -152,12 +156,12 @@ def batch_blocks(batch):
     return [RowBlock(b["y"], b["w"], b["row_ptr"], b["col_idx"], b["vals"], held)] if len(b["y"]) else []
 
 
-def _block_error(b, fcol, lcol, wcol, binary_labels):
+def _block_error(b, fcol, lcol, wcol, class_labels):
     """The first bad row of a block, as :func:`_row_error` words it (None if all good)."""
     y, w, size = b["y"], b["w"], b["size"]
     bad_y = b["y_null"] | ~np.isfinite(y)
-    if binary_labels:
-        bad_y |= ~np.isin(y, (0.0, 1.0))
+    if class_labels:
+        bad_y |= ~((y >= 0) & (y == np.floor(y)))
     bad_w = b["w_null"] | ~np.isfinite(w) | (w < 0)
     bad_elem = ~np.isfinite(b["vals"])
     bad_x = np.zeros(len(y), dtype=bool)
@@ -170,10 +174,10 @@ def _block_error(b, fcol, lcol, wcol, binary_labels):
     i = int(np.argmax(bad))
     lo, hi = b["row_ptr"][i], b["row_ptr"][i + 1]
     return _row_error(None if b["y_null"][i] else float(y[i]), None if b["w_null"][i] else float(w[i]),
-                      b["vals"][lo:hi], int(size[i]), fcol, lcol, wcol, binary_labels)
+                      b["vals"][lo:hi], int(size[i]), fcol, lcol, wcol, class_labels)
 
 
-def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int,
+def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int,
                 vcol: Optional[str] = None):
     sel = _selected(dataset, fcol, lcol, wcol, vcol)
     # row-wise, in the JVM (blocks would balance badly); under Spark Connect the partitions are
@@ -188,8 +192,11 @@ def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_label
             stats["rows"] += int(train.sum())
             stats["validation_rows"] += int(b["held"].sum())
             if stats["error"] is None:
-                stats["error"] = _block_error(b, fcol, lcol, wcol, binary_labels)
+                stats["error"] = _block_error(b, fcol, lcol, wcol, class_labels)
             stats["sizes"].update(np.unique(b["size"]).tolist())
+            labels = b["y"][~b["y_null"] & np.isfinite(b["y"])]
+            if len(labels):
+                stats["max_label"] = max(stats["max_label"], float(labels.max()))
             ok_w = ~b["w_null"] & np.isfinite(b["w"]) & train
             stats["wsum"] += float(b["w"][ok_w].sum())
             stats["nnz"] += int(np.diff(b["row_ptr"])[train].sum())
@@ -200,13 +207,14 @@ def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_label
     return sel, _merge_stats(collect_per_partition(sel, check))
 
 
-def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels: bool, num_workers: int = 0,
+def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int = 0,
                vcol: Optional[str] = None):
     """One pass over the input: records for the engine, counts, the first bad row.
 
     Returns ``(records, stats)``; ``stats`` has ``rows``, ``nnz`` and ``wsum`` of the training
     rows, ``validation_rows`` (the rows ``vcol`` marks true), ``sizes`` (distinct vector sizes)
-    and ``error`` (first problem found in any row, or None).
+    ``error`` (first problem found in any row, or None) and ``max_label`` (the largest label of
+    any row, -1 without one: the class count of a classifier).
     (The correlation check's row sample is drawn by the workers as they load:
     ``LassoProgram.data_summary``.)  The records are the input's
     ``(y, w, x)`` columns as a DataFrame, one partition per worker, read
@@ -219,7 +227,7 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels
     """
     if num_workers > 0 and _arrow_scan_ok:
         try:
-            return _scan_arrow(dataset, fcol, lcol, wcol, binary_labels, num_workers, vcol)
+            return _scan_arrow(dataset, fcol, lcol, wcol, class_labels, num_workers, vcol)
         except Exception as exc:  # noqa: BLE001 - e.g. a Spark without Arrow support for UDT columns
             if isinstance(exc, (KeyboardInterrupt, InputError)):
                 raise
@@ -228,7 +236,7 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], binary_labels
                         text.splitlines()[0][:300] if text else type(exc).__name__)
             if "UserDefinedType" in text or "nsupported" in text:  # this Spark cannot: do not try again
                 _disable_arrow_scan()
-    return _scan_rows(dataset, fcol, lcol, wcol, binary_labels, vcol)
+    return _scan_rows(dataset, fcol, lcol, wcol, class_labels, vcol)
 
 
 _arrow_scan_ok = True  # False once this Spark has shown it cannot give a vector column to Arrow

@@ -1,13 +1,18 @@
-"""``StradsLogisticRegression``: binary L1 / elastic-net logistic regression (the thesis's SchMP-SLR),
-shaped like ``pyspark.ml.classification.LogisticRegression``.
+"""``StradsLogisticRegression``: binomial and multinomial L1 / elastic-net logistic regression (the
+thesis's SchMP-SLR), shaped like ``pyspark.ml.classification.LogisticRegression``.
 
 Objective (MLlib's; ``alpha`` is ``elasticNetParam``, default 0 as in MLlib: set 1.0 for a sparse L1 model)::
 
-    1/W sum_i w_i (log(1 + exp(m_i)) - y_i m_i)
-        + regParam * (alpha * sum_j s_j |beta_j| + (1 - alpha) / 2 * sum_j s_j^2 beta_j^2),   m_i = b + x_i . beta
+    binomial:     1/W sum_i w_i (log(1 + exp(m_i)) - y_i m_i)
+                  + regParam * (alpha * sum_j s_j |beta_j| + (1 - alpha) / 2 * sum_j s_j^2 beta_j^2)
+    multinomial:  1/W sum_i w_i (logsumexp_k(m_ik) - m_{i, y_i})
+                  + regParam * (alpha * sum_jk s_j |B_kj| + (1 - alpha) / 2 * sum_jk s_j^2 B_kj^2)
 
-Same program as :class:`~pystrads.ml.StradsLasso` with the log-loss: only
-the loss terms and the Newton step differ (:class:`~pystrads.programs.logistic.L1LogisticProgram`).
+with ``m_i = b + x_i . beta`` (``m_ik = b_k + x_i . B_k``) and ``s_j`` the feature's standard
+deviation with ``standardization``.  ``family="auto"`` is multinomial for more than two classes,
+as in MLlib.  Same program as :class:`~pystrads.ml.StradsLasso` with the log-loss
+(:class:`~pystrads.programs.logistic.L1LogisticProgram`) or the softmax loss, each feature's
+K coefficients updated in the same round (:class:`~pystrads.programs.multinomial.MultinomialProgram`).
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from typing import List, Optional
 import numpy as np
 import pyarrow as pa
 from pyspark import keyword_only
-from pyspark.ml.linalg import Vectors, VectorUDT
+from pyspark.ml.linalg import DenseMatrix, SparseVector, Vectors, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds
 from pyspark.sql import types as T
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InputError
 from ..programs.logistic import L1LogisticProgram
+from ..programs.multinomial import MultinomialProgram
 from ._arrow import dense_vectors
 from ._linear import _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
 from ._params import one_of, within
@@ -34,11 +40,11 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
     """Params of StradsLogisticRegression and its model: the linear ones, MLlib's classifier outputs and
     thresholds (with MLlib's rule tying ``threshold`` and ``thresholds``) and ``family``."""
 
-    family: Param[str] = Param(Params._dummy(), "family", "label distribution: 'auto' or 'binomial' (binary only)",
-                               typeConverter=TypeConverters.toString)
+    family: Param[str] = Param(Params._dummy(), "family",
+                               "label distribution: 'auto' (multinomial for more than two classes), 'binomial' or "
+                               "'multinomial', as MLlib", typeConverter=TypeConverters.toString)
 
-    _param_rules = {"family": one_of("auto", "binomial", note="StradsLogisticRegression is binary"),
-                    "threshold": within(0, 1)}
+    _param_rules = {"family": one_of("auto", "binomial", "multinomial"), "threshold": within(0, 1)}
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -65,7 +71,7 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
         return self
 
     def setThresholds(self, value):
-        """Set per-class thresholds ``[t0, t1]`` (and clear ``threshold``, as MLlib does)."""
+        """Set per-class thresholds ``[t0, t1, ...]`` (and clear ``threshold``, as MLlib does)."""
         self._set(thresholds=value)
         self.clear(self.threshold)
         return self
@@ -74,10 +80,11 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
         super()._check_params()
         ts = self._set_thresholds()
         if ts is not None:
-            if len(ts) != 2 or not all(math.isfinite(t) and t >= 0 for t in ts) or ts.count(0.0) > 1:
-                raise ConfigurationError(f"thresholds={ts!r} must be two finite values >= 0, at most one of them 0 "
-                                         "(the model is binary)")
-            if self.isSet(self.threshold) and abs(self.getThreshold() - self.getOrDefault(self.threshold)) > 1e-5:
+            if len(ts) < 2 or not all(math.isfinite(t) and t >= 0 for t in ts) or ts.count(0.0) > 1:
+                raise ConfigurationError(f"thresholds={ts!r} must be one finite value >= 0 per class (at least two), "
+                                         "at most one of them 0")
+            if len(ts) == 2 and self.isSet(self.threshold) and \
+                    abs(self.getThreshold() - self.getOrDefault(self.threshold)) > 1e-5:
                 raise ConfigurationError(f"threshold={self.getOrDefault(self.threshold)!r} and thresholds={ts!r} "
                                          f"disagree (thresholds mean threshold={self.getThreshold()!r}); set one")
 
@@ -95,6 +102,23 @@ def _arrow_vector_type():
     return to_arrow_type(VectorUDT().sqlType())
 
 
+def _softmax(margins: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of ``(n, K)`` margins, without overflow."""
+    e = np.exp(margins - margins.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _class_prediction(probability: np.ndarray, thresholds) -> np.ndarray:
+    """MLlib's multiclass rule: the class of the largest ``p_k`` (of ``p_k / t_k`` with ``thresholds``;
+    a 0 threshold wins), first on ties."""
+    if thresholds is None:
+        return np.argmax(probability, axis=-1).astype(np.float64)
+    t = np.asarray(thresholds, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.where(t > 0, probability / np.where(t > 0, t, 1.0), np.inf)
+    return np.argmax(scaled, axis=-1).astype(np.float64)
+
+
 def _probability(margin):
     """``[1 - p, p]`` with ``p = 1 / (1 + exp(-margin))`` (without overflow); None for None."""
     if margin is None:
@@ -104,31 +128,102 @@ def _probability(margin):
 
 
 class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
-    """A fitted binary model: ``rawPrediction`` ([-m, m]), ``probability`` ([1-p, p]) and ``prediction``
-    columns with MLlib's names and types.
+    """A fitted model with MLlib's outputs: binomial, ``rawPrediction`` ([-m, m]), ``probability``
+    ([1-p, p]) and ``prediction``; multinomial, the K margins, their softmax and the most probable
+    class (with ``thresholds``: the largest ``p_k / t_k``), as MLlib's columns.
 
-    On a classic session ``transform`` and ``evaluate`` run MLlib's own
-    ``LogisticRegressionModel`` with these coefficients (scoring in the JVM;
-    ``evaluate`` returns MLlib's ``BinaryLogisticRegressionSummary``); under
-    Spark Connect ``transform`` scores in Arrow batches (the same columns and values) and
-    ``evaluate`` gives a :class:`LogisticEvaluation` with the summary's fields but the curves."""
+    ``coefficientMatrix`` and ``interceptVector`` hold both kinds (a binomial model's as one
+    row); ``coefficients`` and ``intercept`` are the binomial model's, and a multinomial model
+    refuses them with MLlib's words.  On a classic session ``transform`` and ``evaluate`` run
+    MLlib's own ``LogisticRegressionModel`` with these coefficients (scoring in the JVM;
+    ``evaluate`` returns MLlib's ``BinaryLogisticRegressionSummary`` or
+    ``LogisticRegressionSummary``); under Spark Connect ``transform`` scores in Arrow batches
+    (the same columns and values) and ``evaluate`` gives a :class:`LogisticEvaluation` with the
+    summary's fields but the curves."""
 
     _setters = _SparseLinearModel._setters + ("probabilityCol", "rawPredictionCol")
     _mllib_class = "ml.classification.LogisticRegressionModel"
 
-    def _mllib_params(self) -> List[str]:
-        return super()._mllib_params() + ["probabilityCol", "rawPredictionCol",
-                                          "thresholds" if self._set_thresholds() else "threshold"]
+    def __init__(self, coefficients=None, intercept=0.0):
+        """Binomial: a coefficient vector and a float intercept; multinomial: a ``(K, features)``
+        coefficient matrix and K intercepts."""
+        matrix = coefficients is not None and np.ndim(coefficients) == 2
+        super().__init__(None if matrix else coefficients, 0.0 if matrix else intercept)
+        if matrix:
+            self._coef = np.asarray(coefficients, dtype=np.float64)
+            self._intercept = np.asarray(intercept, dtype=np.float64).reshape(-1)
+
+    @property
+    def isMultinomial(self) -> bool:
+        return self._coef is not None and self._coef.ndim == 2
 
     @property
     def numClasses(self) -> int:
-        return 2
+        return int(self._coef.shape[0]) if self.isMultinomial else 2
+
+    @property
+    def numFeatures(self) -> int:
+        return int(self._coef.shape[-1])
+
+    @property
+    def coefficients(self):
+        if self.isMultinomial:
+            raise ValueError("Multinomial models contain a matrix of coefficients, use coefficientMatrix instead.")
+        return super().coefficients
+
+    @property
+    def intercept(self) -> float:
+        if self.isMultinomial:
+            raise ValueError("Multinomial models contain a vector of intercepts, use interceptVector instead.")
+        return self._intercept
+
+    @property
+    def coefficientMatrix(self) -> DenseMatrix:
+        """The coefficients as MLlib's ``(numClasses, numFeatures)`` matrix (one row when binomial)."""
+        rows = self._coef.reshape(-1, self.numFeatures)
+        return DenseMatrix(rows.shape[0], rows.shape[1], rows.ravel().tolist(), True)
+
+    @property
+    def interceptVector(self):
+        return Vectors.dense(np.atleast_1d(self._intercept))
+
+    def _jvm_model_args(self, to_java) -> tuple:
+        if not self.isMultinomial:
+            return super()._jvm_model_args(to_java)
+        return self.uid, to_java(self.coefficientMatrix), to_java(self.interceptVector), self.numClasses, True
+
+    def _mllib_params(self) -> List[str]:
+        chosen = "thresholds" if self._set_thresholds() else ("threshold" if not self.isMultinomial else None)
+        return super()._mllib_params() + ["probabilityCol", "rawPredictionCol"] + ([chosen] if chosen else [])
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        ts = self._set_thresholds()
+        if ts is not None and self._coef is not None and len(ts) != self.numClasses:
+            raise ConfigurationError(f"thresholds={ts!r} has {len(ts)} values for a model of {self.numClasses} "
+                                     f"classes: set one per class")
+
+    def _class_margins(self, value) -> np.ndarray:
+        if isinstance(value, SparseVector):
+            return self._coef[:, value.indices] @ value.values + self._intercept
+        return self._coef @ value.toArray() + self._intercept
+
+    def predictRaw(self, value):
+        """MLlib's raw prediction of one feature vector: ``[-m, m]``, or the K margins."""
+        if not self.isMultinomial:
+            m = self._margin_udf()(value)
+            return Vectors.dense([-m, m])
+        return Vectors.dense(self._class_margins(value))
 
     def predictProbability(self, value):
-        return _probability(self._margin_udf()(value))
+        if not self.isMultinomial:
+            return _probability(self._margin_udf()(value))
+        return Vectors.dense(_softmax(self._class_margins(value)))
 
     def predict(self, value) -> float:
-        return 1.0 if self.predictProbability(value)[1] > self.getThreshold() else 0.0
+        if not self.isMultinomial:
+            return 1.0 if self.predictProbability(value)[1] > self.getThreshold() else 0.0
+        return float(_class_prediction(self.predictProbability(value).toArray(), self._set_thresholds()))
 
     def _transform(self, dataset):
         self._check_columns(dataset, "featuresCol")
@@ -137,6 +232,8 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
             mllib = self._mllib_model(dataset)
             if mllib is not None:
                 return mllib.transform(dataset)
+        if self.isMultinomial:
+            return self._transform_classes(dataset)
         threshold = self.getThreshold()
         # p > threshold  <=>  margin > logit(threshold)
         cut = math.inf if threshold >= 1 else (-math.inf if threshold <= 0 else math.log(threshold / (1 - threshold)))
@@ -175,6 +272,27 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
         fields += [T.StructField(pred_col, T.DoubleType(), True)] if pred_col else []
         return self._score_arrow(dataset, columns, fields)
 
+    def _transform_classes(self, dataset):
+        """A multinomial model's columns, scored in Arrow batches (MLlib's values)."""
+        raw_col, prob_col, pred_col = self.getRawPredictionCol(), self.getProbabilityCol(), self.getPredictionCol()
+        thresholds = self._set_thresholds()
+        vector_type = _arrow_vector_type()
+
+        def columns(margins, valid):
+            out = {}
+            if raw_col:
+                out[raw_col] = dense_vectors(margins, vector_type, valid)
+            p = _softmax(margins) if len(margins) else margins
+            if prob_col:
+                out[prob_col] = dense_vectors(p, vector_type, valid)
+            if pred_col:
+                out[pred_col] = pa.array(_class_prediction(p, thresholds) if len(p) else np.zeros(0), mask=~valid)
+            return out
+
+        fields = [T.StructField(c, VectorUDT(), True) for c in (raw_col, prob_col) if c]
+        fields += [T.StructField(pred_col, T.DoubleType(), True)] if pred_col else []
+        return self._score_arrow(dataset, columns, fields)
+
     def evaluate(self, dataset):
         """The model's metrics on ``dataset``, as ``LogisticRegressionModel.evaluate``: MLlib's
         ``BinaryLogisticRegressionSummary`` (``roc``, ``areaUnderROC``, ``pr``,
@@ -187,7 +305,27 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
             return mllib.evaluate(dataset)
         return LogisticEvaluation(self.transform(dataset), self.getLabelCol(), self.getPredictionCol(),
                                   self.getRawPredictionCol(), self.getProbabilityCol(), self.getFeaturesCol(),
-                                  self.getOrDefault("weightCol") if self.isDefined("weightCol") else None)
+                                  self.getOrDefault("weightCol") if self.isDefined("weightCol") else None,
+                                  self.numClasses)
+
+    # -- persistence: a binomial model's data as before; a multinomial model's with its matrix
+    def _save_data(self, write) -> dict:
+        if not self.isMultinomial:
+            return super()._save_data(write)
+        write("data", T.StructType([T.StructField("numClasses", T.IntegerType(), False),
+                                    T.StructField("interceptVector", T.ArrayType(T.DoubleType(), False), False),
+                                    T.StructField("coefficientMatrix", T.ArrayType(T.DoubleType(), False), False)]),
+              [(self.numClasses, self._intercept.tolist(), self._coef.ravel().tolist())])
+        return {"numFeatures": self.numFeatures, "numClasses": self.numClasses, "isMultinomial": True}
+
+    @classmethod
+    def _load_data(cls, read, metadata):
+        if not metadata.get("isMultinomial"):
+            return super()._load_data(read, metadata)
+        row = read("data").first()
+        k = int(row["numClasses"])
+        return cls(np.asarray(row["coefficientMatrix"], dtype=np.float64).reshape(k, -1),
+                   np.asarray(row["interceptVector"], dtype=np.float64))
 
 
 class LogisticEvaluation:
@@ -195,17 +333,29 @@ class LogisticEvaluation:
     :meth:`StradsLogisticRegressionModel.evaluate` gives under Spark Connect, where MLlib's own
     summary cannot be made): ``accuracy``, ``labels``, the ``...ByLabel`` lists, the
     ``weighted...`` rates, ``weightedFMeasure()`` / ``fMeasureByLabel()``, ``areaUnderROC``
-    (MLlib's evaluator: 1,000 bins, where MLlib's summary uses 100), ``predictions`` and the
-    column names.  The curves (``roc``, ``pr``, ``...ByThreshold``) need a classic session."""
+    (binomial; MLlib's evaluator: 1,000 bins, where MLlib's summary uses 100), ``predictions`` and
+    the column names.  The curves (``roc``, ``pr``, ``...ByThreshold``) need a classic session."""
 
     def __init__(self, predictions, label_col: str, prediction_col: str, raw_prediction_col: str,
-                 probability_col: str, features_col: str = "features", weight_col: Optional[str] = None):
+                 probability_col: str, features_col: str = "features", weight_col: Optional[str] = None,
+                 num_classes: int = 2):
         self.predictions = predictions
         self.labelCol, self.predictionCol, self.probabilityCol = label_col, prediction_col, probability_col
         self.featuresCol, self.weightCol = features_col, weight_col or None
         self._raw = raw_prediction_col
-        self.labels = [0.0, 1.0]
+        self._num_classes = int(num_classes)
         self._cache = {}
+
+    @property
+    def labels(self) -> List[float]:
+        """The labels that occur as a label or a prediction, ascending (MLlib's ``MulticlassMetrics.labels``)."""
+        if "labels" not in self._cache:
+            from pyspark.sql import functions as F
+
+            seen = self.predictions.select(F.col(self.labelCol).cast("double").alias("v")).union(
+                self.predictions.select(F.col(self.predictionCol).cast("double").alias("v"))).distinct()
+            self._cache["labels"] = sorted(float(r.v) for r in seen.collect() if r.v is not None)
+        return self._cache["labels"]
 
     def _multi(self, metric: str, label: Optional[float] = None, beta: float = 1.0) -> float:
         key = (metric, label, beta)
@@ -223,6 +373,8 @@ class LogisticEvaluation:
 
     @property
     def areaUnderROC(self) -> float:
+        if self._num_classes != 2:
+            raise AttributeError("areaUnderROC is a binomial model's: a multinomial summary has none (as MLlib's)")
         if "auc" not in self._cache:
             from pyspark.ml.evaluation import BinaryClassificationEvaluator
 
@@ -256,14 +408,58 @@ class LogisticEvaluation:
     roc = pr = fMeasureByThreshold = precisionByThreshold = recallByThreshold = property(_needs_classic)
 
 
+def _label_classes(dataset, lcol: str) -> Optional[int]:
+    """The class count the label column's ML attribute declares (StringIndexer writes one), or None."""
+    attr = (dataset.schema[lcol].metadata or {}).get("ml_attr") or {}
+    if attr.get("type") == "binary":
+        return 2
+    if attr.get("type") == "nominal":
+        if "num_vals" in attr:
+            return int(attr["num_vals"])
+        if "vals" in attr:
+            return len(attr["vals"])
+    return None
+
+
 class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
-    """Binary logistic regression with MLlib's elastic-net penalty by STRADS scheduled coordinate descent
-    (labels 0 / 1).  ``elasticNetParam`` defaults to 0 (ridge), as in MLlib; 1.0 gives the sparse L1
-    model the STRADS schedule is built for."""
+    """Binomial or multinomial logistic regression with MLlib's elastic-net penalty by STRADS scheduled
+    coordinate descent (labels: class indices 0, 1, ...).  ``elasticNetParam`` defaults to 0 (ridge),
+    as in MLlib; 1.0 gives the sparse L1 model the STRADS schedule is built for.  The class count is
+    the label column's metadata (as StringIndexer writes it), else the largest label + 1; with
+    ``family="auto"`` more than two classes fit the multinomial model, as MLlib's.  A multinomial
+    fit's ``coordinatesPerRound`` counts features, each with its K coefficients."""
 
     _program_class = L1LogisticProgram
     _model_class = StradsLogisticRegressionModel
-    _binary_labels = True
+    _class_labels = True
+
+    def _scan(self, fit):
+        records, stats = super()._scan(fit)
+        lcol, family = self.getLabelCol(), self.getOrDefault(self.family)
+        seen = int(stats["max_label"]) + 1
+        declared = _label_classes(fit.dataset, lcol)
+        if declared is not None and seen > declared:
+            raise InputError(f"labelCol {lcol!r} has the label {seen - 1} but its metadata declares {declared} "
+                             f"classes (labels 0 .. {declared - 1}): re-index the labels (e.g. with StringIndexer)")
+        classes = max(declared or 0, seen)
+        if family == "binomial" and classes > 2:
+            raise InputError(f"family='binomial' fits two classes, but labelCol {lcol!r} has {classes} (labels 0 .. "
+                             f"{classes - 1}): set family='multinomial' or 'auto'")
+        multinomial = family == "multinomial" or (family == "auto" and classes > 2)
+        if multinomial and classes < 2:
+            raise InputError(f"family='multinomial': labelCol {lcol!r} has one class (every label is 0); a "
+                             "classifier needs at least two")
+        ts = self._set_thresholds()
+        if ts is not None and len(ts) != (classes if multinomial else 2):
+            raise InputError(f"thresholds={ts!r} has {len(ts)} values, but labelCol {lcol!r} has "
+                             f"{classes if multinomial else 2} classes: set one threshold per class")
+        stats["num_classes"], stats["multinomial"] = classes, multinomial
+        return records, stats
+
+    def _program_kind(self, fit):
+        if fit.stats["multinomial"]:
+            return MultinomialProgram, {"num_classes": fit.stats["num_classes"]}
+        return L1LogisticProgram, {}
 
     @keyword_only
     def __init__(self, *, featuresCol: str = "features", labelCol: str = "label", predictionCol: str = "prediction",

@@ -128,6 +128,8 @@ class LassoProgram(WorkingSetSolver, Program):
     """
 
     loss_name = "squared"
+    #: how a parallel round's steps are kept from overshooting (``damping``)
+    dampings = ("eso", "none")
     staleness = 0
     checkpoint_ignore = ("t_origin",)  # a perf_counter origin of this process
 
@@ -167,8 +169,8 @@ class LassoProgram(WorkingSetSolver, Program):
         self.tol = float(tol)
         self.min_rounds_per_step = int(min_rounds_per_step)
         self.gram_limit = int(gram_limit) if self.loss_name == "squared" else 0
-        if damping not in ("eso", "none"):
-            raise ValueError(f"damping={damping!r} is not one of ('eso', 'none')")
+        if damping not in self.dampings:
+            raise ValueError(f"damping={damping!r} is not one of {self.dampings}")
         self.damping = damping
         self.t_origin = time.perf_counter()  # history times count from here (the estimator sets its start)
         self.sample_rows = 0 if sample is not None else max(0, int(sample_rows))
@@ -186,8 +188,36 @@ class LassoProgram(WorkingSetSolver, Program):
         """Coefficients on the shards (logistic regression adds the intercept)."""
         return self.num_features
 
+    #: coefficients per feature (a *unit*: what the schedule picks and the dependency check
+    #: compares; the multinomial program has one per class, updated in the same round)
+    unit_width = 1
+
+    @property
+    def num_units(self) -> int:
+        """Units the schedule picks from: the features (and the intercept where it is a coefficient)."""
+        return self.num_coords // self.unit_width
+
+    @property
+    def num_penalised(self) -> int:
+        """The penalised coefficients: the first rows of ``coef`` (the intercepts follow them)."""
+        return self.num_features * self.unit_width
+
+    def _feature_rows(self, coef: np.ndarray) -> np.ndarray:
+        """``coef``'s penalised rows as (feature, coefficient of the unit, column): a view."""
+        return coef[:self.num_penalised].reshape(self.num_features, self.unit_width, coef.shape[1])
+
+    def _unit_coords(self, units: np.ndarray) -> np.ndarray:
+        """The coefficients of ``units``, unit by unit."""
+        if self.unit_width == 1:
+            return units
+        return (units[:, None] * self.unit_width + np.arange(self.unit_width)).ravel()
+
+    def _per_unit(self, values: np.ndarray) -> np.ndarray:
+        """A per-coefficient array summed over each unit's coefficients."""
+        return values if self.unit_width == 1 else values.reshape(-1, self.unit_width).sum(axis=1)
+
     def tables(self):
-        tables = [Table("coef", self.num_coords, COEF_WIDTH, "float64", contrib_width=self.contrib_width),
+        tables = [Table("coef", self.num_coords, self.coef_width, "float64", contrib_width=self.contrib_width),
                   Table("grad", self.num_coords, self.grad_width, "float64", contrib_width=self.grad_width),
                   Table("totals", 1, 6, "float64", single_shard=True)]
         if self.gram_limit:
@@ -195,6 +225,7 @@ class LassoProgram(WorkingSetSolver, Program):
         return tables
 
     grad_width = 1
+    coef_width = COEF_WIDTH
     contrib_width = 4  # x'Wr, sum w r, and the two curvature sums of the ESO damping
 
     def load(self, ctx, records):
@@ -235,9 +266,10 @@ class LassoProgram(WorkingSetSolver, Program):
         w, y = data["w"], data["y"]
         sum_x, sum_xx = np.zeros(self.num_features), np.zeros(self.num_features)
         K.column_sums(data["col_ptr"], data["row_idx"], data["vals"], w, sum_x, sum_xx)
-        coef = np.zeros((self.num_coords, COEF_WIDTH))
-        coef[:self.num_features, CURV] = sum_xx
-        coef[:self.num_features, MEAN] = sum_x
+        coef = np.zeros((self.num_coords, self.coef_width))
+        rows = self._feature_rows(coef)  # the sums go on each feature's first coefficient
+        rows[:, 0, CURV] = sum_xx
+        rows[:, 0, MEAN] = sum_x
         ctx.table("coef").inc(range(0, len(coef)), coef)
         ctx.table("totals").inc([0], [[w.sum(), (w * w).sum(), (w * y).sum(), (w * y * y).sum(), len(y),
                                        len(data["vals"])]])
@@ -257,6 +289,9 @@ class LassoProgram(WorkingSetSolver, Program):
         ctx.parallel(lambda cols: K.all_column_dots(col_ptr[cols.start:cols.stop + 1], data["row_idx"], data["vals"],
                                                     v, out[cols.start:cols.stop]), ctx.split(col_ptr))
         return out
+
+    #: a step updates at least as many coefficients as are live (its closing sweep reads them all)
+    step_covers_live = True
 
     #: coordinates from which a round's column dots are split over the worker's threads
     threaded_min_coords = THREADED_MIN_COORDS
@@ -361,20 +396,24 @@ class LassoProgram(WorkingSetSolver, Program):
             return
         coef = ctx.table("coef").read_all()
         J = self.num_features
-        sum_x, sum_xx = coef[:J, MEAN].copy(), coef[:J, CURV].copy()
+        rows = self._feature_rows(coef)
+        sum_x, sum_xx = rows[:, 0, MEAN].copy(), rows[:, 0, CURV].copy()
         mean = sum_x / W if W > 0 else np.zeros(J)
         denom = W - W2 / W if W > 0 else 0.0
-        var = np.maximum(sum_xx - W * mean * mean, 0.0) / denom if denom > 0 else np.zeros(J)
+        centred = sum_xx - W * mean * mean
+        # a constant column leaves only the rounding of sum_xx - W mean^2: that is no variance
+        centred = np.where(centred > 1e-11 * sum_xx, centred, 0.0)
+        var = centred / denom if denom > 0 else np.zeros(J)
         std = np.sqrt(var)
         frozen = ~(std > 0)  # zero variance: MLlib keeps these coefficients at 0
         scale = std if self.standardization else np.ones(J)
         pen = self.reg_param * self.elastic_net * scale
         l2 = self.reg_param * (1.0 - self.elastic_net) * scale * scale / self._l2_label_scale()
         curv = self._curvature(sum_xx, mean, W)
-        coef[:J, PEN] = np.where(frozen, -1.0, pen)
-        coef[:J, L2] = np.where(frozen, 0.0, l2)
-        coef[:J, CURV] = np.where(frozen, 0.0, curv)
-        coef[:J, MEAN] = mean if self.fit_intercept else 0.0
+        rows[:, :, PEN] = np.where(frozen, -1.0, pen)[:, None]
+        rows[:, :, L2] = np.where(frozen, 0.0, l2)[:, None]
+        rows[:, :, CURV] = np.where(frozen, 0.0, curv)[:, None]
+        rows[:, :, MEAN] = (mean if self.fit_intercept else 0.0 * mean)[:, None]
         coef[:, BETA] = 0.0
         coef[:, DELTA] = 0.0
         self._extra_prepare(coef)
@@ -426,12 +465,16 @@ class LassoProgram(WorkingSetSolver, Program):
     def _coefficient_stats(self, ctx, metrics) -> float:
         """After a step's sweep: objective, proposed steps, stopping figures."""
         d = self._d
-        coef = ctx.table("coef").read_all()
+        coef = self._read_coef(ctx)
         sums = {key: metrics.last(key, 0.0) for key in ("wr", "wrr", "loss", "su", "sh")}
         rows = ctx.table("grad").read_all()
         grad = self._driver_gradient(rows, coef, sums)
         d["coef"], d["grad"], d["sums"], d["grad_rows"] = coef, grad, sums, rows
         return self._objective(coef, sums)
+
+    def _read_coef(self, ctx) -> np.ndarray:
+        """The ``coef`` table as the step left it (read after every step)."""
+        return ctx.table("coef").read_all()
 
     def _objective(self, coef, sums) -> float:
         W = self._d["W"]
@@ -439,7 +482,7 @@ class LassoProgram(WorkingSetSolver, Program):
         return 0.5 * sq / W + self._penalty(coef)
 
     def _penalty(self, coef) -> float:
-        J = self.num_features
+        J = self.num_penalised
         beta = coef[:J, BETA]
         return float(np.maximum(coef[:J, PEN], 0.0) @ np.abs(beta) + 0.5 * (coef[:J, L2] @ (beta * beta)))
 
@@ -493,10 +536,10 @@ class LassoProgram(WorkingSetSolver, Program):
         d["history"].append((objective, d["updates"]))
         it = len(d["history"]) - 1
         ctx.record(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
-                   gap=gap, decrease=decrease, nonzeros=int(np.count_nonzero(coef[:self.num_features, BETA])))
+                   gap=gap, decrease=decrease, nonzeros=int(np.count_nonzero(coef[:self.num_penalised, BETA])))
         ctx.record_row(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
                        gap=gap, elapsed_s=time.perf_counter() - self.t_origin, **validation)
-        shown = {"objective": objective, "nonzeros": int(np.count_nonzero(coef[:self.num_features, BETA])),
+        shown = {"objective": objective, "nonzeros": int(np.count_nonzero(coef[:self.num_penalised, BETA])),
                  **validation}
         if np.isfinite(gap):
             shown["gap"] = gap
@@ -539,7 +582,7 @@ class LassoProgram(WorkingSetSolver, Program):
         if tail:
             d["planned"] = 0
             return Schedule.shared(tail + ["sweep"])
-        J = self.num_coords
+        J = self.num_units
         rng = np.random.default_rng([ctx.seed, ctx.step])
         L, Lp = self.coords_per_round, self.candidates_per_round
         live = np.ones(J, dtype=bool)
@@ -565,9 +608,13 @@ class LassoProgram(WorkingSetSolver, Program):
                                              self.num_features, sample.ptr, sample.rows, sample.vals, rho,
                                              max(sample.num_rows, 1))
         rounds = [coords[round_ptr[r]:round_ptr[r + 1]] for r in range(len(round_ptr) - 1)]
-        rounds = self._with_intercept_rounds(rounds)
+        rounds = [self._unit_coords(r) for r in self._with_intercept_rounds(rounds)]
         d["planned"] = int(sum(len(r) for r in rounds))
-        return Schedule.shared(rounds + ["sweep"])
+        return Schedule.shared(self._engine_rounds(rounds) + ["sweep"])
+
+    def _engine_rounds(self, rounds: list) -> list:
+        """The engine's rounds for the planned coefficient rounds (one each here)."""
+        return rounds
 
     def _with_intercept_rounds(self, rounds):
         return rounds
@@ -579,22 +626,23 @@ class LassoProgram(WorkingSetSolver, Program):
 
     def _dynamic_stream(self, rng, live, L, max_rounds) -> np.ndarray:
         d = self._d
-        J = self.num_coords
+        J = self.num_units
+        live_coef = np.repeat(live, self.unit_width)  # per coefficient
         if self.priority == "delta":  # plain STRADS: (delta beta)^2 + eta, sampled with replacement
             coef = d["coef"]
-            prio = np.where(live, coef[:, DELTA] ** 2, 0.0)
+            prio = np.where(live, self._per_unit(coef[:, DELTA] ** 2), 0.0)
             top = prio.max() if prio.size else 0.0
             prio = np.where(live, prio + self.eta * (top if top > 0 else 1.0), 0.0)
             budget = max(int(np.count_nonzero(live)), self.min_rounds_per_step * L)
             return rng.choice(J, size=budget, replace=True, p=prio / prio.sum())
         step = d.get("step")
         if step is None:  # first step: proposals from the initial gradient
-            curv = np.where(live, self._driver_curvature(d["grad_rows"], d["coef"], d["sums"]), 0.0)
+            curv = np.where(live_coef, self._driver_curvature(d["grad_rows"], d["coef"], d["sums"]), 0.0)
             step = soft_step(d["coef"][:, BETA], d["grad"], curv, d["coef"][:, PEN])
             d["curv"] = curv
         curv = d["curv"]
-        prio = curv * step * step
-        active = live & ((prio > 0) | (d["coef"][:, BETA] != 0))
+        prio = self._per_unit(curv * step * step)
+        active = live & ((prio > 0) | (self._per_unit(np.abs(d["coef"][:, BETA])) != 0))
         ids = np.flatnonzero(active)
         if len(ids) == 0:
             ids = np.flatnonzero(live)
@@ -606,7 +654,8 @@ class LassoProgram(WorkingSetSolver, Program):
         # sweep's gradient every few passes beat filling the step's time budget with stale ones.
         # But the step's closing sweep reads every column once: at least as many updates as
         # live columns keep it at most about half of a step's work on wide problems
-        want = max(self.passes * len(ids), self.min_rounds_per_step * min(L, len(ids)), int(live.sum()))
+        want = max(self.passes * len(ids), self.min_rounds_per_step * min(L, len(ids)),
+                   int(live.sum()) if self.step_covers_live else 0)
         passes = int(np.ceil(want / max(len(ids), 1)))
         parts = []
         for _ in range(passes):  # a priority-weighted random order of the working set per pass
