@@ -224,7 +224,8 @@ def test_kernels_curvature_bound_line_sums_and_class_shift():
     K.class_shift(beta, pen, l2, shift)
     grid = np.linspace(-4, 4, 80001)
     for j in range(50):
-        value = (pen[j] * np.abs(beta[j][:, None] + grid).sum(0) + 0.5 * l2[j] * ((beta[j][:, None] + grid) ** 2).sum(0))
+        moved = beta[j][:, None] + grid
+        value = pen[j] * np.abs(moved).sum(0) + 0.5 * l2[j] * (moved ** 2).sum(0)
         at = pen[j] * np.abs(beta[j] + shift[j]).sum() + 0.5 * l2[j] * ((beta[j] + shift[j]) ** 2).sum()
         if pen[j] < 0:
             assert shift[j] == 0.0

@@ -28,7 +28,7 @@ from typing import Any, Tuple
 import numpy as np
 
 from ..kernels import cd as K
-from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, soft_step
+from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN
 from .logistic import L1LogisticProgram
 
 #: ``coef`` columns of the line-search rounds: the proposed change, and the step size taken
