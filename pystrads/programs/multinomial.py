@@ -28,13 +28,22 @@ from typing import Any, Tuple
 import numpy as np
 
 from ..kernels import cd as K
+from ..engine.program import Table
 from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN
 from .logistic import L1LogisticProgram
 
-#: ``coef`` columns of the line-search rounds: the proposed change, and the step size taken
-PROP, STEP = COEF_WIDTH, COEF_WIDTH + 1
-#: a contribution's last column: 0 for a round's partial sums, 1 for its line search
-KIND = 6
+#: the ``coef`` column of the line-search rounds: a proposed change, waiting for its step size
+PROP = COEF_WIDTH
+#: columns of a line-search contribution: ``COMMIT_ONLY`` is 1 when it only commits proposals;
+#: ``COMMIT`` is the step size to commit the key's waiting proposal with (0: none waits)
+COMMIT_ONLY, COMMIT = 5, 6
+
+
+def _step_size(decrease: float, curvature: float) -> float:
+    """The step along a round's direction minimising ``t decrease + t^2 curvature / 2`` in [0, 1]."""
+    if not decrease < 0:
+        return 0.0
+    return 1.0 if curvature <= 0 else min(1.0, -decrease / curvature)
 
 
 class MultinomialProgram(L1LogisticProgram):
@@ -46,16 +55,18 @@ class MultinomialProgram(L1LogisticProgram):
 
     ``damping`` (how a round's parallel steps are kept from overshooting): ``"line"`` (default)
     runs each round in two ticks -- the shards propose every coefficient's own step, the workers
-    measure the loss's exact curvature along the round's whole direction, and every step is
-    scaled by the one step size that minimises the local model of the objective along it (Tseng
-    and Yun's coordinate gradient descent; at most 1) -- so rows shared by many features cost
-    only what their steps really interact; ``"eso"`` damps each step by its rows' overlap in one
+    measure the loss's exact curvature along the round's whole direction (summed in table
+    ``line``), and every step is scaled by the one step size that minimises the local model of
+    the objective along it (Tseng and Yun's coordinate gradient descent; at most 1) -- so rows
+    shared by many features cost only what their steps really interact.  The shards commit a
+    proposal with its step size when the coefficient is next proposed, or in the step's last
+    round; ``"eso"`` damps each step by its rows' overlap in one
     tick, as the binary program (cheaper where columns rarely share rows); ``"none"``.
     """
 
     loss_name = "multinomial"
     dampings = ("line", "eso", "none")
-    coef_width = COEF_WIDTH + 2
+    coef_width = COEF_WIDTH + 1
     contrib_width = 7
 
     def __init__(self, num_features: int, reg_param: float, *, num_classes: int, **options: Any):
@@ -75,6 +86,10 @@ class MultinomialProgram(L1LogisticProgram):
     @property
     def num_coords(self) -> int:
         return (self.num_features + (1 if self.fit_intercept else 0)) * self.num_classes
+
+    def tables(self):
+        extra = [Table("line", 1, 2, "float64", single_shard=True)] if self.damping == "line" else []
+        return super().tables() + extra
 
     # ------------------------------------------------------------------ worker side
     def _initial_state(self, data):
@@ -106,51 +121,68 @@ class MultinomialProgram(L1LogisticProgram):
 
     def push(self, ctx, data, state, work):
         if isinstance(work, str):  # the closing sweep: the binary program's, on the class arrays
-            state.pop("terms", None)
-            state.pop("buffers", None)  # a step ends holding no round's arrays
+            for key in ("terms", "buffers", "waiting"):
+                state.pop(key, None)  # a step ends holding no round's arrays
             return super().push(ctx, data, state, work)
         inv_w = self._inv_weight(ctx, state)
-        if isinstance(work, tuple):  # ("line", coords): the round's line search
-            return self._push_line(ctx, data, state, work[1], inv_w)
+        if isinstance(work, tuple) and work[0] == "line":  # the round's line search
+            return self._push_line(ctx, data, state, inv_w)
+        if isinstance(work, tuple):  # ("commit", None): the proposals still waiting, by worker 0
+            waiting = state.get("waiting")
+            keys = np.flatnonzero(waiting) if waiting is not None else np.zeros(0, dtype=np.int64)
+            if ctx.worker == 0 and len(keys):
+                rows = np.zeros((len(keys), self.contrib_width))
+                rows[:, COMMIT_ONLY] = 1.0
+                rows[:, COMMIT] = waiting[keys]
+                ctx.contribute("coef", keys, rows)
+            state.pop("waiting", None)
+            return state
         u, h, _ = self._terms(data, state)
         features = work[::self.num_classes] // self.num_classes  # whole units, in order
         gu, gh2, gh1 = self._class_dots(ctx, data, features, u, h)
+        commit = np.zeros(len(work))
         if self.damping == "eso":  # curvature sum x^2 h omega: the parallel round's separable bound
             omega = K.row_overlap(data["col_ptr"], data["row_idx"], features, len(data["y"]))
             gho = self._class_dots(ctx, data, features, u, h * omega[:, None], with_h1=False)[1]
+        elif self.damping == "line":
+            state["terms"] = u  # the line search's slope and curvature come from them
+            gho = np.zeros_like(gh2)  # (COMMIT_ONLY: 0)
+            waiting = state.setdefault("waiting", np.zeros(self.num_coords))
+            if ctx.worker == 0:  # the step sizes of these coefficients' waiting proposals
+                commit = waiting[work]
+            waiting[work] = 0.0
         else:
             gho = gh2
-        if self.damping == "line":  # the line search's slope and curvature come from them
-            state["terms"] = u
         su, sh = u.sum(axis=0), h.sum(axis=0)
         n = len(features)
-        ctx.contribute("coef", work, np.column_stack([gu.ravel(), np.tile(su, n), gh2.ravel(), gh1.ravel(),
-                                                      np.tile(sh, n), gho.ravel(), np.zeros(n * self.num_classes)])
-                       * inv_w, read_back=True)
+        rows = np.column_stack([gu.ravel(), np.tile(su, n), gh2.ravel(), gh1.ravel(), np.tile(sh, n), gho.ravel(),
+                                np.zeros(len(work))]) * inv_w
+        rows[:, COMMIT] = commit
+        ctx.contribute("coef", work, rows, read_back=True)
         return state
 
-    def _push_line(self, ctx, data, state, coords, inv_w):
+    def _push_line(self, ctx, data, state, inv_w):
         """The line search's sums along the proposed direction ``dm`` (the margins' change):
         ``sum u . dm`` (the loss's slope) and ``sum w (p . dm^2 - (p . dm)^2)`` (its curvature,
         exact for the softmax), with the penalty's change along it added once (by worker 0)."""
         u = state.pop("terms")
         dm, penalty_change = state["direction"][0], state["direction"][1]
         slope, curvature = K.softmax_line_sums(u, data["y"], data["w"], dm)
-        row = np.zeros(self.contrib_width)
-        row[0] = slope * inv_w + (penalty_change if ctx.worker == 0 else 0.0)
-        row[1] = curvature * inv_w
-        row[KIND] = 1.0
-        ctx.contribute("coef", coords, np.tile(row, (len(coords), 1)), read_back=True)
+        row = [[slope * inv_w + (penalty_change if ctx.worker == 0 else 0.0), curvature * inv_w]]
+        ctx.contribute("line", [0], np.array(row), read_back=True)
         return state
 
     def apply(self, ctx, data, state, work):
         if isinstance(work, str):
             return state
-        rows = ctx.pulled("coef")  # the stepped rows, back with the round's tick
+        if isinstance(work, tuple) and work[0] == "commit":
+            return state
         k_all = self.num_classes
         if isinstance(work, tuple):  # the line search's step: the margins move by its share
-            step = float(rows[0, STEP])
-            dm, _, held_dm = state.pop("direction")
+            decrease, curvature = ctx.pulled("line")[0]
+            step = _step_size(float(decrease), float(curvature))
+            dm, _, held_dm, coords = state.pop("direction")
+            state["waiting"][coords] = step  # the shards commit the proposals with it later
             if step > 0:
                 for margins, change in ((state["m"], dm), (state.get("validation", {}).get("m"), held_dm)):
                     if change is not None:
@@ -158,6 +190,7 @@ class MultinomialProgram(L1LogisticProgram):
                         margins += change
             state["buffers"] = (dm, held_dm)  # the next round's direction is written over them
             return state
+        rows = ctx.pulled("coef")  # the stepped rows, back with the round's tick
         features = work[::k_all] // k_all
         column = PROP if self.damping == "line" else DELTA
         delta = rows[:, column].reshape(-1, k_all)
@@ -180,39 +213,34 @@ class MultinomialProgram(L1LogisticProgram):
             beta, prop, pen, l2 = rows[:, BETA], rows[:, PROP], np.maximum(rows[:, PEN], 0.0), rows[:, L2]
             new = beta + prop
             change = float(pen @ (np.abs(new) - np.abs(beta)) + 0.5 * (l2 @ (new * new - beta * beta)))
-            state["direction"] = (moved[0], change, moved[1] if len(moved) > 1 else None)
+            state["direction"] = (moved[0], change, moved[1] if len(moved) > 1 else None, work)
         return state
 
     def pull(self, table, keys, partials, current):
+        if table == "line":
+            return partials  # the round's summed slope and curvature
         if table != "coef" or self.damping != "line":
             return super().pull(table, keys, partials, current)
-        if partials[0, KIND] > 0:  # the line search: one step size for the round's whole direction
-            decrease, curvature = float(partials[0, 0]), float(partials[0, 1])
-            if decrease >= 0:
-                step = 0.0
-            else:
-                step = 1.0 if curvature <= 0 else min(1.0, -decrease / curvature)
-            new = current.copy()
-            new[:, DELTA] = step * current[:, PROP]
-            new[:, BETA] += new[:, DELTA]
-            new[:, PROP] = 0.0
-            new[:, STEP] = step
-            return new
-        stepped = super().pull(table, keys, partials, current)  # each coefficient's own step
         new = current.copy()
+        commit = partials[:, COMMIT] * current[:, PROP]  # a waiting proposal, with its step size
+        new[:, BETA] += commit
+        new[:, DELTA] = commit
+        new[:, PROP] = 0.0
+        if partials[0, COMMIT_ONLY] > 0:
+            return new
+        stepped = super().pull(table, keys, partials, new)  # each coefficient's own step, proposed
         new[:, PROP] = stepped[:, DELTA]
-        new[:, DELTA] = 0.0
         return new
 
     def _engine_rounds(self, rounds):
         if self.damping != "line":
             return rounds
-        return [r for coords in rounds for r in (coords, ("line", coords))]
+        return [r for coords in rounds for r in (coords, ("line", None))] + [("commit", None)]
 
     def _round_budget(self, hint: int) -> int:
         if self.damping != "line":
             return super()._round_budget(hint)
-        return super()._round_budget((hint + 1) // 2)  # two ticks a round, then the sweep
+        return super()._round_budget(max(2, hint // 2))  # two ticks a round, the commit, the sweep
 
     # ------------------------------------------------------------------ driver side
     def _extra_prepare(self, coef):
