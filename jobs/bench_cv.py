@@ -19,15 +19,16 @@ fit. Prints a table and writes JSON (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import argv_of, record  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 
@@ -83,18 +84,10 @@ def main(argv=None):
     print(f"\nmedian: sequential (parallelism 1, default workers) {median['sequential']:.2f} s, parallel "
           f"(parallelism 2, numWorkers=1) {median['parallel']:.2f} s, ratio {ratio:.2f} (target <= 0.7); "
           f"parallel metrics equal sequential fits of its settings: {same}")
-    given = list(argv if argv is not None else sys.argv[1:])
-    shown = [a for i, a in enumerate(given) if a != "--out" and (i == 0 or given[i - 1] != "--out")
-             and not a.startswith("--out=")]  # where the JSON goes is not part of the experiment
-    result = {"command": "python3 " + " ".join(["jobs/bench_cv.py"] + shown),
-              "date": time.strftime("%Y-%m-%d"), "rank": args.rank, "iters": args.iters, "folds": args.folds,
-              "regs": args.regs, "repeats": args.repeats, "seconds": times, "median_s": median, "ratio": ratio,
-              "avg_metrics": metrics, "reference_metrics": reference, "metrics_equal": same,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {args.out}")
+    result = record("jobs/bench_cv.py", argv_of(argv), args.out, {
+        "rank": args.rank, "iters": args.iters, "folds": args.folds, "regs": args.regs, "repeats": args.repeats,
+        "seconds": times, "median_s": median, "ratio": ratio, "avg_metrics": metrics,
+        "reference_metrics": reference, "metrics_equal": same})
     spark.stop()
     return result
 

@@ -31,14 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import argv_of, record  # noqa: E402
 
 
 def _csr(indptr, indices, values, features):
@@ -180,21 +180,13 @@ def main(argv=None):
     ratio = median["pystrads"] / median["mllib"]
     print(f"\nmedian time to MLlib's converged objective: pystrads {median['pystrads']:.1f} s, MLlib "
           f"{median['mllib']:.1f} s, ratio {ratio:.2f} (target <= 0.5)")
-    given = list(argv if argv is not None else sys.argv[1:])
-    shown = [a for i, a in enumerate(given) if a != "--out" and (i == 0 or given[i - 1] != "--out")
-             and not a.startswith("--out=")]
-    result = {"command": "python3 " + shlex.join(["jobs/bench_multinomial.py"] + shown),
-              "date": time.strftime("%Y-%m-%d"),
-              "problem": {"rows": args.rows, "features": args.features, "classes": args.classes,
-                          "nonzeros": int(len(values)), "informative": args.informative, "seed": args.seed},
-              "params": common, "pystrads_params": extra, "target": target,
-              "mllib_converged": {"objective": f_m, "iterations": len(history) - 1, "seconds": seconds},
-              "mllib_iterations_to_target": k, "pystrads": reached, "seconds": times, "median_s": median,
-              "ratio": ratio, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"wrote {args.out}")
+    result = record("jobs/bench_multinomial.py", argv_of(argv), args.out, {
+        "problem": {"rows": args.rows, "features": args.features, "classes": args.classes,
+                    "nonzeros": int(len(values)), "informative": args.informative, "seed": args.seed},
+        "params": common, "pystrads_params": extra, "target": target,
+        "mllib_converged": {"objective": f_m, "iterations": len(history) - 1, "seconds": seconds},
+        "mllib_iterations_to_target": k, "pystrads": reached, "seconds": times, "median_s": median,
+        "ratio": ratio})
     spark.stop()
     return result
 

@@ -260,3 +260,24 @@ def test_program_dampings_on_correlated_columns(spark, damping):
         assert any(rises) or not np.isfinite(history[-1]), history
     else:
         assert not any(rises) and history[-1] < 0.9 * history[0], (damping, history)
+
+
+def test_early_stopping_scores_the_held_out_rows(problem):
+    """validationIndicatorCol: the held-out rows are never trained on, and the history's validation
+    loss is their weighted mean softmax loss at the iteration's coefficients (the last one recomputed
+    here from the model)."""
+    from pyspark.sql import functions as F
+
+    x, y, w, df = problem
+    flagged = df.withColumn("held", F.rand(seed=3) < 0.25)
+    model = StradsLogisticRegression(regParam=0.01, elasticNetParam=0.5, weightCol="w", tol=1e-10, maxIter=30,
+                                     validationIndicatorCol="held", earlyStoppingRounds=0).fit(flagged)
+    held = flagged.filter("held").select("label", "w", "features").collect()
+    xh = np.array([r.features.toArray() for r in held])
+    yh, wh = np.array([r.label for r in held]), np.array([r.w for r in held])
+    m = xh @ model.coefficientMatrix.toArray().T + model.interceptVector.toArray()
+    loss = wh @ (np.logaddexp.reduce(m, axis=1) - m[np.arange(len(yh)), yh.astype(int)]) / wh.sum()
+    history = model.summary.validationHistory
+    assert model.summary.numValidationInstances == len(held) and model.summary.numInstances == 500 - len(held)
+    assert history[-1] == pytest.approx(loss, rel=1e-9)
+    assert history[-1] < history[0] < np.log(CLASSES)
