@@ -290,9 +290,6 @@ class LassoProgram(WorkingSetSolver, Program):
                                                     v, out[cols.start:cols.stop]), ctx.split(col_ptr))
         return out
 
-    #: a step updates at least as many coefficients as are live (its closing sweep reads them all)
-    step_covers_live = True
-
     #: coordinates from which a round's column dots are split over the worker's threads
     threaded_min_coords = THREADED_MIN_COORDS
 
@@ -654,8 +651,7 @@ class LassoProgram(WorkingSetSolver, Program):
         # sweep's gradient every few passes beat filling the step's time budget with stale ones.
         # But the step's closing sweep reads every column once: at least as many updates as
         # live columns keep it at most about half of a step's work on wide problems
-        want = max(self.passes * len(ids), self.min_rounds_per_step * min(L, len(ids)),
-                   int(live.sum()) if self.step_covers_live else 0)
+        want = max(self.passes * len(ids), self.min_rounds_per_step * min(L, len(ids)), int(live.sum()))
         passes = int(np.ceil(want / max(len(ids), 1)))
         parts = []
         for _ in range(passes):  # a priority-weighted random order of the working set per pass
