@@ -236,6 +236,37 @@ def test_kernels_curvature_bound_line_sums_and_class_shift():
     assert all(np.any(row == 0.0) for row in lasso_only)  # a median: one coefficient exactly 0
 
 
+@pytest.mark.parametrize("parts", [1, 3])
+def test_kernels_by_row_equal_the_column_sums(parts):
+    """The round's sums and margins' change, computed row by row from the columns by row, equal
+    the matrix products (the intercept's column of ones included, the threads' parts exact)."""
+    import scipy.sparse
+    from pystrads.kernels import cd as K
+
+    rng = np.random.default_rng(3)
+    n, J, k_all = 300, 40, 4
+    X = scipy.sparse.random(n, J, density=0.2, random_state=4, format="csc")
+    X = scipy.sparse.hstack([X, np.ones((n, 1))]).tocsc()  # column J: the intercept's ones
+    u, h = rng.standard_normal((n, k_all)), rng.uniform(0, 1, (n, k_all))
+    cp, ri, vals = X.indptr[:J + 1].astype(np.int64), X.indices.astype(np.int64), X.data
+    features = np.array(sorted(rng.choice(J, 25, replace=False)) + [J], dtype=np.int64)
+    cuts = np.linspace(0, len(features), parts + 1).astype(np.int64)
+    ptr, pos, val = K.columns_by_row(cp, ri, vals, features, cuts, n)
+    assert np.all(np.diff(ptr, axis=1) >= 0) and np.array_equal(ptr[1:, 0], ptr[:-1, -1])
+    out = [np.full((len(features), k_all), np.nan) for _ in range(3)]
+    for p in range(parts):
+        K.class_row_dots(ptr, pos, val, p, cuts[p], cuts[p + 1], len(features) - 1, u, h, *out)
+    Xf = X[:, features].toarray()
+    np.testing.assert_allclose(out[0], Xf.T @ u, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[1], (Xf ** 2).T @ h, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[2], Xf.T @ h, rtol=1e-12, atol=1e-12)
+    delta, shift = rng.standard_normal((len(features), k_all)), rng.standard_normal(k_all)
+    dm = np.full((n, k_all), np.nan)
+    for lo, hi in ((0, 120), (120, n)):
+        K.class_row_direction(ptr, pos, val, len(features) - 1, delta, shift, dm, lo, hi)
+    np.testing.assert_allclose(dm, Xf @ delta - shift, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("damping", ["line", "eso", "none"])
 def test_program_dampings_on_correlated_columns(spark, damping):
     """Rounds that update every feature at once on strongly correlated columns (each feature five

@@ -525,40 +525,6 @@ def softmax_terms(margin, y, w, u, h):
 
 
 @njit(cache=True, nogil=True)
-def class_column_dots(col_ptr, row_idx, vals, features, u, h, out_u, out_h2, out_h1):
-    """Per feature ``f = features[a]`` and class k: ``out_u[a, k] = sum_i x_if u_ik``,
-    ``out_h2[a, k] = sum x^2 h_ik`` and ``out_h1[a, k] = sum x h_ik`` (feature ``J``: the
-    intercept's column of ones).  ``out_h1`` may have no rows: then it is not computed."""
-    J = col_ptr.shape[0] - 1
-    k_all = u.shape[1]
-    with_h1 = out_h1.shape[0] > 0
-    for a in range(features.shape[0]):
-        f = features[a]
-        for k in range(k_all):
-            out_u[a, k] = 0.0
-            out_h2[a, k] = 0.0
-            if with_h1:
-                out_h1[a, k] = 0.0
-        if f == J:
-            for i in range(u.shape[0]):
-                for k in range(k_all):
-                    out_u[a, k] += u[i, k]
-                    out_h2[a, k] += h[i, k]
-                    if with_h1:
-                        out_h1[a, k] += h[i, k]
-        else:
-            for q in range(col_ptr[f], col_ptr[f + 1]):
-                i = row_idx[q]
-                x = vals[q]
-                xx = x * x
-                for k in range(k_all):
-                    out_u[a, k] += x * u[i, k]
-                    out_h2[a, k] += xx * h[i, k]
-                    if with_h1:
-                        out_h1[a, k] += x * h[i, k]
-
-
-@njit(cache=True, nogil=True)
 def add_class_columns(col_ptr, row_idx, vals, features, delta, margin):
     """``margin[:, k] += X[:, features] @ delta[:, k]`` for every class (feature ``J``: every row);
     features whose deltas are all zero are skipped."""
@@ -653,11 +619,95 @@ def softmax_line_sums(u, y, w, dm):
 
 
 @njit(cache=True, nogil=True)
-def class_direction(col_ptr, row_idx, vals, features, delta, shift, out):
-    """``out = X[:, features] @ delta - shift`` (each class's margins' change; feature ``J``: every
-    row), written over ``out`` (no zeroing pass of its own)."""
-    n, k_all = out.shape
+def columns_by_row(col_ptr, row_idx, vals, features, cuts, n):
+    """Columns ``features`` of a CSC matrix of ``n`` rows, by row: ``(ptr, pos, val)``.
+
+    Row ``i``'s entries are ``ptr[i, 0] .. ptr[i, P]`` (``P = len(cuts) - 1``), ``pos`` the index
+    into ``features`` (ascending within a row) and ``val`` the value; ``ptr[i, p]`` is where its
+    entries of positions ``>= cuts[p]`` begin (``cuts``: ascending part starts, from 0 to
+    ``len(features)``).  Feature ``J`` (the intercept's column of ones) has no entries: the
+    kernels below take its position apart.  Column-at-a-time kernels jump between rows of the
+    ``(n, K)`` class arrays; these pass over them in order."""
+    J = col_ptr.shape[0] - 1
+    parts = cuts.shape[0] - 1
+    start = np.zeros(n + 1, dtype=np.int64)
+    for a in range(features.shape[0]):
+        f = features[a]
+        if f < J:
+            for q in range(col_ptr[f], col_ptr[f + 1]):
+                start[row_idx[q] + 1] += 1
     for i in range(n):
+        start[i + 1] += start[i]
+    pos = np.empty(start[n], dtype=np.int32)
+    val = np.empty(start[n])
+    fill = start[:n].copy()
+    for a in range(features.shape[0]):  # in position order: ascending within every row
+        f = features[a]
+        if f < J:
+            for q in range(col_ptr[f], col_ptr[f + 1]):
+                i = row_idx[q]
+                s = fill[i]
+                pos[s] = a
+                val[s] = vals[q]
+                fill[i] = s + 1
+    ptr = np.empty((n, parts + 1), dtype=np.int64)
+    for i in range(n):
+        q = start[i]
+        for p in range(parts + 1):
+            while q < start[i + 1] and pos[q] < cuts[p]:
+                q += 1
+            ptr[i, p] = q if p < parts else start[i + 1]
+    return ptr, pos, val
+
+
+@njit(cache=True, nogil=True)
+def class_row_dots(ptr, pos, val, part, lo, hi, intercept, u, h, out_u, out_h2, out_h1):
+    """Per position ``a`` (feature ``features[a]`` of :func:`columns_by_row`) in ``lo .. hi - 1``
+    (part ``part`` of its ``ptr``) and class k: ``out_u[a, k] = sum_i x_ia u_ik``,
+    ``out_h2[a, k] = sum x^2 h_ik`` and ``out_h1[a, k] = sum x h_ik``, passing over the rows in
+    order (``intercept``: the position of the column of ones, or -1; ``out_h1`` may have no rows:
+    then it is not computed)."""
+    k_all = u.shape[1]
+    with_h1 = out_h1.shape[0] > 0
+    for a in range(lo, hi):
+        for k in range(k_all):
+            out_u[a, k] = 0.0
+            out_h2[a, k] = 0.0
+            if with_h1:
+                out_h1[a, k] = 0.0
+    for i in range(ptr.shape[0]):
+        for q in range(ptr[i, part], ptr[i, part + 1]):
+            a = pos[q]
+            x = val[q]
+            xx = x * x
+            for k in range(k_all):
+                hk = h[i, k]
+                out_u[a, k] += x * u[i, k]
+                out_h2[a, k] += xx * hk
+                if with_h1:
+                    out_h1[a, k] += x * hk
+    if lo <= intercept < hi:
+        for i in range(u.shape[0]):
+            for k in range(k_all):
+                out_u[intercept, k] += u[i, k]
+                out_h2[intercept, k] += h[i, k]
+                if with_h1:
+                    out_h1[intercept, k] += h[i, k]
+
+
+@njit(cache=True, nogil=True)
+def class_row_direction(ptr, pos, val, intercept, delta, shift, out, lo, hi):
+    """``out[i] = X[i, features] @ delta - shift`` for rows ``lo .. hi - 1``, from
+    :func:`columns_by_row`'s arrays (``intercept``: the position of the column of ones, or -1)."""
+    k_all = out.shape[1]
+    parts = ptr.shape[1] - 1
+    for i in range(lo, hi):
         for k in range(k_all):
             out[i, k] = -shift[k]
-    add_class_columns(col_ptr, row_idx, vals, features, delta, out)
+            if intercept >= 0:
+                out[i, k] += delta[intercept, k]
+        for q in range(ptr[i, 0], ptr[i, parts]):
+            a = pos[q]
+            x = val[q]
+            for k in range(k_all):
+                out[i, k] += x * delta[a, k]

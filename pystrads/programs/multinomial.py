@@ -100,18 +100,55 @@ class MultinomialProgram(L1LogisticProgram):
         loss = K.softmax_terms(state["m"], data["y"], data["w"], u, h)
         return u, h, loss
 
+    def _by_row(self, ctx, part, features):
+        """``part``'s columns ``features`` (ascending) by row, cut into the worker's threads' parts:
+        ``(ptr, pos, val, cuts, intercept)`` (:func:`~pystrads.kernels.cd.columns_by_row`).  Kept in
+        ``part`` while the same features come back: every sweep, and rounds over one working set."""
+        key = "sweep" if len(features) == self.num_units else "round" if features[0] < self.num_features else "ones"
+        cache = part.setdefault("by_row", {})
+        hit = cache.get(key)
+        if hit is not None and np.array_equal(hit[0], features):
+            return hit[1]
+        cache.pop(key, None)  # free the old arrays first
+        parts = self._coordinate_parts(ctx, features)
+        cuts = np.array([r.start for r in parts] + [len(features)], dtype=np.int64)
+        ptr, pos, val = K.columns_by_row(part["col_ptr"], part["row_idx"], part["vals"], features, cuts,
+                                         len(part["y"]))
+        intercept = len(features) - 1 if len(features) and features[-1] == self.num_features else -1
+        entry = (ptr, pos, val, cuts, intercept)
+        cache[key] = (features.copy(), entry)
+        return entry
+
     def _class_dots(self, ctx, data, features, u, h, with_h1=True):
-        """``(X' u, (X^2)' h, X' h)`` at ``features``, each ``(len(features), K)``, over the worker's threads."""
+        """``(X' u, (X^2)' h, X' h)`` at ``features``, each ``(len(features), K)``, over the worker's
+        threads (a part of the features each), passing over the rows in order."""
+        order = np.argsort(features, kind="stable")
+        ptr, pos, val, cuts, intercept = self._by_row(ctx, data, features[order])
         shape = (len(features), self.num_classes)
         gu, gh2 = np.empty(shape), np.empty(shape)
         gh1 = np.empty(shape if with_h1 else (0, self.num_classes))
-        cols = data["col_ptr"], data["row_idx"], data["vals"]
 
-        def dots(k):
-            K.class_column_dots(*cols, features[k.start:k.stop], u, h, gu[k.start:k.stop], gh2[k.start:k.stop],
-                                gh1[k.start:k.stop] if with_h1 else gh1)
-        ctx.parallel(dots, self._coordinate_parts(ctx, features))
-        return gu, gh2, gh1
+        def dots(p):
+            K.class_row_dots(ptr, pos, val, p, cuts[p], cuts[p + 1], intercept, u, h, gu, gh2, gh1)
+        ctx.parallel(dots, range(len(cuts) - 1))
+        if np.all(order[1:] > order[:-1]):
+            return gu, gh2, gh1
+        out = []
+        for a in (gu, gh2, gh1):
+            b = np.empty_like(a)
+            if len(a):
+                b[order] = a
+            out.append(b)
+        return tuple(out)
+
+    def _direction(self, ctx, part, features, delta, shift, out):
+        """``out = X[:, features] @ delta - shift`` over ``part``'s rows (the worker's threads a
+        range of rows each)."""
+        order = np.argsort(features, kind="stable")
+        ptr, pos, val, _, intercept = self._by_row(ctx, part, features[order])
+        delta = np.ascontiguousarray(delta[order])
+        ctx.parallel(lambda r: K.class_row_direction(ptr, pos, val, intercept, delta, shift, out, r.start, r.stop),
+                     ctx.split(len(out)))
 
     def _sweep_partials(self, ctx, data, state):
         u, h, _ = self._terms(data, state)
@@ -204,7 +241,7 @@ class MultinomialProgram(L1LogisticProgram):
             cols = part["col_ptr"], part["row_idx"], part["vals"]
             if self.damping == "line":  # the direction, into the last round's buffer
                 target = buffer if buffer is not None else np.empty_like(margins["m"])
-                K.class_direction(*cols, features, delta, shift, target)
+                self._direction(ctx, part, features, delta, shift, target)
                 moved.append(target)
             else:
                 K.add_class_columns(*cols, features, delta, margins["m"])
