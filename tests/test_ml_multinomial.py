@@ -236,6 +236,31 @@ def test_kernels_curvature_bound_line_sums_and_class_shift():
     assert all(np.any(row == 0.0) for row in lasso_only)  # a median: one coefficient exactly 0
 
 
+def test_wide_rounds_by_default_with_the_intercepts_in_each():
+    """The multinomial schedule: wide rounds unless the params are set, the intercepts in every
+    round, and the narrow trailing rounds that only repeat updated features dropped."""
+    from types import SimpleNamespace
+
+    from pystrads.programs.multinomial import MultinomialProgram
+
+    fit = SimpleNamespace(stats={"multinomial": True, "num_classes": 3})
+    _, extra = StradsLogisticRegression()._program_kind(fit)
+    assert (extra["coords_per_round"], extra["candidates_per_round"], extra["rho"]) == (4096, 8192, 0.9)
+    _, extra = StradsLogisticRegression(coordinatesPerRound=64, correlationThreshold=0.5)._program_kind(fit)
+    assert "coords_per_round" not in extra and "rho" not in extra and extra["candidates_per_round"] == 8192
+    _, extra = StradsLogisticRegression()._program_kind(SimpleNamespace(stats={"multinomial": False}))
+    assert extra == {}
+
+    program = MultinomialProgram(40, 0.1, num_classes=3)
+    J = 40
+    rounds = [np.arange(0, 24), np.arange(0, 24), np.array([24, 3]), np.array([25]), np.array([25]),
+              np.array([3, 5])]
+    out = program._with_intercept_rounds(rounds)  # rounds under an eighth of 24 keep only new features
+    assert [r.tolist() for r in out] == [list(range(24)) + [J]] * 2 + [[24, J], [25, J]]
+    program = MultinomialProgram(40, 0.1, num_classes=3, fit_intercept=False, damping="eso")
+    assert [len(r) for r in program._with_intercept_rounds(rounds)] == [24, 24, 2, 1, 1, 2]
+
+
 @pytest.mark.parametrize("parts", [1, 3])
 def test_kernels_by_row_equal_the_column_sums(parts):
     """The round's sums and margins' change, computed row by row from the columns by row, equal

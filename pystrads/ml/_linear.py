@@ -195,20 +195,21 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStop
         return records, stats
 
     def _program_kind(self, fit: Fit):
-        """``(program class, its extra arguments)`` for this fit."""
+        """``(program class, its arguments beyond the params' or in place of them)`` for this fit."""
         return self._program_class, {}
 
     def _program(self, fit: Fit):
         stats = fit.stats
         program_class, extra = self._program_kind(fit)
-        program = program_class(
-            stats["features"], self.getRegParam(), fit_intercept=self.getFitIntercept(),
+        options = dict(
+            fit_intercept=self.getFitIntercept(),
             elastic_net=self.getElasticNetParam(), standardization=self.getStandardization(),
             schedule=self.getSchedule(), priority=self.getPriority(), coords_per_round=self.getCoordinatesPerRound(),
             candidates_per_round=self.getCandidatesPerRound(), rho=self.getCorrelationThreshold(),
             max_iter=self.getMaxIter(), tol=self.getTol(), gram_limit=self.getWorkingSetLimit(),
-            sample_rows=self.getCorrelationSampleSize(), early_stopping=self._early_stopping("validation_loss"),
-            **extra)
+            sample_rows=self.getCorrelationSampleSize(), early_stopping=self._early_stopping("validation_loss"))
+        options.update(extra)
+        program = program_class(stats["features"], self.getRegParam(), **options)
         if program.loss_name != "squared":  # its rounds run without the squared loss's working sets
             self._warn_ignored(f"the {program.loss_name} loss (no working-set solver)", "workingSetLimit")
         program.t_origin = fit.t_start

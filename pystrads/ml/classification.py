@@ -456,9 +456,21 @@ class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
         stats["num_classes"], stats["multinomial"] = classes, multinomial
         return records, stats
 
+    #: the multinomial program's defaults of the schedule's params (where they are not set): a
+    #: round costs a pass over the (n, K) margins whatever its width and its line search prices
+    #: the overlap of its features exactly, so rounds span the working set and the dependency
+    #: check keeps only near-duplicate columns apart
+    _MULTINOMIAL_SCHEDULE = {"coordinatesPerRound": ("coords_per_round", 4096),
+                             "candidatesPerRound": ("candidates_per_round", 8192),
+                             "correlationThreshold": ("rho", 0.9)}
+
     def _program_kind(self, fit):
         if fit.stats["multinomial"]:
-            return MultinomialProgram, {"num_classes": fit.stats["num_classes"]}
+            extra = {"num_classes": fit.stats["num_classes"]}
+            for name, (option, value) in self._MULTINOMIAL_SCHEDULE.items():
+                if not self.isSet(name):
+                    extra[option] = value
+            return MultinomialProgram, extra
         return L1LogisticProgram, {}
 
     @keyword_only

@@ -269,6 +269,28 @@ class MultinomialProgram(L1LogisticProgram):
         new[:, PROP] = stepped[:, DELTA]
         return new
 
+    def _with_intercept_rounds(self, rounds):
+        """With the line search: a round costs a pass over the ``(n, K)`` margins whatever its
+        width, so the narrow rounds at a step's end that only repeat features its earlier rounds
+        updated (candidates the dependency check kept deferring) are dropped, and the intercepts
+        join every round (the line search prices their interaction with the features)."""
+        if self.damping != "line" or not rounds:
+            return super()._with_intercept_rounds(rounds)
+        J = self.num_features
+        widest = max(len(r) for r in rounds)
+        seen = np.zeros(J + 1, dtype=bool)
+        out = []
+        for r in rounds:
+            r = r[r != J]
+            if 8 * len(r) < widest:
+                r = r[~seen[r]]
+            if len(r):
+                seen[r] = True
+                out.append(np.append(r, J) if self.fit_intercept else r)
+        if not out and self.fit_intercept:
+            out.append(np.array([J], dtype=np.int64))
+        return out
+
     def _engine_rounds(self, rounds):
         if self.damping != "line":
             return rounds
