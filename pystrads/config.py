@@ -85,6 +85,10 @@ _SETTINGS = [
     Setting("step.targetSeconds", 5.0, float,
             "wall time a step aims for; more rounds per step amortise the per-step cost (the command reaching the workers, their state snapshots, the commit)", 0.01),
     Setting("step.maxRounds", 100000, int, "upper bound on the rounds of one step", 1),
+    Setting("debug.serial", False, bool,
+            "serial mode, for program authors: the fit runs on one worker holding all the data, and each round "
+            "of the schedule runs as the program's serial_rounds of it, one after another (e.g. a coordinate "
+            "round as one coordinate at a time): compare a parallel program's result with it"),
     Setting("progress", "auto", str,
             "fit progress (step i/N, objective, throughput, ETA): auto = log lines, plus a live bar in "
             "Jupyter/Databricks notebooks; log; bar; both; off", None, ("auto", "log", "bar", "both", "off")),

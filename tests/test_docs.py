@@ -120,7 +120,8 @@ def _check_lasso(ns, outputs):
 
 
 def _check_programs(ns, outputs):
-    engine_rdd, engine_df = outputs
+    engine_rdd, _, serial, engine_df = outputs  # (the third block: serial mode)
+    assert serial.splitlines()[0] == "True", serial
     assert engine_rdd.splitlines()[0] == "[100. 100. 100. 100. 100.]", engine_rdd
     assert engine_df.splitlines()[0] == "[100. 100. 100. 100. 100.]", engine_df
 

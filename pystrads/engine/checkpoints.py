@@ -42,12 +42,14 @@ def program_attributes(program) -> bytes:
 
 @dataclasses.dataclass
 class Position:
-    """Where a fit stands between steps: the next step's number, the rounds run so far and the
-    rounds the next step should run (``ctx.rounds_hint``)."""
+    """Where a fit stands between steps: the next step's number, the rounds run so far, the
+    rounds the next step should run (``ctx.rounds_hint``) and, in serial mode, the rounds run
+    beyond the program's own (its rounds split by ``serial_rounds``)."""
 
     step: int
     rounds_done: int
     rounds_hint: int
+    serial_extra: int = 0
 
 
 @dataclasses.dataclass
@@ -122,6 +124,7 @@ class Checkpointer:
         target = storage.join(self.root, name)
         written = job.save_states(target, last)
         driver = {"step": position.step, "rounds_done": position.rounds_done, "rounds_hint": position.rounds_hint,
+                  "serial_extra": position.serial_extra,
                   "rows": summary.rows, "iterations": summary.iterations, "data_fingerprints": job.fingerprints(),
                   "program": program_state(program), "num_workers": self.num_workers}
         storage.write_bytes(storage.join(target, "driver.pkl"), cloudpickle.dumps(driver))
@@ -156,6 +159,7 @@ class Checkpointer:
             return None
         job.restore_states(source, meta["step"])
         vars(program).update(driver["program"])
-        position = Position(driver["step"], driver["rounds_done"], int(driver.get("rounds_hint", self.num_workers)))
+        position = Position(driver["step"], driver["rounds_done"], int(driver.get("rounds_hint", self.num_workers)),
+                            int(driver.get("serial_extra", 0)))
         log.info("resumed from checkpoint %s (step %d, %d rounds done)", source, meta["step"], position.rounds_done)
         return Resumed(position, meta["step"], driver["rows"], driver["iterations"])

@@ -35,7 +35,7 @@ from .checkpoints import Checkpointer, Position, program_attributes
 from .job import WorkerInput, WorkerJob
 from .preflight import (FitSetup, _python_cause, check_checkpoint_storage, check_cluster, expected_executors,
                         preflight)
-from .program import Program, Schedule, ScheduleContext
+from .program import Program, Schedule, ScheduleContext, serial_schedule
 from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,8 @@ class Engine:
         steps = 0
         retry: Optional[Schedule] = None  # a step to run again as it was (the job was relaunched)
         while max_steps is None or steps < max_steps:
-            ctx.step, ctx.rounds_done, ctx._records = self._position.step, self._position.rounds_done, {}
+            ctx.step, ctx._records = self._position.step, {}
+            ctx.rounds_done = self._position.rounds_done - self._position.serial_extra  # the program's rounds
             t0 = time.perf_counter()
             schedule, retry = (self.program.schedule(ctx) if retry is None else retry), None
             t_sched = time.perf_counter() - t0
@@ -324,8 +325,10 @@ class Engine:
             if len(schedule) == 0:
                 raise ScheduleError("schedule returned no rounds; return None to end the fit")
             schedule.validate(self.num_workers, self.config["step.maxRounds"])
+            run = serial_schedule(self.program, schedule) if self.config["debug.serial"] else schedule
             try:
-                self._run_step(ctx, schedule, t_sched)
+                self._run_step(ctx, run, t_sched)
+                self._position.serial_extra += len(run) - len(schedule)
                 steps += 1
                 self._size_next_step(len(schedule))
                 if self.checkpoints is not None and not ctx.stopped and \

@@ -46,13 +46,17 @@ def preflight(data, num_workers: Optional[int] = None, config: Optional[Mapping[
               check: bool = True) -> FitSetup:
     """The fit's pre-flight step over ``data`` (an RDD or a DataFrame, or a session): the Spark
     handle, the settings (the application's ``spark.pystrads.*`` keys, then ``config``), the
-    workers (``num_workers``, else :func:`default_num_workers`) and, with ``check``, the
+    workers (``num_workers``, else :func:`default_num_workers`; one in serial mode,
+    ``debug.serial``) and, with ``check``, the
     cluster's checks (:func:`check_cluster`); no Spark job runs."""
     h = handle_of(data)
     resolved = Config.from_spark(h, config)
     workers = default_num_workers(data, num_workers, h)
     if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
         raise ConfigurationError(f"num_workers={workers!r} must be a positive integer")
+    if resolved["debug.serial"] and workers != 1:  # serial mode: one worker holds all the data
+        log.info("spark.pystrads.debug.serial: one worker instead of %d", workers)
+        workers = 1
     if check:
         check_cluster(h, int(workers), resolved)
     return FitSetup(h, resolved, int(workers), check, worker_threads(h, resolved))

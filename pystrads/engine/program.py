@@ -32,7 +32,11 @@ A :class:`Program` declares its model :class:`Table` s and implements
   local residual with the new parameter values;
 * ``after_step(ctx, metrics)`` (optional) -- on the driver after each step,
   with the per-round sums of what workers ``ctx.report``-ed; record an
-  objective with ``ctx.record(...)`` and stop with ``ctx.stop(reason)``.
+  objective with ``ctx.record(...)`` and stop with ``ctx.stop(reason)``;
+* ``serial_rounds(work)`` (optional) -- serial mode
+  (``spark.pystrads.debug.serial``: one worker, every round's work in schedule
+  order): the rounds one round's work runs as, one after another (default:
+  the work whole; a coordinate round: one coordinate per round).
 
 The four shapes of STRADS / Petuum programs map onto it directly (see
 :mod:`pystrads.programs.examples` for one worked example of each):
@@ -180,6 +184,17 @@ class Schedule:
                         f"{num_workers} workers; give exactly one per worker")
 
 
+def serial_schedule(program: "Program", schedule: Schedule) -> Schedule:
+    """Serial mode: ``schedule`` (of one worker) with each round replaced by the program's
+    :meth:`Program.serial_rounds` of its work."""
+    if schedule.mode == Schedule.PER_WORKER:
+        return Schedule.per_worker([[part] for items in schedule.rounds for item in items
+                                    for part in program.serial_rounds(item)])
+    if schedule.mode == Schedule.SHARED:
+        return Schedule.shared([part for work in schedule.rounds for part in program.serial_rounds(work)])
+    return schedule
+
+
 class Program:
     """Base class of model-parallel programs; see the module docstring."""
 
@@ -243,6 +258,14 @@ class Program:
 
     def after_step(self, ctx: "ScheduleContext", metrics: "StepMetrics") -> None:
         return None
+
+    def serial_rounds(self, work: Any) -> Sequence[Any]:
+        """Serial mode (``spark.pystrads.debug.serial``): the rounds that run one round's ``work``
+        one part after another on the one worker, each committed before the next starts.  The
+        default runs it whole (one worker doing a round's work is serial for a rotation or a
+        block of independent rows); a program whose round updates coordinates together splits
+        it into one coordinate (or one group that must move together) per round."""
+        return [work]
 
     # -- helpers used by the engine
     def has_apply(self) -> bool:

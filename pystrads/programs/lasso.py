@@ -609,6 +609,13 @@ class LassoProgram(WorkingSetSolver, Program):
         d["planned"] = int(sum(len(r) for r in rounds))
         return Schedule.shared(self._engine_rounds(rounds) + ["sweep"])
 
+    def serial_rounds(self, work):
+        """Serial mode: a coordinate round one unit (a coefficient; a feature's coefficients) at a
+        time, in the round's order -- cyclic coordinate descent in the schedule's order."""
+        if isinstance(work, np.ndarray) and len(work) > self.unit_width:
+            return np.split(work, len(work) // self.unit_width)
+        return [work]
+
     def _engine_rounds(self, rounds: list) -> list:
         """The engine's rounds for the planned coefficient rounds (one each here)."""
         return rounds

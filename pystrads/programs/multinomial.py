@@ -291,6 +291,14 @@ class MultinomialProgram(L1LogisticProgram):
             out.append(np.array([J], dtype=np.int64))
         return out
 
+    def serial_rounds(self, work):
+        """Serial mode: one feature's coefficients a round, each with its own line search (the
+        schedule's line round closes the last)."""
+        parts = super().serial_rounds(work)
+        if self.damping != "line" or len(parts) < 2:
+            return parts
+        return [r for part in parts[:-1] for r in (part, ("line", None))] + [parts[-1]]
+
     def _engine_rounds(self, rounds):
         if self.damping != "line":
             return rounds
