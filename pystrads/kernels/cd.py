@@ -630,26 +630,20 @@ def columns_by_row(col_ptr, row_idx, vals, features, cuts, n):
     ``(n, K)`` class arrays; these pass over them in order."""
     J = col_ptr.shape[0] - 1
     parts = cuts.shape[0] - 1
-    start = np.zeros(n + 1, dtype=np.int64)
+    sub_ptr = np.zeros(features.shape[0] + 1, dtype=np.int64)  # the columns, one after another
+    for a in range(features.shape[0]):
+        f = features[a]
+        sub_ptr[a + 1] = sub_ptr[a] + (col_ptr[f + 1] - col_ptr[f] if f < J else 0)
+    sub_rows = np.empty(sub_ptr[-1], dtype=np.int64)
+    sub_vals = np.empty(sub_ptr[-1])
     for a in range(features.shape[0]):
         f = features[a]
         if f < J:
-            for q in range(col_ptr[f], col_ptr[f + 1]):
-                start[row_idx[q] + 1] += 1
-    for i in range(n):
-        start[i + 1] += start[i]
-    pos = np.empty(start[n], dtype=np.int32)
-    val = np.empty(start[n])
-    fill = start[:n].copy()
-    for a in range(features.shape[0]):  # in position order: ascending within every row
-        f = features[a]
-        if f < J:
-            for q in range(col_ptr[f], col_ptr[f + 1]):
-                i = row_idx[q]
-                s = fill[i]
-                pos[s] = a
-                val[s] = vals[q]
-                fill[i] = s + 1
+            lo = col_ptr[f]
+            for q in range(sub_ptr[a], sub_ptr[a + 1]):
+                sub_rows[q] = row_idx[lo + q - sub_ptr[a]]
+                sub_vals[q] = vals[lo + q - sub_ptr[a]]
+    start, pos, val = rows_to_csc(sub_ptr, sub_rows, sub_vals, n)  # by row, positions ascending in each
     ptr = np.empty((n, parts + 1), dtype=np.int64)
     for i in range(n):
         q = start[i]
