@@ -1,0 +1,126 @@
+"""Benchmark: what the first StradsLDA fit of an application costs beyond a warm one.
+
+    python3 jobs/bench_first_fit.py --repeats 3      # the bundled sample, K = 20, 100 iterations
+
+Each repeat is a fresh Python process, as a second run of the quick start is: it starts a Spark
+session (local[2]), turns the bundled Debian sample into term counts (JVM stages only: no Python
+worker has started yet) and caches them, then fits StradsLDA (``k``, ``maxIter``, ``seed`` 1,
+fixed α) with no warm-up call -- the *first* fit -- and then, in the same process, two more
+fits of ``maxIter`` iterations (*warm*: the faster is kept) and one of twice as many. Reported
+per process: the first fit, the warm fit, their ratio (target <= 1.5), a warm fit's one-off cost
+``2 t(n) - t(2n)`` (target <= 1 s) and the first fit's phases next to the warm fit's (the
+summary's ``timings``: the scan, the shards' start, the init step -- the workers' start, their
+imports and load, the kernels' loading -- and the model's read). One more process runs with an
+empty numba cache (``NUMBA_CACHE_DIR``), as a fresh clone's first run does, kernels compiling.
+Medians over the repeats; the table and JSON (``--out``; ``docs/bench-data/first_fit.json``
+feeds docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+from _bench import argv_of, record  # noqa: E402
+
+PHASES = ("scan_s", "shard_start_s", "init_s", "init_compute_s", "load_s", "read_model_s")
+
+
+def child(k: int, iterations: int) -> dict:
+    """One fresh process's measurements (printed as JSON by ``--child``)."""
+    t0 = time.perf_counter()
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import CountVectorizer, RegexTokenizer, StopWordsRemover
+
+    from pystrads.datasets import load_debian_sample
+    from pystrads.ml import StradsLDA
+    from pystrads.session import spark_session
+
+    imports = time.perf_counter() - t0
+    spark = spark_session("local[2]", "pystrads-bench-first-fit", {"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    df = load_debian_sample(spark)
+    stages = [RegexTokenizer(inputCol="text", outputCol="tokens", pattern="[^a-z0-9+]+", toLowercase=True),
+              StopWordsRemover(inputCol="tokens", outputCol="words"),
+              CountVectorizer(inputCol="words", outputCol="features", vocabSize=50000, minDF=2.0)]
+    features = Pipeline(stages=stages).fit(df).transform(df).select("features").cache()
+    docs = features.count()
+
+    def fit(n):
+        start = time.perf_counter()
+        model = StradsLDA(k=k, maxIter=n, seed=1, optimizeDocConcentration=False).fit(features)
+        return time.perf_counter() - start, dict(model.summary.timings)
+
+    first, first_phases = fit(iterations)
+    warm = [fit(iterations) for _ in range(2)]
+    double, _ = fit(2 * iterations)
+    best = min(warm, key=lambda w: w[0])
+    spark.stop()
+    return {"docs": docs, "imports_s": imports, "first_s": first, "warm_s": best[0], "double_s": double,
+            "first_phases": {p: first_phases.get(p, 0.0) for p in PHASES},
+            "warm_phases": {p: best[1].get(p, 0.0) for p in PHASES}}
+
+
+def run_child(k: int, iterations: int, env=None) -> dict:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "-k", str(k), "--iterations",
+                          str(iterations)], capture_output=True, text=True, env=env, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"the measuring process failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-k", type=int, default=20)
+    p.add_argument("--iterations", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3, help="fresh processes with the numba cache in place")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="out/bench_first_fit.json")
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.k, args.iterations)))
+        return None
+
+    runs = []
+    for rep in range(args.repeats):
+        r = run_child(args.k, args.iterations)
+        r["ratio"] = r["first_s"] / r["warm_s"]
+        r["one_off_s"] = 2 * r["warm_s"] - r["double_s"]
+        runs.append(r)
+        print(f"  process {rep + 1}: first fit {r['first_s']:.2f} s, warm {r['warm_s']:.2f} s "
+              f"(x{r['ratio']:.2f}), one-off {r['one_off_s']:.2f} s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="pystrads-numba-") as cache:
+        cold = run_child(args.k, args.iterations, dict(os.environ, NUMBA_CACHE_DIR=cache))
+    cold["ratio"] = cold["first_s"] / cold["warm_s"]
+    print(f"  kernels compiling (empty numba cache): first fit {cold['first_s']:.2f} s, warm {cold['warm_s']:.2f} s")
+
+    def med(key):
+        return float(np.median([r[key] for r in runs]))
+
+    phases = {when: {p: float(np.median([r[when][p] for r in runs])) for p in PHASES}
+              for when in ("first_phases", "warm_phases")}
+    summary = {"first_s": med("first_s"), "warm_s": med("warm_s"), "ratio": med("ratio"),
+               "one_off_s": med("one_off_s")}
+    print(f"\nmedians: first fit {summary['first_s']:.2f} s, warm fit {summary['warm_s']:.2f} s, ratio "
+          f"{summary['ratio']:.2f} (target <= 1.5), one-off {summary['one_off_s']:.2f} s (target <= 1)")
+    for p_name in PHASES:
+        print(f"  {p_name:16s} first {phases['first_phases'][p_name]:.2f} s   warm {phases['warm_phases'][p_name]:.2f} s")
+    return record("jobs/bench_first_fit.py", argv_of(argv), args.out, {
+        "problem": {"corpus": "bundled Debian sample", "docs": runs[0]["docs"], "k": args.k,
+                    "iterations": args.iterations},
+        "runs": runs, "median": summary, "phases": phases, "empty_kernel_cache": cold})
+
+
+if __name__ == "__main__":
+    main()
