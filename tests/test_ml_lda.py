@@ -375,3 +375,23 @@ def test_a_lone_worker_scores_its_validation_documents_against_the_committed_cou
 def test_every_document_marked_for_validation_is_refused(debian_split):
     with pytest.raises(InputError, match=r"every non-empty document \(\d+\) is marked for validation"):
         StradsLDA(k=2, validationIndicatorCol="validation").fit(debian_split.filter("validation"))
+
+
+def test_the_fit_input_has_no_python_operator_and_its_blocks_are_the_documents(spark):
+    """StradsLDA hands the engine a frame of JVM operators only -- the documents are made from the
+    vectors in the fit's own workers (``corpus_blocks``) -- so each barrier task runs one Python
+    worker; the blocks hold every non-empty document once, with its digest key and terms."""
+    from pystrads.ml._lda_data import _doc_records, corpus_blocks
+
+    rows = [(Vectors.sparse(6, [0, 3], [2.0, 1.0]),), (Vectors.sparse(6, [], []),), (Vectors.dense([0, 1, 0, 0, 0, 4]),),
+            (Vectors.sparse(6, [0, 3], [2.0, 1.0]),)]
+    df = spark.createDataFrame(rows, ["features"])
+    frame, stats = _doc_records(df, "features")
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    assert "MapInArrow" not in plan and "Python" not in plan, plan
+    assert (stats["docs"], stats["empty"], stats["tokens"]) == (3, 1, 11)
+    (batch,) = frame.coalesce(1).toArrow().combine_chunks().to_batches()
+    (block,) = corpus_blocks(batch)
+    assert len(block.docs) == 3 and block.docs[0] == block.docs[2] != block.docs[1]  # equal documents, equal keys
+    assert block.lengths.tolist() == [2, 2, 2]
+    assert block.terms.tolist() == [0, 3, 1, 5, 0, 3] and block.counts.tolist() == [2, 1, 1, 4, 2, 1]

@@ -56,15 +56,16 @@ def _check_corpus(stats, col: str) -> None:
 
 
 def _doc_records(dataset, features_col: str, validation_col: Optional[str] = None):
-    """(doc key, term indices, term counts[, validation]) per non-empty document as a DataFrame,
-    and a corpus scan.
+    """The corpus as a DataFrame of its term-count vectors (and validation flags), which
+    :func:`corpus_blocks` turns into documents -- (doc key, term indices, term counts[,
+    validation]) per non-empty one -- inside the fit's workers, and a corpus scan.
 
     The scan (one Spark job) checks every vector (same size, finite,
     non-negative integral counts; :func:`_check_corpus` refuses the corpus
     otherwise) and counts tokens per term, documents and empty documents -- of the training
     documents only when ``validation_col`` marks held-out ones (true; null counts as training),
-    which are checked alike and counted apart (``validation_docs``, ``validation_tokens``).  Both go through ``mapInArrow`` (classic sessions and
-    Spark Connect alike).  A document's key is a hash of its terms and counts: a
+    which are checked alike and counted apart (``validation_docs``, ``validation_tokens``).  It goes
+    through ``mapInArrow`` (classic sessions and Spark Connect alike).  A document's key is a hash of its terms and counts: a
     worker orders its documents by key, so the Gibbs chain depends on which documents
     a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
     local blocks first, so that order differs between local mode and a cluster, and
@@ -141,26 +142,42 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
         stats = merge(stats, other)
     _check_corpus(stats, features_col)
 
-    def keep(batches):
-        import pyarrow as pa
+    return frame, stats
 
-        docs, terms, counts, flags = [], [], [], []
-        for part, i, held, vsize, idx, val in rows(batches):
-            if vsize is None:
-                continue
-            t, n, digest = _doc_terms(idx, val)
-            if len(t):
-                docs.append(int.from_bytes(digest, "little", signed=True))
-                terms.append(t)
-                counts.append(n)
-                flags.append(held)
-        if docs:
-            columns = [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
-                       pa.array(counts, pa.list_(pa.int64()))] + ([pa.array(flags, pa.bool_())] if held_out else [])
-            yield pa.RecordBatch.from_arrays(columns, ["doc", "terms", "counts"] + ["validation"] * held_out)
 
-    schema = DOC_RECORD_SCHEMA + (", validation boolean" if held_out else "")
-    return frame.mapInArrow(keep, schema), stats
+def _kept_batch(batch, held_out: bool):
+    """The documents of a raw batch (its term-count vectors, and the validation flags when
+    ``held_out``) as a :data:`DOC_RECORD_SCHEMA` batch: each non-empty document's key (the
+    digest of its terms and counts), terms and counts; None when the batch has none."""
+    import pyarrow as pa
+
+    from ._arrow import vectors
+
+    docs, terms, counts, flags = [], [], [], []
+    held = batch.column(1).to_numpy(zero_copy_only=False) if held_out else None
+    for j, vec in enumerate(vectors(batch.column(0))):
+        if vec is None:
+            continue
+        t, n, digest = _doc_terms(vec[1], vec[2])
+        if len(t):
+            docs.append(int.from_bytes(digest, "little", signed=True))
+            terms.append(t)
+            counts.append(n)
+            flags.append(bool(held[j]) if held_out else False)
+    if not docs:
+        return None
+    columns = [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
+               pa.array(counts, pa.list_(pa.int64()))] + ([pa.array(flags, pa.bool_())] if held_out else [])
+    return pa.RecordBatch.from_arrays(columns, ["doc", "terms", "counts"] + ["validation"] * held_out)
+
+
+def corpus_blocks(batch):
+    """A raw batch of :func:`_doc_records`' frame (term-count vectors[, validation flags]) as
+    :class:`~pystrads.programs.lda.DocBlock` s (``Engine(decode_batch=...)``): the documents are
+    made inside the fit's own Python worker, so its barrier stage runs one Python operator and
+    its tasks need one Python worker each."""
+    kept = _kept_batch(batch, batch.num_columns > 1)
+    return [] if kept is None else doc_blocks(kept)
 
 
 def doc_blocks(batch):

@@ -22,7 +22,7 @@ from ..kernels.lda import SAMPLERS, alpha_vector, choose_sampler
 from ..programs.lda import LDAProgram
 from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
-from ._lda_data import _doc_records, doc_blocks
+from ._lda_data import _doc_records, corpus_blocks
 from ._lda_model import FoldIn, WordTopics, describe, fitted_topics, load_topics, save_topics, topics_matrix
 from ._params import HasEarlyStopping, HasNumWorkers, Rule, above, at_least, one_of, vector_column
 from ._summary import FitSummary
@@ -257,7 +257,7 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams, HasEarlyStopping):
         return program
 
     def _engine_args(self, fit: Fit):
-        return {"decode_batch": doc_blocks}  # the documents' CSR arrays straight from Arrow
+        return {"decode_batch": corpus_blocks}  # the documents, made from the vectors in the worker itself
 
     def _read_model(self, result, fit: Fit) -> "StradsLDAModel":
         # the driver's program holds the learned priors; the counts stay on the executors
