@@ -433,7 +433,8 @@ def first_fit_table(data):
     """jobs/bench_first_fit.py: the first StradsLDA fit of a fresh process against a warm one."""
     med, phases, cold = data["median"], data["phases"], data["empty_kernel_cache"]
     names = {"scan_s": "scan (the input's Spark job)", "shard_start_s": "shards' start",
-             "init_s": "init step (workers' start, imports, load, kernels)", "init_compute_s": "  of which init compute",
+             "init_s": "init step (workers' start, imports, load, kernels)",
+             "init_compute_s": "  of which init compute",
              "load_s": "  of which the workers' load", "read_model_s": "model read"}
     out = ["| | first fit | warm fit |", "|---|---:|---:|",
            f"| **whole fit** (median of {len(data['runs'])} processes) | **{_f(med['first_s'], 2)} s** | "

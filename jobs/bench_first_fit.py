@@ -115,7 +115,8 @@ def main(argv=None):
     print(f"\nmedians: first fit {summary['first_s']:.2f} s, warm fit {summary['warm_s']:.2f} s, ratio "
           f"{summary['ratio']:.2f} (target <= 1.5), one-off {summary['one_off_s']:.2f} s (target <= 1)")
     for p_name in PHASES:
-        print(f"  {p_name:16s} first {phases['first_phases'][p_name]:.2f} s   warm {phases['warm_phases'][p_name]:.2f} s")
+        first, warm = phases["first_phases"][p_name], phases["warm_phases"][p_name]
+        print(f"  {p_name:16s} first {first:.2f} s   warm {warm:.2f} s")
     return record("jobs/bench_first_fit.py", argv_of(argv), args.out, {
         "problem": {"corpus": "bundled Debian sample", "docs": runs[0]["docs"], "k": args.k,
                     "iterations": args.iterations},

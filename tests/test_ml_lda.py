@@ -383,8 +383,8 @@ def test_the_fit_input_has_no_python_operator_and_its_blocks_are_the_documents(s
     worker; the blocks hold every non-empty document once, with its digest key and terms."""
     from pystrads.ml._lda_data import _doc_records, corpus_blocks
 
-    rows = [(Vectors.sparse(6, [0, 3], [2.0, 1.0]),), (Vectors.sparse(6, [], []),), (Vectors.dense([0, 1, 0, 0, 0, 4]),),
-            (Vectors.sparse(6, [0, 3], [2.0, 1.0]),)]
+    rows = [(Vectors.sparse(6, [0, 3], [2.0, 1.0]),), (Vectors.sparse(6, [], []),),
+            (Vectors.dense([0, 1, 0, 0, 0, 4]),), (Vectors.sparse(6, [0, 3], [2.0, 1.0]),)]
     df = spark.createDataFrame(rows, ["features"])
     frame, stats = _doc_records(df, "features")
     plan = frame._jdf.queryExecution().executedPlan().toString()

@@ -65,9 +65,9 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
     otherwise) and counts tokens per term, documents and empty documents -- of the training
     documents only when ``validation_col`` marks held-out ones (true; null counts as training),
     which are checked alike and counted apart (``validation_docs``, ``validation_tokens``).  It goes
-    through ``mapInArrow`` (classic sessions and Spark Connect alike).  A document's key is a hash of its terms and counts: a
-    worker orders its documents by key, so the Gibbs chain depends on which documents
-    a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
+    through ``mapInArrow`` (classic sessions and Spark Connect alike).  A document's key is a hash
+    of its terms and counts: a worker orders its documents by key, so the Gibbs chain depends on
+    which documents a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
     local blocks first, so that order differs between local mode and a cluster, and
     between a partition and its recomputation after a lost executor).  Equal documents
     get equal keys and are interchangeable.
