@@ -85,6 +85,12 @@ _SETTINGS = [
     Setting("step.targetSeconds", 5.0, float,
             "wall time a step aims for; more rounds per step amortise the per-step cost (the command reaching the workers, their state snapshots, the commit)", 0.01),
     Setting("step.maxRounds", 100000, int, "upper bound on the rounds of one step", 1),
+    Setting("scheduler.location", "auto", str,
+            "where a fit's scheduler (the program's schedule, the step loop, checkpoints) runs: driver = in the "
+            "process that calls fit, talking to the shards directly; job = in the first task of the fit's barrier "
+            "job, for clients that reach only Spark (the client then submits jobs and reads their results, and "
+            "opens no connection to an executor); auto = job under Spark Connect, else driver", None,
+            ("auto", "driver", "job")),
     Setting("debug.serial", False, bool,
             "serial mode, for program authors: the fit runs on one worker holding all the data, and each round "
             "of the schedule runs as the program's serial_rounds of it, one after another (e.g. a coordinate "
@@ -92,6 +98,10 @@ _SETTINGS = [
     Setting("progress", "auto", str,
             "fit progress (step i/N, objective, throughput, ETA): auto = log lines, plus a live bar in "
             "Jupyter/Databricks notebooks; log; bar; both; off", None, ("auto", "log", "bar", "both", "off")),
+    Setting("progress.pollSeconds", 3.0, float,
+            "with the scheduler in the fit's job (scheduler.location): seconds between the client's reads of the "
+            "fit's progress, each a one-task Spark job that needs a task slot beside the fit's workers (with "
+            "none free the progress shows when the fit ends); 0 = no reads", 0.0),
     Setting("checkpoint.dir", "", str,
             "directory for fit checkpoints (tables, worker states, driver state): a local or shared path or "
             "any pyarrow filesystem URI (hdfs://, s3://, a /dbfs mount); empty = the SparkContext's checkpoint "

@@ -82,7 +82,7 @@ def lda(spark):
     joined_path = not loaded._fold_in(df)._local(df)
     joined = dict((r["id"], r["topicDistribution"].toArray().tolist()) for r in loaded.transform(df).collect())
     spark.conf.unset("spark.pystrads.lda.localModelBytes")
-    return {"tokens": int(counts.sum()), "expected_tokens": 300 * 30, "top": top,
+    return {"tokens": int(counts.sum()), "expected_tokens": 300 * 30, "top": top, "counts": counts.astype(int).tolist(),
             "joined_equal": joined_path and joined == dict(theta),
             "theta_sum_range": [float(min(sum(t) for _, t in theta)), float(max(sum(t) for _, t in theta))],
             "rows": len(theta),
@@ -146,20 +146,195 @@ def mf(spark):
     path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/mf"
     model.write().overwrite().save(path)
     loaded = StradsMFModel.load(path)
-    return {"rmse": rmse, "predictions": len(pred), "ratings": len(rows), "recs_equal_brute_force": recs == brute,
+    return {"users": [list(f) for _, f in users], "items": [list(f) for _, f in items],
+            "rmse": rmse, "predictions": len(pred), "ratings": len(rows), "recs_equal_brute_force": recs == brute,
             "users_recommended": len(recs), "loaded_equal": sorted(map(tuple, loaded.userFactors.collect())) == sorted(map(tuple, model.userFactors.collect()))}
 
 
-CASES = {"rotation": rotation, "refusals": refusals, "lda": lda, "lasso": lasso, "mf": mf}
+def _slow_rotation(num_keys, iterations, pause):
+    """RotationSum whose rounds take ``pause`` seconds and which reports its progress."""
+    from pystrads.programs import examples as ex
+
+    class SlowRotation(ex.RotationSum):
+        def push(self, ctx, data, state, block):
+            time.sleep(pause)
+            return super().push(ctx, data, state, block)
+
+        def after_step(self, ctx, metrics):
+            super().after_step(ctx, metrics)
+            done = (ctx.rounds_done + len(metrics.rounds)) // ctx.num_workers
+            ctx.progress(done, self.iterations, "iterations")
+
+    return SlowRotation(num_keys, iterations)
+
+
+class _Lines:
+    """The progress lines this process shows, with the time each arrived."""
+
+    def __enter__(self):
+        import logging
+
+        self.lines = []
+        outer = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                outer.lines.append((time.time(), record.getMessage()))
+
+        self.handler = Handler()
+        self.logger = logging.getLogger("pystrads.progress")
+        self.logger.addHandler(self.handler)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+
+
+def progress(spark):
+    """A 60 s fit on one worker (a task slot stays free): the progress lines reaching this process."""
+    from pystrads.engine import Engine
+
+    df = spark.range(3000).selectExpr("id % 100 as key", "1.0 as value")
+    engine = Engine(_slow_rotation(100, 200, 0.3), df, num_workers=1, seed=1,
+                    config={"step.targetSeconds": 2.0, "progress.pollSeconds": 2.0})
+    with _Lines() as lines:
+        t0 = time.time()
+        with engine.fit() as res:
+            t1 = time.time()
+            sums = res.read_table("sums")[:, 0]
+    return {"start": t0, "end": t1, "times": [t for t, _ in lines.lines], "lines": [m for _, m in lines.lines],
+            "error": float(np.abs(sums - 200 * 30.0).max())}
+
+
+def interrupt(spark):
+    """spark.interruptAll() while a long fit runs: how the fit ends."""
+    import threading
+
+    from pystrads.engine import Engine
+
+    df = spark.range(3000).selectExpr("id % 100 as key", "1.0 as value")
+    engine = Engine(_slow_rotation(100, 100000, 0.2), df, num_workers=1, seed=1)
+    out = {}
+
+    def run():
+        try:
+            engine.fit()
+            out["ended"] = "no error"
+        except BaseException as exc:  # noqa: BLE001 -- what the user sees
+            out["ended"] = f"{type(exc).__name__}: {exc}"[:2000]
+        out["returned"] = time.time()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(15)
+    out["interrupted"] = time.time()
+    spark.interruptAll()
+    thread.join(120)
+    out["alive"] = thread.is_alive()
+    return out
+
+
+def implicit(spark):
+    """StradsMF with implicit feedback: fit, the factors (compared with local mode's)."""
+    from pystrads.ml import StradsMF
+
+    rng = np.random.default_rng(4)
+    rows = [(u, i, float(rng.integers(1, 5))) for u in range(50) for i in range(30) if rng.random() < 0.3]
+    df = spark.createDataFrame(rows, "user int, item int, rating double")
+    model = StradsMF(rank=3, maxIter=10, regParam=0.1, implicitPrefs=True, alpha=2.0, numWorkers=2, seed=3).fit(df)
+    return {"items": sorted((r["id"], list(r["features"])) for r in model.itemFactors.collect()),
+            "users": sorted((r["id"], list(r["features"])) for r in model.userFactors.collect())}
+
+
+def logistic(spark):
+    """StradsLogisticRegression: fit, transform, save and load."""
+    import tempfile
+
+    from pyspark.ml.linalg import Vectors
+
+    from pystrads.ml import StradsLogisticRegression, StradsLogisticRegressionModel
+
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(400, 8))
+    y = (X @ np.array([2.0, -1.0, 0, 0, 1.5, 0, 0, 0]) + 0.3 * rng.normal(size=400) > 0).astype(float)
+    df = spark.createDataFrame([(float(y[i]), Vectors.dense(X[i].tolist())) for i in range(400)], ["label", "features"])
+    model = StradsLogisticRegression(regParam=0.01, elasticNetParam=1.0, maxIter=100, tol=1e-9, numWorkers=2).fit(df)
+    pred = np.array([r["prediction"] for r in model.transform(df).select("prediction").collect()])
+    path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/logistic"
+    model.write().overwrite().save(path)
+    loaded = StradsLogisticRegressionModel.load(path)
+    return {"coef": model.coefficients.toArray().tolist(), "intercept": model.intercept,
+            "accuracy": float((pred == y).mean()), "loaded_equal": loaded.coefficients.toArray().tolist()
+            == model.coefficients.toArray().tolist()}
+
+
+def tuning(spark):
+    """A Pipeline (VectorAssembler, StradsLasso) and a CrossValidator over it (parallelism 1)."""
+    from pyspark.ml import Pipeline
+    from pyspark.ml.evaluation import RegressionEvaluator
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    from pystrads.ml import StradsLasso
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(300, 5))
+    y = X @ np.array([1.0, 0.0, -2.0, 0.0, 0.5]) + 0.1 * rng.normal(size=300)
+    df = spark.createDataFrame([tuple(X[i].tolist()) + (float(y[i]),) for i in range(300)],
+                               [f"x{j}" for j in range(5)] + ["label"])
+    lasso = StradsLasso(elasticNetParam=1.0, maxIter=100, tol=1e-9, numWorkers=2)
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=[f"x{j}" for j in range(5)], outputCol="features"), lasso])
+    fitted = pipeline.fit(df)
+    coef = fitted.stages[-1].coefficients.toArray().tolist()
+    grid = ParamGridBuilder().addGrid(lasso.regParam, [0.01, 0.5]).build()
+    cv = CrossValidator(estimator=pipeline, estimatorParamMaps=grid, evaluator=RegressionEvaluator(),
+                        numFolds=2, parallelism=1, seed=1)
+    cv_model = cv.fit(df)
+    return {"coef": coef, "avg_metrics": list(cv_model.avgMetrics),
+            "best_coef": cv_model.bestModel.stages[-1].coefficients.toArray().tolist()}
+
+
+CASES = {"rotation": rotation, "refusals": refusals, "lda": lda, "lasso": lasso, "mf": mf, "progress": progress,
+         "interrupt": interrupt, "implicit": implicit, "logistic": logistic, "tuning": tuning}
 
 
 def main():
     out_path, cases = sys.argv[1], sys.argv[2:]
     from pyspark.sql import SparkSession
 
+    remote = os.environ.get("PYSTRADS_TEST_REMOTE")  # sc://host:port of a server elsewhere
+    opened = []  # every Flight connection this process opens (a remote client must open none)
+    if remote:
+        import pyarrow.flight as flight
+
+        class CountedClient(flight.FlightClient):
+            def __init__(self, location, *args, **kwargs):
+                opened.append(str(location))
+                super().__init__(location, *args, **kwargs)
+
+        flight.FlightClient = CountedClient
     t0 = time.time()
-    spark = SparkSession.builder.remote("local[2]").appName("pystrads-connect-tests").getOrCreate()
-    results = {"session_s": time.time() - t0}
+    if os.environ.get("PYSTRADS_TEST_CLASSIC"):  # the same cases on a classic local session, for comparison
+        spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false") \
+            .config("spark.pystrads.scheduler.location", "driver").getOrCreate()
+    else:
+        spark = SparkSession.builder.remote(remote or "local[2]").appName("pystrads-connect-tests").getOrCreate()
+    results = {"session_s": time.time() - t0, "flight_connections": opened}
+    if os.environ.get("PYSTRADS_TEST_LOCATION"):  # to watch the remote test fail with the scheduler here
+        spark.conf.set("spark.pystrads.scheduler.location", os.environ["PYSTRADS_TEST_LOCATION"])
+    unreachable = os.environ.get("PYSTRADS_TEST_UNREACHABLE")  # host:port the client must not reach
+    if unreachable:
+        import socket
+
+        host, port = unreachable.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+            results["reached_server_network"] = "connected"
+        except OSError as exc:
+            results["reached_server_network"] = f"{type(exc).__name__}: {exc}"
     try:
         for case in cases:
             t0 = time.time()

@@ -56,20 +56,28 @@ class NetnsHosts:
     nothing else to their address): name-based address discovery on them finds a loopback.
     """
 
-    def __init__(self, names: Iterable[str], loopback_names: Iterable[str] = ()):
+    def __init__(self, names: Iterable[str], loopback_names: Iterable[str] = (),
+                 networks: Optional[Dict[str, int]] = None):
         self.names = list(names)
         self.loopback_names = set(loopback_names)
         tag = f"{os.getpid() % 10000:04d}"
         self.tag = tag
-        self.bridge = f"pst{tag}br"
-        self.subnet = f"10.231.{os.getpid() % 250 + 1}"
-        self.gateway = f"{self.subnet}.1"
-        self.address: Dict[str, str] = {n: f"{self.subnet}.{i + 2}" for i, n in enumerate(self.names)}
+        # networks: host -> its network (0 by default); each network is a bridge and a /24 of its
+        # own, and this machine does not forward between them, so hosts on different networks
+        # cannot reach each other (only the root namespace reaches both)
+        self.network: Dict[str, int] = {n: int((networks or {}).get(n, 0)) for n in self.names}
+        self.bridges = {j: f"pst{tag}br{j or ''}" for j in sorted(set(self.network.values()))}
+        self.subnets = {j: f"10.{231 + j}.{os.getpid() % 250 + 1}" for j in self.bridges}
+        self.gateways = {j: f"{sub}.1" for j, sub in self.subnets.items()}
+        self.bridge, self.subnet, self.gateway = self.bridges[0] if 0 in self.bridges else None, \
+            self.subnets.get(0), self.gateways.get(0)
+        self.address: Dict[str, str] = {n: f"{self.subnets[self.network[n]]}.{i + 2}"
+                                        for i, n in enumerate(self.names)}
         self.netns: Dict[str, str] = {n: f"pst{tag}{n}" for n in self.names}
         self.hostname: Dict[str, str] = {n: f"pst-{n}" for n in self.names}
         self._procs: List[subprocess.Popen] = []
         self._made_ns: List[str] = []
-        self._made_bridge = False
+        self._made_bridges: List[str] = []
         self.work = tempfile.mkdtemp(prefix="pystrads-netns-")
 
     # ------------------------------------------------------------------ build / tear down
@@ -85,17 +93,18 @@ class NetnsHosts:
         self.close()
 
     def _build(self) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        self._made_bridge = True
-        _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        for j, bridge in self.bridges.items():
+            _ip("link", "add", bridge, "type", "bridge")
+            self._made_bridges.append(bridge)
+            _ip("addr", "add", f"{self.gateways[j]}/24", "dev", bridge)
+            _ip("link", "set", bridge, "up")
         for i, name in enumerate(self.names):
             ns = self.netns[name]
             _ip("netns", "add", ns)
             self._made_ns.append(ns)
             outer, inner = f"pst{self.tag}{i}a", f"pst{self.tag}{i}b"
             _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-            _ip("link", "set", outer, "master", self.bridge)
+            _ip("link", "set", outer, "master", self.bridges[self.network[name]])
             _ip("link", "set", outer, "up")
             _ip("link", "set", inner, "netns", ns)
             _ip("-n", ns, "addr", "add", f"{self.address[name]}/24", "dev", inner)
@@ -106,6 +115,8 @@ class NetnsHosts:
             if name in self.loopback_names:
                 lines.append(f"127.0.1.1 {self.hostname[name]}")
             for other in self.names:
+                if self.network[other] != self.network[name]:
+                    continue  # not reachable from here: not named either
                 if other != name or name not in self.loopback_names:
                     lines.append(f"{self.address[other]} {self.hostname[other]}")
             with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as fh:
@@ -133,9 +144,9 @@ class NetnsHosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
         self._made_ns = []
-        if self._made_bridge:
-            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-            self._made_bridge = False
+        for bridge in self._made_bridges:
+            subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+        self._made_bridges = []
         try:
             os.rmdir(NETNS_ETC)  # only if empty: other users' namespaces stay untouched
         except OSError:
@@ -298,3 +309,119 @@ class Capture:
         wanted = None if ports is None else set(ports)
         return b"".join(p for src, dst, p in list(self._frames)
                         if wanted is None or src in wanted or dst in wanted)
+
+
+class Relay:
+    """Forwards one TCP port from this process (the root namespace, which reaches every
+    network): connections to ``listen`` go on to ``target``, byte for byte, both ways."""
+
+    def __init__(self, listen: tuple, target: tuple):
+        import socket
+        import threading
+
+        self.target = target
+        self._server = socket.create_server(listen, reuse_port=False)
+        self._server.settimeout(0.5)
+        self._stop = threading.Event()
+        self._socks: List = []
+        self.connections = 0
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                conn.close()
+                continue
+            upstream.settimeout(None)
+            conn.settimeout(None)
+            self.connections += 1
+            self._socks += [conn, upstream]
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        import socket
+
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.close()
+        for s in self._socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        self._thread.join(5)
+
+
+class NetnsConnectServer(NetnsHosts):
+    """A Spark Connect server (``local[2]``: its executors, Python workers and shards) on host
+    ``server``, and a host ``client`` on a network of its own: the client reaches nothing of the
+    server's network but its Connect port, which a :class:`Relay` in the root namespace forwards
+    (``remote``: the ``sc://`` address the client dials)."""
+
+    PORT = 15002
+
+    def __init__(self, conf: Optional[Dict[str, str]] = None):
+        super().__init__(["server", "client"], networks={"server": 0, "client": 1})
+        self.conf = dict(conf or {})
+        self.spark_home = os.path.dirname(pyspark.__file__)
+        self.remote = f"sc://{self.gateways[1]}:{self.PORT}"
+        self.relay: Optional[Relay] = None
+
+    def env(self) -> Dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_IP", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+        env.update(SPARK_HOME=self.spark_home, PYSPARK_PYTHON=sys.executable, NO_PROXY="*", no_proxy="*")
+        return env
+
+    def __enter__(self) -> "NetnsConnectServer":
+        super().__enter__()
+        try:
+            submit = os.path.join(self.spark_home, "bin", "spark-submit")
+            conf = {"spark.connect.grpc.binding.port": str(self.PORT), "spark.ui.enabled": "false",
+                    "spark.driver.host": "127.0.0.1", **self.conf}
+            args = [submit, "--master", "local[2]", "--class",
+                    "org.apache.spark.sql.connect.service.SparkConnectServer"]
+            for k, v in conf.items():
+                args += ["--conf", f"{k}={v}"]
+            server = self.popen("server", args + ["spark-internal"], "connect-server.log", env=self.env())
+            wait_for_log(server, "Spark Connect server started", 180)
+            self.server = server
+            self.relay = Relay((self.gateways[1], self.PORT), (self.address["server"], self.PORT))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        super().close()

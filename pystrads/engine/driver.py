@@ -85,6 +85,18 @@ class TrainingSummary:
         return f"TrainingSummary(steps={len(self.rows)}, rounds={self.total_rounds})"
 
 
+def make_tables(group, creations: List[tuple], namespace: str, program: Program) -> None:
+    """Create a fit's tables on its shards (``(shard, create_table arguments)``, as
+    :meth:`Engine._plan_tables` makes them) and install its program there (its ``pull`` and
+    ``shard_metrics`` run on the shards)."""
+    from pyspark import cloudpickle
+
+    for shard, kwargs in creations:
+        group.client(shard).action("create_table", **kwargs)
+    group.broadcast("register_program", namespace=namespace,
+                    payload=base64.b64encode(cloudpickle.dumps(program)).decode())
+
+
 class Engine:
     """Runs one :class:`Program` over the partitions of an RDD or a DataFrame.
 
@@ -158,6 +170,13 @@ class Engine:
             raise ConfigurationError(
                 f"{type(program).__name__} defines apply(), which needs each round committed before "
                 f"the next: staleness must be 0, got {staleness}")
+        location = self.config["scheduler.location"]
+        self.in_job = location == "job" or (location == "auto" and self.spark.connect)
+        if self.in_job and frame is None:
+            raise ConfigurationError(
+                "the scheduler runs in the fit's job (spark.pystrads.scheduler.location="
+                f"{location}{', under Spark Connect' if self.spark.connect else ''}), which reads a DataFrame "
+                "input; give the Engine a DataFrame, or set spark.pystrads.scheduler.location=driver")
         if keep_states is None:
             keep_states = frame is None
         if keep_states and frame is not None:
@@ -219,10 +238,17 @@ class Engine:
 
     def _create_tables(self) -> None:
         """Create (or re-create, with initial values) the program's tables on the shards."""
+        t0 = time.perf_counter()
+        make_tables(self.group, self._plan_tables(), self.namespace, self.program)
+        self.summary.add_time("table_create_s", time.perf_counter() - t0)
+
+    def _plan_tables(self) -> List[tuple]:
+        """The program's tables laid out over the shards (``self.layouts``); returns the
+        ``(shard, create_table arguments)`` that make them."""
         from pyspark import cloudpickle
 
-        t0 = time.perf_counter()
         num_shards = len(self.group.shards)
+        creations: List[tuple] = []
         for t in self.program.tables():
             if t.single_shard:
                 bounds, owners = [0, t.num_rows], [hash(t.name) % num_shards]
@@ -243,14 +269,12 @@ class Engine:
             init = (base64.b64encode(cloudpickle.dumps(t.initializer)).decode()
                     if t.initializer is not None else None)
             for shard, lo, hi in layout.ranges():
-                self.group.client(shard).action(
-                    "create_table", name=layout.name, row_start=lo, row_stop=hi, width=layout.width,
-                    dtype=layout.dtype, fill=t.fill, initializer=init, contrib_width=layout.contrib_width,
-                    storage=t.storage, max_fill=self.config["table.sparseRowMaxFill"])
+                creations.append((shard, dict(
+                    name=layout.name, row_start=lo, row_stop=hi, width=layout.width, dtype=layout.dtype,
+                    fill=t.fill, initializer=init, contrib_width=layout.contrib_width, storage=t.storage,
+                    max_fill=self.config["table.sparseRowMaxFill"])))
             self.layouts[t.name] = layout
-        payload = base64.b64encode(cloudpickle.dumps(self.program)).decode()
-        self.group.broadcast("register_program", namespace=self.namespace, payload=payload)
-        self.summary.add_time("table_create_s", time.perf_counter() - t0)
+        return creations
 
     def _launch(self, new_shards: bool = False) -> None:
         seconds = self.job.launch(self.program, self.group, self.layouts, fingerprint=self.checkpoints is not None,
@@ -258,11 +282,15 @@ class Engine:
         self.summary.add_time("launch_s", seconds)
 
     def table(self, name: str):
-        """Driver-side handle of a table (reads; writes only between steps)."""
+        """Driver-side handle of a table (reads; writes only between steps).  With the scheduler in
+        the job, a handle that reads through a Spark task (:class:`RelayedTable`)."""
         try:
-            return self.group.table(self.layouts[name])
+            layout = self.layouts[name]
         except KeyError:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
+        if self.in_job and self.manager is not None:
+            return RelayedTable(self.spark, self.group, layout)
+        return self.group.table(layout)
 
     # ------------------------------------------------------------------ the fit
     def fit(self, max_steps: Optional[int] = None) -> "FitResult":
@@ -282,25 +310,79 @@ class Engine:
         if self.checkpoints is not None:
             check_checkpoint_storage(self.checkpoints.root, self.spark.hosts())
         self._program_initial = program_attributes(self.program)
+        if self.in_job:
+            return self._fit_in_job(max_steps, t_fit)
         self._start_shards()
         if self.checkpoints is not None and self.spark.connect:  # the hosts are known once the shards run
             check_checkpoint_storage(self.checkpoints.root, {s.host for s in self.group.shards})
         try:
             self._launch()
-            self._check_data()
-            if not self._resume():
-                self._init_state()
-            self.progress = ProgressReporter(f"{type(self.program).__name__} {self.namespace}",
-                                             self.config["progress"])
-            stopped = self._step_loop(max_steps)
-            t0 = time.perf_counter()
-            self.job.finish(self._position.step - 1)
-            self.summary.fixed["finish_s"] = time.perf_counter() - t0
-            self.progress.finish(stopped or "done")
-            self._record_parts()
+            stopped = self.drive(max_steps)
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
             self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
             return FitResult(self, stopped)
+        except BaseException:
+            self.release()
+            raise
+
+    def drive(self, max_steps: Optional[int]) -> Optional[str]:
+        """The fit once its job runs, whoever owns the loop (this process, or the coordinator in
+        the job): the data check, the init step (or a resume), the steps, the end; returns why it
+        stopped."""
+        self._check_data()
+        if not self._resume():
+            self._init_state()
+        self.progress = self._progress_reporter()
+        stopped = self._step_loop(max_steps)
+        t0 = time.perf_counter()
+        self.job.finish(self._position.step - 1)
+        self.summary.fixed["finish_s"] = time.perf_counter() - t0
+        self.progress.finish(stopped or "done")
+        self._record_parts()
+        return stopped
+
+    def _progress_reporter(self) -> ProgressReporter:
+        return ProgressReporter(f"{type(self.program).__name__} {self.namespace}", self.config["progress"])
+
+    def _fit_in_job(self, max_steps: Optional[int], t_fit: float) -> "FitResult":
+        """The fit with its scheduler in its job (:mod:`~pystrads.engine.coordinator`): shards of
+        its own started through Spark, the job launched with the coordinator in its first task,
+        and the coordinator's result read from the job; no connection to an executor from here."""
+        from .coordinator import CoordinatorSpec
+
+        t0 = time.perf_counter()
+        self.manager = launcher.start_for_fit(self.spark, self.config, expected_executors(self.spark))
+        self.group = self.manager.group
+        self.summary.add_time("shard_start_s", time.perf_counter() - t0)
+        if self.checkpoints is not None:  # the hosts are known once the shards run
+            check_checkpoint_storage(self.checkpoints.root, {s.host for s in self.group.shards})
+        try:
+            spec = CoordinatorSpec(dict(self.config), self._plan_tables(), self.checkpoints, max_steps,
+                                   self.manager.admin_token, type(self.program).__name__)
+            self.summary.add_time("launch_s", self.job.launch(
+                self.program, self.group, self.layouts, fingerprint=self.checkpoints is not None, coordinator=spec))
+            self.progress = self._progress_reporter()
+            with ProgressPoll(self) as poll:
+                result = self.job.coordinator_result()
+            last = result.get("progress")
+            if last is not None and last["seq"] > poll.seen:  # the end, or no poll ran
+                self.progress.update(last["done"], last["total"], last["unit"], **last["shown"])
+            summary = result.get("summary") or {}
+            self.summary.rows[:] = summary.get("rows", [])
+            self.summary.iterations[:] = summary.get("iterations", [])
+            for key, value in summary.get("fixed", {}).items():  # the coordinator's, beside this process's
+                if key.endswith("_s"):
+                    self.summary.add_time(key, value)
+                else:
+                    self.summary.fixed[key] = value
+            if "error" in result:
+                raise result["error"]
+            vars(self.program).update(result["program"])
+            self._position = Position(**result["position"])
+            self.summary.shards = result["shards"]
+            self.summary.fixed["total_s"] = time.perf_counter() - t_fit
+            self.progress.finish(result["stopped"] or "done")
+            return FitResult(self, result["stopped"])
         except BaseException:
             self.release()
             raise
@@ -480,17 +562,114 @@ class Engine:
         return [v for _, v in sorted(self.job.result_rdd.mapPartitionsWithIndex(run).collect(), key=lambda kv: kv[0])]
 
     def fetch_exports(self) -> List[Any]:
-        """Each worker's ``export`` result on the driver (read once from the shards)."""
+        """Each worker's ``export`` result on the driver (read once from the shards; with the
+        scheduler in the job, by a Spark task)."""
+        if self.in_job and self.manager is not None and self.group is not None:
+            return self.job.fetch_exports(relay=self.spark)
         return self.job.fetch_exports()
 
     def release(self) -> None:
-        """Drop the fit's tables from the shards and unpersist the states it kept."""
+        """Drop the fit's tables from the shards and unpersist the states it kept (with the
+        scheduler in the job, stop the fit's own shards)."""
         self.job.release()
+        if self.in_job:
+            if self.manager is not None:
+                self.manager.shutdown()
+            return
         if self.group is not None:
             try:
                 self.group.broadcast("drop_tables", prefix=self.namespace + "/")
             except PystradsError:
                 pass
+
+
+class ProgressPoll:
+    """While a fit whose scheduler runs in its job is running: every ``progress.pollSeconds`` a
+    Spark task reads the progress the coordinator leaves on shard 0 and shows what is new here
+    (log line, notebook bar).  The task needs a free task slot beside the fit's workers; with
+    none (every slot runs a worker) it would wait for the fit's end, so there is no poll and the
+    progress shows when the fit ends."""
+
+    def __init__(self, engine: "Engine"):
+        import threading
+
+        self.engine = engine
+        self.seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pystrads-progress-{engine.namespace}", daemon=True)
+        self.polls = 0
+
+    def __enter__(self) -> "ProgressPoll":
+        from .preflight import free_slots
+
+        engine = self.engine
+        if engine.config["progress"] == "off" or engine.config["progress.pollSeconds"] <= 0:
+            return self
+        free = free_slots(engine.spark, engine.num_workers)
+        if free is not None and free < 1:
+            log.info("fit %s: every task slot runs a worker, so its progress shows when it ends (leave a slot "
+                     "free, numWorkers <= %d, to see it while it runs)", engine.namespace,
+                     max(1, engine.num_workers - 1))
+            return self
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from ..ps.relay import through_spark
+        from .coordinator import read_progress
+
+        engine = self.engine
+        while not self._stop.wait(engine.config["progress.pollSeconds"]):
+            try:
+                got = through_spark(engine.spark, engine.group, read_progress, engine.namespace)
+            except Exception as exc:  # noqa: BLE001 -- the fit's own result says what went wrong
+                log.debug("progress poll failed: %s", exc)
+                continue
+            self.polls += 1
+            if got is not None and got["seq"] > self.seen and not self._stop.is_set():
+                self.seen = got["seq"]
+                engine.progress.update(got["done"], got["total"], got["unit"], **got["shown"])
+
+
+class RelayedTable:
+    """A fit's table read by a Spark task (:func:`~pystrads.ps.relay.through_spark`), for a client
+    that cannot reach the shards; each read is a Spark job, so read small tables this way and large
+    ones with :func:`~pystrads.engine.frames.shard_frame`."""
+
+    def __init__(self, spark, group, layout: TableLayout):
+        self.spark, self.group, self.layout = spark, group, layout
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    def read_all(self) -> np.ndarray:
+        from ..ps.relay import through_spark
+
+        return through_spark(self.spark, self.group, _read_all, self.layout)
+
+    def get_range(self, start: int, stop: int) -> np.ndarray:
+        from ..ps.relay import through_spark
+
+        return through_spark(self.spark, self.group, _read_range, self.layout, int(start), int(stop))
+
+    def __getattr__(self, attr: str):
+        raise AttributeError(f"{attr}: a table of a fit whose scheduler ran in its job is read from here with "
+                             "read_all() or get_range(start, stop) (each a Spark job); read large tables on the "
+                             "executors with pystrads.engine.frames.shard_frame")
+
+
+def _read_all(group, layout: TableLayout) -> np.ndarray:
+    return group.table(layout).read_all()
+
+
+def _read_range(group, layout: TableLayout, start: int, stop: int) -> np.ndarray:
+    return np.array(group.table(layout).get_range(start, stop))
 
 
 class FitResult:

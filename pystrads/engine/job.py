@@ -78,7 +78,7 @@ class WorkerJob:
     def __init__(self, spark, data: WorkerInput, num_workers: int, seed: int, namespace: str, timeout: float,
                  keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]], threads: int = 1):
         self.spark = spark
-        self.sc = None if spark.connect else getattr(spark, "sc", None)
+        self.sc = None if spark is None or spark.connect else getattr(spark, "sc", None)
         self.data, self.num_workers, self.seed = data, num_workers, seed
         self.namespace, self.timeout = namespace, timeout
         self.keep_states, self.export = keep_states, export
@@ -95,11 +95,14 @@ class WorkerJob:
 
     # ------------------------------------------------------------------ launch and watch
     def launch(self, program: Program, group: ShardGroup, layouts: Dict[str, Any], fingerprint: bool,
-               new_shards: bool = False) -> float:
+               new_shards: bool = False, coordinator: Any = None) -> float:
         """Start the job (cancelling a running one): every worker's task loads its partition, says
         hello on shard 0 and then carries out the posted commands.  ``new_shards``: the shards were
         restarted, so the next command carries the program for their mailbox (a task Spark
-        restarts asks it for the program).  Returns the seconds it took."""
+        restarts asks it for the program).  ``coordinator``: a
+        :class:`~pystrads.engine.coordinator.CoordinatorSpec`, the first task then runs the fit's
+        loop too and the job's rows are its result (:meth:`coordinator_result`).  Returns the
+        seconds it took."""
         from pyspark import StorageLevel, cloudpickle
 
         t0 = time.perf_counter()
@@ -108,7 +111,7 @@ class WorkerJob:
         blob = cloudpickle.dumps(program)
         digest = program_hash(blob)
         spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
-                          self.namespace, fingerprint, self.keep_states, self.export, self.threads)
+                          self.namespace, fingerprint, self.keep_states, self.export, self.threads, coordinator)
         data = self.data
         if data.frame is not None:
             frame = data.frame
@@ -119,7 +122,7 @@ class WorkerJob:
             # the snapshots) as it does for any failed worker job
             decode, decode_batch = data.decode, data.decode_batch
             out = frame.mapInArrow(lambda batches: run_worker_arrow(spec, batches, decode, decode_batch),
-                                   "unused binary", barrier=True)
+                                   "result binary", barrier=True)
         else:
             out = to_workers(data.rdd, self.num_workers).barrier().mapPartitions(lambda it: run_worker(spec, it))
             if self.keep_states:  # the finished tasks' (data, state), read by map_states
@@ -170,6 +173,24 @@ class WorkerJob:
             run.warned = waited
             log.warning("fit %s: %s", self.namespace, message)
         return None
+
+    def coordinator_result(self) -> Dict[str, Any]:
+        """Wait for a job launched with a coordinator to end; the coordinator's result (a
+        KeyboardInterrupt here cancels the job)."""
+        run = self._run
+        try:
+            while run.thread.is_alive():
+                run.thread.join(0.5)
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        self._run = None
+        if run.error is not None:
+            raise StepFailedError(f"the fit's job failed: {_python_cause(run.error)}") from run.error
+        blob = b"".join(run.rows or [])
+        if not blob:
+            raise StepFailedError("the fit's job ended without its coordinator's result")
+        return pickle.loads(blob)
 
     def hellos(self) -> Dict[int, Dict[str, Any]]:
         """Wait until every worker's task said hello (data loaded); their hellos by worker."""
@@ -325,16 +346,20 @@ class WorkerJob:
                 raise StepFailedError(f"the fit's job ended before every worker exported its results (missing "
                                       f"{missing}): {_python_cause(run.error) if run.error else 'no error'}")
 
-    def fetch_exports(self) -> List[Any]:
-        """Each worker's ``export`` result on the driver, read once from the shards."""
+    def fetch_exports(self, relay: Any = None) -> List[Any]:
+        """Each worker's ``export`` result on the driver, read once from the shards (by a Spark
+        task of ``relay``, a SparkHandle, when this process cannot reach them)."""
         if self.export is None:
             raise PystradsError("no exports: make the Engine with export=fn(worker, data, state)")
         if self._exports is None:
             if self.group is None:
                 raise PystradsError("the workers' exports are gone from the shards (was the fit released?)")
-            S = len(self.group.shards)
-            blobs = fan_out([lambda w=w: self.group.client(w % S).get_blob(export_key(self.namespace, w))
-                             for w in range(self.num_workers)])
+            if relay is not None:
+                from ..ps.relay import through_spark
+
+                blobs = through_spark(relay, self.group, _export_blobs, self.namespace, self.num_workers)
+            else:
+                blobs = _export_blobs(self.group, self.namespace, self.num_workers)
             if any(b is None for b in blobs):
                 raise PystradsError("the workers' exports are gone from the shards (was the fit released?)")
             self._exports = [pickle.loads(b) for b in blobs]
@@ -373,6 +398,11 @@ class WorkerJob:
             for i in range(S)])
 
 
+def _export_blobs(group: ShardGroup, namespace: str, num_workers: int) -> List[Optional[bytes]]:
+    S = len(group.shards)
+    return fan_out([lambda w=w: group.client(w % S).get_blob(export_key(namespace, w)) for w in range(num_workers)])
+
+
 class _JobRun:
     """One launch of the job, collected in a driver thread (its own Spark job group, or job tag
     under Spark Connect, so that it can be cancelled).  ``rdd``: the job's RDD or DataFrame."""
@@ -382,6 +412,7 @@ class _JobRun:
         self.rdd = rdd
         self.group_id = f"pystrads-{job.namespace}-{secrets.token_hex(3)}"
         self.error: Optional[BaseException] = None
+        self.rows: Optional[List[bytes]] = None  # what the job's tasks returned (a coordinator's result)
         self.thread: Optional[threading.Thread] = None
         self.detached = False  # the fit is over and no longer waits for this job
         self.t_launch = time.monotonic()
@@ -416,8 +447,8 @@ class _JobRun:
                     session.addTag(self.group_id)
                 else:
                     sc.setJobGroup(self.group_id, f"pystrads fit {job.namespace}: workers", interruptOnCancel=True)
-                if frame:
-                    self.rdd.collect()  # a DataFrame whose tasks return no rows
+                if frame:  # rows only from a coordinator's task: its result
+                    self.rows = [bytes(r[0]) for r in self.rdd.collect()]
                 else:
                     _materialize(self.rdd, sc)
             except BaseException as exc:  # noqa: BLE001 -- reported to the driver's loop

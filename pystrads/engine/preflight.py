@@ -87,6 +87,12 @@ def _slots(spark) -> Optional[int]:
     return slots
 
 
+def free_slots(spark, num_workers: int) -> Optional[int]:
+    """Task slots beside ``num_workers`` barrier tasks, when known without a job (else None)."""
+    slots = _slots(spark)
+    return None if slots is None else slots - num_workers
+
+
 def default_num_workers(data, requested: Optional[int] = None, handle: Optional[SparkHandle] = None) -> int:
     """Workers an :class:`Engine` over ``data`` (an RDD or a DataFrame) uses: ``requested``,
     else its partitions capped by the task slots known without a job."""

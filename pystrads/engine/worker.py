@@ -49,6 +49,7 @@ class WorkerSpec:
     keep_states: bool = True  # yield (data, state) at finish, for FitResult.map_states
     export: Any = None  # fn(worker, data, state) run at finish; its result goes to the driver via the shards
     threads: int = 1  # threads the worker computes with (WorkerContext.threads)
+    coordinator: Any = None  # a CoordinatorSpec: the first task also runs the fit's loop (coordinator.py)
 
 
 def export_key(namespace: str, worker: int) -> str:
@@ -315,6 +316,21 @@ def run_worker_arrow(spec: WorkerSpec, batches, decode=None, decode_batch=None) 
         records = arrow_records(batches)
         if decode is not None:
             records = map(decode, records)
-    for _ in run_worker(spec, records):
-        pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)
-    yield from ()
+    coordinator = None
+    if spec.coordinator is not None and _task_identity()[0] == 0:
+        from .coordinator import Coordinator
+
+        coordinator = Coordinator(spec, spec.coordinator)
+        coordinator.start()
+    try:
+        for _ in run_worker(spec, records):
+            pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)
+    except BaseException:
+        if coordinator is not None:
+            coordinator.abandon()
+        raise
+    if coordinator is not None:  # the job's rows: the coordinator's result
+        import pyarrow as pa
+
+        for chunk in coordinator.result_rows():
+            yield pa.RecordBatch.from_arrays([pa.array([chunk], pa.binary())], ["result"])

@@ -39,15 +39,24 @@ class ModelWriter(MLWriter):
         if not is_connect_session(self.sparkSession):
             return super()._handleOverwrite(path)
         # pyspark's overwrite goes through the JVM, which a Spark Connect client does not have:
-        # delete the directory through pyarrow's filesystems (local paths, hdfs://, s3://, ...)
-        # as seen from this process
-        from ..ps import storage
+        # a Spark task deletes the directory through pyarrow's filesystems (local paths, hdfs://,
+        # s3://, ...) as the executors, which write the model, see them (the client may see none)
+        from ..spark import handle_of
 
-        if storage.exists(path):
-            storage.delete_dir(path)
+        handle_of(self.sparkSession).run_tasks(lambda _index: [_delete_dir(path)], 1)
 
     def saveImpl(self, path: str) -> None:
         self.instance._save(path, self.sparkSession)
+
+
+def _delete_dir(path: str) -> bool:
+    """Delete ``path`` (a model directory) if it exists; whether it did."""
+    from ..ps import storage
+
+    if not storage.exists(path):
+        return False
+    storage.delete_dir(path)
+    return True
 
 
 class ModelReader(MLReader):

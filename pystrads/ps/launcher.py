@@ -256,7 +256,7 @@ def tls_files(cfg) -> tuple:
 class ShardManager:
     """Owns the shard group of one Spark application: launch, heartbeat, shutdown."""
 
-    def __init__(self, spark, config):
+    def __init__(self, spark, config, reachable: bool = True):
         from ..spark import handle_of
 
         self.spark = handle_of(spark)  # a SparkContext's or a Spark Connect session's
@@ -268,6 +268,9 @@ class ShardManager:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.heartbeat_failures = 0
+        # False: this process cannot reach the executors (the scheduler runs in the fit's job): no
+        # heartbeat from here, and anything said to the shards goes through a Spark task
+        self.reachable = reachable
 
     def start(self, expected_executors: int) -> ShardGroup:
         cfg = self.config
@@ -327,10 +330,11 @@ class ShardManager:
                        bool(i.get("tls")))
              for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"],
             trust_bundle([i.get("cert") for i in shards], tls_roots), admin_token)
-        # The first heartbeat also proves every shard is reachable from the driver.
-        self._beat(raise_errors=True)
-        self._thread = threading.Thread(target=self._heartbeat_loop, name="pystrads-heartbeat", daemon=True)
-        self._thread.start()
+        if self.reachable:
+            # The first heartbeat also proves every shard is reachable from the driver.
+            self._beat(raise_errors=True)
+            self._thread = threading.Thread(target=self._heartbeat_loop, name="pystrads-heartbeat", daemon=True)
+            self._thread.start()
         log.info("started %d shard(s) on %d executor(s) in %.1f s: %s", len(shards),
                  len({i['executor'] for i in shards}), time.monotonic() - t0,
                  ", ".join(s.uri for s in self.group.shards))
@@ -382,6 +386,10 @@ class ShardManager:
     def alive(self) -> bool:
         if self.group is None:
             return False
+        if not self.reachable:
+            from .relay import through_spark
+
+            return through_spark(self.spark, self.group, _all_alive)
         try:
             self.group.broadcast("ping")
             return True
@@ -392,12 +400,51 @@ class ShardManager:
         self._stop.set()
         if self.group is None:
             return
+        if not self.reachable:
+            from .relay import through_spark
+
+            try:
+                through_spark(self.spark, self.group, _shutdown_all)
+            except Exception as exc:  # noqa: BLE001 -- they exit when their lease lapses
+                log.info("could not tell the shards of %s to stop (%s); they exit when their lease lapses",
+                         self.run_id, exc)
+            self.group = None
+            return
         for i in range(len(self.group.shards)):
             try:
                 self.group.client(i).action("shutdown")
             except ShardUnavailableError:
                 pass
         self.group = None
+
+
+def _all_alive(group: ShardGroup) -> bool:
+    try:
+        group.broadcast("ping")
+        return True
+    except ShardUnavailableError:
+        return False
+
+
+def _shutdown_all(group: ShardGroup) -> None:
+    for i in range(len(group.shards)):
+        try:
+            group.client(i).action("shutdown")
+        except ShardUnavailableError:
+            pass
+
+
+def start_for_fit(spark, config, expected_executors: int) -> ShardManager:
+    """Shards of their own for one fit whose scheduler runs in its job: started through a Spark
+    job as usual, but never contacted from this process; the fit's coordinator keeps their lease
+    while the job runs, and :meth:`ShardManager.shutdown` (the fit's release) stops them through a
+    Spark task, else they exit when their lease lapses."""
+    from ..spark import handle_of
+
+    manager = ShardManager(handle_of(spark), config, reachable=False)
+    STARTED_RUN_IDS.append(manager.run_id)
+    manager.start(expected_executors)
+    return manager
 
 
 _MANAGERS: Dict[int, ShardManager] = {}

@@ -1,0 +1,172 @@
+"""Spark Connect from a client that reaches only the Connect endpoint, as on Databricks
+serverless: a Connect server (``local[2]``: executors, Python workers and shards) in one network
+namespace, the client in another on a network of its own, and a relay in the root namespace that
+forwards the Connect port and nothing else (``netns.NetnsConnectServer``).  The client runs
+``connect_driver.py`` there; the fits' schedulers run in their jobs, and the client must open no
+Flight connection at all."""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import netns
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FITS = ["rotation", "lda", "lasso", "mf", "implicit", "logistic", "tuning"]
+CASES = FITS + ["progress", "interrupt"]  # the interrupt last: the shards must then all be gone
+
+pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"network namespaces: {netns.available()}")
+
+
+def _shards(hosts):
+    """The shard processes running on the server's host."""
+    found = []
+    for pid in hosts.pids("server"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"pystrads.ps.server" in fh.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _run_driver(cmd_prefix, out, cases, env):
+    import subprocess
+
+    proc = subprocess.run(cmd_prefix + [sys.executable, os.path.join(HERE, "connect_driver.py"), out, *cases],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert os.path.exists(out), f"the driver wrote no results (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    with open(out) as fh:
+        return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """The same fits on a classic local session with the scheduler on the driver."""
+    out = str(tmp_path_factory.mktemp("connect-local") / "results.json")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSTRADS_TEST_CLASSIC="1")
+    env.pop("SPARK_REMOTE", None)
+    return _run_driver([], out, FITS, env)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("connect-remote") / "results.json")
+    with netns.NetnsConnectServer() as hosts:
+        env = dict(hosts.env(), PYSTRADS_TEST_REMOTE=hosts.remote,
+                   PYSTRADS_TEST_UNREACHABLE=f"{hosts.address['server']}:{hosts.PORT}")
+        routes = hosts.run("client", ["ip", "-4", "route"]).stdout
+        results = _run_driver(hosts.command("client", []), out, CASES, env)
+        client_exit = time.time()
+        left = _shards(hosts)  # the fits' shards: released by each fit, the interrupted one on its lease
+        while left and time.time() - results["interrupt"]["returned"] < 40:
+            time.sleep(1)
+            left = _shards(hosts)
+        results.update(routes=routes, relayed=hosts.relay.connections, server_subnet=hosts.subnets[0],
+                       shards_left=len(left), shards_gone_after=time.time() - results["interrupt"]["returned"],
+                       client_exit=client_exit)
+    return results
+
+
+def _case(results, name):
+    got = results.get(name)
+    assert got is not None, f"case {name} did not run: {sorted(results)}"
+    assert "exception" not in got, got["exception"]
+    return got
+
+
+def test_the_client_reaches_only_the_connect_port(remote):
+    assert remote["server_subnet"] not in remote["routes"], remote["routes"]  # no route to the server's network
+    assert "unreachable" in remote["reached_server_network"].lower(), remote["reached_server_network"]
+    assert remote["relayed"] >= 1  # the session went through the relay
+
+
+def test_the_remote_client_opens_no_flight_connection(remote):
+    for case in CASES:
+        _case(remote, case)  # every case ran
+    assert remote["flight_connections"] == []
+
+
+def test_the_engine_runs_a_program_from_the_remote_client(remote, local):
+    got = _case(remote, "rotation")
+    assert got["type"] == "pyspark.sql.connect.session" and got["workers"] == 2 and got["steps"] >= 1
+    assert got["error"] < 1e-9, got  # the rotation sums are exact
+    assert got["exported"] == pytest.approx(got["expected_exported"], abs=1e-9)
+    assert _case(local, "rotation")["error"] < 1e-9
+
+
+def test_strads_lda_from_the_remote_client_equals_local_mode(remote, local):
+    got, ref = _case(remote, "lda"), _case(local, "lda")
+    assert got["tokens"] == got["expected_tokens"]
+    assert got["counts"] == ref["counts"]  # the same sampler draws: the same counts, exactly
+    assert sorted(got["top"]) == [list(range(10)), list(range(10, 20))]
+    assert got["rows"] == 300 and got["theta_sum_range"] == pytest.approx([1.0, 1.0], abs=1e-9)
+    assert got["loaded_equal"] and got["summary_iterations"] == 30 and got["joined_equal"]
+
+
+def test_strads_lasso_from_the_remote_client_equals_local_mode(remote, local):
+    got, ref = _case(remote, "lasso"), _case(local, "lasso")
+    np.testing.assert_allclose(got["ours"], ref["ours"], atol=1e-7)
+    diff = max(abs(a - b) for a, b in zip(got["ours"], got["mllib"]))
+    assert diff < 1e-3, (got["ours"], got["mllib"])
+    assert [i for i, c in enumerate(got["ours"]) if c != 0] == [1, 4, 7]
+    assert got["rmse"] < 0.2 and got["loaded_equal"]
+
+
+def test_strads_mf_from_the_remote_client_equals_local_mode(remote, local):
+    got, ref = _case(remote, "mf"), _case(local, "mf")
+    np.testing.assert_allclose(got["users"], ref["users"], atol=1e-6)
+    np.testing.assert_allclose(got["items"], ref["items"], atol=1e-6)
+    assert got["predictions"] == got["ratings"] and got["rmse"] < 0.05
+    assert got["users_recommended"] == 60 and got["recs_equal_brute_force"] and got["loaded_equal"]
+
+
+def test_implicit_mf_from_the_remote_client_equals_local_mode(remote, local):
+    got, ref = _case(remote, "implicit"), _case(local, "implicit")
+    assert len(got["users"]) == 50 and len(got["items"]) == 30
+    assert [u for u, _ in got["users"]] == [u for u, _ in ref["users"]]
+    np.testing.assert_allclose([f for _, f in got["users"]], [f for _, f in ref["users"]], atol=1e-6)
+    np.testing.assert_allclose([f for _, f in got["items"]], [f for _, f in ref["items"]], atol=1e-6)
+
+
+def test_logistic_regression_from_the_remote_client_equals_local_mode(remote, local):
+    got, ref = _case(remote, "logistic"), _case(local, "logistic")
+    np.testing.assert_allclose(got["coef"], ref["coef"], atol=1e-7)
+    assert got["intercept"] == pytest.approx(ref["intercept"], abs=1e-7)
+    assert got["accuracy"] > 0.9 and got["loaded_equal"]
+
+
+def test_a_pipeline_and_a_cross_validator_from_the_remote_client(remote, local):
+    got, ref = _case(remote, "tuning"), _case(local, "tuning")
+    np.testing.assert_allclose(got["coef"], ref["coef"], atol=1e-7)
+    assert abs(got["coef"][1]) < 0.05 and got["coef"][2] == pytest.approx(-2.0, abs=0.1)
+    # the folds come from a seeded random split, which follows the input's partitions (a Connect
+    # session and a classic one partition createDataFrame's rows differently): similar, not equal
+    np.testing.assert_allclose(got["avg_metrics"], ref["avg_metrics"], rtol=0.1)
+    assert got["avg_metrics"][0] < got["avg_metrics"][1]  # RMSE: the weaker penalty wins
+    np.testing.assert_allclose(got["best_coef"], ref["best_coef"], atol=1e-7)
+
+
+def test_progress_reaches_the_remote_client_every_10_s(remote):
+    got = _case(remote, "progress")
+    assert got["error"] < 1e-9
+    assert got["end"] - got["start"] >= 55, got["end"] - got["start"]  # a fit of about 60 s
+    during = [t for t in got["times"] if t <= got["end"]]
+    assert len(during) >= 6, got["lines"]
+    marks = [got["start"]] + during + [got["end"]]
+    gaps = np.diff(marks)
+    assert gaps.max() <= 10.0, (gaps.tolist(), got["lines"])
+    assert any("iterations 200/200" in line for line in got["lines"]), got["lines"]
+
+
+def test_interrupt_all_ends_the_fit_and_its_shards(remote):
+    got = _case(remote, "interrupt")
+    assert not got["alive"]  # the fit returned
+    assert got["ended"] != "no error" and "StepFailedError" in got["ended"], got["ended"]
+    assert got["returned"] - got["interrupted"] < 30, got
+    assert remote["shards_left"] == 0 and remote["shards_gone_after"] <= 35, remote["shards_gone_after"]
