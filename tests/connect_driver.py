@@ -237,6 +237,38 @@ def interrupt(spark):
     return out
 
 
+def fault(spark):
+    """A worker's task fails once mid-fit: the fit's job is relaunched from the coordinator's state."""
+    import tempfile
+
+    from pystrads.engine import Engine
+    from pystrads.programs import examples as ex
+
+    marker = os.path.join(tempfile.mkdtemp(prefix="pystrads-connect-fault-"), "struck")
+
+    class FailOnce(ex.RotationSum):
+        def push(self, ctx, data, state, block):
+            if ctx.worker == 1 and ctx.round >= 5 and not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError("injected task failure")
+            return super().push(ctx, data, state, block)
+
+        def schedule(self, ctx):
+            U = ctx.num_workers
+            n = min(ctx.rounds_this_step(self.iterations * U, U), U)  # an iteration a step
+            return ex.Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(n)]) if n else None
+
+    rng = np.random.default_rng(8)
+    keys, vals = rng.integers(0, 100, 2000), rng.random(2000)
+    df = spark.createDataFrame(list(zip(keys.tolist(), vals.tolist())), "key long, value double")
+    engine = Engine(FailOnce(100, iterations=5), df, num_workers=2, seed=1)
+    with engine.fit() as res:
+        sums = res.read_table("sums")[:, 0]
+        return {"struck": os.path.exists(marker), "recoveries": res.summary.fixed.get("recoveries", 0),
+                "error": float(np.abs(sums - 5 * np.bincount(keys, vals, 100)).max()),
+                "steps": [row["step"] for row in res.summary.rows]}
+
+
 def implicit(spark):
     """StradsMF with implicit feedback: fit, the factors (compared with local mode's)."""
     from pystrads.ml import StradsMF
@@ -298,7 +330,7 @@ def tuning(spark):
 
 
 CASES = {"rotation": rotation, "refusals": refusals, "lda": lda, "lasso": lasso, "mf": mf, "progress": progress,
-         "interrupt": interrupt, "implicit": implicit, "logistic": logistic, "tuning": tuning}
+         "interrupt": interrupt, "fault": fault, "implicit": implicit, "logistic": logistic, "tuning": tuning}
 
 
 def main():

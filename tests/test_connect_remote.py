@@ -17,7 +17,7 @@ import netns
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FITS = ["rotation", "lda", "lasso", "mf", "implicit", "logistic", "tuning"]
-CASES = FITS + ["progress", "interrupt"]  # the interrupt last: the shards must then all be gone
+CASES = FITS + ["fault", "progress", "interrupt"]  # the interrupt last: the shards must then all be gone
 
 pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"network namespaces: {netns.available()}")
 
@@ -150,6 +150,13 @@ def test_a_pipeline_and_a_cross_validator_from_the_remote_client(remote, local):
     np.testing.assert_allclose(got["avg_metrics"], ref["avg_metrics"], rtol=0.1)
     assert got["avg_metrics"][0] < got["avg_metrics"][1]  # RMSE: the weaker penalty wins
     np.testing.assert_allclose(got["best_coef"], ref["best_coef"], atol=1e-7)
+
+
+def test_a_failed_task_under_the_remote_client_recovers_exactly(remote):
+    got = _case(remote, "fault")
+    assert got["struck"] and got["recoveries"] == 1  # the fault happened, and one relaunch recovered it
+    assert got["error"] < 1e-9  # read-modify-write rotations: no step applied twice or lost
+    assert got["steps"] == [1, 2, 3, 4, 5]
 
 
 def test_progress_reaches_the_remote_client_every_10_s(remote):

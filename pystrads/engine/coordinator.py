@@ -26,10 +26,11 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
-from ..errors import StepFailedError
+from ..errors import ShardUnavailableError, StepFailedError
 from ..ps.client import ShardGroup
 from .checkpoints import Position, program_attributes, program_state
 from .driver import Engine, TrainingSummary, make_tables
+from .program import ScheduleContext
 from .job import WorkerJob
 from .progress import ProgressReporter
 
@@ -52,6 +53,7 @@ class CoordinatorSpec:
     max_steps: Optional[int]
     admin_token: str
     program_name: str
+    resume: bool = False  # a relaunch: carry on from the coordinator's state on the shards
 
 
 class InJobWorkerJob(WorkerJob):
@@ -64,6 +66,17 @@ class InJobWorkerJob(WorkerJob):
         self.group = spec.group
         self._posted_program = spec.program_hash  # every task unpickled it from the job's closure
         self._abandoned = abandoned
+        self.pending: Optional[Dict[str, Any]] = None  # the running step, for a relaunch to account for
+
+    def before_commit(self, step: int, answer: Dict[str, Any]) -> None:
+        """Leave the finished step's record on shard 0 before it is committed: if the coordinator
+        dies once some shard committed it, the relaunched one completes the commit and accounts
+        for the step from this record instead of running it again."""
+        if self.pending is not None and self.pending["step"] == step:
+            record = dict(self.pending, answer=answer, t_step=time.perf_counter() - self.pending["t0"])
+            from pyspark import cloudpickle
+
+            self.group.client(0).put_blob(pending_key(self.namespace), cloudpickle.dumps(record))
 
     def error(self) -> Optional[BaseException]:
         if self._abandoned.is_set():
@@ -100,6 +113,7 @@ class Coordinator:
         self.cspec = coordinator
         self.abandoned = threading.Event()  # the task's worker failed: the job is lost
         self.result: Optional[Dict[str, Any]] = None
+        self.failed: Optional[BaseException] = None  # a failure the client recovers from by a relaunch
         self._thread = threading.Thread(target=self._run, name="pystrads-coordinator", daemon=True)
         self._beats = threading.Event()
 
@@ -133,21 +147,32 @@ class Coordinator:
             program = pickle.loads(self.spec.program)
             group = self._group()
             engine = _InJobEngine(self.spec, self.cspec, program, group, self.abandoned)
-            make_tables(group, self.cspec.tables, self.spec.namespace, program)
-            engine.summary.fixed["table_create_s"] = time.perf_counter() - t0
+            if not self.cspec.resume:
+                make_tables(group, self.cspec.tables, self.spec.namespace, program)
+                engine.summary.fixed["table_create_s"] = time.perf_counter() - t0
             stopped = engine.drive(self.cspec.max_steps)
             self.result = {"stopped": stopped, "summary": engine.summary_state(),
                            "program": program_state(program), "position": dataclasses.asdict(engine._position),
                            "shards": group.broadcast("stats"), "progress": engine.progress.report}
         except BaseException as exc:  # noqa: BLE001 -- handed to the client through the job
             log.warning("fit %s: the coordinator stopped on %r", self.spec.namespace, exc)
-            self.result = {"error": _picklable(exc), "summary": engine.summary_state() if engine else None}
-            try:  # workers waiting for a command read "closed" and end their tasks
-                self.spec.group.broadcast("drop_tables", prefix=self.spec.namespace + "/")
-            except Exception:  # noqa: BLE001 -- the job fails instead
-                pass
+            if isinstance(exc, (StepFailedError, ShardUnavailableError)):
+                # a lost task or shard: the job must fail (this task raises it at its next poll) and
+                # the client relaunch it; the tables and the coordinator's state stay for that
+                self.failed = exc
+            else:  # the fit ends here: its error goes to the client as the job's result
+                self.result = {"error": _picklable(exc), "summary": engine.summary_state() if engine else None}
+                try:  # workers waiting for a command read "closed" and end their tasks
+                    self.spec.group.broadcast("drop_tables", prefix=self.spec.namespace + "/")
+                except Exception:  # noqa: BLE001 -- the job fails instead
+                    pass
         finally:
             self._beats.set()
+
+    def check(self) -> None:
+        """Raise the coordinator's failure in the task (which then fails the job), if it had one."""
+        if self.failed is not None:
+            raise StepFailedError(f"the fit's coordinator stopped: {self.failed}") from self.failed
 
     def result_rows(self) -> Iterator[bytes]:
         """Wait for the coordinator; its result, pickled, in chunks (the job's rows)."""
@@ -155,6 +180,7 @@ class Coordinator:
 
         while self._thread.is_alive():
             self._thread.join(1.0)
+        self.check()
         blob = cloudpickle.dumps(self.result)
         for i in range(0, max(1, len(blob)), RESULT_CHUNK_BYTES):
             yield blob[i:i + RESULT_CHUNK_BYTES]
@@ -162,6 +188,16 @@ class Coordinator:
 
 def progress_key(namespace: str) -> str:
     return f"{namespace}/progress"
+
+
+def state_key(namespace: str) -> str:
+    """The coordinator's state after the last step it accounted for (on shard 0)."""
+    return f"{namespace}/coordinator/state"
+
+
+def pending_key(namespace: str) -> str:
+    """The record of the step being committed (on shard 0)."""
+    return f"{namespace}/coordinator/pending"
 
 
 class SharedProgress(ProgressReporter):
@@ -182,6 +218,24 @@ class SharedProgress(ProgressReporter):
         except Exception as exc:  # noqa: BLE001 -- progress never fails a fit
             log.debug("progress not shared: %s", exc)
         return line
+
+
+def settle_open_step(group: ShardGroup, namespace: str) -> str:
+    """Close the step a lost job left open, before the job is relaunched (its new tasks would
+    otherwise pick its command up): complete its commit if some shard committed it and its
+    record says every worker finished it, else roll it back.  Returns what it did."""
+    status = group.broadcast("metrics", namespace=namespace)
+    open_steps = [s["step"] for s in status if s["open"]]
+    if not open_steps:
+        return "none open"
+    step = max(open_steps)
+    pending = group.client(0).get_blob(pending_key(namespace))
+    record = pickle.loads(pending) if pending is not None else None
+    if any(s["step"] == step and s["kept"] for s in status) and record is not None and record["step"] == step:
+        group.broadcast("commit_step", step=step, namespace=namespace)  # a no-op where committed
+        return f"committed step {step}"
+    group.broadcast("abort_step", step=step, namespace=namespace)  # a no-op where closed
+    return f"rolled back step {step}"
 
 
 def read_progress(group: ShardGroup, namespace: str) -> Optional[Dict[str, Any]]:
@@ -234,9 +288,66 @@ class _InJobEngine(Engine):
         self._program_initial = program_attributes(program)
         self._recoveries = 0
         self._name = cspec.program_name
+        self.resume = cspec.resume
+        self._replayed_stop: Optional[str] = None
 
     def _recover(self, exc: BaseException) -> bool:
-        raise exc
+        raise exc  # the client relaunches the job (this coordinator's task goes with it)
+
+    # -- the coordinator's own state, for a relaunched job
+    def _step_done(self) -> None:
+        from pyspark import cloudpickle
+
+        state = {"position": dataclasses.asdict(self._position), "program": program_state(self.program),
+                 "summary": self.summary_state(), "checkpoints": self.checkpoints}
+        self.job.group.client(0).put_blob(state_key(self.namespace), cloudpickle.dumps(state))
+
+    def _run_step(self, ctx, schedule, t_sched: float, program_rounds: int) -> None:
+        self.job.pending = {"step": self._position.step, "schedule": schedule, "program_rounds": program_rounds,
+                            "t_sched": t_sched, "t0": time.perf_counter()}
+        try:
+            super()._run_step(ctx, schedule, t_sched, program_rounds)
+        finally:
+            self.job.pending = None
+
+    def _resume(self) -> bool:
+        """A relaunched job: carry on from the state the last coordinator left (else from the
+        latest checkpoint, or from the start).  The client settled the step that was open when
+        the job was lost (:func:`settle_open_step`) before relaunching; if it completed its
+        commit, that step is accounted for here from its record, so no step is ever applied
+        twice or lost."""
+        if not self.resume:
+            return super()._resume()
+        group = self.job.group
+        blob = group.client(0).get_blob(state_key(self.namespace))
+        if blob is None:  # the init step never completed: start over
+            return super()._resume()
+        state = pickle.loads(blob)
+        self._position = Position(**state["position"])
+        vars(self.program).update(state["program"])
+        summary = state["summary"]
+        self.summary.rows[:], self.summary.iterations[:] = summary["rows"], summary["iterations"]
+        self.summary.fixed.update(summary["fixed"])
+        self.checkpoints = state["checkpoints"]
+        step = self._position.step
+        status = group.broadcast("metrics", namespace=self.namespace)
+        pending = group.client(0).get_blob(pending_key(self.namespace))
+        record = pickle.loads(pending) if pending is not None else None
+        if all(s["step"] == step and s["kept"] for s in status) and record is not None and record["step"] == step:
+            log.warning("fit %s: step %d was committed when the job was lost; accounting for it", self.namespace, step)
+            ctx = ScheduleContext(self)
+            ctx.step, ctx.rounds_hint = step, self._position.rounds_hint
+            ctx.rounds_done = self._position.rounds_done - self._position.serial_extra
+            self._account(ctx, record["schedule"], record["program_rounds"], record["t_sched"], record["answer"],
+                          record["t_step"])
+            self._replayed_stop = ctx.stopped
+        self.summary.fixed["resumed_at_step"] = self._position.step
+        return True
+
+    def _step_loop(self, max_steps):
+        if self._replayed_stop:  # the step accounted for on resume ended the fit
+            return self._replayed_stop
+        return super()._step_loop(max_steps)
 
     def _progress_reporter(self) -> ProgressReporter:
         return SharedProgress(f"{self._name} {self.namespace}", self.job.group, self.namespace)

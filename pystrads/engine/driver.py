@@ -329,10 +329,11 @@ class Engine:
         """The fit once its job runs, whoever owns the loop (this process, or the coordinator in
         the job): the data check, the init step (or a resume), the steps, the end; returns why it
         stopped."""
+        self.progress = self._progress_reporter()
         self._check_data()
         if not self._resume():
             self._init_state()
-        self.progress = self._progress_reporter()
+        self._step_done()
         stopped = self._step_loop(max_steps)
         t0 = time.perf_counter()
         self.job.finish(self._position.step - 1)
@@ -340,6 +341,44 @@ class Engine:
         self.progress.finish(stopped or "done")
         self._record_parts()
         return stopped
+
+    def _recover_in_job(self, exc: BaseException, spec):
+        """After the fit's job failed (a task or an executor lost, or the coordinator stopped on a
+        lost shard): the coordinator spec to relaunch it with -- resuming from the coordinator's
+        state on the shards when they live, else on new shards from the latest checkpoint or the
+        start; re-raises when the job was cancelled or after ``recovery.maxAttempts``."""
+        import dataclasses
+
+        cause = str(exc) + " " + str(exc.__cause__ or "")
+        if "OPERATION_CANCELED" in cause or "cancelled" in cause.lower() or "canceled" in cause.lower():
+            raise exc
+        self._recoveries += 1
+        limit = self.config["recovery.maxAttempts"]
+        if self._recoveries > limit:
+            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
+                                  f"failure: {cause}") from exc
+        t0 = time.perf_counter()
+        alive = self.manager.alive()  # through a Spark task
+        log.warning("fit %s: its job failed (%s); relaunching it (%d of at most %d) %s", self.namespace,
+                    _python_cause(exc), self._recoveries, limit,
+                    "from the coordinator's state on the shards" if alive else "on new shards")
+        if alive:
+            from ..ps.relay import through_spark
+            from .coordinator import settle_open_step
+
+            log.info("fit %s: %s", self.namespace, through_spark(self.spark, self.group, settle_open_step,
+                                                                self.namespace))
+            spec = dataclasses.replace(spec, resume=True)
+        else:
+            self.manager.shutdown()
+            self.manager = launcher.start_for_fit(self.spark, self.config, expected_executors(self.spark))
+            self.group = self.manager.group
+            self.layouts = {}
+            spec = dataclasses.replace(spec, resume=False, tables=self._plan_tables(),
+                                       admin_token=self.manager.admin_token)
+        self.summary.fixed["recoveries"] = self._recoveries
+        self.summary.add_time("recovery_s", time.perf_counter() - t0)
+        return spec
 
     def _progress_reporter(self) -> ProgressReporter:
         return ProgressReporter(f"{type(self.program).__name__} {self.namespace}", self.config["progress"])
@@ -359,11 +398,20 @@ class Engine:
         try:
             spec = CoordinatorSpec(dict(self.config), self._plan_tables(), self.checkpoints, max_steps,
                                    self.manager.admin_token, type(self.program).__name__)
-            self.summary.add_time("launch_s", self.job.launch(
-                self.program, self.group, self.layouts, fingerprint=self.checkpoints is not None, coordinator=spec))
             self.progress = self._progress_reporter()
-            with ProgressPoll(self) as poll:
-                result = self.job.coordinator_result()
+            while True:
+                self.summary.add_time("launch_s", self.job.launch(
+                    self.program, self.group, self.layouts, fingerprint=self.checkpoints is not None,
+                    coordinator=spec))
+                with ProgressPoll(self) as poll:
+                    try:
+                        result = self.job.coordinator_result()
+                    except StepFailedError as exc:
+                        result = {"error": exc}
+                failure = result.get("error")
+                if not isinstance(failure, (StepFailedError, ShardUnavailableError)):
+                    break
+                spec = self._recover_in_job(failure, spec)
             last = result.get("progress")
             if last is not None and last["seq"] > poll.seen:  # the end, or no poll ran
                 self.progress.update(last["done"], last["total"], last["unit"], **last["shown"])
@@ -409,13 +457,12 @@ class Engine:
             schedule.validate(self.num_workers, self.config["step.maxRounds"])
             run = serial_schedule(self.program, schedule) if self.config["debug.serial"] else schedule
             try:
-                self._run_step(ctx, run, t_sched)
-                self._position.serial_extra += len(run) - len(schedule)
+                self._run_step(ctx, run, t_sched, len(schedule))
                 steps += 1
-                self._size_next_step(len(schedule))
                 if self.checkpoints is not None and not ctx.stopped and \
                         (self._position.step - 1) % self.config["checkpoint.interval"] == 0:
                     self.checkpoints.try_save(self.job, self.program, self._position, self.summary)
+                self._step_done()
             except (StepFailedError, ShardUnavailableError) as exc:
                 if self._recover(exc):
                     retry = schedule
@@ -470,13 +517,25 @@ class Engine:
         target = self.config["step.targetSeconds"]
         self._position.rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
 
-    def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float) -> None:
+    def _step_done(self) -> None:
+        """After each step the fit keeps (and after the init step): a hook for the loop's owner."""
+
+    def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float, program_rounds: int) -> None:
+        """Run ``schedule`` (``program_rounds`` of the program's rounds: fewer than its own in
+        serial mode) as the next step, then account for it."""
         position = self._position
         step = position.step
         t0 = time.perf_counter()
         answer = self.job.run_step(step, position.rounds_done,
                                    self.job.command(self.program, step, position.rounds_done, schedule))
-        t_step = time.perf_counter() - t0
+        self._account(ctx, schedule, program_rounds, t_sched, answer, time.perf_counter() - t0)
+
+    def _account(self, ctx: ScheduleContext, schedule: Schedule, program_rounds: int, t_sched: float,
+                 answer: Dict[str, Any], t_step: float) -> None:
+        """A committed step's metrics, summary row, position, ``after_step``, progress and the next
+        step's size."""
+        position = self._position
+        step = position.step
         metrics = self.job.metrics(answer, self.program)
         traffic = self.job.traffic()
         U = self.num_workers
@@ -501,6 +560,8 @@ class Engine:
         extra = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in ctx._records.items())
         log.info("step %d: %d rounds in %.3f s (%.0f rounds/s; compute %.3f s, sync %.3f s, outside rounds %.3f s) "
                  "%s", step, len(schedule), t_step, row["rounds_per_s"], compute, sync, row["outside_rounds_s"], extra)
+        position.serial_extra += len(schedule) - program_rounds
+        self._size_next_step(program_rounds)
 
     def _recover(self, exc: BaseException) -> bool:
         """After a failed step: when shards died, the workers' states were lost with an executor,

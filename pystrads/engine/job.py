@@ -284,8 +284,12 @@ class WorkerJob:
             raise StepFailedError(
                 f"step {step} failed; the model tables were rolled back to their state before the step. "
                 f"Cause: {exc if isinstance(exc, PystradsError) else _python_cause(exc)}") from exc
+        self.before_commit(step, answer)
         self._traffic_at_commit = group.broadcast("commit_step", step=step, namespace=self.namespace)
         return answer
+
+    def before_commit(self, step: int, answer: Dict[str, Any]) -> None:
+        """Called once every worker finished step ``step``, before it is committed."""
 
     def metrics(self, answer: Dict[str, Any], program: Program) -> StepMetrics:
         """The step's per-round metrics: the workers' reports in ``answer``, plus every shard's own

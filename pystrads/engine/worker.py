@@ -136,14 +136,18 @@ class _Worker:
         self.home = worker % len(spec.group.shards)  # the shard keeping this worker's snapshots
         self.program = pickle.loads(spec.program)
         self.program_hash = spec.program_hash
+        self.check: Optional[Callable[[], None]] = None  # raises when this task must fail (its coordinator did)
+        self.poll_seconds = NEXT_POLL_SECONDS
 
     # -- commands
     def next_command(self, done_step: int) -> Dict[str, Any]:
         while True:
             cmd = self.group.client(0).action(
                 "next", namespace=self.spec.namespace, worker=self.worker, task=self.task, done_step=done_step,
-                program_hash=self.program_hash, timeout=NEXT_POLL_SECONDS)
+                program_hash=self.program_hash, timeout=self.poll_seconds)
             if cmd.get("kind") == "wait":
+                if self.check is not None:
+                    self.check()
                 continue
             if cmd.get("program") is not None:
                 from pyspark import cloudpickle  # noqa: F401 -- cloudpickled classes may need it
@@ -247,10 +251,14 @@ class _Worker:
         return state, fence, late, last
 
 
-def run_worker(spec: WorkerSpec, records: Iterator[Any]) -> Iterator[Any]:
-    """The whole fit on one worker; yields ``(data, state)`` once the driver says ``finish``."""
+def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callable[[], None]] = None) -> Iterator[Any]:
+    """The whole fit on one worker; yields ``(data, state)`` once the driver says ``finish``.
+    ``check``: called while the worker waits for a command; it raises to fail the task (the
+    first task's coordinator failed)."""
     worker, task, attempt = _task_identity()
     w = _Worker(spec, worker, task, attempt)
+    if check is not None:
+        w.check, w.poll_seconds = check, 1.0
     t0 = time.perf_counter()
     use_threads(spec.threads)
     load_ctx = WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed, spec.threads)
@@ -323,7 +331,7 @@ def run_worker_arrow(spec: WorkerSpec, batches, decode=None, decode_batch=None) 
         coordinator = Coordinator(spec, spec.coordinator)
         coordinator.start()
     try:
-        for _ in run_worker(spec, records):
+        for _ in run_worker(spec, records, coordinator.check if coordinator is not None else None):
             pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)
     except BaseException:
         if coordinator is not None:

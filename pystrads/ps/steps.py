@@ -37,6 +37,7 @@ class _StepState:
         self.metrics: Dict[int, Dict[str, float]] = {}
         self.error: Optional[str] = None
         self.done: Dict[int, int] = {}  # workers that finished the step -> their task id
+        self.kept = False  # the step was committed (closed by commit_step, not abort_step)
 
 
 def namespace_of(name: str) -> str:
@@ -331,6 +332,7 @@ class StepFences:
                         table.forget()
                         table.settle()
                 st.open = False
+                st.kept = True
                 self.cond.notify_all()
         with self._counter_lock:
             return dict(self.counters)
@@ -352,6 +354,6 @@ class StepFences:
         """Per-round metric sums reported by the workers of the current step."""
         with self.cond:
             st = self._step_of(req.str("namespace", ""))
-            return {"step": st.step, "open": st.open, "epoch": st.epoch,
+            return {"step": st.step, "open": st.open, "kept": st.kept, "epoch": st.epoch,
                     "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
                     "clocks": st.clocks.tolist()}
