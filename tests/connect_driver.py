@@ -270,15 +270,25 @@ def fault(spark):
 
 
 def implicit(spark):
-    """StradsMF with implicit feedback: fit, the factors (compared with local mode's)."""
-    from pystrads.ml import StradsMF
+    """StradsMF with implicit feedback: fit, the factors (compared with local mode's), transform,
+    save twice (the second an overwrite) and load."""
+    import tempfile
+
+    from pystrads.ml import StradsMF, StradsMFModel
 
     rng = np.random.default_rng(4)
     rows = [(u, i, float(rng.integers(1, 5))) for u in range(50) for i in range(30) if rng.random() < 0.3]
     df = spark.createDataFrame(rows, "user int, item int, rating double")
     model = StradsMF(rank=3, maxIter=10, regParam=0.1, implicitPrefs=True, alpha=2.0, numWorkers=2, seed=3).fit(df)
+    scores = sorted((r["user"], r["item"], r["prediction"]) for r in model.transform(df).collect())
+    path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/implicit"
+    model.write().overwrite().save(path)
+    model.write().overwrite().save(path)  # over the first copy
+    loaded = StradsMFModel.load(path)
+    loaded_scores = sorted((r["user"], r["item"], r["prediction"]) for r in loaded.transform(df).collect())
     return {"items": sorted((r["id"], list(r["features"])) for r in model.itemFactors.collect()),
-            "users": sorted((r["id"], list(r["features"])) for r in model.userFactors.collect())}
+            "users": sorted((r["id"], list(r["features"])) for r in model.userFactors.collect()),
+            "scored": len(scores), "rows": len(rows), "loaded_equal": loaded_scores == scores}
 
 
 def logistic(spark):

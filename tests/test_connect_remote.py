@@ -132,6 +132,7 @@ def test_implicit_mf_from_the_remote_client_equals_local_mode(remote, local):
     assert [u for u, _ in got["users"]] == [u for u, _ in ref["users"]]
     np.testing.assert_allclose([f for _, f in got["users"]], [f for _, f in ref["users"]], atol=1e-6)
     np.testing.assert_allclose([f for _, f in got["items"]], [f for _, f in ref["items"]], atol=1e-6)
+    assert got["scored"] == got["rows"] and got["loaded_equal"]  # transform, overwrite and load
 
 
 def test_logistic_regression_from_the_remote_client_equals_local_mode(remote, local):

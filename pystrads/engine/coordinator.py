@@ -10,10 +10,12 @@ keeps their lease while the job runs.  When the fit ends the task returns the co
 result (the summary, the program's attributes, why it stopped, or the error it stopped on) as
 the job's rows; the client reads them from the job and never opens a connection to an executor.
 
-Who does what: the client starts the fit's shards (a Spark job), submits the fit's job and
+Who does what (the client's side is here too: :class:`ProgressPoll`, :class:`RelayedTable`):
+the client starts the fit's shards (a Spark job), submits the fit's job and
 reads its result, cancels it, and releases the shards through a Spark task afterwards
-(:mod:`pystrads.ps.relay`); the coordinator runs the loop; a failed task ends the whole job
-(barrier mode), the coordinator with it.  Programs run unmodified: ``schedule`` and
+(:mod:`pystrads.ps.relay`), and relaunches a failed job; the coordinator runs the loop and
+leaves its state on shard 0 after every step, from which a relaunched coordinator carries on (a
+failed task ends the whole barrier job, the coordinator with it).  Programs run unmodified: ``schedule`` and
 ``after_step`` see the same :class:`~pystrads.engine.program.ScheduleContext`.
 """
 
@@ -26,12 +28,15 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
+import numpy as np
+
 from ..errors import ShardUnavailableError, StepFailedError
 from ..ps.client import ShardGroup
+from ..ps.partition import TableLayout
 from .checkpoints import Position, program_attributes, program_state
 from .driver import Engine, TrainingSummary, make_tables
-from .program import ScheduleContext
 from .job import WorkerJob
+from .program import ScheduleContext
 from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -355,3 +360,92 @@ class _InJobEngine(Engine):
     def summary_state(self) -> Dict[str, Any]:
         s = self.summary
         return {"rows": s.rows, "iterations": s.iterations, "fixed": s.fixed}
+
+
+# ---------------------------------------------------------------- the client's side
+class ProgressPoll:
+    """While a fit whose scheduler runs in its job is running: every ``progress.pollSeconds`` a
+    Spark task reads the progress the coordinator leaves on shard 0 and shows what is new here
+    (log line, notebook bar).  The task needs a free task slot beside the fit's workers; with
+    none (every slot runs a worker) it would wait for the fit's end, so there is no poll and the
+    progress shows when the fit ends."""
+
+    def __init__(self, engine: Engine):
+        import threading
+
+        self.engine = engine
+        self.seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pystrads-progress-{engine.namespace}", daemon=True)
+        self.polls = 0
+
+    def __enter__(self) -> "ProgressPoll":
+        from .preflight import free_slots
+
+        engine = self.engine
+        if engine.config["progress"] == "off" or engine.config["progress.pollSeconds"] <= 0:
+            return self
+        free = free_slots(engine.spark, engine.num_workers)
+        if free is not None and free < 1:
+            log.info("fit %s: every task slot runs a worker, so its progress shows when it ends (leave a slot "
+                     "free, numWorkers <= %d, to see it while it runs)", engine.namespace,
+                     max(1, engine.num_workers - 1))
+            return self
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from ..ps.relay import through_spark
+
+        engine = self.engine
+        while not self._stop.wait(engine.config["progress.pollSeconds"]):
+            try:
+                got = through_spark(engine.spark, engine.group, read_progress, engine.namespace)
+            except Exception as exc:  # noqa: BLE001 -- the fit's own result says what went wrong
+                log.debug("progress poll failed: %s", exc)
+                continue
+            self.polls += 1
+            if got is not None and got["seq"] > self.seen and not self._stop.is_set():
+                self.seen = got["seq"]
+                engine.progress.update(got["done"], got["total"], got["unit"], **got["shown"])
+
+
+class RelayedTable:
+    """A fit's table read by a Spark task (:func:`~pystrads.ps.relay.through_spark`), for a client
+    that cannot reach the shards; each read is a Spark job, so read small tables this way and large
+    ones with :func:`~pystrads.engine.frames.shard_frame`."""
+
+    def __init__(self, spark, group, layout: TableLayout):
+        self.spark, self.group, self.layout = spark, group, layout
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    def read_all(self) -> np.ndarray:
+        from ..ps.relay import through_spark
+
+        return through_spark(self.spark, self.group, _read_all, self.layout)
+
+    def get_range(self, start: int, stop: int) -> np.ndarray:
+        from ..ps.relay import through_spark
+
+        return through_spark(self.spark, self.group, _read_range, self.layout, int(start), int(stop))
+
+    def __getattr__(self, attr: str):
+        raise AttributeError(f"{attr}: a table of a fit whose scheduler ran in its job is read from here with "
+                             "read_all() or get_range(start, stop) (each a Spark job); read large tables on the "
+                             "executors with pystrads.engine.frames.shard_frame")
+
+
+def _read_all(group, layout: TableLayout) -> np.ndarray:
+    return group.table(layout).read_all()
+
+
+def _read_range(group, layout: TableLayout, start: int, stop: int) -> np.ndarray:
+    return np.array(group.table(layout).get_range(start, stop))

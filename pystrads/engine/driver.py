@@ -289,6 +289,8 @@ class Engine:
         except KeyError:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
         if self.in_job and self.manager is not None:
+            from .coordinator import RelayedTable
+
             return RelayedTable(self.spark, self.group, layout)
         return self.group.table(layout)
 
@@ -387,7 +389,7 @@ class Engine:
         """The fit with its scheduler in its job (:mod:`~pystrads.engine.coordinator`): shards of
         its own started through Spark, the job launched with the coordinator in its first task,
         and the coordinator's result read from the job; no connection to an executor from here."""
-        from .coordinator import CoordinatorSpec
+        from .coordinator import CoordinatorSpec, ProgressPoll
 
         t0 = time.perf_counter()
         self.manager = launcher.start_for_fit(self.spark, self.config, expected_executors(self.spark))
@@ -642,95 +644,6 @@ class Engine:
                 self.group.broadcast("drop_tables", prefix=self.namespace + "/")
             except PystradsError:
                 pass
-
-
-class ProgressPoll:
-    """While a fit whose scheduler runs in its job is running: every ``progress.pollSeconds`` a
-    Spark task reads the progress the coordinator leaves on shard 0 and shows what is new here
-    (log line, notebook bar).  The task needs a free task slot beside the fit's workers; with
-    none (every slot runs a worker) it would wait for the fit's end, so there is no poll and the
-    progress shows when the fit ends."""
-
-    def __init__(self, engine: "Engine"):
-        import threading
-
-        self.engine = engine
-        self.seen = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"pystrads-progress-{engine.namespace}", daemon=True)
-        self.polls = 0
-
-    def __enter__(self) -> "ProgressPoll":
-        from .preflight import free_slots
-
-        engine = self.engine
-        if engine.config["progress"] == "off" or engine.config["progress.pollSeconds"] <= 0:
-            return self
-        free = free_slots(engine.spark, engine.num_workers)
-        if free is not None and free < 1:
-            log.info("fit %s: every task slot runs a worker, so its progress shows when it ends (leave a slot "
-                     "free, numWorkers <= %d, to see it while it runs)", engine.namespace,
-                     max(1, engine.num_workers - 1))
-            return self
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        from ..ps.relay import through_spark
-        from .coordinator import read_progress
-
-        engine = self.engine
-        while not self._stop.wait(engine.config["progress.pollSeconds"]):
-            try:
-                got = through_spark(engine.spark, engine.group, read_progress, engine.namespace)
-            except Exception as exc:  # noqa: BLE001 -- the fit's own result says what went wrong
-                log.debug("progress poll failed: %s", exc)
-                continue
-            self.polls += 1
-            if got is not None and got["seq"] > self.seen and not self._stop.is_set():
-                self.seen = got["seq"]
-                engine.progress.update(got["done"], got["total"], got["unit"], **got["shown"])
-
-
-class RelayedTable:
-    """A fit's table read by a Spark task (:func:`~pystrads.ps.relay.through_spark`), for a client
-    that cannot reach the shards; each read is a Spark job, so read small tables this way and large
-    ones with :func:`~pystrads.engine.frames.shard_frame`."""
-
-    def __init__(self, spark, group, layout: TableLayout):
-        self.spark, self.group, self.layout = spark, group, layout
-
-    @property
-    def name(self) -> str:
-        return self.layout.name
-
-    def read_all(self) -> np.ndarray:
-        from ..ps.relay import through_spark
-
-        return through_spark(self.spark, self.group, _read_all, self.layout)
-
-    def get_range(self, start: int, stop: int) -> np.ndarray:
-        from ..ps.relay import through_spark
-
-        return through_spark(self.spark, self.group, _read_range, self.layout, int(start), int(stop))
-
-    def __getattr__(self, attr: str):
-        raise AttributeError(f"{attr}: a table of a fit whose scheduler ran in its job is read from here with "
-                             "read_all() or get_range(start, stop) (each a Spark job); read large tables on the "
-                             "executors with pystrads.engine.frames.shard_frame")
-
-
-def _read_all(group, layout: TableLayout) -> np.ndarray:
-    return group.table(layout).read_all()
-
-
-def _read_range(group, layout: TableLayout, start: int, stop: int) -> np.ndarray:
-    return np.array(group.table(layout).get_range(start, stop))
 
 
 class FitResult:
