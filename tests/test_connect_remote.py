@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import netns
+from test_connect import _case
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FITS = ["rotation", "lda", "lasso", "mf", "implicit", "logistic", "tuning"]
@@ -71,13 +72,6 @@ def remote(tmp_path_factory):
                        shards_left=len(left), shards_gone_after=time.time() - results["interrupt"]["returned"],
                        client_exit=client_exit)
     return results
-
-
-def _case(results, name):
-    got = results.get(name)
-    assert got is not None, f"case {name} did not run: {sorted(results)}"
-    assert "exception" not in got, got["exception"]
-    return got
 
 
 def test_the_client_reaches_only_the_connect_port(remote):

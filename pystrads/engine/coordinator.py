@@ -93,21 +93,8 @@ class InJobWorkerJob(WorkerJob):
 
     def finish(self, last_step: int) -> None:
         self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step})
-        if self.export is None:
-            return
-        from .worker import export_key
-
-        S = len(self.group.shards)
-        keys = {w: export_key(self.namespace, w) for w in range(self.num_workers)}
-        while True:
-            missing = sum((self.group.client(i).action(
-                "wait_blobs", keys=[k for w, k in keys.items() if w % S == i], timeout=1.0)["missing"]
-                for i in range(S)), [])
-            if not missing:
-                return
-            error = self.error()
-            if error is not None:
-                raise error
+        if self.export is not None:
+            self._wait_exports(None)
 
 
 class Coordinator:

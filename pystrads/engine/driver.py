@@ -354,11 +354,7 @@ class Engine:
         cause = str(exc) + " " + str(exc.__cause__ or "")
         if "OPERATION_CANCELED" in cause or "cancelled" in cause.lower() or "canceled" in cause.lower():
             raise exc
-        self._recoveries += 1
-        limit = self.config["recovery.maxAttempts"]
-        if self._recoveries > limit:
-            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
-                                  f"failure: {cause}") from exc
+        limit = self._count_recovery(exc, cause)
         t0 = time.perf_counter()
         alive = self.manager.alive()  # through a Spark task
         log.warning("fit %s: its job failed (%s); relaunching it (%d of at most %d) %s", self.namespace,
@@ -578,11 +574,7 @@ class Engine:
         job_failed = self.job.data.frame is not None and "barrier ResultStage" in cause
         if shards_alive and not states_lost and not job_failed:
             raise exc
-        self._recoveries += 1
-        limit = self.config["recovery.maxAttempts"]
-        if self._recoveries > limit:
-            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
-                                  f"failure: {cause}") from exc
+        limit = self._count_recovery(exc, cause)
         t0 = time.perf_counter()
         what = ("shards were lost" if not shards_alive else "worker states were lost with an executor" if states_lost
                 else "its barrier job failed (a failed task ends a DataFrame input's job)")
@@ -601,6 +593,16 @@ class Engine:
         self.summary.fixed["recoveries"] = self._recoveries
         self.summary.add_time("recovery_s", time.perf_counter() - t0)
         return rerun
+
+    def _count_recovery(self, exc: BaseException, cause: str) -> int:
+        """One more recovery; raises once there were more than ``recovery.maxAttempts``, else
+        returns that limit."""
+        self._recoveries += 1
+        limit = self.config["recovery.maxAttempts"]
+        if self._recoveries > limit:
+            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
+                                  f"failure: {cause}") from exc
+        return limit
 
     def _record_parts(self) -> None:
         """The checkpoints' figures in the summary."""

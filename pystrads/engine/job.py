@@ -336,8 +336,9 @@ class WorkerJob:
         self.result_rdd = run.rdd
         self._run = None
 
-    def _wait_exports(self, run: "_JobRun") -> None:
-        """Wait until every worker has left its ``export`` result on its shard."""
+    def _wait_exports(self, run: Optional["_JobRun"]) -> None:
+        """Wait until every worker has left its ``export`` result on its shard (``run``: the job
+        launched from here; None inside the job, where :meth:`error` says it is lost)."""
         S = len(self.group.shards)
         keys = {w: export_key(self.namespace, w) for w in range(self.num_workers)}
         while True:
@@ -346,7 +347,11 @@ class WorkerJob:
                 for i in range(S)), [])
             if not missing:
                 break
-            if not run.thread.is_alive():
+            if run is None:
+                error = self.error()
+                if error is not None:
+                    raise error
+            elif not run.thread.is_alive():
                 raise StepFailedError(f"the fit's job ended before every worker exported its results (missing "
                                       f"{missing}): {_python_cause(run.error) if run.error else 'no error'}")
 
