@@ -34,8 +34,8 @@ from ..errors import ShardUnavailableError, StepFailedError
 from ..ps.client import ShardGroup
 from ..ps.partition import TableLayout
 from .checkpoints import Position, program_attributes, program_state
-from .driver import Engine, TrainingSummary, make_tables
 from .job import WorkerJob
+from .loop import StepLoop, TrainingSummary, make_tables
 from .program import ScheduleContext
 from .progress import ProgressReporter
 
@@ -59,6 +59,13 @@ class CoordinatorSpec:
     admin_token: str
     program_name: str
     resume: bool = False  # a relaunch: carry on from the coordinator's state on the shards
+
+    def start(self, spec) -> "Coordinator":
+        """Start the coordinator in the first worker's task (``spec``: the workers'
+        :class:`~pystrads.engine.worker.WorkerSpec`, which carries this)."""
+        coordinator = Coordinator(spec, self)
+        coordinator.start()
+        return coordinator
 
 
 class InJobWorkerJob(WorkerJob):
@@ -194,7 +201,7 @@ def pending_key(namespace: str) -> str:
 
 class SharedProgress(ProgressReporter):
     """The coordinator's progress: a log line on the executor, and the latest report left on
-    shard 0 for the client's poll (:class:`~pystrads.engine.driver.ProgressPoll`)."""
+    shard 0 for the client's poll (:class:`ProgressPoll`)."""
 
     def __init__(self, name: str, group: ShardGroup, namespace: str):
         super().__init__(name, "log")
@@ -253,8 +260,8 @@ def _picklable(exc: BaseException) -> BaseException:
         return StepFailedError(f"{type(exc).__name__}: {exc}")
 
 
-class _InJobEngine(Engine):
-    """The :class:`~pystrads.engine.driver.Engine`'s loop with the coordinator as its owner: no
+class _InJobEngine(StepLoop):
+    """The step loop (:class:`~pystrads.engine.loop.StepLoop`) with the coordinator as its owner: no
     Spark here, the job is the one this task belongs to, and a failure that needs the job
     relaunched is the client's to handle."""
 
@@ -271,7 +278,6 @@ class _InJobEngine(Engine):
         self.group = group
         self.layouts = dict(spec.layouts)
         self.namespace = spec.namespace
-        self.in_job = False  # this is the job: tables are read directly
         self.job = InJobWorkerJob(spec, abandoned)
         self.job.group = group  # the coordinator's credential: it posts changed programs
         self.checkpoints = cspec.checkpoints
@@ -357,7 +363,7 @@ class ProgressPoll:
     none (every slot runs a worker) it would wait for the fit's end, so there is no poll and the
     progress shows when the fit ends."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine):
         import threading
 
         self.engine = engine

@@ -8,10 +8,14 @@ stops.  Each step is atomic: shards undo its writes unless the driver commits it
 state stay in the workers' tasks; after each step a worker leaves a snapshot of its state on a
 shard, from which a restarted task resumes.
 
-The Engine owns the step loop, the recovery after a failed step and the summary; its parts are
-objects of their own: the pre-flight step (:mod:`~pystrads.engine.preflight`, run once), the
-worker job (:class:`~pystrads.engine.job.WorkerJob`) and the checkpoints
-(:class:`~pystrads.engine.checkpoints.Checkpointer`).
+The Engine owns the step loop (:class:`~pystrads.engine.loop.StepLoop`), the recovery after a
+failed step and the summary; its parts are objects of their own: the pre-flight step
+(:mod:`~pystrads.engine.preflight`, run once), the worker job
+(:class:`~pystrads.engine.job.WorkerJob`) and the checkpoints
+(:class:`~pystrads.engine.checkpoints.Checkpointer`).  With the scheduler in the job
+(``scheduler.location``) the loop's owner is the coordinator there
+(:mod:`~pystrads.engine.coordinator`), and the Engine starts the shards, launches, relaunches
+and reads the job.
 """
 
 from __future__ import annotations
@@ -26,16 +30,17 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
-from ..errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
+from ..errors import ConfigurationError, PystradsError, ShardUnavailableError, StepFailedError
 from ..ps import launcher
 from ..ps.partition import TableLayout, range_bounds
 from ..ps.protocol import check_dtype
 from ..spark import is_dataframe
 from .checkpoints import Checkpointer, Position, program_attributes
 from .job import WorkerInput, WorkerJob
+from .loop import StepLoop, TrainingSummary, make_tables  # noqa: F401 -- TrainingSummary: part of this API
 from .preflight import (FitSetup, _python_cause, check_checkpoint_storage, check_cluster, expected_executors,
                         preflight)
-from .program import Program, Schedule, ScheduleContext, serial_schedule
+from .program import Program
 from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -46,58 +51,7 @@ _LOST_STATE_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed",
                        "was lost", "not found")
 
 
-class TrainingSummary:
-    """Per-step history of a fit (objective, throughput, time split).
-
-    ``rows`` is a list of dicts, one per step; :meth:`to_pandas` gives a DataFrame.  Time
-    columns are seconds: ``schedule_s`` (the driver's ``schedule``), ``step_s`` (the step on
-    the workers, from posting its command to its commit), ``compute_s`` / ``sync_s`` (mean per
-    worker: program code / waiting on round clocks), ``outside_rounds_s`` (``step_s`` outside the
-    rounds: the command reaching the workers, their state snapshots, the commit).  ``fixed``
-    holds the one-off costs (``shard_start_s``, ``launch_s``, ``load_s``, ``init_s``, ...).
-    """
-
-    def __init__(self):
-        self.rows: List[Dict[str, Any]] = []
-        self.iterations: List[Dict[str, Any]] = []  # rows a program adds with ctx.record_row
-        self.shards: List[Dict[str, Any]] = []  # each shard's stats at the end of the fit
-        self.fixed: Dict[str, float] = {}
-
-    def to_pandas(self, per: str = "step"):
-        """The history as a DataFrame: ``per="step"`` (default) or ``"iteration"``."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows if per == "step" else self.iterations)
-
-    @property
-    def total_rounds(self) -> int:
-        return int(sum(r["rounds"] for r in self.rows))
-
-    @property
-    def total_seconds(self) -> float:
-        """Wall time of the whole fit (shard start, init and steps)."""
-        return float(self.fixed.get("total_s", 0.0))
-
-    def add_time(self, key: str, seconds: float) -> None:
-        self.fixed[key] = self.fixed.get(key, 0.0) + seconds
-
-    def __repr__(self) -> str:
-        return f"TrainingSummary(steps={len(self.rows)}, rounds={self.total_rounds})"
-
-
-def make_tables(group, creations: List[tuple], namespace: str, program: Program) -> None:
-    """Create a fit's tables on its shards (``(shard, create_table arguments)``, as
-    :meth:`Engine._plan_tables` makes them) and install its program there (its ``pull`` and
-    ``shard_metrics`` run on the shards)."""
-    from pyspark import cloudpickle
-
-    for shard, kwargs in creations:
-        group.client(shard).action("create_table", **kwargs)
-    group.broadcast("register_program", namespace=namespace,
-                    payload=base64.b64encode(cloudpickle.dumps(program)).decode())
-
-
-class Engine:
+class Engine(StepLoop):
     """Runs one :class:`Program` over the partitions of an RDD or a DataFrame.
 
     Parameters
@@ -327,23 +281,6 @@ class Engine:
             self.release()
             raise
 
-    def drive(self, max_steps: Optional[int]) -> Optional[str]:
-        """The fit once its job runs, whoever owns the loop (this process, or the coordinator in
-        the job): the data check, the init step (or a resume), the steps, the end; returns why it
-        stopped."""
-        self.progress = self._progress_reporter()
-        self._check_data()
-        if not self._resume():
-            self._init_state()
-        self._step_done()
-        stopped = self._step_loop(max_steps)
-        t0 = time.perf_counter()
-        self.job.finish(self._position.step - 1)
-        self.summary.fixed["finish_s"] = time.perf_counter() - t0
-        self.progress.finish(stopped or "done")
-        self._record_parts()
-        return stopped
-
     def _recover_in_job(self, exc: BaseException, spec):
         """After the fit's job failed (a task or an executor lost, or the coordinator stopped on a
         lost shard): the coordinator spec to relaunch it with -- resuming from the coordinator's
@@ -377,9 +314,6 @@ class Engine:
         self.summary.fixed["recoveries"] = self._recoveries
         self.summary.add_time("recovery_s", time.perf_counter() - t0)
         return spec
-
-    def _progress_reporter(self) -> ProgressReporter:
-        return ProgressReporter(f"{type(self.program).__name__} {self.namespace}", self.config["progress"])
 
     def _fit_in_job(self, max_steps: Optional[int], t_fit: float) -> "FitResult":
         """The fit with its scheduler in its job (:mod:`~pystrads.engine.coordinator`): shards of
@@ -433,134 +367,6 @@ class Engine:
             self.release()
             raise
 
-    def _step_loop(self, max_steps: Optional[int]) -> Optional[str]:
-        """Schedule and run steps until the program stops; returns why it stopped (None: max_steps)."""
-        ctx = ScheduleContext(self)
-        ctx.rounds_hint = self._position.rounds_hint
-        steps = 0
-        retry: Optional[Schedule] = None  # a step to run again as it was (the job was relaunched)
-        while max_steps is None or steps < max_steps:
-            ctx.step, ctx._records = self._position.step, {}
-            ctx.rounds_done = self._position.rounds_done - self._position.serial_extra  # the program's rounds
-            t0 = time.perf_counter()
-            schedule, retry = (self.program.schedule(ctx) if retry is None else retry), None
-            t_sched = time.perf_counter() - t0
-            if schedule is None or ctx.stopped:
-                break
-            if not isinstance(schedule, Schedule):
-                raise ScheduleError(f"{type(self.program).__name__}.schedule returned "
-                                    f"{type(schedule).__name__}; return a Schedule or None")
-            if len(schedule) == 0:
-                raise ScheduleError("schedule returned no rounds; return None to end the fit")
-            schedule.validate(self.num_workers, self.config["step.maxRounds"])
-            run = serial_schedule(self.program, schedule) if self.config["debug.serial"] else schedule
-            try:
-                self._run_step(ctx, run, t_sched, len(schedule))
-                steps += 1
-                if self.checkpoints is not None and not ctx.stopped and \
-                        (self._position.step - 1) % self.config["checkpoint.interval"] == 0:
-                    self.checkpoints.try_save(self.job, self.program, self._position, self.summary)
-                self._step_done()
-            except (StepFailedError, ShardUnavailableError) as exc:
-                if self._recover(exc):
-                    retry = schedule
-                ctx._stop_reason = None
-                ctx.rounds_hint = self._position.rounds_hint
-                continue
-            if ctx.stopped:
-                break
-            ctx.rounds_hint = self._position.rounds_hint
-        return ctx.stopped
-
-    def _check_data(self) -> None:
-        """Hand every worker's ``data_summary`` to the program's ``check_data`` (driver side,
-        before the init step), once every worker said hello."""
-        if not self.program.checks_data():
-            return
-        t0 = time.perf_counter()
-        self.program.check_data(self.job.data_summaries())
-        self.summary.fixed["check_data_s"] = time.perf_counter() - t0  # the workers' loads included
-
-    def _init_state(self) -> None:
-        """The init step (atomic): each worker's mutable state; may write initial table values."""
-        t0 = time.perf_counter()
-        self._position = Position(0, 0, self.num_workers)
-        answer = self.job.run_step(0, 0, self.job.command(self.program, 0, 0, None))
-        metrics = self.job.metrics(answer, self.program)
-        self.job.traffic()
-        self.summary.fixed["load_s"] = self.job.load_seconds()  # inside the job, before the init step
-        self.summary.fixed["init_s"] = time.perf_counter() - t0
-        self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
-        self._position = Position(1, 0, self.num_workers)
-
-    def _resume(self) -> bool:
-        """Continue from the latest checkpoint of this fit, if there is one."""
-        if self.checkpoints is None:
-            return False
-        t0 = time.perf_counter()
-        resumed = self.checkpoints.resume(self.job, self.program)
-        if resumed is None:
-            return False
-        self._position = resumed.position
-        self.summary.rows[:] = resumed.rows
-        self.summary.iterations[:] = resumed.iterations
-        self.summary.fixed["resumed_from_step"] = resumed.step
-        self.summary.fixed["resume_s"] = time.perf_counter() - t0
-        return True
-
-    def _size_next_step(self, rounds: int) -> None:
-        """Rounds the next step should run (``ctx.rounds_hint``): as many as fill
-        ``step.targetSeconds`` at the last step's time per round, at most ``step.maxRounds``."""
-        per_round = self.summary.rows[-1]["round_s"] / max(1, rounds)
-        target = self.config["step.targetSeconds"]
-        self._position.rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
-
-    def _step_done(self) -> None:
-        """After each step the fit keeps (and after the init step): a hook for the loop's owner."""
-
-    def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float, program_rounds: int) -> None:
-        """Run ``schedule`` (``program_rounds`` of the program's rounds: fewer than its own in
-        serial mode) as the next step, then account for it."""
-        position = self._position
-        step = position.step
-        t0 = time.perf_counter()
-        answer = self.job.run_step(step, position.rounds_done,
-                                   self.job.command(self.program, step, position.rounds_done, schedule))
-        self._account(ctx, schedule, program_rounds, t_sched, answer, time.perf_counter() - t0)
-
-    def _account(self, ctx: ScheduleContext, schedule: Schedule, program_rounds: int, t_sched: float,
-                 answer: Dict[str, Any], t_step: float) -> None:
-        """A committed step's metrics, summary row, position, ``after_step``, progress and the next
-        step's size."""
-        position = self._position
-        step = position.step
-        metrics = self.job.metrics(answer, self.program)
-        traffic = self.job.traffic()
-        U = self.num_workers
-        compute = metrics.total("_compute_s") / U
-        sync = metrics.total("_sync_s") / U
-        row = {
-            "step": step, "rounds": len(schedule), "seconds": t_sched + t_step, "schedule_s": t_sched,
-            "step_s": t_step, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
-            "outside_rounds_s": max(0.0, t_step - compute - sync), "rounds_per_s": len(schedule) / t_step,
-            "bytes_in": traffic["bytes_in"], "bytes_out": traffic["bytes_out"], "requests": traffic["requests"],
-            "snapshot_s": metrics.total("_snapshot_s") / U, "snapshot_bytes": metrics.total("_snapshot_bytes"),
-        }
-        position.rounds_done += len(schedule)
-        position.step += 1
-        self.program.after_step(ctx, metrics)
-        row.update(ctx._records)
-        self.summary.rows.append(row)
-        if ctx._progress is not None:
-            done, total, unit, shown = ctx._progress
-            self.progress.update(done, total, unit, **shown)
-            ctx._progress = None
-        extra = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in ctx._records.items())
-        log.info("step %d: %d rounds in %.3f s (%.0f rounds/s; compute %.3f s, sync %.3f s, outside rounds %.3f s) "
-                 "%s", step, len(schedule), t_step, row["rounds_per_s"], compute, sync, row["outside_rounds_s"], extra)
-        position.serial_extra += len(schedule) - program_rounds
-        self._size_next_step(program_rounds)
-
     def _recover(self, exc: BaseException) -> bool:
         """After a failed step: when shards died, the workers' states were lost with an executor,
         or the job failed, restart what is gone and continue -- from the shards' snapshots when
@@ -593,25 +399,6 @@ class Engine:
         self.summary.fixed["recoveries"] = self._recoveries
         self.summary.add_time("recovery_s", time.perf_counter() - t0)
         return rerun
-
-    def _count_recovery(self, exc: BaseException, cause: str) -> int:
-        """One more recovery; raises once there were more than ``recovery.maxAttempts``, else
-        returns that limit."""
-        self._recoveries += 1
-        limit = self.config["recovery.maxAttempts"]
-        if self._recoveries > limit:
-            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
-                                  f"failure: {cause}") from exc
-        return limit
-
-    def _record_parts(self) -> None:
-        """The checkpoints' figures in the summary."""
-        if self.checkpoints is not None:
-            if self.checkpoints.saved:
-                self.summary.fixed["checkpoints"] = self.checkpoints.saved
-                self.summary.fixed["checkpoint_s"] = self.checkpoints.seconds
-            if self.checkpoints.failures:
-                self.summary.fixed["checkpoint_failures"] = self.checkpoints.failures
 
     # ------------------------------------------------------------------ results
     def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:

@@ -326,10 +326,7 @@ def run_worker_arrow(spec: WorkerSpec, batches, decode=None, decode_batch=None) 
             records = map(decode, records)
     coordinator = None
     if spec.coordinator is not None and _task_identity()[0] == 0:
-        from .coordinator import Coordinator
-
-        coordinator = Coordinator(spec, spec.coordinator)
-        coordinator.start()
+        coordinator = spec.coordinator.start(spec)  # a CoordinatorSpec (engine/coordinator.py)
     try:
         for _ in run_worker(spec, records, coordinator.check if coordinator is not None else None):
             pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)
