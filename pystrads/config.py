@@ -91,6 +91,10 @@ _SETTINGS = [
             "job, for clients that reach only Spark (the client then submits jobs and reads their results, and "
             "opens no connection to an executor); auto = job under Spark Connect, else driver", None,
             ("auto", "driver", "job")),
+    Setting("scheduler.planAhead", True, bool,
+            "pipelined schedules: while a step runs, the scheduler plans the next one from the values committed "
+            "before it (programs that allow it: Program.plans_ahead; the rounds-only linear models), so the "
+            "workers do not wait on the schedule between steps; false plans each step after the one before"),
     Setting("debug.serial", False, bool,
             "serial mode, for program authors: the fit runs on one worker holding all the data, and each round "
             "of the schedule runs as the program's serial_rounds of it, one after another (e.g. a coordinate "

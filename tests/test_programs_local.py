@@ -3,6 +3,7 @@
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -518,3 +519,53 @@ def test_rows_read_back_with_the_tick_are_the_rows_a_get_reads_after_the_round(s
     assert [s["mismatch"] for s in states] == [0, 0]
     assert [s["fused"] for s in states] == [program.rounds] * 2
     assert [s["post"] for s in states] == [program.rounds] * 2
+
+
+class PlannedCounter(ex.CounterProgram):
+    """A counter whose schedule takes a while and may be planned while the step before runs;
+    its ``after_step`` ends the fit after ``steps`` steps, so the step planned meanwhile must
+    never run.  ``calls`` is the order of its driver-side hooks."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls = []
+
+    def plans_ahead(self, ctx):
+        return True
+
+    def schedule(self, ctx):
+        self.calls.append(("schedule", ctx.step))
+        time.sleep(0.3)
+        ctx.record(planned_for=ctx.step)
+        return Schedule.data_parallel(self.rounds_per_step)
+
+    def push(self, ctx, data, state, work):
+        time.sleep(0.25)  # a step of 3 rounds outlasts the schedule
+        return super().push(ctx, data, state, work)
+
+    def after_step(self, ctx, metrics):
+        self.calls.append(("after", ctx.step))
+        if ctx.step >= self.steps:
+            ctx.stop("done")
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_schedule_planned_while_the_step_before_runs_hides_its_time_and_changes_no_update(sc, ahead):
+    program = PlannedCounter(num_keys=5, rounds_per_step=3, steps=3)
+    engine = Engine(program, sc.parallelize(range(10), 2), num_workers=2, config={"scheduler.planAhead": ahead})
+    with engine.fit() as res:
+        counter = res.read_table("counter")[:, 0]
+        rows, fixed = res.summary.rows, res.summary.fixed
+    assert np.array_equal(counter, program.expected(2))  # the step planned after the stop never ran
+    assert [r["planned_for"] for r in rows] == [1, 2, 3]  # what schedule recorded lands in its own step's row
+    if ahead:  # schedule(s + 1) runs during step s, and before after_step(s)
+        assert program.calls == [("schedule", 1), ("schedule", 2), ("after", 1), ("schedule", 3), ("after", 2),
+                                 ("schedule", 4), ("after", 3)]
+        assert [r["planned_ahead"] for r in rows] == [False, True, True]
+        assert all(r["schedule_s"] >= 0.3 and r["schedule_wait_s"] < 0.15 for r in rows[1:]), rows
+        assert fixed["schedule_wait_s"] < fixed["schedule_s"] - 0.4
+    else:
+        assert program.calls == [("schedule", 1), ("after", 1), ("schedule", 2), ("after", 2), ("schedule", 3),
+                                 ("after", 3)]
+        assert not any(r["planned_ahead"] for r in rows)
+        assert all(r["schedule_wait_s"] == r["schedule_s"] >= 0.3 for r in rows)

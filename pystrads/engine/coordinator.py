@@ -300,11 +300,11 @@ class _InJobEngine(StepLoop):
                  "summary": self.summary_state(), "checkpoints": self.checkpoints}
         self.job.group.client(0).put_blob(state_key(self.namespace), cloudpickle.dumps(state))
 
-    def _run_step(self, ctx, schedule, t_sched: float, program_rounds: int) -> None:
+    def _run_step(self, ctx, schedule, t_sched: tuple, program_rounds: int, ahead=None) -> None:
         self.job.pending = {"step": self._position.step, "schedule": schedule, "program_rounds": program_rounds,
                             "t_sched": t_sched, "t0": time.perf_counter()}
         try:
-            super()._run_step(ctx, schedule, t_sched, program_rounds)
+            super()._run_step(ctx, schedule, t_sched, program_rounds, ahead)
         finally:
             self.job.pending = None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -30,11 +31,14 @@ class TrainingSummary:
     """Per-step history of a fit (objective, throughput, time split).
 
     ``rows`` is a list of dicts, one per step; :meth:`to_pandas` gives a DataFrame.  Time
-    columns are seconds: ``schedule_s`` (the driver's ``schedule``), ``step_s`` (the step on
-    the workers, from posting its command to its commit), ``compute_s`` / ``sync_s`` (mean per
-    worker: program code / waiting on round clocks), ``outside_rounds_s`` (``step_s`` outside the
-    rounds: the command reaching the workers, their state snapshots, the commit).  ``fixed``
-    holds the one-off costs (``shard_start_s``, ``launch_s``, ``load_s``, ``init_s``, ...).
+    columns are seconds: ``schedule_s`` (the program's ``schedule``), ``schedule_wait_s`` (the
+    part of it the workers waited for: all of it, or with a schedule planned while the step
+    before ran -- ``planned_ahead`` -- what was left of it when that step ended), ``step_s``
+    (the step on the workers, from posting its command to its commit), ``compute_s`` /
+    ``sync_s`` (mean per worker: program code / waiting on round clocks), ``outside_rounds_s``
+    (``step_s`` outside the rounds: the command reaching the workers, their state snapshots,
+    the commit).  ``fixed`` holds the one-off costs (``shard_start_s``, ``launch_s``,
+    ``load_s``, ``init_s``, ...) and the fit's totals of ``schedule_s`` and ``schedule_wait_s``.
     """
 
     def __init__(self):
@@ -115,17 +119,29 @@ class StepLoop:
         return ProgressReporter(f"{type(self.program).__name__} {self.namespace}", self.config["progress"])
 
     def _step_loop(self, max_steps: Optional[int]) -> Optional[str]:
-        """Schedule and run steps until the program stops; returns why it stopped (None: max_steps)."""
+        """Schedule and run steps until the program stops; returns why it stopped (None: max_steps).
+
+        With ``scheduler.planAhead`` and a program whose :meth:`~Program.plans_ahead` allows it,
+        the next step's schedule is planned in a thread while the step runs (:class:`_PlanAhead`);
+        the step's row then holds the part of that planning the workers waited for
+        (``schedule_wait_s``), which is all of ``schedule_s`` otherwise."""
         ctx = ScheduleContext(self)
         ctx.rounds_hint = self._position.rounds_hint
         steps = 0
         retry: Optional[Schedule] = None  # a step to run again as it was (the job was relaunched)
+        ahead: Optional[_PlanAhead] = None  # the next step's schedule, planned while this one ran
         while max_steps is None or steps < max_steps:
             ctx.step, ctx._records = self._position.step, {}
             ctx.rounds_done = self._position.rounds_done - self._position.serial_extra  # the program's rounds
-            t0 = time.perf_counter()
-            schedule, retry = (self.program.schedule(ctx) if retry is None else retry), None
-            t_sched = time.perf_counter() - t0
+            if retry is not None:
+                schedule, times, retry = retry, (0.0, 0.0, False), None
+            elif ahead is not None:
+                schedule, times = ahead.take(ctx)
+            else:
+                t0 = time.perf_counter()
+                schedule = self.program.schedule(ctx)
+                times = (time.perf_counter() - t0,) * 2 + (False,)
+            ahead = None
             if schedule is None or ctx.stopped:
                 break
             if not isinstance(schedule, Schedule):
@@ -135,14 +151,20 @@ class StepLoop:
                 raise ScheduleError("schedule returned no rounds; return None to end the fit")
             schedule.validate(self.num_workers, self.config["step.maxRounds"])
             run = serial_schedule(self.program, schedule) if self.config["debug.serial"] else schedule
+            if self.config["scheduler.planAhead"] and self.program.plans_ahead(ctx) and \
+                    (max_steps is None or steps + 1 < max_steps):
+                ahead = _PlanAhead(self.program, ctx, len(schedule))
             try:
-                self._run_step(ctx, run, t_sched, len(schedule))
+                self._run_step(ctx, run, times, len(schedule), ahead)
                 steps += 1
                 if self.checkpoints is not None and not ctx.stopped and \
                         (self._position.step - 1) % self.config["checkpoint.interval"] == 0:
                     self.checkpoints.try_save(self.job, self.program, self._position, self.summary)
                 self._step_done()
             except (StepFailedError, ShardUnavailableError) as exc:
+                if ahead is not None:  # planned from a step that did not happen
+                    ahead.join()
+                    ahead = None
                 if self._recover(exc):
                     retry = schedule
                 ctx._stop_reason = None
@@ -151,6 +173,8 @@ class StepLoop:
             if ctx.stopped:
                 break
             ctx.rounds_hint = self._position.rounds_hint
+        if ahead is not None:
+            ahead.join()
         return ctx.stopped
 
     def _check_data(self) -> None:
@@ -199,20 +223,28 @@ class StepLoop:
     def _step_done(self) -> None:
         """After each step the fit keeps (and after the init step): a hook for the loop's owner."""
 
-    def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: float, program_rounds: int) -> None:
+    def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: tuple, program_rounds: int,
+                  ahead: Optional["_PlanAhead"] = None) -> None:
         """Run ``schedule`` (``program_rounds`` of the program's rounds: fewer than its own in
-        serial mode) as the next step, then account for it."""
+        serial mode) as the next step, then account for it (``t_sched``: its schedule's time, the
+        part of it the workers waited for, whether it was planned ahead); ``ahead`` plans the next
+        step meanwhile."""
         position = self._position
         step = position.step
         t0 = time.perf_counter()
-        answer = self.job.run_step(step, position.rounds_done,
-                                   self.job.command(self.program, step, position.rounds_done, schedule))
-        self._account(ctx, schedule, program_rounds, t_sched, answer, time.perf_counter() - t0)
+        command = self.job.command(self.program, step, position.rounds_done, schedule)
+        if ahead is not None:
+            ahead.start()  # after the command is made: it may carry the program, pickled
+        answer = self.job.run_step(step, position.rounds_done, command)
+        t_step = time.perf_counter() - t0
+        if ahead is not None:
+            ahead.join()  # after_step (in _account) and the next step's schedule must not overlap
+        self._account(ctx, schedule, program_rounds, t_sched, answer, t_step)
 
-    def _account(self, ctx: ScheduleContext, schedule: Schedule, program_rounds: int, t_sched: float,
+    def _account(self, ctx: ScheduleContext, schedule: Schedule, program_rounds: int, t_sched: tuple,
                  answer: Dict[str, Any], t_step: float) -> None:
         """A committed step's metrics, summary row, position, ``after_step``, progress and the next
-        step's size."""
+        step's size (``t_sched``: as :meth:`_run_step` has it)."""
         position = self._position
         step = position.step
         metrics = self.job.metrics(answer, self.program)
@@ -220,9 +252,12 @@ class StepLoop:
         U = self.num_workers
         compute = metrics.total("_compute_s") / U
         sync = metrics.total("_sync_s") / U
+        t_sched, t_wait, planned_ahead = t_sched
+        self.summary.add_time("schedule_s", t_sched)
+        self.summary.add_time("schedule_wait_s", t_wait)
         row = {
-            "step": step, "rounds": len(schedule), "seconds": t_sched + t_step, "schedule_s": t_sched,
-            "step_s": t_step, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
+            "step": step, "rounds": len(schedule), "seconds": t_wait + t_step, "schedule_s": t_sched,
+            "schedule_wait_s": t_wait, "planned_ahead": planned_ahead, "step_s": t_step, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
             "outside_rounds_s": max(0.0, t_step - compute - sync), "rounds_per_s": len(schedule) / t_step,
             "bytes_in": traffic["bytes_in"], "bytes_out": traffic["bytes_out"], "requests": traffic["requests"],
             "snapshot_s": metrics.total("_snapshot_s") / U, "snapshot_bytes": metrics.total("_snapshot_bytes"),
@@ -260,3 +295,60 @@ class StepLoop:
                 self.summary.fixed["checkpoint_s"] = self.checkpoints.seconds
             if self.checkpoints.failures:
                 self.summary.fixed["checkpoint_failures"] = self.checkpoints.failures
+
+
+class _PlanAhead:
+    """The next step's schedule, planned in a thread while the step runs (pipelined schedules).
+
+    It plans with a context of its own (the next step's number and rounds done, this step's round
+    hint); :meth:`take` hands the schedule and what the program recorded or stopped there to the
+    next step's context.  The loop joins it before ``after_step`` of the running step, so the
+    program's hooks never run at once: ``schedule(s + 1)`` sees the state ``after_step(s - 1)``
+    left, and the tables as they stand while step ``s`` writes them."""
+
+    def __init__(self, program: Program, ctx: ScheduleContext, rounds: int):
+        import copy
+
+        self.program = program
+        self.ctx = copy.copy(ctx)
+        self.ctx.step = ctx.step + 1
+        self.ctx.rounds_done = ctx.rounds_done + rounds
+        self.ctx._records, self.ctx._progress, self.ctx._stop_reason = {}, None, None
+        self.schedule: Optional[Schedule] = None
+        self.error: Optional[BaseException] = None
+        self.seconds = 0.0  # the planning's own time
+        self.waited = 0.0  # the part of it the loop waited for, once the step had ended
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._plan, name="pystrads-plan-ahead", daemon=True)
+        self._thread.start()
+
+    def _plan(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.schedule = self.program.schedule(self.ctx)
+        except BaseException as exc:  # raised by take(), in the loop's thread
+            self.error = exc
+        self.seconds = time.perf_counter() - t0
+
+    def join(self) -> float:
+        """Wait for the planning; returns how long this call waited."""
+        t0 = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        waited = time.perf_counter() - t0
+        self.waited += waited
+        return waited
+
+    def take(self, ctx: ScheduleContext) -> tuple:
+        """``(schedule, (its planning time, the part of it the workers waited for, True))``, with
+        what the program recorded or stopped while planning moved into ``ctx`` (the next step's)."""
+        self.join()
+        if self.error is not None:
+            raise self.error
+        ctx._records.update(self.ctx._records)
+        if self.ctx._stop_reason is not None:
+            ctx._stop_reason = self.ctx._stop_reason
+        return self.schedule, (self.seconds, self.waited, True)

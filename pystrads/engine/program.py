@@ -259,6 +259,19 @@ class Program:
     def after_step(self, ctx: "ScheduleContext", metrics: "StepMetrics") -> None:
         return None
 
+    def plans_ahead(self, ctx: "ScheduleContext") -> bool:
+        """Whether the scheduler may plan the step after ``ctx.step`` while ``ctx.step`` runs
+        (pipelined schedules, ``spark.pystrads.scheduler.planAhead``).  Asked once the step's
+        schedule is made.  If so, ``schedule`` for step ``s + 1`` runs in a thread during step
+        ``s``, before ``after_step`` of step ``s``: it sees the state ``after_step(s - 1)`` left,
+        and tables that step ``s`` is writing (read none, or none the rounds write).  A program that allows it must keep what
+        ``schedule`` hands to ``after_step`` per step (keyed by ``ctx.step``), and must
+        tolerate a schedule one step stale: the default (no) suits programs whose schedule
+        depends on the step just run (e.g. a schedule that applies a change ``after_step``
+        made).  A planned schedule is dropped when ``after_step`` stops the fit or the step
+        fails, so ``schedule`` may run twice for one step: it must depend only on the state."""
+        return False
+
     def serial_rounds(self, work: Any) -> Sequence[Any]:
         """Serial mode (``spark.pystrads.debug.serial``): the rounds that run one round's ``work``
         one part after another on the one worker, each committed before the next starts.  The
