@@ -145,9 +145,127 @@ def logistic_terms(margin, y, w, u, h):
     return loss
 
 
+def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr, s_rows, s_vals, rho, max_row,
+                method: str = "auto"):
+    """Cut a stream of candidate coordinates into rounds (STRADS Lasso's correlation checker):
+    see :func:`_plan_rounds`.  The check runs one of two ways, with the same rounds:
+
+    - ``"lists"``: each candidate's sampled rows are matched against the columns the round has
+      kept so far (row by row, linked lists): a candidate costs its sampled non-zeros times the
+      kept columns per sampled row, i.e. grows with the round's width;
+    - ``"graph"``: the pairs of the stream's distinct columns that correlate by ``>= rho`` are
+      found once (:func:`conflict_graph`, a sparse product over the sample's rows), and a
+      candidate costs its few conflicts.  It pays when few distinct columns recur in many
+      rounds (a working set, many passes a step): the pairs cost ``sum_r c_r^2`` over the
+      sample's rows (``c_r``: the distinct columns on row r), far below the lists' cost there
+      (a 2 000-column working set in 100 passes: 0.02 s against 0.28 s), and far above it
+      when every column comes once (200 000 columns: 14 s against 0.4 s).
+
+    ``"auto"`` takes the cheaper by those estimates."""
+    stream = np.asarray(stream, dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    if rho > 0 and method != "lists" and len(stream):
+        cols = np.unique(stream)
+        cols = cols[cols < num_cols]
+        sampled = s_ptr[cols + 1] - s_ptr[cols]
+        if len(cols) and sampled.sum():
+            per_row = np.bincount(_sampled_rows(s_ptr, s_rows, cols), minlength=max_row).astype(np.float64)
+            pairs = float(per_row @ per_row)
+            nnz_per_col = sampled.sum() / len(cols)
+            kept = min(max_per_round, len(cols)) * nnz_per_col / max(max_row, 1) / 2.0  # kept per sampled row
+            lists = len(stream) * nnz_per_col * max(kept, 1.0)
+            if method == "graph" or pairs < 2.0 * lists:  # measured: ~30 ns a pair, ~60 ns a list visit
+                pos = np.full(num_cols + 1, -1, dtype=np.int64)
+                pos[cols] = np.arange(len(cols))
+                conf_ptr, conf_idx = conflict_graph(cols, s_ptr, s_rows, s_vals, rho, max_row)
+                return _plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr, s_rows,
+                                    s_vals, rho, max_row, pos, conf_ptr, conf_idx)
+    return _plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr, s_rows, s_vals, rho,
+                        max_row, none, none, none)
+
+
+def _sampled_rows(s_ptr, s_rows, cols):
+    """The sample's row indices of columns ``cols``, concatenated."""
+    starts, stops = s_ptr[cols], s_ptr[cols + 1]
+    lengths = stops - starts
+    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return s_rows[offsets + np.arange(lengths.sum())]
+
+
 @njit(cache=True, nogil=True)
-def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr, s_rows, s_vals, rho,
-                max_row):
+def conflict_graph(cols, s_ptr, s_rows, s_vals, rho, num_rows):
+    """The pairs of columns ``cols`` (distinct, each ``< J``) whose sampled columns correlate by
+    ``|x_a' x_b| >= rho``, as CSR by position in ``cols``: the columns (ids) that conflict with
+    ``cols[a]`` are ``conf_idx[conf_ptr[a]:conf_ptr[a + 1]]``.  A sparse product over the
+    sample's rows restricted to ``cols`` (Gustavson's, as :func:`gram_entries`): one
+    multiply-add per pair of the columns' non-zeros sharing a row."""
+    m = cols.shape[0]
+    count = np.zeros(num_rows + 1, dtype=np.int64)
+    for a in range(m):
+        j = cols[a]
+        for p in range(s_ptr[j], s_ptr[j + 1]):
+            count[s_rows[p] + 1] += 1
+    for i in range(num_rows):
+        count[i + 1] += count[i]
+    fill = count[:-1].copy()
+    which = np.empty(count[num_rows], dtype=np.int64)
+    value = np.empty(count[num_rows], dtype=np.float64)
+    for a in range(m):
+        j = cols[a]
+        for p in range(s_ptr[j], s_ptr[j + 1]):
+            i = s_rows[p]
+            which[fill[i]] = a
+            value[fill[i]] = s_vals[p]
+            fill[i] += 1
+    acc = np.zeros(m, dtype=np.float64)
+    stamp = np.full(m, -1, dtype=np.int64)
+    touched = np.empty(m, dtype=np.int64)
+    first = np.empty(16, dtype=np.int64)
+    second = np.empty(16, dtype=np.int64)
+    n_pairs = 0
+    for a in range(m):
+        j = cols[a]
+        n_touched = 0
+        for p in range(s_ptr[j], s_ptr[j + 1]):
+            i = s_rows[p]
+            v = s_vals[p]
+            for q in range(count[i], count[i + 1]):
+                b = which[q]
+                if b <= a:
+                    continue
+                if stamp[b] != a:
+                    stamp[b] = a
+                    acc[b] = 0.0
+                    touched[n_touched] = b
+                    n_touched += 1
+                acc[b] += v * value[q]
+        for t in range(n_touched):
+            b = touched[t]
+            if abs(acc[b]) >= rho:
+                if n_pairs == first.shape[0]:
+                    first, second = grow_pair(first, second, n_pairs, 2 * n_pairs)
+                first[n_pairs] = a
+                second[n_pairs] = b
+                n_pairs += 1
+    conf_ptr = np.zeros(m + 1, dtype=np.int64)
+    for k in range(n_pairs):
+        conf_ptr[first[k] + 1] += 1
+        conf_ptr[second[k] + 1] += 1
+    for a in range(m):
+        conf_ptr[a + 1] += conf_ptr[a]
+    at = conf_ptr[:-1].copy()
+    conf_idx = np.empty(conf_ptr[m], dtype=np.int64)
+    for k in range(n_pairs):
+        conf_idx[at[first[k]]] = cols[second[k]]
+        at[first[k]] += 1
+        conf_idx[at[second[k]]] = cols[first[k]]
+        at[second[k]] += 1
+    return conf_ptr, conf_idx
+
+
+@njit(cache=True, nogil=True)
+def _plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr, s_rows, s_vals, rho,
+                 max_row, conf_pos, conf_ptr, conf_idx):
     """Cut a stream of candidate coordinates into rounds (STRADS Lasso's correlation checker).
 
     Each round examines up to ``max_examined`` candidates (L') -- first those
@@ -157,7 +275,9 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
     ``s_ptr/s_rows/s_vals`` are unit-norm, so the dot is a correlation).
     Rejected candidates wait for a later round; a repeat of a coordinate
     already in the round waits too. ``rho <= 0`` turns the check off.
-    Coordinates ``>= num_cols`` (the intercept) are never checked.
+    Coordinates ``>= num_cols`` (the intercept) are never checked.  With a conflict graph
+    (``conf_ptr`` not empty; ``conf_pos``: a column's position in it) a candidate is checked
+    against its conflicts instead of the kept columns' sampled rows.
 
     Returns ``(round_ptr, coords, consumed)``: round r updates
     ``coords[round_ptr[r]:round_ptr[r+1]]``; ``consumed`` stream entries were used.
@@ -189,6 +309,7 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
     r = 0
     total = 0
     check = rho > 0
+    graph = conf_ptr.shape[0] > 0
     while r < max_rounds and (pos < n or n_def > 0):
         kept = 0
         examined = 0
@@ -210,7 +331,13 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
                 n_next += 1
                 continue
             ok = True
-            if check and j < num_cols and kept > 0:
+            if check and graph and j < num_cols and kept > 0:
+                a = conf_pos[j]
+                for q in range(conf_ptr[a], conf_ptr[a + 1]):
+                    if in_round[conf_idx[q]]:
+                        ok = False
+                        break
+            elif check and j < num_cols and kept > 0:
                 cand += 1
                 n_reached = 0
                 for p in range(s_ptr[j], s_ptr[j + 1]):
@@ -234,7 +361,7 @@ def plan_rounds(stream, max_per_round, max_examined, max_rounds, num_cols, s_ptr
             in_round[j] = True
             out[total] = j
             total += 1
-            if check and j < num_cols:
+            if check and not graph and j < num_cols:
                 for p in range(s_ptr[j], s_ptr[j + 1]):
                     row = s_rows[p]
                     if row_head[row] < 0:
