@@ -12,7 +12,7 @@ from pystrads.kernels import cd as K
 from pystrads.programs._coef import relaxed, soft_step
 from pystrads.programs._rows import ColumnSample
 from pystrads.programs._working_set import _worst
-from pystrads.programs.lasso import LassoProgram
+from pystrads.programs.lasso import AUTO_MAX_WIDTH, LassoProgram, auto_width
 from pystrads.programs.logistic import L1LogisticProgram
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GramSpy travels by value
@@ -127,6 +127,32 @@ def test_plan_rounds_keeps_correlated_columns_apart_and_loses_nothing():
     worst = max((corr[np.ix_(c, c)] - np.eye(len(c))).max()
                 for c in (coords2[ptr2[r]:ptr2[r + 1]] for r in range(len(ptr2) - 1)))
     assert worst > 0.9
+
+
+def test_the_conflict_graph_holds_exactly_the_correlated_pairs_and_plans_the_same_rounds_as_the_lists():
+    p = strads_lasso_problem(300, 400, nnz_per_col=10, corr_prob=0.5, seed=2)
+    sample = ColumnSample([(i, v) for _, i, v in p.rows()], 400)
+    dense = np.zeros((sample.num_rows, 400))
+    for j in range(400):
+        dense[sample.rows[sample.ptr[j]:sample.ptr[j + 1]], j] = sample.vals[sample.ptr[j]:sample.ptr[j + 1]]
+    corr = np.abs(dense.T @ dense)
+    cols = np.sort(np.random.default_rng(1).choice(400, 150, replace=False)).astype(np.int64)
+    conf_ptr, conf_idx = K.conflict_graph(cols, sample.ptr, sample.rows, sample.vals, 0.3, sample.num_rows)
+    for a, j in enumerate(cols):
+        expected = {int(k) for k in cols if k != j and corr[j, k] >= 0.3}
+        assert set(conf_idx[conf_ptr[a]:conf_ptr[a + 1]].tolist()) == expected
+    assert conf_ptr[-1] > 0  # the generator's correlated neighbours are among them
+    # a working set in many passes (with the intercept, never checked): both checks, the same rounds
+    stream = np.concatenate([np.random.default_rng(k).permutation(np.append(cols, 400)) for k in range(20)])
+    args = (stream, 16, 32, 10_000, 400, sample.ptr, sample.rows, sample.vals, 0.3, sample.num_rows)
+    lists, graph = K.plan_rounds(*args, method="lists"), K.plan_rounds(*args, method="graph")
+    for a, b in zip(lists, graph):
+        np.testing.assert_array_equal(a, b)
+    assert lists[2] == len(stream)
+    for r in range(len(graph[0]) - 1):
+        c = graph[1][graph[0][r]:graph[0][r + 1]]
+        c = c[c < 400]
+        assert (corr[np.ix_(c, c)] - np.diag(np.diag(corr[np.ix_(c, c)]))).max(initial=0.0) < 0.3
 
 
 def test_gram_entries_and_working_set_solver_match_dense_algebra():
@@ -452,3 +478,15 @@ def test_the_working_set_takes_the_worst_violators():
         assert np.array_equal(np.sort(_worst(ids, violation, count)), np.sort(expected)), count
     assert np.array_equal(np.sort(_worst(ids, violation, len(ids) + 3)), ids)
     assert len(_worst(ids, violation, 0)) == 0 and len(_worst(ids, violation, -2)) == 0
+
+
+def test_the_auto_round_width_is_wide_for_sparse_wide_data_and_narrow_for_dense_or_shared_rows():
+    # the STRADS generator: 20 000 x 200 000, 25 non-zeros a column (~250 a row)
+    strads = auto_width(200_000, 5e6, 5e6 * 250.6, 2)
+    assert 3500 < strads < 5000
+    assert auto_width(1000, 1e7, 1e7 * 1000, 2) < 16  # 10 000 x 1 000 dense: every round shares every row
+    assert auto_width(20_000, 4e6, 4e6 * 200.5, 2) < strads / 4  # denser columns, fewer of them
+    assert auto_width(200_000, 5e6, 5e6 * 250.6, 8) > strads  # less column work a worker: wider rounds
+    assert auto_width(10 ** 7, 5e7, 5e7 * 6, 2) == AUTO_MAX_WIDTH
+    assert auto_width(300, 300, 300, 2) == 300  # rows that share nothing: one round takes every column
+    assert auto_width(1, 10, 10, 2) == auto_width(50, 0, 0, 2) == 1

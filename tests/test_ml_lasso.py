@@ -14,6 +14,7 @@ from pyspark.ml.regression import LinearRegression
 
 from pystrads.datasets.synthetic import strads_lasso_problem
 from pystrads.errors import ConfigurationError, InputError
+from pystrads.programs.lasso import auto_width
 from pystrads.ml import StradsLasso, StradsLassoModel, StradsLogisticRegression, StradsLogisticRegressionModel
 
 
@@ -406,6 +407,7 @@ def test_logistic_matches_sklearn(problem):
     ({"maxIter": 0}, "maxIter=0"),
     ({"tol": 0.0}, "tol=0.0"),
     ({"coordinatesPerRound": 8, "candidatesPerRound": 4}, "candidatesPerRound=4"),
+    ({"coordinatesPerRound": 0}, "coordinatesPerRound=0 must be 'auto' or >= 1"),
     ({"correlationThreshold": 0.0}, "correlationThreshold=0.0"),
     ({"featuresCol": "nope"}, "featuresCol 'nope'"),
     ({"labelCol": "name"}, "labelCol 'name' has type string"),
@@ -522,6 +524,25 @@ def test_lasso_parallel_rounds_reach_sklearns_optimum(wide_problem, fit_intercep
     assert np.count_nonzero(sk_beta) >= 10  # a problem whose solution the rounds must find, not all zeros
     np.testing.assert_allclose(model.coefficients.toArray(), sk_beta, atol=1e-3 * np.abs(sk_beta).max())
     assert model.intercept == pytest.approx(sk.intercept_, abs=1e-3 * max(1.0, abs(sk.intercept_)))
+
+
+def test_the_auto_round_width_follows_the_data_and_pipelined_rounds_reach_sklearns_optimum(wide_problem):
+    import sklearn.linear_model as sklearn
+    x, y, _, w, df = wide_problem
+    lam = 0.02
+    model = StradsLasso(regParam=lam, weightCol="w", workingSetLimit=0, tol=1e-9, maxIter=400, seed=2).fit(df)
+    steps = model.summary.steps
+    row_nnz = np.count_nonzero(x, axis=1).astype(float)
+    expected = auto_width(x.shape[1], row_nnz.sum(), row_nnz @ row_nnz, 2)  # local[2]: two workers
+    assert 16 < expected <= x.shape[1]
+    assert steps["coordinates_per_round"].dropna().tolist() == [expected]
+    assert steps["planned_ahead"].any() and not steps["planned_ahead"].iloc[:2].any()  # once the set settled
+    assert model.summary.timings["schedule_wait_s"] < model.summary.timings["schedule_s"]
+    scale = mllib_scale(x, w, True)
+    sk = sklearn.Lasso(alpha=lam, tol=1e-12, max_iter=1_000_000).fit(x / scale, y, sample_weight=w)
+    ours = squared_objective(x, y, w, model.coefficients.toArray(), model.intercept, lam, True)
+    theirs = squared_objective(x, y, w, sk.coef_ / scale, sk.intercept_, lam, True)
+    assert abs(ours - theirs) <= 1e-7 * theirs, (ours, theirs)
 
 
 def test_relaxation_reaches_the_rounds_and_plain_steps_follow_another_path(wide_problem):

@@ -27,7 +27,8 @@ from ..errors import InputError
 from ..programs.lasso import PRIORITIES, SCHEDULES
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._linear_input import batch_blocks, scan_input
-from ._params import NUMBERS, VECTORS, HasEarlyStopping, HasNumWorkers, at_least, one_of, within
+from ._params import (NUMBERS, VECTORS, HasEarlyStopping, HasNumWorkers, at_least, at_least_or_auto, int_or_auto,
+                      one_of, within)
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -52,13 +53,15 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
         "dynamic priorities: 'gradient' (the step each coefficient would take, refreshed with the KKT "
         "violations every iteration) or 'delta' (STRADS's (delta beta)^2 + eta)",
         typeConverter=TypeConverters.toString)
-    coordinatesPerRound: Param[int] = Param(
-        Params._dummy(), "coordinatesPerRound", "coefficients updated in parallel per round (STRADS's L; >= 1)",
-        typeConverter=TypeConverters.toInt)
-    candidatesPerRound: Param[int] = Param(
+    coordinatesPerRound: Param[Any] = Param(
+        Params._dummy(), "coordinatesPerRound",
+        "coefficients updated in parallel per round (STRADS's L; >= 1), or 'auto': chosen from the data when the "
+        "fit starts, as wide as the rows the round's columns share allow (the first step's coordinates_per_round)",
+        typeConverter=int_or_auto)
+    candidatesPerRound: Param[Any] = Param(
         Params._dummy(), "candidatesPerRound",
-        "candidates the dependency check examines per round (STRADS's L'; >= coordinatesPerRound)",
-        typeConverter=TypeConverters.toInt)
+        "candidates the dependency check examines per round (STRADS's L'; >= coordinatesPerRound), or 'auto': "
+        "twice coordinatesPerRound", typeConverter=int_or_auto)
     correlationThreshold: Param[float] = Param(
         Params._dummy(), "correlationThreshold",
         "no two coefficients whose columns correlate by at least this much are updated in one round "
@@ -76,7 +79,7 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
 
     _param_rules = {"elasticNetParam": within(0, 1, note="1 is the lasso, 0 ridge"),
                     "schedule": one_of(*SCHEDULES), "priority": one_of(*PRIORITIES),
-                    "coordinatesPerRound": at_least(1), "candidatesPerRound": at_least("coordinatesPerRound"),
+                    "coordinatesPerRound": at_least_or_auto(1), "candidatesPerRound": at_least_or_auto("coordinatesPerRound"),
                     "correlationThreshold": within(0, 1, low_open=True), "correlationSampleSize": at_least(1),
                     "workingSetLimit": within(0, 16384, note="its Gram matrix lives on the shards")}
     _column_kinds = {"featuresCol": VECTORS, "labelCol": NUMBERS, "weightCol": NUMBERS}
@@ -84,8 +87,8 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(regParam=0.0, elasticNetParam=1.0, maxIter=100, tol=1e-6, fitIntercept=True,
-                         standardization=True, schedule="dynamic", priority="gradient", coordinatesPerRound=256,
-                         candidatesPerRound=512, correlationThreshold=0.3, correlationSampleSize=10000,
+                         standardization=True, schedule="dynamic", priority="gradient", coordinatesPerRound="auto",
+                         candidatesPerRound="auto", correlationThreshold=0.3, correlationSampleSize=10000,
                          workingSetLimit=4096, featuresCol="features", labelCol="label",
                          predictionCol="prediction")
 

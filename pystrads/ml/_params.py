@@ -106,6 +106,24 @@ def within(low: float, high: float, *, low_open: bool = False, note: str = "") -
                 _noted(f"must be in {'(' if low_open else '['}{low}, {high}]", note))
 
 
+def at_least_or_auto(low: Bound) -> Rule:
+    """``"auto"``, or ``value >= low`` (``low``: a number or another param's name; a bound param
+    set to ``"auto"`` bounds nothing here, just ``>= 1``)."""
+    def bound(p: Params) -> Any:
+        value = _value(low, p)
+        return 1 if value == "auto" else value
+
+    return Rule(lambda v, p: v == "auto" or (_number(v, True) and v >= bound(p)),
+                lambda p: f"must be 'auto' or >= {_shown(low, p)}")
+
+
+def int_or_auto(value: Any) -> Any:
+    """Type converter of a param that takes an int or ``"auto"``."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return TypeConverters.toInt(value)
+
+
 def one_of(*choices: Any, note: str = "") -> Rule:
     return Rule(lambda v, p: v in choices, _noted("is not one of " + ", ".join(map(repr, choices)), note))
 

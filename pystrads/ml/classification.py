@@ -18,7 +18,7 @@ K coefficients updated in the same round (:class:`~pystrads.programs.multinomial
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -480,7 +480,7 @@ class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
                  standardization: bool = True, threshold: float = 0.5, thresholds: Optional[List[float]] = None,
                  weightCol: Optional[str] = None,
                  family: str = "auto", seed: Optional[int] = None, schedule: str = "dynamic",
-                 priority: str = "gradient", coordinatesPerRound: int = 256, candidatesPerRound: int = 512,
+                 priority: str = "gradient", coordinatesPerRound: Any = "auto", candidatesPerRound: Any = "auto",
                  correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
                  numWorkers: int = 0, validationIndicatorCol: str = "", validationTol: float = 0.0,
                  earlyStoppingRounds: int = 2):

@@ -17,7 +17,7 @@ coefficient 0, as in MLlib.  Sparse features stay sparse.  The default
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 from pyspark import keyword_only
@@ -105,7 +105,7 @@ class StradsLasso(_SparseLinearEstimator):
                  maxIter: int = 100, regParam: float = 0.0, elasticNetParam: float = 1.0, tol: float = 1e-6,
                  fitIntercept: bool = True, standardization: bool = True, weightCol: Optional[str] = None,
                  seed: Optional[int] = None, schedule: str = "dynamic", priority: str = "gradient",
-                 coordinatesPerRound: int = 256, candidatesPerRound: int = 512, correlationThreshold: float = 0.3,
+                 coordinatesPerRound: Any = "auto", candidatesPerRound: Any = "auto", correlationThreshold: float = 0.3,
                  correlationSampleSize: int = 10000, workingSetLimit: int = 4096, relaxation: float = 1.8,
                  numWorkers: int = 0, validationIndicatorCol: str = "", validationTol: float = 0.0,
                  earlyStoppingRounds: int = 2):
