@@ -59,9 +59,11 @@ Columns: time to 1e-3 and to 1e-6 ("not reached" when the run never got
 there), their ratios to MLlib's, the final gap (last iterate for pystrads,
 tightest rung run for a ladder), the wall time of that run, coordinate
 updates to 1e-3 (pystrads) and non-zeros.  pystrads variants all use the
-same parallel width (``--width`` coefficients per round), and the dynamic
-rounds-only fit runs once more with ``--wide-width`` (a round's cost is
-mostly its requests, not its width); "rounds only"
+same parallel width (``--width`` coefficients per round, ``auto`` by
+default: chosen from the data), and the dynamic rounds-only fit runs once
+more at each width of ``--widths`` and once with its schedules not
+pipelined (``scheduler.planAhead`` off: the workers wait for each step's
+schedule); "rounds only"
 (``workingSetLimit=0``) switches the driver's working-set solver off so
 every update is a parallel round over the data (the STRADS algorithm
 proper); its dynamic-schedule variant runs to a duality gap of
@@ -116,10 +118,11 @@ def parse_args(argv=None):
                    help="comma-separated; add uniform:50000x1000000x5000000 for the uniform design "
                         "(docs/benchmarks.md)")
     p.add_argument("--reg-ratio", type=float, default=0.05)
-    p.add_argument("--width", type=int, default=256, help="coefficients per round (L) for every schedule")
-    p.add_argument("--wide-width", type=int, default=4096,
-                   help="also run the rounds-only fit with this L (0: skip); a round costs a few ms whatever "
-                        "its width, so wider rounds reach a gap sooner")
+    p.add_argument("--width", default="auto",
+                   help="coefficients per round (L) of every variant that does not set its own ('auto': the default)")
+    p.add_argument("--widths", default="256",
+                   help="comma-separated L: a rounds-only variant at each (beside the default 'auto'), to see "
+                        "which width the data favours ('': none)")
     p.add_argument("--rounds-max-iter", type=int, default=60,
                    help="maxIter of the dynamic rounds-only variant (it should reach a 1e-6 gap before)")
     p.add_argument("--rounds-tol", type=float, default=1e-7,
@@ -148,8 +151,8 @@ def parse_args(argv=None):
 def make_problem(spec: str, seed: int):
     kind, _, shape = spec.partition(":")
     dims = [int(v) for v in shape.lower().split("x")]
-    if kind == "strads":
-        return synthetic.strads_lasso_problem(dims[0], dims[1], seed=seed)
+    if kind == "strads":  # strads:NxJ, or strads:NxJxK with K non-zeros a column (25 by default)
+        return synthetic.strads_lasso_problem(dims[0], dims[1], *dims[2:3], seed=seed)
     return synthetic.uniform_sparse_problem(dims[0], dims[1], dims[2], seed=seed)
 
 
@@ -182,21 +185,31 @@ def median(values):
 
 # ---------------------------------------------------------------------------------------------- pystrads
 def run_pystrads(df, lam, width, seed, **params):
+    from pystrads import config
     from pystrads.ml import StradsLasso
 
     params = dict(params)
     width = params.pop("coordinatesPerRound", width)  # a variant may set its own L (and L' = 2L)
-    est = StradsLasso(regParam=lam, fitIntercept=False, standardization=False, coordinatesPerRound=width,
-                      candidatesPerRound=2 * width, seed=seed, **params)
-    t0 = time.perf_counter()
-    model = est.fit(df)
-    seconds = time.perf_counter() - t0
+    widths = {} if width == "auto" else {"coordinatesPerRound": width, "candidatesPerRound": 2 * width}
+    ahead = params.pop("planAhead", True)
+    est = StradsLasso(regParam=lam, fitIntercept=False, standardization=False, seed=seed, **widths, **params)
+    before = config.DEFAULTS["scheduler.planAhead"]
+    config.DEFAULTS["scheduler.planAhead"] = ahead  # this process runs the scheduler (a classic session)
+    try:
+        t0 = time.perf_counter()
+        model = est.fit(df)
+        seconds = time.perf_counter() - t0
+    finally:
+        config.DEFAULTS["scheduler.planAhead"] = before
+    steps = model.summary.steps
     hist = model.summary.iterations
     return {"seconds": seconds, "beta": model.coefficients.toArray(),
             "history": {"elapsed_s": hist["elapsed_s"].tolist(), "objective": hist["objective"].tolist(),
                         "updates": hist["updates"].tolist(), "round_updates": hist["round_updates"].tolist()},
             "iterations": model.summary.totalIterations, "stop": model.summary.stopReason,
-            "timings_s": model.summary.timings}
+            "timings_s": model.summary.timings,
+            "width": (int(steps["coordinates_per_round"].dropna().iloc[0]) if "coordinates_per_round" in steps
+                      else width)}
 
 
 def history_reach(h, best: Best, gap):
@@ -437,7 +450,10 @@ def summarise(name, rec, best):
                    objective=mid["objective"], final_gap=best.gap(mid["objective"]),
                    nonzeros=int(np.count_nonzero(mid["beta"])), iterations=mid["iterations"], stop=mid["stop"],
                    history=mid["history"], timings_s=mid["timings_s"],
-                   read_model_s=median([r["timings_s"].get("read_model_s", 0.0) for r in runs]))
+                   read_model_s=median([r["timings_s"].get("read_model_s", 0.0) for r in runs]),
+                   schedule_s=median([r["timings_s"].get("schedule_s", 0.0) for r in runs]),
+                   schedule_wait_s=median([r["timings_s"].get("schedule_wait_s", 0.0) for r in runs]),
+                   width=mid.get("width"))
     else:
         rungs = rec["rungs"]
         for g in GAPS:
@@ -484,6 +500,10 @@ def print_table(rows, best):
             rungs = ", ".join(f"{row['ladder_param']} {r['param']:{'d' if row['ladder_param'] == 'maxIter' else '.2g'}}: {fmt_s(r['s'])} s ({len(r['seconds'])}x) "
                               f"gap {max(r['gap'], 0):.1e}" for r in row["rungs"])
             print(f"  {name} rungs: {rungs}; ladder total {row['ladder_total_s']:.1f} s")
+    for name, row in rows.items():
+        if row.get("schedule_s") is not None:
+            print(f"  {name}: L = {row['width']}, schedule {row['schedule_s']:.2f} s, of which the workers waited "
+                  f"{row['schedule_wait_s']:.2f} s")
     reads = [row["read_model_s"] for row in rows.values() if row.get("read_model_s") is not None]
     if reads:
         print(f"  pystrads: reading the coefficients back after a fit (not in its times to g): "
@@ -511,16 +531,17 @@ def main(argv=None) -> int:
         best = Best()
         records = {}
         # pystrads first: its default fit is exact (~1e-15), so the ladders below stop against a true F*
+        args.width = args.width if args.width == "auto" else int(args.width)
         run_pystrads(df, lam, args.width, args.seed, maxIter=2)  # warm-up, untimed
         run_pystrads(df, lam, args.width, args.seed, workingSetLimit=0, maxIter=1)
+        rounds = {"workingSetLimit": 0, "maxIter": args.rounds_max_iter, "tol": args.rounds_tol}
         variants = [(DEFAULT, {}),
-                    (ROUNDS, {"workingSetLimit": 0, "maxIter": args.rounds_max_iter, "tol": args.rounds_tol}),
+                    (ROUNDS, rounds),
+                    (f"{ROUNDS}, schedules not pipelined", dict(rounds, planAhead=False)),
                     ("pystrads shotgun, rounds only", {"schedule": "shotgun", "workingSetLimit": 0,
                                                        "maxIter": args.schedule_max_iter})]
-        if args.wide_width:
-            variants.insert(2, (f"{ROUNDS} (L = {args.wide_width})",
-                                {"workingSetLimit": 0, "maxIter": args.rounds_max_iter, "tol": args.rounds_tol,
-                                 "coordinatesPerRound": args.wide_width}))
+        for k, w in enumerate(int(v) for v in args.widths.split(",") if v.strip()):
+            variants.insert(3 + k, (f"{ROUNDS} (L = {w})", dict(rounds, coordinatesPerRound=w)))
         if not args.quick:
             variants += [
                 ("pystrads STRADS priority (delta^2+eta), rounds only",
