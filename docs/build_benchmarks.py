@@ -119,10 +119,12 @@ def lasso_table(data):
     runs = problem["runs"]
 
     def name(system, run):
+        width = f"; L = {run['width']}" if run.get("width") and "(L = " not in system else ""
         if system == "pystrads StradsLasso (defaults)":
-            return "**pystrads `StradsLasso` (defaults)**"
+            return f"**pystrads `StradsLasso` (defaults{width})**"
         if system.startswith("pystrads") and "rounds only" in system:
-            return system + (" (`workingSetLimit=0`)" if "dynamic" in system else f" ({run['iterations']} it.)")
+            return system + (f" (`workingSetLimit=0`{width})" if "dynamic" in system
+                             else f" ({run['iterations']} it.{width})")
         if system.startswith("MLlib"):
             return (f"MLlib `LinearRegression` (OWL-QN; `maxIter` {run['rung_to_1e-3']} / "
                     f"{run['rung_to_1e-6']})")
@@ -130,8 +132,10 @@ def lasso_table(data):
         return f"{peer} `Lasso` (1 core, in memory)"
 
     order = sorted(runs, key=lambda s: (not s.startswith("pystrads"), not s.startswith("MLlib")))
-    out = ["| system | s to 1e-3 | s to 1e-6 | × MLlib (1e-3) | × MLlib (1e-6) | final gap | non-zeros |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+    waits = any(r.get("schedule_s") is not None for r in runs.values())
+    out = ["| system | s to 1e-3 | s to 1e-6 | × MLlib (1e-3) | × MLlib (1e-6) | final gap | non-zeros |"
+           + (" schedule s (waited) |" if waits else ""),
+           "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if waits else "")]
     for system in order:
         r = runs[system]
         cells = [name(system, r)]
@@ -141,6 +145,9 @@ def lasso_table(data):
             ratio = r.get(f"ratio_to_mllib_{gap}")
             cells.append("—" if ratio is None else ("1" if ratio == 1 else _sig(ratio, 2)))
         cells += [_exp(r["final_gap"]), str(r["nonzeros"])]
+        if waits:
+            cells.append("—" if r.get("schedule_s") is None else
+                         f"{_f(r['schedule_s'], 2)} ({_f(r['schedule_wait_s'], 2)})")
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -466,7 +473,9 @@ TABLES = {
                               "2026-11-25"),
     "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-26"),
     "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
-    "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-26"),
+    "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 1", "2026-11-27"),
+    "lasso_dense": Table(lasso_table, "python3 jobs/bench_lasso.py --problems strads:20000x20000x200 --widths 128,2048 "
+                         "--quick --repeats 1 --skip-mllib --skip-sklearn --skip-celer --skip-skglm", "2026-11-27"),
     "runtime_every_round": Table(runtime_every_round_table, _RUNTIME, "2026-11-24",
                                  json="runtime"),
     "runtime_throughput": Table(runtime_throughput_table, _RUNTIME, "2026-11-24",
