@@ -193,6 +193,31 @@ def _sampled_rows(s_ptr, s_rows, cols):
 
 
 @njit(cache=True, nogil=True)
+def _rows_of_columns(col_ptr, row_idx, vals, coords, num_rows):
+    """The rows of the columns ``coords`` (CSR over their positions a): row i holds the
+    positions ``which[count[i]:count[i + 1]]`` with their values ``value[...]``."""
+    m = coords.shape[0]
+    count = np.zeros(num_rows + 1, dtype=np.int64)
+    for a in range(m):
+        j = coords[a]
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            count[row_idx[p] + 1] += 1
+    for i in range(num_rows):
+        count[i + 1] += count[i]
+    fill = count[:-1].copy()
+    which = np.empty(count[num_rows], dtype=np.int64)
+    value = np.empty(count[num_rows], dtype=np.float64)
+    for a in range(m):
+        j = coords[a]
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            i = row_idx[p]
+            which[fill[i]] = a
+            value[fill[i]] = vals[p]
+            fill[i] += 1
+    return count, which, value
+
+
+@njit(cache=True, nogil=True)
 def conflict_graph(cols, s_ptr, s_rows, s_vals, rho, num_rows):
     """The pairs of columns ``cols`` (distinct, each ``< J``) whose sampled columns correlate by
     ``|x_a' x_b| >= rho``, as CSR by position in ``cols``: the columns (ids) that conflict with
@@ -200,23 +225,7 @@ def conflict_graph(cols, s_ptr, s_rows, s_vals, rho, num_rows):
     sample's rows restricted to ``cols`` (Gustavson's, as :func:`gram_entries`): one
     multiply-add per pair of the columns' non-zeros sharing a row."""
     m = cols.shape[0]
-    count = np.zeros(num_rows + 1, dtype=np.int64)
-    for a in range(m):
-        j = cols[a]
-        for p in range(s_ptr[j], s_ptr[j + 1]):
-            count[s_rows[p] + 1] += 1
-    for i in range(num_rows):
-        count[i + 1] += count[i]
-    fill = count[:-1].copy()
-    which = np.empty(count[num_rows], dtype=np.int64)
-    value = np.empty(count[num_rows], dtype=np.float64)
-    for a in range(m):
-        j = cols[a]
-        for p in range(s_ptr[j], s_ptr[j + 1]):
-            i = s_rows[p]
-            which[fill[i]] = a
-            value[fill[i]] = s_vals[p]
-            fill[i] += 1
+    count, which, value = _rows_of_columns(s_ptr, s_rows, s_vals, cols, num_rows)
     acc = np.zeros(m, dtype=np.float64)
     stamp = np.full(m, -1, dtype=np.int64)
     touched = np.empty(m, dtype=np.int64)
@@ -404,24 +413,7 @@ def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
     the output at most ``m * m`` entries (entries that sum to exactly 0 are left out)
     -- never the unmerged sum over rows of (non-zeros in the row)^2."""
     m = coords.shape[0]
-    # the rows of X_A (CSR over positions a): count, offsets, fill
-    count = np.zeros(num_rows + 1, dtype=np.int64)
-    for a in range(m):
-        j = coords[a]
-        for p in range(col_ptr[j], col_ptr[j + 1]):
-            count[row_idx[p] + 1] += 1
-    for i in range(num_rows):
-        count[i + 1] += count[i]
-    fill = count[:-1].copy()
-    which = np.empty(count[num_rows], dtype=np.int64)
-    value = np.empty(count[num_rows], dtype=np.float64)
-    for a in range(m):
-        j = coords[a]
-        for p in range(col_ptr[j], col_ptr[j + 1]):
-            i = row_idx[p]
-            which[fill[i]] = a
-            value[fill[i]] = vals[p]
-            fill[i] += 1
+    count, which, value = _rows_of_columns(col_ptr, row_idx, vals, coords, num_rows)
     acc = np.zeros(m, dtype=np.float64)
     cap = max(16, min(m * m, 4 * count[num_rows]))
     keys = np.empty(cap, dtype=np.int64)
