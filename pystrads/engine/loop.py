@@ -14,6 +14,7 @@ in the process that calls ``fit`` (the classic path), or the coordinator in the 
 from __future__ import annotations
 
 import base64
+import copy
 import logging
 import threading
 import time
@@ -257,7 +258,8 @@ class StepLoop:
         self.summary.add_time("schedule_wait_s", t_wait)
         row = {
             "step": step, "rounds": len(schedule), "seconds": t_wait + t_step, "schedule_s": t_sched,
-            "schedule_wait_s": t_wait, "planned_ahead": planned_ahead, "step_s": t_step, "compute_s": compute, "sync_s": sync, "round_s": compute + sync,
+            "schedule_wait_s": t_wait, "planned_ahead": planned_ahead, "step_s": t_step, "compute_s": compute,
+            "sync_s": sync, "round_s": compute + sync,
             "outside_rounds_s": max(0.0, t_step - compute - sync), "rounds_per_s": len(schedule) / t_step,
             "bytes_in": traffic["bytes_in"], "bytes_out": traffic["bytes_out"], "requests": traffic["requests"],
             "snapshot_s": metrics.total("_snapshot_s") / U, "snapshot_bytes": metrics.total("_snapshot_bytes"),
@@ -307,8 +309,6 @@ class _PlanAhead:
     left, and the tables as they stand while step ``s`` writes them."""
 
     def __init__(self, program: Program, ctx: ScheduleContext, rounds: int):
-        import copy
-
         self.program = program
         self.ctx = copy.copy(ctx)
         self.ctx.step = ctx.step + 1
@@ -332,15 +332,13 @@ class _PlanAhead:
             self.error = exc
         self.seconds = time.perf_counter() - t0
 
-    def join(self) -> float:
-        """Wait for the planning; returns how long this call waited."""
+    def join(self) -> None:
+        """Wait for the planning (the wait counts in ``waited``)."""
         t0 = time.perf_counter()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        waited = time.perf_counter() - t0
-        self.waited += waited
-        return waited
+        self.waited += time.perf_counter() - t0
 
     def take(self, ctx: ScheduleContext) -> tuple:
         """``(schedule, (its planning time, the part of it the workers waited for, True))``, with
