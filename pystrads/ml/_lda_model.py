@@ -31,7 +31,6 @@ from typing import List, Optional
 
 import numpy as np
 import pyspark
-from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import types as T
 
 from ..config import Config
@@ -383,6 +382,8 @@ class FoldIn:
         when it exists)."""
         if out_col in dataset.columns:
             raise InputError(f"topicDistributionCol {out_col!r} already exists in the input; choose another name")
+        from pyspark.ml.linalg import VectorUDT  # here: workers import this module, not pyspark.ml
+
         index = dataset.columns.index(features_col)
         schema = T.StructType(dataset.schema.fields + [T.StructField(out_col, VectorUDT(), True)])
         if self._local(dataset):

@@ -11,7 +11,6 @@ import math
 from typing import Any, Dict, Optional
 
 import numpy as np
-from pyspark.ml.linalg import SparseVector
 from pyspark.sql import functions as F
 
 from ..errors import InputError
@@ -22,6 +21,8 @@ log = logging.getLogger("pystrads.ml._linear")
 
 
 def _vector_parts(v):
+    from pyspark.ml.linalg import SparseVector  # here: workers import this module, not pyspark.ml
+
     if isinstance(v, SparseVector):
         return v.size, np.asarray(v.indices, dtype=np.int64), np.asarray(v.values, dtype=np.float64)
     arr = np.asarray(v.toArray(), dtype=np.float64)
