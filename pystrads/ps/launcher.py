@@ -147,12 +147,18 @@ def _alive(pid: int) -> bool:
 def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
                        work_dir: str, start_timeout: float, malloc_retain: int = 0, tls_cert: str = "",
                        tls_key: str = "", advertise: str = "", port: int = 0,
-                       port_range: int = 1, tls_auto: bool = False, admin_token: str = "") -> List[Dict[str, Any]]:
+                       port_range: int = 1, tls_auto: bool = False, admin_token: str = "",
+                       jvm_pid: Optional[int] = None, extra_env: Optional[Dict[str, str]] = None,
+                       ) -> List[Dict[str, Any]]:
     """Start ``count`` shards for ``run_id`` on this executor unless already running
     (listening on ``bind_host``, dialled at ``advertise``; ports ``port`` ..
     ``port + port_range - 1``, or any free port when ``port`` is 0).  TLS with the
-    operator's ``tls_cert`` / ``tls_key``, or with ``tls_auto`` each shard's own key pair."""
-    executor = executor_identity()
+    operator's ``tls_cert`` / ``tls_key``, or with ``tls_auto`` each shard's own key pair.
+    Called in a Python worker, the executor is the JVM it serves; called elsewhere (the
+    driver of a local-mode application), ``jvm_pid`` names it.  ``extra_env``: variables the
+    shards get beside this process's (the executors' ``spark.executorEnv.*``)."""
+    watched = jvm_pid if jvm_pid is not None else executor_pid()
+    executor = f"{socket.gethostname()}:{watched}"
     base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
     run_dir = os.path.join(base, run_id)
     os.makedirs(run_dir, exist_ok=True)
@@ -167,7 +173,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
             if all(_alive(i["pid"]) for i in infos):
                 return infos
         infos, procs = [], []
-        env = dict(os.environ)
+        env = dict(os.environ, **(extra_env or {}))
         env[TOKEN_ENV] = token
         if admin_token:
             env[ADMIN_TOKEN_ENV] = admin_token
@@ -187,7 +193,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "pystrads.ps.server", "--host", bind_host, "--port", str(int(port)),
                      "--port-range", str(int(port_range)), "--advertise", advertise or bind_host,
-                     "--watch-pid", str(executor_pid()),
+                     "--watch-pid", str(watched),
                      "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id,
                      "--malloc-retain", str(int(malloc_retain))]
                     + (["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert else
@@ -195,6 +201,8 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True, close_fds=True)
             procs.append((proc, info_file, log_file, shard_id))
+            if jvm_pid is not None:  # a long-lived parent (the driver) reaps its shards when they exit
+                threading.Thread(target=proc.wait, name=f"pystrads-reap-{shard_id}", daemon=True).start()
         deadline = time.monotonic() + start_timeout
         for proc, info_file, log_file, shard_id in procs:
             while not os.path.exists(info_file):
@@ -288,21 +296,26 @@ class ShardManager:
         plaintext = cfg["shard.tls.plaintext"]
         admin_token = self.admin_token
 
-        def launch(_index):
+        def launch(_index, jvm_pid=None, extra_env=None):
             host, advertise = shard_addresses(local_mode, bind, driver_host)
             # off the loopback, encrypted by default: each shard makes its own key pair
             auto = not tls_cert and not plaintext and not is_loopback(advertise)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
                                        malloc_retain, tls_cert, tls_key, advertise, port, port_range, auto,
-                                       admin_token)
+                                       admin_token, jvm_pid, extra_env)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}
         versions = set()
         tasks = max(1, expected_executors) * (1 if local_mode else 4)
         t0 = time.monotonic()
+        jvm = self._executor_jvm_here()
         for attempt in range(8):
-            for info, version in self.spark.run_tasks(launch, tasks):
+            # plain local mode: the executor is this driver's JVM, on this machine -- start its
+            # shards from here (no Spark job, no Python worker started for it)
+            started = launch(0, jvm, self.spark.sc.environment) if jvm is not None else \
+                self.spark.run_tasks(launch, tasks)
+            for info, version in started:
                 found[f"{info['executor']}#{info['shard']}"] = info
                 versions.add(tuple(version))
             executors = {i["executor"] for i in found.values()}
@@ -339,6 +352,23 @@ class ShardManager:
                  len({i['executor'] for i in shards}), time.monotonic() - t0,
                  ", ".join(s.uri for s in self.group.shards))
         return self.group
+
+    def _executor_jvm_here(self) -> Optional[int]:
+        """The pid of the JVM that is both the driver and the only executor (a classic session on
+        ``local`` / ``local[N]`` whose executors run this interpreter), else None."""
+        import re
+        import shutil
+
+        sc = getattr(self.spark, "sc", None)
+        if sc is None or not re.fullmatch(r"local(\[[^\]]*\])?", sc.master or ""):
+            return None
+        python = getattr(sc, "pythonExec", None) or sys.executable
+        if os.path.realpath(shutil.which(python) or python) != os.path.realpath(sys.executable):
+            return None
+        try:
+            return int(sc._jvm.java.lang.ProcessHandle.current().pid())
+        except Exception:  # noqa: BLE001 - a gateway without it: start them through a Spark job
+            return None
 
     def _missing_executors(self, found: Dict[str, Dict[str, Any]]) -> str:
         """Which executors ran no shard, as far as Spark lists them (classic sessions)."""
