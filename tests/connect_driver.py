@@ -1,5 +1,5 @@
 """A driver on a local Spark Connect session (``SparkSession.builder.remote("local[2]")``),
-run as a subprocess by ``test_connect.py`` so that its Connect server gets a JVM of its own.
+run as a subprocess by ``test_connect_remote.py`` so that its Connect server gets a JVM of its own.
 
 Usage: ``python connect_driver.py OUT.json CASE [CASE ...]``; each case writes its results
 (or its error) under its name.  Only the Connect session's API is used here: the classic

@@ -1,11 +1,18 @@
-"""Spark Connect from a client that reaches only the Connect endpoint, as on Databricks
-serverless: a Connect server (``local[2]``: executors, Python workers and shards) in one network
-namespace, the client in another on a network of its own, and a relay in the root namespace that
-forwards the Connect port and nothing else (``netns.NetnsConnectServer``).  The client runs
-``connect_driver.py`` there; the fits' schedulers run in their jobs, and the client must open no
-Flight connection at all."""
+"""Spark Connect, as on Databricks serverless and standard-access compute.
+
+From a client that reaches only the Connect endpoint: a Connect server (``local[2]``: executors,
+Python workers and shards) in one network namespace, the client in another on a network of its
+own, and a relay in the root namespace that forwards the Connect port and nothing else
+(``netns.NetnsConnectServer``).  The client runs ``connect_driver.py`` there; the fits' schedulers
+run in their jobs, and the client must open no Flight connection at all.  The same fits on a
+classic local session (``local``) are the reference.  Where network namespaces are unavailable
+(not root), the Connect checks that need no second network run on a local Connect server
+(``SparkSession.builder.remote("local[2]")``) in a driver subprocess instead, and the
+network checks skip.
+"""
 
 import json
+import math
 import os
 import sys
 import time
@@ -14,13 +21,20 @@ import numpy as np
 import pytest
 
 import netns
-from test_connect import _case
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FITS = ["rotation", "lda", "lasso", "mf", "implicit", "logistic", "tuning"]
-CASES = FITS + ["fault", "progress", "interrupt"]  # the interrupt last: the shards must then all be gone
+#: the interrupt last: the shards must then all be gone
+CASES = FITS + ["refusals", "fault", "progress", "interrupt"]
+#: what runs on a local Connect server where namespaces are unavailable
+LOCAL_CONNECT_CASES = ["rotation", "refusals", "lda", "lasso", "mf"]
 
-pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"network namespaces: {netns.available()}")
+
+def _case(results, name):
+    got = results.get(name)
+    assert got is not None, f"case {name} did not run: {sorted(results)}"
+    assert "exception" not in got, got["exception"]
+    return got
 
 
 def _shards(hosts):
@@ -57,6 +71,8 @@ def local(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory):
+    if netns.available() is not None:
+        pytest.skip(f"network namespaces: {netns.available()}")
     out = str(tmp_path_factory.mktemp("connect-remote") / "results.json")
     with netns.NetnsConnectServer() as hosts:
         env = dict(hosts.env(), PYSTRADS_TEST_REMOTE=hosts.remote,
@@ -72,6 +88,59 @@ def remote(tmp_path_factory):
                        shards_left=len(left), shards_gone_after=time.time() - results["interrupt"]["returned"],
                        client_exit=client_exit)
     return results
+
+
+@pytest.fixture(scope="module")
+def connect_results(request, tmp_path_factory):
+    """The remote client's results, or (no namespaces) a local Connect server's."""
+    if netns.available() is None:
+        return request.getfixturevalue("remote")
+    out = str(tmp_path_factory.mktemp("connect") / "results.json")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    env.pop("SPARK_REMOTE", None)
+    return _run_driver([], out, LOCAL_CONNECT_CASES, env)
+
+
+def test_the_engine_runs_a_program_on_a_connect_dataframe(connect_results):
+    got = _case(connect_results, "rotation")
+    assert got["type"] == "pyspark.sql.connect.session"  # the fit really ran through Connect
+    assert got["workers"] == 2 and got["steps"] >= 1
+    assert got["error"] < 1e-9, got  # the rotation sums are exact
+    assert got["exported"] == pytest.approx(got["expected_exported"], abs=1e-9)  # every row reached one worker
+    assert got["shards"] and all(uri.startswith("grpc") for uri in got["shards"])
+
+
+def test_connect_fits_refuse_what_needs_a_spark_context_before_any_job(connect_results):
+    got = _case(connect_results, "refusals")
+    assert "keep_states=True needs an RDD input" in got["keep_states"] and "export=" in got["keep_states"]
+    assert "num_workers=3 needs 3 task slots" in got["slots"] and "offers 2" in got["slots"]
+
+
+def test_strads_lda_fits_transforms_scores_and_persists_through_connect(connect_results):
+    got = _case(connect_results, "lda")
+    assert got["tokens"] == got["expected_tokens"]  # the word-topic counts hold every token exactly once
+    assert sorted(got["top"]) == [list(range(10)), list(range(10, 20))]  # the two planted topics, one each
+    assert got["rows"] == 300 and got["theta_sum_range"] == pytest.approx([1.0, 1.0], abs=1e-9)
+    assert got["separated"] > 0.6  # each document leans to its own topic (alpha = 25 smooths it)
+    assert 0 < got["log_perplexity"] < math.log(20)  # better than uniform over the 20 words
+    assert got["loaded_equal"] and got["summary_iterations"] == 30
+    assert got["joined_equal"]  # the joined fold-in (large models) gives the same mixtures
+
+
+def test_strads_lasso_matches_mllib_through_connect(connect_results):
+    got = _case(connect_results, "lasso")
+    assert "mllib" in got, got.get("mllib_error")  # MLlib's LinearRegression runs on Connect too
+    diff = max(abs(a - b) for a, b in zip(got["ours"], got["mllib"]))
+    assert diff < 1e-3, (got["ours"], got["mllib"])  # the same L1 optimum
+    assert [i for i, c in enumerate(got["ours"]) if c != 0] == [1, 4, 7]  # the planted support
+    assert got["rmse"] < 0.2 and got["loaded_equal"]
+
+
+def test_strads_mf_fits_predicts_recommends_and_persists_through_connect(connect_results):
+    got = _case(connect_results, "mf")
+    assert got["predictions"] == got["ratings"] and got["rmse"] < 0.05  # planted rank-3 ratings recovered
+    assert got["users_recommended"] == 60 and got["recs_equal_brute_force"]
+    assert got["loaded_equal"]
 
 
 def test_the_client_reaches_only_the_connect_port(remote):
