@@ -34,7 +34,7 @@ def _free_port():
 
 #: Workers beyond the two an application uses: each executor-loss test kills one (with its
 #: executor), and the master moves the application onto a spare.
-SPARE_WORKERS = 2
+SPARE_WORKERS = 1
 
 
 @contextlib.contextmanager
@@ -132,13 +132,16 @@ def test_program_shapes_on_two_executors_match_local_mode(standalone_cluster, sc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("program", ["lda", "mf"])
+@pytest.mark.parametrize("program", ["mf"])
 def test_lost_executor_is_replaced_and_the_fit_recovers(standalone_cluster, program):
     """A lost machine: SIGKILL a standalone worker JVM, its executor and that executor's shard
     mid-step. Spark moves the application to a spare worker; the engine restarts the shards and
-    continues from the latest checkpoint.  Two programs (~75 s each): the recovery path knows no
-    program; LDA (exact counts, a sampling chain) and MF (parameters to 1e-8 of the fault-free
-    run) stand for the others, which the local fault suite (test_faults.py) kills every way."""
+    continues from the latest checkpoint.  One program (~2 minutes here): the recovery path knows
+    no program; MF stands for the others, which the local fault suite (test_faults.py) kills every
+    way (shards, Python workers, the driver).  MF because its residuals are the state most easily
+    misaligned: the lost executor's partition comes out of its shuffle in another order, and only
+    the canonical load order makes the resumed residuals match their ratings (its invariant:
+    every residual equals rating - w_u . h_i, exactly)."""
     from test_faults import check, reference, run_driver
 
     url, work = standalone_cluster

@@ -509,7 +509,7 @@ def test_lasso_parallel_rounds_reach_sklearns_optimum(wide_problem, fit_intercep
     x, y, _, w, df = wide_problem
     lam = 0.02
     model = StradsLasso(regParam=lam, fitIntercept=fit_intercept, standardization=standardization, weightCol="w",
-                        workingSetLimit=0, coordinatesPerRound=32, candidatesPerRound=64, tol=1e-9, maxIter=400,
+                        workingSetLimit=0, coordinatesPerRound=128, candidatesPerRound=256, tol=1e-9, maxIter=400,
                         seed=2).fit(df)
     s = model.summary
     assert s.roundUpdatesHistory[-1] > 0 and s.roundUpdatesHistory[-1] == s.updatesHistory[-1]  # rounds only
@@ -569,7 +569,7 @@ def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
     lam = 0.01
     model = StradsLogisticRegression(labelCol="clicked", regParam=lam, elasticNetParam=1.0, weightCol="w",
                                      workingSetLimit=0,
-                                     coordinatesPerRound=32, candidatesPerRound=64, tol=1e-9, maxIter=400,
+                                     coordinatesPerRound=128, candidatesPerRound=256, tol=1e-9, maxIter=400,
                                      seed=2).fit(df)
     assert model.summary.roundUpdatesHistory[-1] > 0
     scale = mllib_scale(x, w, True)
