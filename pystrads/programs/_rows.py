@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Optional, Tuple
+from typing import Any, Iterable, NamedTuple, Optional
 
 import numpy as np
 
