@@ -141,3 +141,22 @@ def test_the_checks_see_a_back_arrow_and_a_circle():
     assert _imports("pystrads.ps.launcher", "pystrads/ps/launcher.py", text, known) == {"pystrads.engine.driver"}
     assert _imports("jobs.a", "jobs/a.py", "def f():\n    from b import g\n", {"jobs.a", "jobs.b"}, "jobs.") \
         == {"jobs.b"}
+
+
+#: the pystrads.ml modules whose functions Spark's Python workers unpickle (the scan, the records'
+#: decoding, the model read, the fold-in): importing one must not import the estimators, and with
+#: them all of pyspark.ml (every MLlib algorithm, pandas, scipy: seconds in each new worker)
+WORKER_SIDE = ["pystrads.ml._arrow", "pystrads.ml._lda_data", "pystrads.ml._lda_model", "pystrads.ml._linear_input",
+               "pystrads.ml._mf_data"]
+
+
+def test_worker_side_modules_import_no_estimator_and_no_pyspark_ml():
+    import subprocess
+    import sys
+
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in WORKER_SIDE) +
+            "print(sorted(m for m in sys.modules if m.startswith('pyspark.ml') or m in "
+            "('pystrads.ml.lda', 'pystrads.ml.recommendation', 'pystrads.ml.regression', "
+            "'pystrads.ml.classification')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
