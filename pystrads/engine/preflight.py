@@ -193,9 +193,8 @@ def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] =
             raise _too_few_slots(U, slots)
         return
     sc = h.sc
-    python = getattr(sc, "pythonExec", None) or sys.executable
-    resolved = shutil.which(python) or python
-    if os.path.realpath(resolved) != os.path.realpath(sys.executable):
+    if not launcher.executors_run_this_python(sc):
+        python = launcher.executors_python(sc)
         log.warning("executors use Python %r, the driver %r; set PYSPARK_PYTHON=%s if the "
                     "executors lack pystrads or its dependencies", python, sys.executable, sys.executable)
     wanted = expected_executors(h)

@@ -63,6 +63,19 @@ def executor_pid() -> int:
     return os.getppid()
 
 
+def executors_python(sc) -> str:
+    """The interpreter a classic SparkContext's executors run (PYSPARK_PYTHON, else this one)."""
+    return getattr(sc, "pythonExec", None) or sys.executable
+
+
+def executors_run_this_python(sc) -> bool:
+    """Whether that interpreter is this process's own (paths resolved)."""
+    import shutil
+
+    python = executors_python(sc)
+    return os.path.realpath(shutil.which(python) or python) == os.path.realpath(sys.executable)
+
+
 def executor_identity() -> str:
     """``host:pid`` of the JVM this Python worker serves (one per executor)."""
     return f"{socket.gethostname()}:{executor_pid()}"
@@ -357,13 +370,11 @@ class ShardManager:
         """The pid of the JVM that is both the driver and the only executor (a classic session on
         ``local`` / ``local[N]`` whose executors run this interpreter), else None."""
         import re
-        import shutil
 
         sc = getattr(self.spark, "sc", None)
         if sc is None or not re.fullmatch(r"local(\[[^\]]*\])?", sc.master or ""):
             return None
-        python = getattr(sc, "pythonExec", None) or sys.executable
-        if os.path.realpath(shutil.which(python) or python) != os.path.realpath(sys.executable):
+        if not executors_run_this_python(sc):
             return None
         try:
             return int(sc._jvm.java.lang.ProcessHandle.current().pid())
