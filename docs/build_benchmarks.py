@@ -268,6 +268,23 @@ def scale_table(data):
         out.append(f"| {r['case']} ({size}) | {r['model_bytes'] / 2**20:,.0f} MiB | "
                    f"{r['driver_rss_before'] / 2**20:,.0f} MiB | {r['driver_peak_rss_growth'] / 2**20:,.0f} MiB | "
                    f"**{r['driver_peak_rss_growth'] / r['model_bytes']:.1%}** |")
+    for r in data["results"]:
+        m = r.get("mf_shard")
+        if not m:
+            continue
+        mib = 2 ** 20
+        out += ["", "| MF shard in the fit | MiB |", "|---|---:|",
+                f"| `item_factors` table (float64) | {m['tables_bytes'] / mib:,.0f} |",
+                f"| users' factors the workers leave on it at the end (float64) | {m['users_factors_bytes'] / mib:,.0f} |",
+                f"| **tables as stored** | **{m['stored_bytes'] / mib:,.0f}** |",
+                f"| the workers' state snapshots of one step (two kept: the step before and the newest) | "
+                f"{m['snapshot_generation_bytes'] / mib:,.0f} |",
+                f"| blobs held at most (the shard's own account) | {m['peak_blob_bytes'] / mib:,.0f} |",
+                f"| blobs held when the fit ended (the last snapshots and the users' factors) | "
+                f"{m['blob_bytes_at_end'] / mib:,.0f} |",
+                f"| **shard peak** (sampled; its own VmHWM {m['peak_rss_bytes'] / mib:,.0f}) | "
+                f"**{m['peak_bytes'] / mib:,.0f}** |",
+                f"| bound: 3 × tables as stored + 500 MiB | {m['bound_bytes'] / mib:,.0f} |"]
     return out
 
 

@@ -29,7 +29,10 @@ Each case runs in a fresh ``local[2]`` driver with ``spark.driver.memory=1g``:
   first one's log-likelihood at its 4th iteration (``auto``'s crossover);
 * **mf** -- StradsMF with 2,000,000 users, 20,000 items and rank 100 on 10 ratings
   per user made on the executors: 2 iterations, then ``recommendForUserSubset(10)``
-  for 10,000 users, save, load and the same recommendations from the loaded model.
+  for 10,000 users, save, load and the same recommendations from the loaded model;
+  the shard's peak in the fit against 3 x its tables as stored (``item_factors`` and
+  the users' factors the workers leave on it, float64) + 500 MiB, beside what the
+  shards' own stats say they held (``summary.shards``: blobs now and at most, VmHWM).
 
 Reported per phase: its time and the peak resident memory of the Python
 driver (``VmHWM``, reset after a warm-up fit of a tiny model so that one-off
@@ -37,7 +40,8 @@ imports and JIT compilation are not counted), the JVM driver, each shard and
 each Python worker (sampled every 0.2 s from /proc: every process that carries
 this run's environment marker). The job fails unless the Python driver's peak
 grew by less than 5 % of the model's size (LDA: V·K·4 bytes; MF: (users +
-items)·rank·4 bytes, ALS's float32 factors). Writes ``out/bench_scale.json``.
+items)·rank·4 bytes, ALS's float32 factors) and, for mf, unless the shard's peak
+met its bound. Writes ``out/bench_scale.json``.
 """
 
 from __future__ import annotations
@@ -276,13 +280,45 @@ def mf_phases(spark, df, rank: int, path: str, phase, sample_users: int):
     from pystrads.ml import StradsMF, StradsMFModel
 
     model = phase("fit", lambda: StradsMF(rank=rank, maxIter=2, seed=1, numWorkers=2).fit(df))
+    steps = model.summary.steps
+    shard_memory = {"shards": model.summary.shards,
+                    "snapshot_bytes": [float(x) for x in steps.get("snapshot_bytes", [])]}
     users = spark.range(0, sample_users).selectExpr("cast(id * 37 as int) as user").cache()
     users.count()
     phase("recommendForUserSubset(10)", lambda: model.recommendForUserSubset(users, 10).count())
     phase("save", lambda: model.write().overwrite().save(path))
     loaded = phase("load", lambda: StradsMFModel.load(path))
     phase("recommend (loaded)", lambda: loaded.recommendForUserSubset(users, 10).count())
-    return {}
+    return {"shard_memory": shard_memory}
+
+
+def print_mf_shard(r: dict) -> bool:
+    """MF's shard peak against 3 x its tables as stored + 500 MiB, where the tables as stored are
+    the ``item_factors`` table and the users' factors the workers leave on the shards (float64,
+    users x rank x 8 bytes), with what the shards' own accounts say they held; stores the
+    figures in ``r["mf_shard"]``."""
+    m = r.get("shard_memory") or {}
+    shards = m.get("shards") or []
+    users, rank = r["size"]["users"], r["size"]["rank"]
+    tables = sum(s.get("table_bytes", 0) for s in shards)
+    stored = tables + users * rank * 8
+    bound = 3 * stored + 500 * MIB
+    peak = r["phases"]["fit"]["peaks"].get("shard", {}).get("max_mib", 0) * MIB
+    snaps = m.get("snapshot_bytes") or [0]
+    out = {"tables_bytes": tables, "users_factors_bytes": users * rank * 8, "stored_bytes": stored,
+           "bound_bytes": bound, "peak_bytes": peak, "snapshot_generation_bytes": max(snaps),
+           "blob_bytes_at_end": sum(s.get("blob_bytes", 0) for s in shards),
+           "peak_blob_bytes": sum(s.get("peak_blob_bytes", 0) for s in shards),
+           "peak_rss_bytes": sum(s.get("peak_rss_bytes", 0) for s in shards)}
+    r["mf_shard"] = out
+    print(f"MF shard: tables {tables / MIB:,.0f} MiB + users' factors {users * rank * 8 / MIB:,.0f} MiB = "
+          f"{stored / MIB:,.0f} MiB as stored; the workers' state snapshots {out['snapshot_generation_bytes'] / MIB:,.0f}"
+          f" MiB a step; blobs held at most {out['peak_blob_bytes'] / MIB:,.0f} MiB, at the fit's end "
+          f"{out['blob_bytes_at_end'] / MIB:,.0f} MiB")
+    ok = 0 < peak <= bound
+    print(f"MF shard peak {peak / MIB:,.0f} MiB (its own VmHWM {out['peak_rss_bytes'] / MIB:,.0f} MiB) against "
+          f"3 x stored + 500 MiB = {bound / MIB:,.0f} MiB: {'met' if ok else 'NOT met'}")
+    return ok
 
 
 def child(args) -> dict:
@@ -418,6 +454,8 @@ def print_report(r: dict) -> bool:
         return print_k_growth(r) and driver_ok
     if r["case"] == "lda-samplers":
         print_sampler_race(r)
+    if r["case"] == "mf":
+        return print_mf_shard(r) and driver_ok
     return driver_ok
 
 

@@ -914,3 +914,69 @@ def test_two_fits_step_at_once_each_with_its_own_fence_clocks_and_undo_log(shard
     assert b.read_all()[:, 0].sum() == 80
     a.inc([0], [[1]])  # both closed: unfenced writes again
     assert a.read_all()[0, 0] == 1
+
+
+def test_blobs_round_trip_exactly_and_a_snapshot_series_holds_two_at_most(shards):
+    """A blob comes back byte for byte (several chunks, empty, absent: None); a worker's state
+    snapshots (``drop_prefix`` / ``keep_after`` = step - 1) drop the older ones before the new
+    one arrives, so the shard never holds more than two of the series; the stats account them."""
+    from pystrads.ps import protocol
+
+    servers, group = shards
+    client = group.client(0)
+    big = np.random.default_rng(0).bytes(3 * protocol.BLOB_CHUNK * 4 + 12345)  # 4 batches, the last short
+    client.put_blob("fit/x", big)
+    client.put_blob("fit/empty", b"")
+    assert client.get_blob("fit/x") == big
+    assert client.get_blob("fit/empty") == b""
+    assert client.get_blob("fit/absent") is None
+
+    before = client.action("stats")["blob_bytes"]
+    assert before == len(big)
+    size = 5 * protocol.BLOB_CHUNK + 7
+    for step in range(4):
+        client.put_blob(f"fit/state/0/{step}", bytes([step]) * size,
+                        dict(drop_prefix="fit/state/0/", keep_after=step - 1))
+    assert sorted(k for k in servers[0].blobs if k.startswith("fit/state/")) == ["fit/state/0/2", "fit/state/0/3"]
+    assert client.get_blob("fit/state/0/2") == bytes([2]) * size
+    stats = client.action("stats")
+    assert stats["blob_bytes"] == before + 2 * size
+    assert stats["peak_blob_bytes"] == before + 2 * size  # never three snapshots at once
+    assert stats["peak_rss_bytes"] >= stats["rss_bytes"] > 0
+
+
+def test_a_released_fit_gives_its_memory_back_to_the_kernel(tmp_path):
+    """A shard process (malloc tuned as in a fit) that held 384 MiB of state snapshots returns
+    it to the kernel when the fit is released: its resident memory falls by most of it, not
+    just the part above glibc's trim threshold."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    info = tmp_path / "shard.json"
+    shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", "600", "--info-file", str(info),
+                              "--malloc-retain", str(256 << 20)], env=dict(os.environ, PYSTRADS_SHARD_TOKEN=TOKEN),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while not info.exists() and time.time() < deadline and shard.poll() is None:
+            time.sleep(0.1)
+        port = json.loads(info.read_text())["port"]
+        client = ShardClient(f"grpc://127.0.0.1:{port}", TOKEN)
+        size = 64 << 20
+        blob = np.random.default_rng(0).bytes(size)
+        for worker in range(2):
+            for step in range(5):  # three generations dropped on the way, two kept per worker
+                client.put_blob(f"fit/state/{worker}/{step}", blob,
+                                dict(drop_prefix=f"fit/state/{worker}/", keep_after=step - 1))
+        held = client.action("stats")
+        assert held["blob_bytes"] == 4 * size and held["peak_blob_bytes"] == 4 * size
+        client.action("drop_tables", prefix="fit/")
+        after = client.action("stats")
+        assert after["blob_bytes"] == 0
+        assert held["rss_bytes"] - after["rss_bytes"] >= 3 * size, (held["rss_bytes"], after["rss_bytes"])
+    finally:
+        shard.kill()
+        shard.wait(10)

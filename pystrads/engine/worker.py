@@ -288,8 +288,11 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
             if spec.export is not None:
                 from pyspark import cloudpickle
 
+                # the state snapshot before the last step's is no longer needed: dropped before
+                # the export arrives (the last step's stays until the fit is released)
                 w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
-                                                cloudpickle.dumps(spec.export(worker, data, state)))
+                                                cloudpickle.dumps(spec.export(worker, data, state)),
+                                                dict(drop_prefix=state_key(spec.namespace, worker), keep_after=step))
             if spec.keep_states:
                 yield data, state
             return

@@ -24,6 +24,10 @@ class FitSummary:
         self.iterations = pd.DataFrame(result.summary.iterations)
         self.steps = pd.DataFrame(result.summary.rows)
         self.timings: Dict[str, Any] = dict(result.summary.fixed, **fit.timings)
+        #: each shard's stats when the fit ended: its tables (rows, bytes, storage), the bytes of
+        #: the blobs it keeps (the workers' state snapshots and results) now and at most, its
+        #: resident memory now and at its peak, and its traffic
+        self.shards: List[Dict[str, Any]] = list(result.summary.shards or [])
         stopping = getattr(fit.program, "early_stopping", None)
         #: the early stopping of a fit with a validation set (metric, best_iteration, best_value,
         #: stopped_at), None without one

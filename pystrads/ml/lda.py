@@ -143,7 +143,6 @@ class StradsLDASummary(FitSummary):
         super().__init__(result, fit)
         if len(self.steps):
             self.steps["tokens_per_s"] = self.steps["tokens"] / self.steps["step_s"]
-        self.shards = result.summary.shards  # per shard: table bytes, resident memory, traffic
         stats = fit.stats
         self.numDocuments = int(stats["docs"])
         self.numEmptyDocuments = int(stats["empty"])  # all-zero vectors: skipped

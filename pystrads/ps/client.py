@@ -375,11 +375,11 @@ class ShardClient:
         """The byte string stored under ``key``, or None."""
         ticket = protocol.encode_header({"blob": key, "token": self._token})
         try:
-            parts = [c.as_py() for chunk in self._client.do_get(flight.Ticket(ticket), self._options)
-                     for c in chunk.data.column(0)]
+            parts = [protocol.binary_parts(chunk.data)
+                     for chunk in self._client.do_get(flight.Ticket(ticket), self._options)]
         except flight.FlightError as exc:
             raise _translate(exc, self.uri, f"read {key!r}") from None
-        return b"".join(parts) if parts else None
+        return b"".join(parts) if parts else None  # one copy of the received buffers
 
     def close(self) -> None:
         self._client.close()

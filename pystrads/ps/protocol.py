@@ -41,6 +41,43 @@ CHUNK_BYTES = (4 << 20) - (64 << 10)
 BLOB_SCHEMA = pa.schema([pa.field("chunk", pa.binary())])
 
 
+def binary_parts(batch: pa.RecordBatch) -> pa.Buffer:
+    """The bytes a blob stream's batch carries (its chunks' values, which are contiguous in the
+    array's data buffer), as one zero-copy slice of that buffer."""
+    column = batch.column(0)
+    if len(column) == 0:
+        return pa.py_buffer(b"")
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
+    return column.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+def blob_batches(parts) -> list:
+    """Record batches of :data:`BLOB_SCHEMA` that carry ``parts`` (buffers) without copying them."""
+    batches = []
+    for part in parts:
+        offsets = pa.py_buffer(np.array([0, part.size], dtype=np.int32))
+        batches.append(pa.record_batch([pa.Array.from_buffers(pa.binary(), 1, [None, offsets, part])],
+                                       schema=BLOB_SCHEMA))
+    return batches
+
+
+class Blob:
+    """A stored byte string, kept as the Arrow buffers it arrived in (no copy on receipt):
+    ``parts`` are :class:`pyarrow.Buffer` (or any buffer-protocol objects)."""
+
+    __slots__ = ("parts", "nbytes")
+
+    def __init__(self, parts):
+        self.parts = [p if isinstance(p, pa.Buffer) else pa.py_buffer(p) for p in parts]
+        self.nbytes = int(sum(p.size for p in self.parts))
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def tobytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
 def check_dtype(name: str) -> str:
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} is not supported; use one of {sorted(DTYPES)}")

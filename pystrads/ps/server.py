@@ -53,7 +53,7 @@ import pyarrow.flight as flight
 
 from . import protocol
 from .mailbox import ResidentMailbox
-from .memory import _mem_available, _rss_bytes, tune_malloc
+from .memory import _mem_available, _peak_rss_bytes, _rss_bytes, release_free_memory, tune_malloc
 from .request import _refuse, _Request, authorize_payload, decode_action, decode_request
 from .snapshots import TableSnapshots
 from .steps import StepFences, _StepState, namespace_of
@@ -68,6 +68,8 @@ ADMIN_TOKEN_ENV = "PYSTRADS_SHARD_ADMIN_TOKEN"
 
 #: how many ended fits a shard remembers, so that their late workers end instead of waiting
 CLOSED_FITS_KEPT = 4096
+#: a released fit that freed at least this much hands the heap's free pages back to the kernel
+RELEASE_FREE_BYTES = 64 << 20
 
 
 def _in_fit(name: str, fit: str) -> bool:
@@ -103,7 +105,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         # to end instead of waiting for commands that will never come
         self.closed: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self.newest_task: Dict[Tuple[str, int], int] = {}
-        self.blobs: Dict[str, bytes] = {}  # opaque byte strings by key (worker state snapshots)
+        self.blobs: Dict[str, protocol.Blob] = {}  # opaque byte strings by key (worker state snapshots)
+        self.peak_blob_bytes = 0  # the most the blobs held at once
         self.lease_seconds = lease_seconds
         self.last_heartbeat = time.monotonic()
         self.started = time.time()
@@ -153,11 +156,10 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         if "blob" in header:  # a stored byte string (no chunks: none stored under that key)
             with self.cond:
                 blob = self.blobs.get(header.str("blob"))
-            chunks = [] if blob is None else [blob[i:i + protocol.BLOB_CHUNK]
-                                              for i in range(0, max(len(blob), 1), protocol.BLOB_CHUNK)]
-            self._count(requests=1, bytes_out=len(blob or b""))
-            return flight.RecordBatchStream(pa.Table.from_arrays([pa.array(chunks, pa.binary())],
-                                                                 schema=protocol.BLOB_SCHEMA))
+            parts = [] if blob is None else (blob.parts or [pa.py_buffer(b"")])
+            self._count(requests=1, bytes_out=0 if blob is None else blob.nbytes)
+            return flight.RecordBatchStream(pa.Table.from_batches(protocol.blob_batches(parts),
+                                                                  schema=protocol.BLOB_SCHEMA))
         table = self._table(header.str("table", ""))
         chunk_bytes = header.int("chunk", protocol.CHUNK_BYTES)
         nonzero = bool(header.get("nonzero"))
@@ -291,25 +293,30 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         return nbytes, nrows
 
     def _put_blob(self, header, reader) -> None:
-        """Store the byte string a stream of binary chunks carries under ``key``; with a
-        step fence, only the worker's current task may write (as for table writes), and the
-        worker's snapshots older than ``keep_after`` are dropped."""
+        """Store the byte string a stream of binary chunks carries under ``key``, as the buffers
+        it arrived in; with a step fence, only the worker's current task may write (as for
+        table writes).  ``drop_prefix`` / ``keep_after``: the series' blobs older than
+        ``keep_after`` are dropped before the new one is received, so a worker's state
+        snapshots never hold more than the one before and the one arriving."""
         key = header.str("key")
         if not reader.schema.equals(protocol.BLOB_SCHEMA):
             raise flight.FlightServerError("a blob stream has one binary column, chunk")
-        parts = [c.as_py() for chunk in reader for c in chunk.data.column(0)]
-        blob = b"".join(parts)
+        prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
         with self.cond:
             if "step" in header:
                 self._check_fence(header, namespace=namespace_of(key))
-            self.blobs[key] = blob
-            self.cond.notify_all()
-            prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
             if isinstance(prefix, str) and isinstance(keep_after, int):
                 for old in [k for k in self.blobs if k.startswith(prefix)]:
                     tail = old[len(prefix):]
                     if tail.isdigit() and int(tail) < keep_after:
                         del self.blobs[old]
+        blob = protocol.Blob([protocol.binary_parts(chunk.data) for chunk in reader])
+        with self.cond:
+            if "step" in header:
+                self._check_fence(header, namespace=namespace_of(key))
+            self.blobs[key] = blob
+            self.peak_blob_bytes = max(self.peak_blob_bytes, sum(b.nbytes for b in self.blobs.values()))
+            self.cond.notify_all()
         self._count(requests=1, bytes_in=len(blob))
 
     # ------------------------------------------------------------------ actions
@@ -429,6 +436,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         prefix = req.str("prefix")
         with self.cond:
             names = [n for n in self.tables if n.startswith(prefix)]
+            freed = sum(self.tables[n].nbytes for n in names) + sum(
+                b.nbytes for k, b in self.blobs.items() if k.startswith(prefix))
             for n in names:
                 del self.tables[n]
             self.programs.pop(prefix.rstrip("/"), None)
@@ -444,6 +453,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             while len(self.closed) > CLOSED_FITS_KEPT:
                 self.closed.popitem(last=False)
             self.cond.notify_all()  # wake the fit's workers waiting in ``next``
+        if freed >= RELEASE_FREE_BYTES:
+            release_free_memory()
         return {"dropped": names}
 
     def _action_register_program(self, req):
@@ -463,7 +474,10 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             "pid": os.getpid(), "shard": self.shard_id,
             "tables": {n: _table_stats(t) for n, t in list(self.tables.items())},
             "table_bytes": int(sum(t.nbytes for t in list(self.tables.values()))),
+            "blob_bytes": int(sum(b.nbytes for b in list(self.blobs.values()))),
+            "peak_blob_bytes": int(self.peak_blob_bytes),
             "rss_bytes": _rss_bytes(),
+            "peak_rss_bytes": _peak_rss_bytes(),
         })
         return out
 

@@ -14,6 +14,8 @@ from typing import Dict
 import numpy as np
 import pyarrow.flight as flight
 
+from .protocol import Blob
+
 
 class TableSnapshots:
     """Checkpoint actions of :class:`~pystrads.ps.server.ShardServer` (a mixin: it uses
@@ -47,11 +49,11 @@ class TableSnapshots:
             states = self._state_blobs(req)
         states_dir = req.str("states_dir", target)
         for worker, blob in states.items():  # the workers' state snapshots of that step
-            storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob)
+            storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob.parts)
             written[f"state-{worker:05d}"] = len(blob)
         return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states)}
 
-    def _state_blobs(self, req) -> Dict[int, bytes]:
+    def _state_blobs(self, req) -> Dict[int, Blob]:
         """With ``self.cond`` held: the state snapshots of step ``states_step`` kept here under
         ``states_prefix`` (``<prefix><worker>/<step>``), by worker."""
         prefix, step = req.get("states_prefix"), req.get("states_step")
@@ -106,7 +108,7 @@ class TableSnapshots:
             for worker in req.get("states_workers") or []:
                 blob = storage.read_bytes(storage.join(req.str("states_dir", source), f"state-{int(worker):05d}.pkl"))
                 with self.cond:
-                    self.blobs[f"{prefix}{int(worker)}/{step}"] = blob
+                    self.blobs[f"{prefix}{int(worker)}/{step}"] = Blob([blob])
                 loaded.append(int(worker))
         return {"rows": restored, "states": loaded}
 

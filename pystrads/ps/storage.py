@@ -51,11 +51,13 @@ def exists(uri: str) -> bool:
     return fsys.get_file_info(path).type != fs.FileType.NotFound
 
 
-def write_bytes(uri: str, data: bytes) -> None:
+def write_bytes(uri: str, data) -> None:
+    """Write ``data``: a bytes-like object, or a list of them written one after another."""
     fsys, path = filesystem(uri)
     fsys.create_dir(os.path.dirname(path), recursive=True)
     with fsys.open_output_stream(path) as out:
-        out.write(data)
+        for part in data if isinstance(data, list) else [data]:
+            out.write(part)
 
 
 def write_atomic(uri: str, data: bytes) -> None:
