@@ -125,9 +125,10 @@ _SETTINGS = [
             "become DataFrames from that copy; larger ones are made by executor tasks reading the shards and "
             "kept on the executors, never on the driver; 0 = always on the executors", 0),
     Setting("lda.localModelBytes", 32 * 1024 * 1024, int,
-            "StradsLDA models up to this size as int32 (vocabSize x k x 4 bytes) are applied (transform, "
-            "logLikelihood, logPerplexity) by collecting the word-topic counts onto the driver once and shipping "
-            "p(word | topic) with the tasks (the driver then holds about 3 x this); larger ones by a join that "
+            "StradsLDA models up to this size as int32 (vocabSize x k x 4 bytes) are read onto the driver when "
+            "the fit ends (one read of the shards, no Spark job) and applied (transform, logLikelihood, "
+            "logPerplexity) by shipping p(word | topic) with the tasks (the driver then holds about 3 x this); "
+            "larger ones are kept on the executors and applied by a join that "
             "gives each task only the rows of the words its documents use (no copy on the driver, a shuffle of "
             "the documents per call); 0 = always the join", 0),
     Setting("recovery.maxAttempts", 3, int,

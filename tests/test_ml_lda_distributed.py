@@ -56,13 +56,20 @@ def test_the_joined_fold_in_equals_the_fold_in_with_phi_shipped(spark, monkeypat
     """The same fitted model applied both ways gives the same topic mixtures bit for bit and the
     same log-likelihood: each task then gets only the model rows its documents use (new documents
     with words the training never saw included)."""
-    model = StradsLDA(k=3, maxIter=5, seed=4, numWorkers=2).fit(_zipf_documents(spark, 400, 120, 30, used=300))
+    train = _zipf_documents(spark, 400, 120, 30, used=300)
+    default = config.DEFAULTS["lda.localModelBytes"]
+    monkeypatch.setitem(config.DEFAULTS, "lda.localModelBytes", 0)  # as a large model: rows left on the executors
+    model = StradsLDA(k=3, maxIter=5, seed=4, numWorkers=2).fit(train)
+    monkeypatch.setitem(config.DEFAULTS, "lda.localModelBytes", default)
     df = _zipf_documents(spark, 400, 120, 30, seed=1).cache()
     assert model._topics.dense is None and model._topics.frame is not None  # the fit left the counts on the executors
     rows = model._topics.frame.count()
     counts = model.topicsMatrix().toArray()
     assert 0 < rows <= 300 and rows == int(counts.any(axis=1).sum())
     assert model._topics.topic_totals.tolist() == counts.sum(axis=0).tolist()  # n_t read from the shards
+    local = StradsLDA(k=3, maxIter=5, seed=4, numWorkers=2).fit(train)  # small: read onto the driver, no frame
+    assert local._topics.frame is None and np.array_equal(local._topics.dense, counts)
+    assert local._topics.topic_totals.tolist() == counts.sum(axis=0).tolist()
 
     def results(m):
         out = m.transform(df).select("id", "topicDistribution").collect()

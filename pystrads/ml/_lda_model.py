@@ -9,8 +9,9 @@
   model's Parquet (models saved by earlier versions hold each term's K counts,
   :data:`COUNTS_SCHEMA`; every operation reads both);
 - ``topic_totals``: n_t, K int64, and ``vocab_size`` V, on the driver;
-- ``dense``: V x K int32 on the driver only for a model built from an array, or cached once a
-  small model (at most ``spark.pystrads.lda.localModelBytes`` as int32) was collected.
+- ``dense``: V x K int32 on the driver for a model built from an array or a fitted model of at
+  most ``spark.pystrads.lda.localModelBytes`` as int32 (read from the shards when the fit ends,
+  with no ``frame`` until one is asked for), or cached once a small model was collected.
 
 p(term | topic) = φ[w, t] = (n_wt + β) / (n_t + Vβ) (:meth:`WordTopics.phi`, the one formula
 every path uses, so they agree bit for bit).  The operations: :func:`describe` (each partition
@@ -197,10 +198,16 @@ def topic_word_prob(counts: np.ndarray, topic_totals: np.ndarray, vocab_size: in
 
 
 def fitted_topics(spark, result, vocab_size: int, k: int) -> WordTopics:
-    """The :class:`WordTopics` of a finished fit: executor tasks read the non-zero ``word_topic``
-    rows in ranges (each shard filters its part), materialised before the fit is released
-    (:func:`~pystrads.engine.frames.keep_frame`); the topic totals (K numbers) come to the driver."""
+    """The :class:`WordTopics` of a finished fit.  A model of at most
+    ``spark.pystrads.lda.localModelBytes`` as int32 is read onto the driver (one read of the
+    shards, no Spark job: what transform would collect anyway).  A larger one is made by executor
+    tasks that read the non-zero ``word_topic`` rows in ranges (each shard filters its part),
+    materialised before the fit is released (:func:`~pystrads.engine.frames.keep_frame`); the
+    topic totals (K numbers) come to the driver."""
     totals = np.asarray(result.read_table("topic_totals")[0], dtype=np.int64)
+    if vocab_size * k * 4 <= Config.from_spark(spark)["lda.localModelBytes"]:
+        dense = np.ascontiguousarray(result.read_table("word_topic"), dtype=np.int32)
+        return WordTopics(None, totals, int(vocab_size), dense)
     # rows per request: READ_BYTES of entries at ~1/8 fill (a request is at most 8x that, all rows full);
     # tasks: TASK_BYTES of entries each, from the table's non-zeros as the shards count them
     step = max(1, 8 * READ_BYTES // (4 * k))
