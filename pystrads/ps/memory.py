@@ -14,16 +14,21 @@ import ctypes.util
 import os
 
 
-def _mem_available() -> int:
-    """Bytes the kernel says can be allocated without swapping (0 when unknown)."""
+def _kib_field(path: str, key: str) -> int:
+    """The ``key:`` line of a /proc file given in kB (``MemAvailable``, ``VmHWM``), in bytes; 0 when unknown."""
     try:
-        with open("/proc/meminfo") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def _mem_available() -> int:
+    """Bytes the kernel says can be allocated without swapping (0 when unknown)."""
+    return _kib_field("/proc/meminfo", "MemAvailable")
 
 
 def _rss_bytes() -> int:
@@ -36,14 +41,7 @@ def _rss_bytes() -> int:
 
 def _peak_rss_bytes() -> int:
     """The process's peak resident memory (``VmHWM``; 0 when unknown)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _kib_field("/proc/self/status", "VmHWM")
 
 
 #: malloc arenas a shard keeps (glibc's M_ARENA_MAX); see :func:`tune_malloc`
