@@ -279,6 +279,7 @@ def test_close_frees_the_models_blocks_and_closed_models_say_so(spark, ratings, 
 
     docs = spark.createDataFrame([(Vectors.sparse(6, {i % 6: 2.0, (i + 1) % 6: 1.0}),) for i in range(30)],
                                  ["features"])
+    monkeypatch.setitem(config.DEFAULTS, "lda.localModelBytes", 0)  # counts kept on the executors
     lda = StradsLDA(k=2, maxIter=3, seed=1).fit(docs)
     (lda_id,) = _kept_rdd_ids(lda._kept_frames())
     assert _cached_bytes(spark).get(lda_id, 0) > 0

@@ -295,7 +295,7 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
 
     def _kept_frames(self) -> list:
         topics = getattr(self, "_word_topics", None)
-        return [topics.frame] if topics is not None else []
+        return [topics.frame] if topics is not None and topics.frame is not None else []
 
     def _forget_frames(self) -> None:
         self._word_topics = None
