@@ -5,7 +5,8 @@ not need this module; it is what the jobs and tests use to start one
 correctly: Java is checked first (with a clear message), and the executors'
 Python is pinned to the driver's (``PYSPARK_PYTHON``), without which
 executors may start a system Python that lacks pystrads and its
-dependencies.
+dependencies.  RDD jobs and DataFrame jobs (``mapInArrow``, what a fit runs) share one pool
+of Python workers (see :data:`ONE_WORKER_POOL`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ import sys
 from typing import Mapping, Optional
 
 from .engine.preflight import check_java
+
+#: Spark keys its Python worker pools by the workers' environment, and DataFrame jobs add
+#: ``SPARK_SIMPLIFIED_TRACEBACK=1`` to it: without this setting an application whose data came
+#: from ``createDataFrame`` over Python rows (an RDD job) starts a second daemon and a second set
+#: of workers for its first fit, each paying the Python start-up and imports again.  With it
+#: both kinds of job use the same workers (RDD tasks' tracebacks are then simplified too).
+ONE_WORKER_POOL = {"spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1"}
 
 
 def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
@@ -36,6 +44,7 @@ def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
         "spark.python.worker.reuse": "true",
+        **ONE_WORKER_POOL,
     }
     for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)

@@ -26,3 +26,20 @@ def test_slots_known_from_the_master_url():
     assert slots_from_master("local[4]", 2) == 2
     assert slots_from_master("local-cluster[3, 2, 1024]", 1) == 6
     assert slots_from_master("spark://host:7077", 1) is None
+
+
+def test_rdd_and_dataframe_jobs_share_one_pool_of_python_workers(spark, sc):
+    """A session from spark_session runs RDD tasks and mapInArrow tasks in workers forked by one
+    Python daemon (the workers' parent), so a first fit does not start a second pool."""
+    import os
+
+    import pyarrow as pa
+
+    def parent(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([os.getppid()], pa.int64())], ["ppid"])
+
+    rdd_parents = set(sc.parallelize(range(2), 2).mapPartitions(lambda it: [os.getppid()]).collect())
+    frame_parents = {r.ppid for r in spark.range(0, 2, 1, 2).mapInArrow(parent, "ppid long").collect()}
+    assert len(rdd_parents) == 1 and frame_parents == rdd_parents, (rdd_parents, frame_parents)
