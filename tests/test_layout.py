@@ -148,6 +148,11 @@ def test_the_checks_see_a_back_arrow_and_a_circle():
 #: them all of pyspark.ml (every MLlib algorithm, pandas, scipy: seconds in each new worker)
 WORKER_SIDE = ["pystrads.ml._arrow", "pystrads.ml._lda_data", "pystrads.ml._lda_model", "pystrads.ml._linear_input",
                "pystrads.ml._mf_data"]
+#: what a worker of a fit unpickles: the engine's worker side and the programs, which must not
+#: import the driver's side of the engine (the launcher, the coordinator, the job)
+ENGINE_WORKER_SIDE = ["pystrads.engine.worker", "pystrads.programs.lda", "pystrads.programs.mf",
+                      "pystrads.programs.lasso", "pystrads.programs.logistic", "pystrads.programs.multinomial"]
+DRIVER_SIDE = ("pystrads.engine.driver", "pystrads.engine.job", "pystrads.engine.coordinator", "pystrads.ps.launcher")
 
 
 def test_worker_side_modules_import_no_estimator_and_no_pyspark_ml():
@@ -158,5 +163,15 @@ def test_worker_side_modules_import_no_estimator_and_no_pyspark_ml():
             "print(sorted(m for m in sys.modules if m.startswith('pyspark.ml') or m in "
             "('pystrads.ml.lda', 'pystrads.ml.recommendation', 'pystrads.ml.regression', "
             "'pystrads.ml.classification')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_engines_worker_side_imports_nothing_of_its_driver_side():
+    import subprocess
+    import sys
+
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in ENGINE_WORKER_SIDE + WORKER_SIDE) +
+            f"print(sorted(m for m in sys.modules if m in {DRIVER_SIDE!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]", out.stdout

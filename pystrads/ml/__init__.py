@@ -6,8 +6,9 @@ and with them all of ``pyspark.ml`` (whose package imports every MLlib algorithm
 scipy: seconds per Python worker).
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from .. import lazy_exports
 
 _EXPORTS = {
     "StradsLDA": ".lda", "StradsLDAModel": ".lda", "StradsLDASummary": ".lda",
@@ -25,14 +26,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
     from .regression import StradsLasso, StradsLassoModel
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from ..engine.preflight import _slots
 from ..errors import ConfigurationError, InputError
 
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
@@ -20,6 +19,8 @@ def check_num_workers(sc, requested: Optional[int]) -> None:
     """
     if not requested:
         return
+    from ..engine.preflight import _slots  # the driver's side: the workers unpickle this module's checks
+
     slots = _slots(sc)
     if slots is not None and requested > slots:
         raise ConfigurationError(
