@@ -1,5 +1,6 @@
 """The shard server and client in-process, without Spark."""
 
+import contextlib
 import threading
 
 import numpy as np
@@ -949,21 +950,7 @@ def test_a_released_fit_gives_its_memory_back_to_the_kernel(tmp_path):
     """A shard process (malloc tuned as in a fit) that held 384 MiB of state snapshots returns
     it to the kernel when the fit is released: its resident memory falls by most of it, not
     just the part above glibc's trim threshold."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import time
-
-    info = tmp_path / "shard.json"
-    shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", "600", "--info-file", str(info),
-                              "--malloc-retain", str(256 << 20)], env=dict(os.environ, PYSTRADS_SHARD_TOKEN=TOKEN),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 60
-        while not info.exists() and time.time() < deadline and shard.poll() is None:
-            time.sleep(0.1)
-        port = json.loads(info.read_text())["port"]
+    with _shard_process(tmp_path, "--malloc-retain", str(256 << 20)) as (shard, port):
         client = ShardClient(f"grpc://127.0.0.1:{port}", TOKEN)
         size = 64 << 20
         blob = np.random.default_rng(0).bytes(size)
@@ -977,6 +964,130 @@ def test_a_released_fit_gives_its_memory_back_to_the_kernel(tmp_path):
         after = client.action("stats")
         assert after["blob_bytes"] == 0
         assert held["rss_bytes"] - after["rss_bytes"] >= 3 * size, (held["rss_bytes"], after["rss_bytes"])
+
+
+@contextlib.contextmanager
+def _shard_process(tmp_path, *args):
+    """A shard server process of its own (``args``: more of its flags): ``(process, port)``."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    info = tmp_path / "shard.json"
+    shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", "600", "--info-file", str(info),
+                              *args], env=dict(os.environ, PYSTRADS_SHARD_TOKEN=TOKEN),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while not info.exists() and time.time() < deadline and shard.poll() is None:
+            time.sleep(0.1)
+        yield shard, json.loads(info.read_text())["port"]
     finally:
         shard.kill()
         shard.wait(10)
+
+
+def test_arrays_built_and_read_through_their_buffers_equal_pyarrows_own():
+    import pyarrow as pa
+
+    from pystrads.ps import protocol
+
+    rng = np.random.default_rng(3)
+    for values in (rng.normal(size=7), rng.integers(-9, 9, 11).astype(np.int32), np.arange(5, dtype=np.int64),
+                   rng.random(9) > 0.5, np.zeros(0), np.zeros(0, dtype=bool), rng.normal(size=4).astype(np.float32)):
+        built = protocol.numbers(values)
+        assert built.equals(pa.array(values)), values
+        for array in (built, built.slice(1), built.slice(2, 3), pa.chunked_array([built, built.slice(1)]),
+                      pa.chunked_array([], built.type)):
+            got, want = protocol.numpy_of(array), array.to_numpy(zero_copy_only=False)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (array, got, want)
+    assert protocol.numbers([1.5, 2.5], pa.float32()).type == pa.float32()
+    with_nulls = pa.array([1, None, 3], pa.int64())
+    assert np.array_equal(protocol.numpy_of(with_nulls), with_nulls.to_numpy(zero_copy_only=False), equal_nan=True)
+    for array in (with_nulls, with_nulls.slice(1), pa.array([True, None, False]), pa.array([2.5, None]).slice(1)):
+        want = array.fill_null(pa.scalar(7, array.type) if not pa.types.is_boolean(array.type) else True)
+        fill = True if pa.types.is_boolean(array.type) else 7
+        assert np.array_equal(protocol.numpy_filled(array, fill), want.to_numpy(zero_copy_only=False)), array
+    lists = pa.array([[1, 2], None, [3]], pa.list_(pa.int64())).slice(1)
+    assert np.array_equal(protocol.offsets_of(lists), lists.offsets.to_numpy())
+    items = [b"ab", memoryview(b"cde")[1:], b""]
+    assert protocol.binary_array(items).to_pylist() == [b"ab", b"de", b""]
+    with pytest.raises(ValueError, match="1-D"):
+        protocol.numbers(np.zeros((2, 2)))
+
+
+#: worker-side work in a fresh interpreter, against a shard process: every kind of request, and
+#: the estimators' decoding of Arrow batches; prints whether pandas got imported
+_WORKER_SIDE_WITHOUT_PANDAS = r'''
+import sys
+import numpy as np
+import pyarrow as pa
+from pystrads.ps.client import ShardClient
+from pystrads.ps import protocol
+from pystrads.ml._lda_data import _kept_batch, doc_blocks
+from pystrads.ml._mf_data import dense_ids, _factors_batch, _features
+from pystrads.ml._linear_input import _arrow_block
+from pystrads.ml._arrow import vectors, dense_vectors
+
+client = ShardClient(sys.argv[1], sys.argv[2], chunk_bytes=4096)
+for storage in ("dense", "sparse"):
+    name = f"fit/{storage}"
+    client.action("create_table", name=name, row_start=0, row_stop=100, width=4, dtype="float64",
+                  contrib_width=4, storage=storage, max_fill=0.5)
+    rows = np.zeros((100, 4)); rows[::3, 1] = 2.0
+    client.write_rows("put", name, np.arange(100, dtype=np.int64), rows, "float64")
+    assert np.array_equal(client.get_rows(name, 4, "float64", np.arange(100, dtype=np.int64)), rows)
+    keys, got = client.get_nonzero_rows(name, 4, "float64", 0, 100)
+    assert np.array_equal(keys, np.arange(0, 100, 3))
+    keys, offsets, cols, vals = client.get_nonzero_entries(name, "float64", 0, 100)
+    assert np.array_equal(cols, np.ones(34)) and np.array_equal(vals, np.full(34, 2.0))
+    client.write_entries("inc", name, np.array([1, 2], dtype=np.int64), np.array([0, 1, 2]), np.array([0, 3], np.int32),
+                         np.array([1.0, 5.0]), "float64")
+    offsets, cols, vals = client.get_entries(name, "float64", np.array([1, 2], dtype=np.int64))
+    assert np.array_equal(cols, [0, 3]) and np.array_equal(vals, [1.0, 5.0])
+blob = np.random.default_rng(0).bytes(5 << 20)
+client.put_blob("fit/state/0/0", blob)
+assert client.get_blob("fit/state/0/0") == blob
+
+struct = pa.struct([("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())),
+                    ("values", pa.list_(pa.float64()))])
+sparse = pa.StructArray.from_arrays([protocol.numbers(np.zeros(2, np.int8)), protocol.numbers(np.full(2, 6, np.int32)),
+                                     pa.ListArray.from_arrays(protocol.numbers(np.array([0, 2, 3], np.int32)),
+                                                              protocol.numbers(np.array([1, 4, 5], np.int32))),
+                                     pa.ListArray.from_arrays(protocol.numbers(np.array([0, 2, 3], np.int32)),
+                                                              protocol.numbers(np.array([2.0, 1.0, 3.0])))],
+                                    fields=list(struct))
+dense = dense_vectors(np.array([[0.0, 2.0, 1.0]]), struct)
+assert [v[0] for v in vectors(sparse)] == [6, 6] and list(next(vectors(dense))[1]) == [1, 2]
+kept = _kept_batch(pa.RecordBatch.from_arrays([sparse, protocol.numbers(np.array([False, True]))], ["f", "v"]), True)
+blocks = doc_blocks(kept)
+assert blocks[0].validation.tolist() == [False, True] and blocks[0].lengths.tolist() == [2, 1]
+ratings = pa.RecordBatch.from_arrays([protocol.numbers(np.array([1.0, 2.0])), protocol.numbers(np.array([5.0, 6.0])),
+                                      protocol.numbers(np.array([3.0, 4.0])), protocol.numbers(np.array([False, True]))],
+                                     ["u", "i", "r", "v"])
+block = dense_ids(np.array([1, 2], np.int32), np.array([5, 6], np.int32), ratings)[0]
+batch = _factors_batch(np.array([7], np.int32), np.ones((1, 3)))
+assert _features(batch.column(1), 1).shape == (1, 3)
+linear = _arrow_block(pa.RecordBatch.from_arrays([protocol.numbers(np.array([1.0, 0.0])), protocol.numbers(np.ones(2)),
+                                                  sparse], ["y", "w", "x"]))
+assert linear["col_idx"].tolist() == [1, 4, 5]
+print("pandas" in sys.modules)
+'''
+
+
+def test_the_worker_side_and_the_shard_run_without_pandas(tmp_path):
+    """pyarrow's pa.array and Array.to_numpy import pandas, ~0.4 s of CPU in each new Python worker
+    and shard: every request a worker makes of a shard, the shard's side of it and the
+    estimators' decoding of Arrow batches go through the arrays' buffers instead."""
+    import subprocess
+    import sys
+
+    with _shard_process(tmp_path) as (shard, port):
+        out = subprocess.run([sys.executable, "-c", _WORKER_SIDE_WITHOUT_PANDAS, f"grpc://127.0.0.1:{port}", TOKEN],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip() == "False", "a worker-side path imported pandas"
+        maps = open(f"/proc/{shard.pid}/maps").read()
+        assert "pandas" not in maps, "the shard imported pandas"

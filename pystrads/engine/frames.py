@@ -27,6 +27,7 @@ from ..errors import PystradsError
 from ..ps import storage
 from ..ps.client import ShardGroup, TableHandle
 from ..ps.partition import TableLayout
+from ..ps.protocol import numpy_of
 
 #: rows a table-reading task aims for when the caller gives no task count: big enough that
 #: Spark's per-task cost is small beside the read, small enough to keep tasks' memory modest
@@ -91,7 +92,7 @@ def shard_frame(spark, result, tasks: Sequence[Any], read: Callable[[ShardReader
 
     def run(batches):
         for batch in batches:
-            for t in batch.column(0).to_numpy():
+            for t in numpy_of(batch.column(0)):
                 yield from read(reader, tasks[int(t)])
 
     return spark.range(0, len(tasks), 1, max(len(tasks), 1)).mapInArrow(run, schema)

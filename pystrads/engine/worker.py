@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
 
+from ..ps import protocol
 from ..ps.client import fan_out
 from .program import Program, Schedule, WorkerContext
 
@@ -341,4 +342,4 @@ def run_worker_arrow(spec: WorkerSpec, batches, decode=None, decode_batch=None) 
         import pyarrow as pa
 
         for chunk in coordinator.result_rows():
-            yield pa.RecordBatch.from_arrays([pa.array([chunk], pa.binary())], ["result"])
+            yield pa.RecordBatch.from_arrays([protocol.binary_array([chunk])], ["result"])

@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ..ps.protocol import binary_array, numbers, numpy_filled, numpy_of, offsets_of
+
 
 def vectors(column) -> Iterator[Optional[Tuple[int, np.ndarray, np.ndarray]]]:
     """Per row of an Arrow vector column: ``(size, indices int64, values float64)`` (a dense
@@ -22,13 +24,13 @@ def vectors(column) -> Iterator[Optional[Tuple[int, np.ndarray, np.ndarray]]]:
             yield from vectors(chunk)
         return
     fields = dict(zip((f.name for f in column.type), column.flatten()))  # flatten: slices applied
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    kind = fields["type"].fill_null(1).to_numpy(zero_copy_only=False)
-    size = fields["size"].fill_null(-1).to_numpy(zero_copy_only=False)
+    valid = numpy_of(column.is_valid())
+    kind = numpy_filled(fields["type"], 1)
+    size = numpy_filled(fields["size"], -1)
     ind, val = fields["indices"], fields["values"]
-    ind_off, val_off = ind.offsets.to_numpy(), val.offsets.to_numpy()
-    ind_all = ind.values.to_numpy(zero_copy_only=False).astype(np.int64)
-    val_all = val.values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    ind_off, val_off = offsets_of(ind), offsets_of(val)
+    ind_all = numpy_of(ind.values).astype(np.int64)
+    val_all = numpy_of(val.values).astype(np.float64, copy=False)
     for r in range(len(column)):
         if not valid[r]:
             yield None
@@ -50,14 +52,14 @@ def dense_vectors(rows, arrow_type, valid: Optional[np.ndarray] = None):
     n = len(values)
     values = values.reshape(n, -1)
     width = values.shape[1]
-    mask = None if valid is None else pa.array(~np.asarray(valid, dtype=bool))
+    mask = None if valid is None else numbers(~np.asarray(valid, dtype=bool))
     fields = {f.name: f for f in arrow_type}
     children = {
-        "type": pa.array(np.ones(n, dtype=np.int8), type=fields["type"].type),
+        "type": numbers(np.ones(n, dtype=np.int8), fields["type"].type),
         "size": pa.nulls(n, type=fields["size"].type),
         "indices": pa.nulls(n, type=fields["indices"].type),
-        "values": pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * width),
-                                           pa.array(values.ravel()), type=fields["values"].type),
+        "values": pa.ListArray.from_arrays(numbers(np.arange(n + 1, dtype=np.int32) * width),
+                                           numbers(values.ravel()), type=fields["values"].type),
     }
     return pa.StructArray.from_arrays([children[f.name] for f in arrow_type], fields=list(arrow_type), mask=mask)
 
@@ -83,13 +85,13 @@ def row_dots(column, coef: np.ndarray, name: str = "features") -> Tuple[np.ndarr
         return np.concatenate([d for d, _ in parts]), np.concatenate([v for _, v in parts])
     n = len(column)
     fields = dict(zip((f.name for f in column.type), column.flatten()))
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    kind = fields["type"].fill_null(1).to_numpy(zero_copy_only=False)
-    size = fields["size"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    valid = numpy_of(column.is_valid())
+    kind = numpy_filled(fields["type"], 1)
+    size = numpy_filled(fields["size"], -1).astype(np.int64)
     ind, val = fields["indices"], fields["values"]
-    ind_off, val_off = ind.offsets.to_numpy().astype(np.int64), val.offsets.to_numpy().astype(np.int64)
-    ind_all = ind.values.to_numpy(zero_copy_only=False)
-    val_all = val.values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    ind_off, val_off = offsets_of(ind).astype(np.int64), offsets_of(val).astype(np.int64)
+    ind_all = numpy_of(ind.values)
+    val_all = numpy_of(val.values).astype(np.float64, copy=False)
     rows = np.flatnonzero(valid)
     lengths = val_off[rows + 1] - val_off[rows]
     sparse = kind[rows] == 0
@@ -124,7 +126,7 @@ def collect_per_partition(frame, fn: Callable[[Iterator[Any]], Any]) -> List[Any
 
     def run(batches):
         out = pickle.dumps((partition_id(), fn(batches)), protocol=pickle.HIGHEST_PROTOCOL)
-        yield pa.RecordBatch.from_arrays([pa.array([out], pa.binary())], ["result"])
+        yield pa.RecordBatch.from_arrays([binary_array([out])], ["result"])
 
     results = collect_binary(frame.mapInArrow(run, "result binary"), "result")
     parts = sorted((pickle.loads(b) for b in results), key=lambda pr: pr[0])

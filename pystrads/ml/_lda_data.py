@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ConfigurationError, InputError
+from ..ps.protocol import numbers, numpy_filled, numpy_of
 
 log = logging.getLogger("pystrads.ml.lda")
 
@@ -82,7 +83,7 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
     def rows(batches):
         part, i = partition_id(), 0
         for batch in batches:
-            flags = batch.column(1).to_numpy(zero_copy_only=False) if held_out else None
+            flags = numpy_of(batch.column(1)) if held_out else None
             for j, vec in enumerate(vectors(batch.column(0))):
                 held = bool(flags[j]) if held_out else False
                 yield (part, i, held) + ((None, None, None) if vec is None else vec)
@@ -154,7 +155,7 @@ def _kept_batch(batch, held_out: bool):
     from ._arrow import vectors
 
     docs, terms, counts, flags = [], [], [], []
-    held = batch.column(1).to_numpy(zero_copy_only=False) if held_out else None
+    held = numpy_of(batch.column(1)) if held_out else None
     for j, vec in enumerate(vectors(batch.column(0))):
         if vec is None:
             continue
@@ -166,8 +167,11 @@ def _kept_batch(batch, held_out: bool):
             flags.append(bool(held[j]) if held_out else False)
     if not docs:
         return None
-    columns = [pa.array(docs, pa.int64()), pa.array(terms, pa.list_(pa.int64())),
-               pa.array(counts, pa.list_(pa.int64()))] + ([pa.array(flags, pa.bool_())] if held_out else [])
+    offsets = numbers(np.concatenate([[0], np.cumsum([len(t) for t in terms])]), pa.int32())
+    columns = [numbers(np.array(docs, dtype=np.int64)),
+               pa.ListArray.from_arrays(offsets, numbers(np.concatenate(terms), pa.int64())),
+               pa.ListArray.from_arrays(offsets, numbers(np.concatenate(counts), pa.int64()))] \
+        + ([numbers(np.array(flags, dtype=bool))] if held_out else [])
     return pa.RecordBatch.from_arrays(columns, ["doc", "terms", "counts"] + ["validation"] * held_out)
 
 
@@ -188,11 +192,9 @@ def doc_blocks(batch):
     if batch.num_rows == 0:
         return []
     terms, counts = batch.column(1), batch.column(2)
-    held = batch.column(3).to_numpy(zero_copy_only=False).astype(bool) if batch.num_columns > 3 else None
-    return [DocBlock(batch.column(0).to_numpy(zero_copy_only=False),
-                     terms.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
-                     terms.flatten().to_numpy(zero_copy_only=False), counts.flatten().to_numpy(zero_copy_only=False),
-                     held)]
+    held = numpy_of(batch.column(3)).astype(bool) if batch.num_columns > 3 else None
+    return [DocBlock(numpy_of(batch.column(0)), numpy_filled(terms.value_lengths(), 0).astype(np.int64),
+                     numpy_of(terms.flatten()), numpy_of(counts.flatten()), held)]
 
 
 #: the joined fold-in's φ block per call of the kernel (rows of the distinct words of a run of

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from ..errors import InputError
 from ..spark import handle_of
 from ..programs._rows import RowBlock
+from ..ps.protocol import numpy_filled, numpy_of
 
 log = logging.getLogger("pystrads.ml._linear")
 
@@ -116,19 +117,19 @@ def _arrow_block(batch) -> Dict[str, np.ndarray]:
     ``y_null``/``w_null`` masks, ``size`` -1 for a null vector."""
     n = batch.num_rows
     y_col, w_col, x = batch.column(0), batch.column(1), batch.column(2)
-    y = np.asarray(y_col.to_numpy(zero_copy_only=False), dtype=np.float64)
-    w = np.asarray(w_col.to_numpy(zero_copy_only=False), dtype=np.float64)
-    y_null = np.asarray(y_col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    w_null = np.asarray(w_col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    x_null = np.asarray(x.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    y = np.asarray(numpy_of(y_col), dtype=np.float64)
+    w = np.asarray(numpy_of(w_col), dtype=np.float64)
+    y_null = numpy_of(y_col.is_null())
+    w_null = numpy_of(w_col.is_null())
+    x_null = numpy_of(x.is_null())
     fields = dict(zip([f.name for f in x.type], x.flatten()))  # children with the struct's nulls merged
-    kind = np.asarray(fields["type"].fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    kind = numpy_filled(fields["type"], 0).astype(np.int64)
     dense = (kind == 1) & ~x_null
     values = fields["values"]
-    lens = np.asarray(values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    flat_v = np.asarray(values.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
-    flat_i = np.asarray(fields["indices"].flatten().to_numpy(zero_copy_only=False), dtype=np.int64)
-    size = np.asarray(fields["size"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    lens = numpy_filled(values.value_lengths(), 0).astype(np.int64)
+    flat_v = np.asarray(numpy_of(values.flatten()), dtype=np.float64)
+    flat_i = np.asarray(numpy_of(fields["indices"].flatten()), dtype=np.int64)
+    size = numpy_filled(fields["size"], -1).astype(np.int64)
     size = np.where(dense, lens, np.where(x_null, -1, size))
     row_of = np.repeat(np.arange(n, dtype=np.int64), lens)
     dense_elem = dense[row_of]
@@ -142,7 +143,7 @@ def _arrow_block(batch) -> Dict[str, np.ndarray]:
         cols, flat_v, row_of = cols[keep], flat_v[keep], row_of[keep]
     row_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_of, minlength=n), out=row_ptr[1:])
-    held = np.asarray(batch.column(3).to_numpy(zero_copy_only=False), dtype=bool) if batch.num_columns > 3 \
+    held = numpy_of(batch.column(3)).astype(bool) if batch.num_columns > 3 \
         else np.zeros(n, dtype=bool)
     return {"y": y, "w": w, "y_null": y_null, "w_null": w_null, "size": size, "row_ptr": row_ptr,
             "col_idx": cols, "vals": flat_v, "held": held}

@@ -26,6 +26,7 @@ from ..errors import ConfigurationError, InputError
 from ..kernels.sets import unique
 from ..programs.mf import RatingBlock
 from ..engine.frames import keep_frames, row_ranges, shard_frame
+from ..ps.protocol import numbers, numpy_of
 from ._arrow import collect_per_partition, partition_id
 from ._validation import check_ratings
 
@@ -70,12 +71,12 @@ def ids_and_item_counts(triples):
     def reduce(batches):
         us, its, cs, ps = ([np.zeros(0, np.int32)] for _ in range(4))
         for batch in batches:
-            us.append(unique(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int32)))
-            ids, where, counts = np.unique(batch.column(1).to_numpy(zero_copy_only=False).astype(np.int32),
+            us.append(unique(numpy_of(batch.column(0)).astype(np.int32)))
+            ids, where, counts = np.unique(numpy_of(batch.column(1)).astype(np.int32),
                                            return_inverse=True, return_counts=True)
             its.append(ids)
             cs.append(counts)
-            positive = batch.column(2).to_numpy(zero_copy_only=False) > 0
+            positive = numpy_of(batch.column(2)) > 0
             ps.append(np.bincount(where, weights=positive, minlength=len(ids)).astype(np.int64))
             if len(us) > 64:  # keep a partition's memory bounded by its distinct ids
                 us = [unique(np.concatenate(us))]
@@ -111,7 +112,7 @@ def _distinct_ids(frame, id_col: str, *value_cols: str):
         got = [[] for _ in range(1 + len(value_cols))]
         for batch in batches:
             for out, name in zip(got, (id_col,) + value_cols):
-                out.append(batch.column(name).to_numpy(zero_copy_only=False))
+                out.append(numpy_of(batch.column(name)))
         return [np.concatenate(c) if c else np.zeros(0) for c in got]
 
     parts = collect_per_partition(frame.select(id_col, *value_cols), columns)
@@ -131,12 +132,12 @@ def dense_ids(users: np.ndarray, items: np.ndarray, batch) -> List[RatingBlock]:
     (``Engine(decode_batch=...)``: one vectorised search per batch instead of a Python tuple and
     two searches per rating).  ``users`` and ``items`` are the training ratings' ids: a validation
     rating of another user or item cannot be predicted (ALS's cold start) and is dropped."""
-    u, i, r = (batch.column(j).to_numpy(zero_copy_only=False) for j in range(3))
+    u, i, r = (numpy_of(batch.column(j)) for j in range(3))
     u, i = u.astype(np.int32), i.astype(np.int32)
     pu, pi = np.searchsorted(users, u), np.searchsorted(items, i)
     if batch.num_columns < 4:
         return [RatingBlock(pu, pi, r.astype(np.float64, copy=False))]
-    held = batch.column(3).to_numpy(zero_copy_only=False).astype(bool)
+    held = numpy_of(batch.column(3)).astype(bool)
     known = (pu < len(users)) & (pi < len(items))
     known[known] &= (users[pu[known]] == u[known]) & (items[pi[known]] == i[known])
     keep = known | ~held
@@ -162,9 +163,9 @@ def _factors_batch(ids: np.ndarray, rows: np.ndarray):
 
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     rank = rows.shape[1] if rows.ndim == 2 else 0
-    offsets = pa.array(np.arange(len(ids) + 1, dtype=np.int32) * rank)
-    features = pa.ListArray.from_arrays(offsets, pa.array(rows.ravel(), pa.float32()))
-    return pa.RecordBatch.from_arrays([pa.array(np.asarray(ids, dtype=np.int32)), features], ["id", "features"])
+    offsets = numbers(np.arange(len(ids) + 1, dtype=np.int32) * rank)
+    features = pa.ListArray.from_arrays(offsets, numbers(rows.ravel(), pa.float32()))
+    return pa.RecordBatch.from_arrays([numbers(np.asarray(ids, dtype=np.int32)), features], ["id", "features"])
 
 
 def _factors_batches(ids: np.ndarray, rows: np.ndarray, size: int = 1 << 16):
@@ -175,7 +176,7 @@ def _factors_batches(ids: np.ndarray, rows: np.ndarray, size: int = 1 << 16):
 
 def _features(column, rows: int) -> np.ndarray:
     """An Arrow list<float> column of equal-length rows as a (rows, rank) float32 matrix."""
-    values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    values = numpy_of(column.flatten()).astype(np.float32, copy=False)
     return values.reshape(rows, -1) if rows else np.zeros((0, 0), np.float32)
 
 

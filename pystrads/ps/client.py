@@ -201,7 +201,7 @@ class ShardClient:
         keys, rows = [np.zeros(0, np.int64)], [np.zeros((0, width), protocol.DTYPES[dtype][0])]
         try:
             for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), self._options):
-                keys.append(chunk.data.column(0).to_numpy())
+                keys.append(protocol.numpy_of(chunk.data.column(0)))
                 rows.append(protocol.array_to_rows(chunk.data.column(1), width, dtype))
         except flight.FlightError as exc:
             raise _translate(exc, self.uri, f"get from table {table!r}") from None
@@ -218,7 +218,7 @@ class ShardClient:
                 batch = chunk.data
                 if not batch.num_rows:
                     continue
-                keys.append(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+                keys.append(protocol.numpy_of(batch.column(0)).astype(np.int64, copy=False))
                 o, c, v = protocol.sparse_entries(batch.column(1), batch.column(2), dtype, 1 << 30)
                 offsets.append(o[1:] + base)
                 cols.append(c)
@@ -307,7 +307,7 @@ class ShardClient:
         chunk = protocol.rows_per_chunk(values.shape[1], dtype, self.chunk_bytes)
         keys = np.empty(len(values), dtype=np.int64) if contiguous else keys  # (only its length is used)
         for k, v in protocol.iter_chunks(keys, values, chunk):
-            columns = [protocol.rows_to_array(v)] if contiguous else [pa.array(k, pa.int64()), protocol.rows_to_array(v)]
+            columns = [protocol.rows_to_array(v)] if contiguous else [protocol.numbers(k, pa.int64()), protocol.rows_to_array(v)]
             writer.write_batch(pa.record_batch(columns, schema=schema))
 
     def exchange_round(self, tick: Dict[str, Any], table: Optional[str] = None, keys=None,
@@ -365,7 +365,7 @@ class ShardClient:
         try:
             writer, _ = self._client.do_put(descriptor, protocol.BLOB_SCHEMA, self._options)
             for i in range(0, len(chunks), 4):
-                writer.write_batch(pa.record_batch([pa.array([bytes(c) for c in chunks[i:i + 4]], pa.binary())],
+                writer.write_batch(pa.record_batch([protocol.binary_array(chunks[i:i + 4])],
                                                    schema=protocol.BLOB_SCHEMA))
             writer.close()
         except flight.FlightError as exc:

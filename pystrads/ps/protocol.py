@@ -41,6 +41,89 @@ CHUNK_BYTES = (4 << 20) - (64 << 10)
 BLOB_SCHEMA = pa.schema([pa.field("chunk", pa.binary())])
 
 
+# -- arrays to and from numpy through their buffers: pyarrow's pa.array and Array.to_numpy (and
+#    np.asarray of an Array) import pandas for their type checks, ~0.4 s of CPU in every new
+#    Python worker and shard process, which need neither pandas nor those checks
+
+def numbers(values, type: "pa.DataType | None" = None) -> pa.Array:
+    """A 1-D numpy array (or sequence) of numbers or booleans as an Arrow array without nulls;
+    ``type`` converts first (a primitive Arrow type).  No copy when ``values`` is contiguous and
+    already of that type (booleans are packed into bits)."""
+    a = np.ascontiguousarray(values)
+    if type is not None:
+        a = a.astype(type.to_pandas_dtype(), copy=False)
+    if a.ndim != 1:
+        raise ValueError(f"numbers() takes a 1-D array, got shape {a.shape}")
+    if a.dtype == np.bool_:
+        return pa.Array.from_buffers(pa.bool_(), len(a), [None, pa.py_buffer(np.packbits(a, bitorder="little"))])
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
+
+
+def binary_array(items) -> pa.BinaryArray:
+    """Byte strings (bytes, memoryviews, buffers) as one Arrow binary array (one copy, the join)."""
+    items = list(items)
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum([memoryview(x).nbytes for x in items], out=offsets[1:])
+    if offsets[-1] >= 1 << 31:
+        raise ValueError(f"{int(offsets[-1])} bytes do not fit one binary array (2 GiB at most); send fewer at once")
+    data = b"".join(items)
+    return pa.Array.from_buffers(pa.binary(), len(items), [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                           pa.py_buffer(data)])
+
+
+def numpy_of(array) -> np.ndarray:
+    """An Arrow array or chunked array as numpy, as ``to_numpy(zero_copy_only=False)`` gives it: a
+    read-only view of the buffer for numbers without nulls, booleans unpacked; anything else
+    (nulls, other types) through ``to_numpy``."""
+    if isinstance(array, pa.ChunkedArray):
+        if array.num_chunks == 1:
+            return numpy_of(array.chunk(0))
+        if array.num_chunks == 0:
+            return numpy_of(pa.nulls(0, array.type))
+        return np.concatenate([numpy_of(c) for c in array.chunks])
+    if array.null_count or not _primitive(array.type):
+        return array.to_numpy(zero_copy_only=False)
+    return _values(array)
+
+
+def numpy_filled(array, fill) -> np.ndarray:
+    """A primitive Arrow array as numpy with its nulls replaced by ``fill`` (``fill_null``, whose
+    scalar conversion imports pandas, then :func:`numpy_of`)."""
+    if isinstance(array, pa.ChunkedArray):
+        return np.concatenate([np.zeros(0, _values(pa.nulls(0, array.type)).dtype)]
+                              + [numpy_filled(c, fill) for c in array.chunks])
+    if not _primitive(array.type):
+        raise TypeError(f"numpy_filled takes numbers or booleans, got {array.type}")
+    values = _values(array)
+    if not array.null_count:
+        return values
+    return np.where(numpy_of(array.is_valid()), values, np.asarray(fill).astype(values.dtype))
+
+
+def _primitive(t) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _values(array) -> np.ndarray:
+    """A primitive array's values buffer as numpy (null slots hold whatever the buffer has)."""
+    n, t = len(array), array.type
+    buffer = array.buffers()[1]
+    if pa.types.is_boolean(t):
+        if n == 0:
+            return np.zeros(0, dtype=np.bool_)
+        bits = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), count=array.offset + n, bitorder="little")
+        return bits[array.offset:].astype(np.bool_)
+    dtype = np.dtype(t.to_pandas_dtype())
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(buffer, dtype=dtype, count=n, offset=array.offset * dtype.itemsize)
+
+
+def offsets_of(array) -> np.ndarray:
+    """A list array's offsets (int32 or int64, as the type has them) as numpy, without pandas."""
+    return numpy_of(array.offsets)
+
+
 def binary_parts(batch: pa.RecordBatch) -> pa.Buffer:
     """The bytes a blob stream's batch carries (its chunks' values, which are contiguous in the
     array's data buffer), as one zero-copy slice of that buffer."""
@@ -94,7 +177,7 @@ def value_schema(dtype: str, width: int, with_keys: bool) -> pa.Schema:
 def rows_to_array(values: np.ndarray) -> pa.FixedSizeListArray:
     """A (n, width) C-contiguous numpy block as a FixedSizeList array (zero copy)."""
     n, width = values.shape
-    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    flat = numbers(np.ascontiguousarray(values).reshape(-1))
     return pa.FixedSizeListArray.from_arrays(flat, width)
 
 
@@ -102,7 +185,7 @@ def array_to_rows(column, width: int, dtype: str) -> np.ndarray:
     """A FixedSizeList column back as a read-only (n, width) numpy view."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    flat = column.flatten().to_numpy(zero_copy_only=False)
+    flat = numpy_of(column.flatten())
     if flat.dtype != DTYPES[dtype][0]:
         flat = flat.astype(DTYPES[dtype][0])
     return flat.reshape(-1, width)
@@ -118,8 +201,8 @@ def rows_to_sparse(values: np.ndarray) -> Tuple[pa.ListArray, pa.ListArray]:
     from ..kernels.rows import to_csr
 
     offsets, cols, vals = to_csr(np.ascontiguousarray(values))
-    offsets = pa.array(offsets)
-    return pa.ListArray.from_arrays(offsets, pa.array(cols)), pa.ListArray.from_arrays(offsets, pa.array(vals))
+    offsets = numbers(offsets)
+    return pa.ListArray.from_arrays(offsets, numbers(cols)), pa.ListArray.from_arrays(offsets, numbers(vals))
 
 
 def entry_batches(offsets: np.ndarray, cols: np.ndarray, vals: np.ndarray, schema: pa.Schema,
@@ -141,14 +224,14 @@ def entry_batches(offsets: np.ndarray, cols: np.ndarray, vals: np.ndarray, schem
     batches = []
     for a, b in zip(cuts[:-1], cuts[1:]):
         lo, hi = int(offsets[a]), int(offsets[b])
-        off = pa.array(offsets[a:b + 1] - lo, pa.int32())
-        columns = [pa.ListArray.from_arrays(off, pa.array(cols[lo:hi], pa.int32())),
-                   pa.ListArray.from_arrays(off, pa.array(vals[lo:hi]))]
+        off = numbers(offsets[a:b + 1] - lo, pa.int32())
+        columns = [pa.ListArray.from_arrays(off, numbers(cols[lo:hi], pa.int32())),
+                   pa.ListArray.from_arrays(off, numbers(vals[lo:hi]))]
         if keys is not None:
-            columns.insert(0, pa.array(keys[a:b], pa.int64()))
+            columns.insert(0, numbers(keys[a:b], pa.int64()))
         batches.append(pa.record_batch(columns, schema=schema))
     if not batches:
-        batches.append(pa.record_batch([pa.array([], f.type) for f in schema], schema=schema))
+        batches.append(pa.record_batch([pa.nulls(0, f.type) for f in schema], schema=schema))
     return batches
 
 
@@ -167,11 +250,11 @@ def unique_cuts(marks: np.ndarray, n: int) -> list:
 def sparse_entries(cols, vals, dtype: str, width: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(offsets, cols, vals)`` (CSR, offsets from 0) of two received list columns; raises
     ValueError if they disagree or a column index is outside ``[0, width)``."""
-    offsets = np.asarray(cols.offsets, dtype=np.int64)
+    offsets = offsets_of(cols).astype(np.int64)
     offsets = offsets - offsets[0]
-    c = cols.flatten().to_numpy(zero_copy_only=False)
-    v = vals.flatten().to_numpy(zero_copy_only=False)
-    other = np.asarray(vals.offsets, dtype=np.int64)
+    c = numpy_of(cols.flatten())
+    v = numpy_of(vals.flatten())
+    other = offsets_of(vals).astype(np.int64)
     if len(c) != len(v) or not np.array_equal(other - other[0], offsets):
         raise ValueError("a sparse batch's cols and vals lists differ in length")
     if len(c) and (int(c.min()) < 0 or int(c.max()) >= width):

@@ -197,7 +197,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         schema = protocol.value_schema(table.dtype, table.width, with_keys=nonzero)
         self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
         # One zero-copy table of chunk-sized batches, streamed by C++ (no Python per batch).
-        batches = [pa.record_batch(([pa.array(keys[start:start + chunk])] if nonzero else [])
+        batches = [pa.record_batch(([protocol.numbers(keys[start:start + chunk])] if nonzero else [])
                                    + [protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
                    for start in range(0, max(len(rows), 1), chunk)]
         return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
@@ -239,7 +239,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         for chunk in reader:  # apply batch by batch: received buffers are freed as we go
             batch = chunk.data
             if sparse:
-                keys = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                keys = protocol.numpy_of(batch.column(0)).astype(np.int64, copy=False)
                 try:
                     offsets, cols, vals = protocol.sparse_entries(batch.column(1), batch.column(2), dtype, width)
                 except ValueError as exc:
@@ -262,7 +262,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             else:
                 if batch.num_columns != 2:
                     raise flight.FlightServerError("a write batch needs the columns key and value")
-                keys = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                keys = protocol.numpy_of(batch.column(0)).astype(np.int64, copy=False)
                 rows = protocol.array_to_rows(batch.column(1), width, dtype)
                 if rows.shape[0] != len(keys):
                     raise flight.FlightServerError(
