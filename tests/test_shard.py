@@ -581,7 +581,7 @@ def test_oversized_tables_and_bad_write_schemas_are_refused_clearly(shards):
     _, group = shards
     with pytest.raises(ShardUnavailableError, match=r"does not fit in shard s0's available memory"):
         group.client(0).action("create_table", name="fit/huge", row_start=0, row_stop=10 ** 12, width=8)
-    table = make_table(group, rows=10, width=3)
+    make_table(group, rows=10, width=3)
     with pytest.raises(ShardUnavailableError, match=r"a put stream must have the schema"):
         group.client(0).write_rows("put", "fit/t", None, np.ones((2, 4)), "float64", start=0)  # width 4 != 3
 

@@ -157,9 +157,6 @@ class Blob:
     def __len__(self) -> int:
         return self.nbytes
 
-    def tobytes(self) -> bytes:
-        return b"".join(self.parts)
-
 
 def check_dtype(name: str) -> str:
     if name not in DTYPES:
