@@ -76,11 +76,7 @@ def numpy_of(array) -> np.ndarray:
     read-only view of the buffer for numbers without nulls, booleans unpacked; anything else
     (nulls, other types) through ``to_numpy``."""
     if isinstance(array, pa.ChunkedArray):
-        if array.num_chunks == 1:
-            return numpy_of(array.chunk(0))
-        if array.num_chunks == 0:
-            return numpy_of(pa.nulls(0, array.type))
-        return np.concatenate([numpy_of(c) for c in array.chunks])
+        return _joined([numpy_of(c) for c in array.chunks], array.type)
     if array.null_count or not _primitive(array.type):
         return array.to_numpy(zero_copy_only=False)
     return _values(array)
@@ -90,14 +86,20 @@ def numpy_filled(array, fill) -> np.ndarray:
     """A primitive Arrow array as numpy with its nulls replaced by ``fill`` (``fill_null``, whose
     scalar conversion imports pandas, then :func:`numpy_of`)."""
     if isinstance(array, pa.ChunkedArray):
-        return np.concatenate([np.zeros(0, _values(pa.nulls(0, array.type)).dtype)]
-                              + [numpy_filled(c, fill) for c in array.chunks])
+        return _joined([numpy_filled(c, fill) for c in array.chunks], array.type)
     if not _primitive(array.type):
         raise TypeError(f"numpy_filled takes numbers or booleans, got {array.type}")
     values = _values(array)
     if not array.null_count:
         return values
     return np.where(numpy_of(array.is_valid()), values, np.asarray(fill).astype(values.dtype))
+
+
+def _joined(parts: list, type) -> np.ndarray:
+    """A chunked array's chunks as one numpy array (one chunk: as it is; none: empty of ``type``)."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else numpy_of(pa.nulls(0, type))
 
 
 def _primitive(t) -> bool:
