@@ -297,11 +297,14 @@ def test_sparse_entries_refuse_column_indexes_outside_the_row():
         protocol.sparse_entries(cols, vals, "float64", 2)
 
 
-def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(shards, storage):
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(shards, storage, streamed):
     """The worker's tick (``contribute(..., read_back=True)``): one exchange per shard
     carries the contribution and the tick and brings back the rows after the round's pull;
     over two shards, with unsorted repeated keys and a second table contributed by range, the
-    rows equal a ``get`` after the round, in the keys' order, and the table holds every sum."""
+    rows equal a ``get`` after the round, in the keys' order, and the table holds every sum.
+    ``streamed``: the rounds travel on rounds streams (three workers of one process share each
+    shard's client, so some rounds open streams of their own), which end when turned off."""
     import base64
     import pickle
 
@@ -340,12 +343,16 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
         except Exception as exc:  # noqa: BLE001 -- reported below
             errors.append(exc)
 
+    group.stream_rounds(streamed)
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    group.stream_rounds(False)
     assert not errors, errors
+    stats = group.broadcast("stats")
+    assert all((s["round_streams"] > 0) == streamed and s["open_round_streams"] == 0 for s in stats), stats
     group.broadcast("commit_step", step=1)
     assert len(seen) == 12
     for (w, rnd), (fused, back, got) in seen.items():
@@ -357,6 +364,54 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
             np.add.at(want, keys_of(w, rnd), 1.0)
     assert np.array_equal(table.read_all()[:, 0], want)
     assert np.array_equal(other.read_all()[:, 0], np.full(6, 12.0))
+
+
+def test_a_rounds_stream_reads_back_in_chunks_and_outlives_a_refused_round(shards):
+    """On a rounds stream, read-back rows larger than the chunk size come back whole (several
+    messages); a round the shard refuses (a task that did not enter the step) raises the same
+    error as a round of its own call would, and the next round goes through on a new stream."""
+    import base64
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from pystrads.engine.program import WorkerContext
+    from pystrads.engine.worker import WorkerSpec, _Worker
+
+    _, group = shards  # chunks of 4 096 bytes
+    table = make_table(group, rows=2000, width=3, contrib_width=2)
+    group.broadcast("register_program", namespace="fit", payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
+    group.broadcast("begin_step", step=1, num_workers=1, namespace="fit")
+    fence = _enter(group, 1, 0, task=100)
+    spec = WorkerSpec(program=pickle.dumps(None), program_hash="", group=group, layouts={"t": table.layout},
+                      num_workers=1, seed=0, timeout=30, namespace="fit", fingerprint=False)
+    runner = _Worker(spec, 0, 100, 0)
+    keys = np.arange(1, 2000, 2)  # 1 000 keys: 12 000 bytes read back from each shard
+
+    def round_(rnd, fence):
+        ctx = WorkerContext(0, 1, 1, 0, {"t": table.fenced(**fence)}, 0, 0)
+        ctx._begin_round(rnd)
+        ctx.contribute("t", keys, np.column_stack([np.full(len(keys), rnd + 1.0), np.zeros(len(keys))]),
+                       read_back=True)
+        runner.tick(fence, rnd, rnd, None, ctx=ctx)
+        return ctx.pulled("t")
+
+    refused = {}
+    for streamed in (False, True):
+        group.stream_rounds(streamed)
+        with pytest.raises(ShardUnavailableError, match="did not enter step 1") as err:
+            round_(0, dict(fence, task=101))
+        refused[streamed] = str(err.value).split(" on shard ")[0]
+    assert refused[True] == refused[False]
+    try:
+        back = [round_(rnd, fence) for rnd in range(2)]
+    finally:
+        group.stream_rounds(False)
+    stats = group.broadcast("stats")
+    assert [s["round_streams"] for s in stats] == [2, 2] and [s["open_round_streams"] for s in stats] == [0, 0]
+    assert np.array_equal(back[0][:, 0], np.ones(len(keys))) and np.array_equal(back[1][:, 0], np.full(len(keys), 3.0))
+    assert np.array_equal(back[1], table.get(keys))
+    group.broadcast("commit_step", step=1)
 
 
 def test_round_clocks_bsp_and_contributions(shards, storage):

@@ -246,9 +246,13 @@ class _Worker:
     def run_step(self, cmd, data, state) -> Any:
         schedule = pickle.loads(base64.b64decode(cmd["schedule"]))
         ctx, fence = self.open(cmd)
-        state, late, last = run_schedule(
-            self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
-            lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_, ctx=ctx))
+        self.group.stream_rounds(True)  # the step's rounds travel on one stream per shard
+        try:
+            state, late, last = run_schedule(
+                self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
+                lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_, ctx=ctx))
+        finally:
+            self.group.stream_rounds(False)
         return state, fence, late, last
 
 

@@ -102,6 +102,10 @@ class ShardClient:
         self._token = token  # travels in every request header (see pystrads.ps.server)
         self._admin = admin_token  # the driver's only: lets actions carry program payloads
         self._options = flight.FlightCallOptions()
+        # rounds streams by contribution schema while a step's rounds run (see stream_rounds);
+        # None: every round is a call of its own
+        self._streams: Optional[Dict[Tuple[int, bool], "_RoundStream"]] = None
+        self._streams_lock = threading.Lock()
 
     @classmethod
     def cached(cls, uri: str, token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
@@ -310,6 +314,17 @@ class ShardClient:
             columns = [protocol.rows_to_array(v)] if contiguous else [protocol.numbers(k, pa.int64()), protocol.rows_to_array(v)]
             writer.write_batch(pa.record_batch(columns, schema=schema))
 
+    def stream_rounds(self, on: bool) -> None:
+        """From ``on``, :meth:`exchange_round` keeps one ``DoExchange`` stream per contribution
+        schema open to this shard and sends each round on it (no call set-up per round); off,
+        it closes them, which ends their handlers on the shard.  A worker turns it on for a
+        step's rounds: a stream must not outlive them, since an open stream holds a shard's
+        shutdown up."""
+        with self._streams_lock:
+            streams, self._streams = self._streams, ({} if on else None)
+        for stream in (streams or {}).values():
+            stream.close()
+
     def exchange_round(self, tick: Dict[str, Any], table: Optional[str] = None, keys=None,
                        values: Optional[np.ndarray] = None,
                        read_back: Optional[Tuple[int, str]] = None) -> Optional[np.ndarray]:
@@ -318,7 +333,7 @@ class ShardClient:
         ``keys`` (or the ``range`` of rows) of ``table``, then ``tick`` (``tick``: the action's
         fields), then -- ``read_back=(width, dtype)`` -- the rows of those keys once the clock let
         the tick through (the round's ``pull`` applied when ``wait_for`` is the round).  Without a
-        table it is a plain tick."""
+        table it is a plain tick.  On a rounds stream while :meth:`stream_rounds` is on."""
         start = None
         if isinstance(keys, range):
             start, keys = keys.start, None
@@ -330,8 +345,13 @@ class ShardClient:
             if read_back is not None:
                 head["read_back"] = True
         n = len(values) if values is not None else 0
-        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
         schema = protocol.value_schema("float64", max(width, 1), with_keys=start is None)
+        what = "action 'tick'" if table is None else f"round of table {table!r}"
+        if self._streams is not None:
+            return self._round_on_stream(head, schema, (max(width, 1), start is None), table, keys, values, start,
+                                         read_back if table is not None else None, n, what)
+        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
+        writer = None
         try:
             writer, reader = self._client.do_exchange(descriptor, self._options)
             writer.begin(schema)
@@ -351,8 +371,44 @@ class ShardClient:
                     raise ShardUnavailableError(f"round exchange with {self.uri}: {pos} rows back, expected {n}")
             writer.close()
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, "action 'tick'" if table is None else f"round of table {table!r}") \
-                from None
+            if writer is not None:  # (an unclosed writer logs its error again when collected)
+                _close_quietly(writer.close)
+            raise _translate(exc, self.uri, what) from None
+        return out
+
+    def _round_on_stream(self, head, schema, kind, table, keys, values, start, read_back, n, what):
+        """:meth:`exchange_round` on this client's rounds stream of ``kind`` (opened on first
+        use; the wire format is ``ShardServer._round_stream``'s).  A stream that failed is
+        dropped (the shard ended it), so the next round opens a new one."""
+        with self._streams_lock:  # taken while in use: a concurrent round opens a stream of its own
+            stream = self._streams.pop(kind, None) if self._streams is not None else None
+        try:
+            if stream is None:
+                stream = _RoundStream(self._client, self._options, self._token, schema)
+            if table is not None:
+                self._write_batches(stream.writer, schema, keys, values, start is not None, "float64")
+            stream.writer.write_metadata(pa.py_buffer(protocol.encode_header(head)))
+            out = None
+            if read_back is not None:
+                rb_width, rb_dtype = read_back
+                out = np.empty((n, rb_width), dtype=protocol.DTYPES[rb_dtype][0])
+            received = stream.answer(out)
+        except flight.FlightError as exc:
+            if stream is not None:
+                stream.close()
+            raise _translate(exc, self.uri, what) from None
+        except BaseException:
+            if stream is not None:
+                stream.close()
+            raise
+        if out is not None and received != out.nbytes:
+            stream.close()
+            raise ShardUnavailableError(f"round exchange with {self.uri}: {received} bytes back, expected {out.nbytes}")
+        with self._streams_lock:
+            if self._streams is not None and kind not in self._streams:
+                self._streams[kind], stream = stream, None
+        if stream is not None:
+            stream.close()
         return out
 
     def put_blob(self, key: str, blob: bytes, header: Optional[Dict[str, Any]] = None) -> None:
@@ -402,6 +458,52 @@ class ShardInfo:
         return f"{'grpc+tls' if self.tls else 'grpc'}://{self.host}:{self.port}"
 
 
+def _close_quietly(end) -> None:
+    """Call ``end`` (a stream's ``done_writing`` / ``close``), ignoring the error of a stream
+    that already failed (it was raised where it happened)."""
+    try:
+        end()
+    except (flight.FlightError, pa.ArrowException, OSError):
+        pass
+
+
+class _RoundStream:
+    """One open ``DoExchange`` carrying a worker's rounds to one shard (``op: "rounds"``; the
+    shard side is ``ShardServer._round_stream``), its contributions in ``schema``."""
+
+    def __init__(self, client: flight.FlightClient, options: flight.FlightCallOptions, token: str,
+                 schema: pa.Schema):
+        head = protocol.encode_header({"op": "rounds", "token": token})
+        self.writer, self.reader = client.do_exchange(flight.FlightDescriptor.for_command(head), options)
+        self.writer.begin(schema)
+
+    def answer(self, out: Optional[np.ndarray]) -> int:
+        """Read a round's answer into ``out`` (the read-back rows, or None); returns its bytes."""
+        target = out.reshape(-1).view(np.uint8) if out is not None else None
+        got = 0
+        while True:
+            try:
+                chunk = self.reader.read_chunk()
+            except StopIteration:
+                raise ShardUnavailableError("the shard ended a rounds stream mid-round") from None
+            message = memoryview(chunk.app_metadata if chunk.app_metadata is not None else b"")
+            if not len(message):
+                raise ShardUnavailableError("a rounds stream answered without its metadata")
+            body = message[1:]
+            if len(body):
+                if target is None or got + len(body) > len(target):
+                    raise ShardUnavailableError("a rounds stream answered more bytes than the round's rows")
+                target[got:got + len(body)] = np.frombuffer(body, dtype=np.uint8)
+                got += len(body)
+            if message[0] == 1:
+                return got
+
+    def close(self) -> None:
+        """End the stream (its shard-side handler returns); a failed stream is just let go."""
+        _close_quietly(self.writer.done_writing)
+        _close_quietly(self.writer.close)  # even when done_writing failed
+
+
 class ShardGroup:
     """The shards of one run: addresses plus the run token. Small and picklable.
 
@@ -429,6 +531,11 @@ class ShardGroup:
     def client(self, index: int) -> ShardClient:
         return ShardClient.cached(self.shards[index].uri, self.token, self.chunk_bytes,
                                   getattr(self, "tls_root_certs", None), getattr(self, "admin_token", None))
+
+    def stream_rounds(self, on: bool) -> None:
+        """:meth:`ShardClient.stream_rounds` on every shard's client in this process."""
+        for i in range(len(self.shards)):
+            self.client(i).stream_rounds(on)
 
     def broadcast(self, action_type: str, **body: Any) -> List[Dict[str, Any]]:
         """Send one action to every shard at once; return their answers in shard order."""

@@ -56,7 +56,7 @@ from .mailbox import ResidentMailbox
 from .memory import _mem_available, _peak_rss_bytes, _rss_bytes, release_free_memory, tune_malloc
 from .request import _refuse, _Request, authorize_payload, decode_action, decode_request
 from .snapshots import TableSnapshots
-from .steps import StepFences, _StepState, namespace_of
+from .steps import StepFences, _own, _StepState, namespace_of
 from .table import KINDS, SPARSE_ROW_MAX_FILL, ShardTable, SparseShardTable
 
 log = logging.getLogger("pystrads.ps.server")
@@ -110,7 +110,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         self.lease_seconds = lease_seconds
         self.last_heartbeat = time.monotonic()
         self.started = time.time()
-        self.counters = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "rows_in": 0, "rows_out": 0}
+        self.counters = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "rows_in": 0, "rows_out": 0,
+                         "round_streams": 0, "open_round_streams": 0}
         self.timers: Dict[str, float] = {}  # seconds spent in handlers (stats)
         self._counter_lock = threading.Lock()
         self._stopping = False
@@ -333,14 +334,68 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         _refuse()
 
     def do_exchange(self, context, descriptor, reader, writer):
-        """A worker's round in one call (``op: "round"``): its partial sums for this round
-        (``contribute``: the table, and ``start`` for a contiguous run), then its tick of the
-        round clock (the fields of the ``tick`` action), then, with ``read_back``, the rows of
-        the contributed keys as the round's ``pull`` left them -- one request where
-        ``contribute``, ``tick`` and ``get`` took three."""
+        """A worker's rounds.  ``op: "round"``: one round in one call -- its partial sums for
+        this round (``contribute``: the table, and ``start`` for a contiguous run), then its tick
+        of the round clock (the fields of the ``tick`` action), then, with ``read_back``, the
+        rows of the contributed keys as the round's ``pull`` left them.  ``op: "rounds"``: many
+        rounds on one stream (:meth:`_round_stream`), so that a round pays no call set-up."""
         header, _ = decode_request(descriptor.command, self._token)
-        if header.get("op") != "round":
-            raise flight.FlightServerError(f"unknown exchange op {header.get('op')!r}; expected 'round'")
+        op = header.get("op")
+        if op == "rounds":
+            self._round_stream(reader, writer)
+            return
+        if op != "round":
+            raise flight.FlightServerError(f"unknown exchange op {op!r}; expected 'round' or 'rounds'")
+        answer = self._round(header, reader)
+        if answer is not None:
+            rows, table = answer
+            schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
+            chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, header.int("chunk", protocol.CHUNK_BYTES)))
+            writer.begin(schema)
+            for start in range(0, len(rows), chunk):
+                writer.write_batch(pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema))
+
+    def _round_stream(self, reader, writer) -> None:
+        """A worker's rounds on one ``DoExchange`` stream (one step's, as the client keeps it).
+        A round is its contribution's record batches (the stream's schema), then a
+        metadata-only message holding the round's header (as ``op: "round"``'s descriptor,
+        token checked).  The answer is metadata-only messages: the read-back rows' bytes (C
+        order, the table's dtype; none without ``read_back``) in chunks of at most ``chunk``
+        bytes, each after a flag byte, 1 on the round's last.  An error ends the stream."""
+        self._count(round_streams=1, open_round_streams=1)
+        try:
+            self._serve_rounds(reader, writer)
+        finally:
+            self._count(open_round_streams=-1)
+
+    def _serve_rounds(self, reader, writer) -> None:
+        pending: List[Any] = []
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:  # the worker closed the stream: its step is over
+                return
+            if chunk.data is not None and chunk.data.num_rows:
+                pending.append(chunk)
+            if chunk.app_metadata is None:
+                continue
+            header, _ = decode_request(chunk.app_metadata, self._token)
+            if header.get("op") != "round":
+                raise flight.FlightServerError(f"a rounds stream carries rounds, not {header.get('op')!r}")
+            answer = self._round(header, _Received(reader.schema, pending))
+            pending = []
+            payload = memoryview(b"") if answer is None else memoryview(np.ascontiguousarray(answer[0])).cast("B")
+            if not len(payload):
+                writer.write_metadata(pa.py_buffer(b"\x01"))
+                continue
+            size = max(1, header.int("chunk", protocol.CHUNK_BYTES))
+            for start in range(0, len(payload), size):
+                flag = b"\x01" if start + size >= len(payload) else b"\x00"
+                writer.write_metadata(pa.py_buffer(flag + payload[start:start + size]))
+
+    def _round(self, header: _Request, reader) -> Optional[Tuple[np.ndarray, ShardTable]]:
+        """One round of one worker (``reader``: its contribution's batches); the read-back rows
+        and their table when the round asks for them."""
         contrib = header.dict("contribute", None)
         nbytes = nrows = 0
         keys_seen: List[Any] = []
@@ -350,17 +405,16 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             fields = {k: header[k] for k in ("step", "worker", "task", "round") if k in header}
             nbytes, nrows = self._receive_rows(_Request(fields, **contrib), table, "contribute", reader, keys_seen)
         self._action_tick(header)
+        answer = None
         if header.get("read_back") and table is not None:
             keys = np.concatenate(keys_seen) if keys_seen else np.zeros(0, np.int64)
             with table.lock:
-                rows = np.array(table.read(table.local(keys)))
-            schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
-            chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, header.int("chunk", protocol.CHUNK_BYTES)))
-            writer.begin(schema)
-            for start in range(0, len(rows), chunk):
-                writer.write_batch(pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema))
+                index = table.local(keys)
+                rows = _own(table.read(index), index)
             self._count(bytes_out=rows.nbytes, rows_out=len(rows))
+            answer = (rows, table)
         self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
+        return answer
 
     def do_action(self, context, action):
         body = action.body.to_pybytes() if action.body is not None else b""
@@ -487,13 +541,26 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
 
         def stop():
             time.sleep(0.05)
-            try:
-                self.shutdown()
-            finally:
-                os._exit(0)
+            # serving stops once the calls in flight end; a worker's open rounds stream (or a
+            # waiting tick) does not hold the exit up beyond a moment
+            closing = threading.Thread(target=self.shutdown, name="pystrads-shutdown", daemon=True)
+            closing.start()
+            closing.join(2.0)
+            os._exit(0)
 
         threading.Thread(target=stop, daemon=True).start()
         return {}
+
+
+class _Received:
+    """Record batches already read off a stream, iterated as a Flight reader's chunks are."""
+
+    def __init__(self, schema: pa.Schema, chunks: List[Any]):
+        self.schema = schema
+        self._chunks = chunks
+
+    def __iter__(self):
+        return iter(self._chunks)
 
 
 def _table_stats(table: ShardTable) -> Dict[str, Any]:

@@ -46,6 +46,12 @@ def namespace_of(name: str) -> str:
     return name.partition("/")[0] if "/" in name else ""
 
 
+def _own(rows: np.ndarray, index: Any) -> np.ndarray:
+    """``rows`` read at ``index`` as an array of their own: a slice's view is copied, a
+    gather's fresh array is kept."""
+    return rows if not isinstance(index, slice) and rows.flags.owndata else np.array(rows)
+
+
 class StepFences:
     """Steps and rounds of :class:`~pystrads.ps.server.ShardServer` (a mixin: it uses the
     server's ``cond``, ``steps``, ``tables``, ``programs``, ``newest_task``, ``shard_id``,
@@ -186,9 +192,15 @@ class StepFences:
         parts = [(k, v) for k, v in parts if len(k)]
         if not parts:
             return
+        first = parts[0][0]
         lo, hi = min(int(k.min()) for k, _ in parts), max(int(k.max()) for k, _ in parts)
         span, count = hi - lo + 1, sum(len(k) for k, _ in parts)
-        if span <= 4 * count:  # dense key range (e.g. one factor column): O(n), part after part
+        if bool(np.all(first[1:] > first[:-1])) and all(np.array_equal(k, first) for k, _ in parts[1:]):
+            # every worker sent the same sorted keys (a round's coordinates): sums part after part
+            uniq, sums = first, np.array(parts[0][1], dtype=np.float64)
+            for _, v in parts[1:]:
+                sums += v
+        elif span <= 4 * count:  # dense key range (e.g. one factor column): O(n), part after part
             sums, present = np.zeros((span, parts[0][1].shape[1])), np.zeros(span, dtype=bool)
             for k, v in parts:  # in arrival order, as the sparse branch adds them
                 offsets = k - lo
@@ -213,7 +225,7 @@ class StepFences:
             raise RuntimeError(f"no program registered for {namespace!r}")
         with table.lock:
             index = table.local(uniq)
-            current = np.array(table.read(index))
+            current = _own(table.read(index), index)
             new = np.asarray(program.pull(short, uniq, sums, current))
             if new.shape != current.shape:
                 raise ValueError(f"pull returned shape {new.shape}, expected {current.shape}")
