@@ -184,7 +184,10 @@ def array_to_rows(column, width: int, dtype: str) -> np.ndarray:
     """A FixedSizeList column back as a read-only (n, width) numpy view."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    flat = numpy_of(column.flatten())
+    if isinstance(column, pa.FixedSizeListArray) and not column.null_count:  # (flatten() is a compute call)
+        flat = numpy_of(column.values.slice(column.offset * width, len(column) * width))
+    else:
+        flat = numpy_of(column.flatten())
     if flat.dtype != DTYPES[dtype][0]:
         flat = flat.astype(DTYPES[dtype][0])
     return flat.reshape(-1, width)

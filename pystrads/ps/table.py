@@ -52,6 +52,24 @@ class RowEntries(NamedTuple):
         return out
 
 
+def take_rows(values: np.ndarray, index: Any) -> np.ndarray:
+    """``values[index]`` for a row index: a slice's view, else a gather by ``np.take`` (for row
+    blocks ~4x faster than fancy indexing, which copies element by element)."""
+    return values[index] if isinstance(index, slice) else np.take(values, index, axis=0)
+
+
+def put_rows(values: np.ndarray, index: Any, rows: Any) -> None:
+    """``values[index] = rows`` for a row index (a key given twice: its last row), whole rows
+    at a time: the C-contiguous block's rows viewed as single opaque items (~3x faster than
+    fancy assignment for row blocks)."""
+    if isinstance(index, slice) or values.ndim != 2 or not values.flags.c_contiguous or values.shape[1] == 0:
+        values[index] = rows
+        return
+    rows = np.ascontiguousarray(np.broadcast_to(rows, (len(index), values.shape[1])), dtype=values.dtype)
+    item = np.dtype((np.void, values.shape[1] * values.itemsize))
+    np.put(values.view(item).reshape(-1), index, rows.view(item).reshape(-1))
+
+
 def _as_rows(index: Any) -> np.ndarray:
     return np.arange(index.start, index.stop, dtype=np.int64) if isinstance(index, slice) \
         else np.asarray(index, dtype=np.int64)
@@ -102,7 +120,7 @@ class ShardTable:
     def read(self, index: Any) -> np.ndarray:
         """The rows at a local index as a dense block (a view for a slice of a dense table:
         copy it before the lock is released if it must not change)."""
-        return self.values[index]
+        return take_rows(self.values, index)
 
     def read_entries(self, index: Any) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(offsets, cols, vals)``: the non-zero entries of the rows at a local index."""
@@ -132,27 +150,30 @@ class ShardTable:
             index = np.arange(index.start, index.stop)
         fresh = index[~self._saved[index]]
         if fresh.size:
-            fresh = unique(fresh)
+            if fresh.size > 1 and not bool(np.all(fresh[1:] > fresh[:-1])):  # a pull's keys come sorted, once each
+                fresh = unique(fresh)
             self._undo.append((fresh, self._copy_rows(fresh)))
             self._saved[fresh] = True
 
     def _copy_rows(self, rows: np.ndarray) -> Any:
-        return self.values[rows].copy()
+        return take_rows(self.values, rows).copy() if isinstance(rows, slice) else take_rows(self.values, rows)
 
     def _restore_rows(self, rows: np.ndarray, saved: Any) -> None:
-        self.values[rows] = saved
+        put_rows(self.values, rows, saved)
 
     def write(self, index: Any, rows: np.ndarray) -> None:
         """``values[index] = rows`` (a put)."""
-        self.values[index] = rows
+        put_rows(self.values, index, rows)
 
     def add(self, index: Any, rows: np.ndarray) -> None:
         """``values[index] += rows``, a key given more than once adding each time: a slice or
         a strictly increasing index (what a client sends: its keys sorted, each once) takes
         numpy's fancy ``+=``; only other indexes pay ``np.add.at`` (5-7x slower for row blocks,
         LDA's whole-block writes spent most of a shard's time there)."""
-        if isinstance(index, slice) or len(index) < 2 or bool(np.all(index[1:] > index[:-1])):
+        if isinstance(index, slice):
             self.values[index] += rows
+        elif len(index) < 2 or bool(np.all(index[1:] > index[:-1])):
+            put_rows(self.values, index, take_rows(self.values, index) + rows)
         else:
             np.add.at(self.values, index, rows)
 
