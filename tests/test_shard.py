@@ -388,11 +388,11 @@ def test_a_rounds_stream_reads_back_in_chunks_and_outlives_a_refused_round(shard
     runner = _Worker(spec, 0, 100, 0)
     keys = np.arange(1, 2000, 2)  # 1 000 keys: 12 000 bytes read back from each shard
 
-    def round_(rnd, fence):
+    def round_(rnd, fence, read_back=True):
         ctx = WorkerContext(0, 1, 1, 0, {"t": table.fenced(**fence)}, 0, 0)
         ctx._begin_round(rnd)
         ctx.contribute("t", keys, np.column_stack([np.full(len(keys), rnd + 1.0), np.zeros(len(keys))]),
-                       read_back=True)
+                       read_back=read_back)
         runner.tick(fence, rnd, rnd, None, ctx=ctx)
         return ctx.pulled("t")
 
@@ -411,6 +411,45 @@ def test_a_rounds_stream_reads_back_in_chunks_and_outlives_a_refused_round(shard
     assert [s["round_streams"] for s in stats] == [2, 2] and [s["open_round_streams"] for s in stats] == [0, 0]
     assert np.array_equal(back[0][:, 0], np.ones(len(keys))) and np.array_equal(back[1][:, 0], np.full(len(keys), 3.0))
     assert np.array_equal(back[1], table.get(keys))
+    group.broadcast("commit_step", step=1)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_round_reads_back_the_columns_it_names(shards, streamed):
+    """``contribute(..., read_back=[columns])``: the tick brings back only those columns of the
+    pulled rows, in the order named, on a stream or not; column indexes outside the table are
+    refused before anything is sent."""
+    import base64
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from pystrads.engine.program import WorkerContext
+    from pystrads.engine.worker import WorkerSpec, _Worker
+
+    _, group = shards
+    table = make_table(group, rows=2000, width=3, contrib_width=1)
+    table.put(range(0, 2000), np.arange(6000.0).reshape(2000, 3))
+    group.broadcast("register_program", namespace="fit", payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
+    group.broadcast("begin_step", step=1, num_workers=1, namespace="fit")
+    fence = _enter(group, 1, 0, task=100)
+    spec = WorkerSpec(program=pickle.dumps(None), program_hash="", group=group, layouts={"t": table.layout},
+                      num_workers=1, seed=0, timeout=30, namespace="fit", fingerprint=False)
+    runner = _Worker(spec, 0, 100, 0)
+    keys = np.array([1999, 5, 1000, 7, 3])  # both shards, any order
+    ctx = WorkerContext(0, 1, 1, 0, {"t": table.fenced(**fence)}, 0, 0)
+    with pytest.raises(ValueError, match=r"read_back columns \[3\] must be .* in \[0, 3\)"):
+        ctx.contribute("t", keys, np.ones((len(keys), 1)), read_back=[3])
+    assert ctx._take_outbox() == []
+    group.stream_rounds(streamed)
+    try:
+        ctx.contribute("t", keys, np.ones((len(keys), 1)), read_back=[2, 0])
+        runner.tick(fence, 0, 0, None, ctx=ctx)
+    finally:
+        group.stream_rounds(False)
+    full = table.get(keys)
+    assert np.array_equal(full[:, 0], keys * 3.0 + 1.0)  # the pull ran: column 0 gained the sums
+    assert np.array_equal(ctx.pulled("t"), full[:, [2, 0]])
     group.broadcast("commit_step", step=1)
 
 

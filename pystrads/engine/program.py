@@ -63,7 +63,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -347,12 +347,13 @@ class Contribution:
     """Partial sums a worker made for one table's ``pull`` in one round
     (:meth:`WorkerContext.contribute`): at ``keys``, an integer array or a ``range`` of rows;
     ``read_back``: the round's tick brings the pulled rows of ``keys`` back
-    (:meth:`WorkerContext.pulled`)."""
+    (:meth:`WorkerContext.pulled`); ``columns``: only those columns of them (None: all)."""
 
     table: str
     keys: Any
     partials: Any
     read_back: bool = False
+    columns: Optional[Tuple[int, ...]] = None
 
 
 class WorkerContext:
@@ -379,6 +380,7 @@ class WorkerContext:
         #: the round's contributions wait here and travel with its clock tick, one request per shard
         self._outbox: List[Contribution] = []
         self._read_back: Dict[str, Any] = {}  # table -> keys asked with read_back=True this round
+        self._read_columns: Dict[str, Optional[Tuple[int, ...]]] = {}  # table -> the columns read back (None: all)
         self._pulled: Dict[str, np.ndarray] = {}  # table -> those rows, once the round's tick returned
 
     @property
@@ -400,36 +402,49 @@ class WorkerContext:
         except KeyError:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self._handles)}") from None
 
-    def contribute(self, name: str, keys, partials, read_back: bool = False) -> None:
+    def contribute(self, name: str, keys, partials, read_back: Any = False) -> None:
         """Partial sums for this round's ``pull`` of table ``name`` at ``keys``: an integer array
         (any order; repeated keys add up) or a ``range`` of rows (e.g. ``range(0, n)`` for a
         partial gradient over a whole table, sent without a key column).
 
         ``read_back=True``: ``apply`` of this round will read the rows of ``keys`` as the
         pull left them (:meth:`pulled`); the runtime then brings them back with the round's
-        clock tick instead of a separate ``get``.  At most one ``read_back`` contribution
-        per table and round."""
+        clock tick instead of a separate ``get``.  A sequence of column indexes instead of
+        True brings back only those columns, in that order (fewer bytes when ``apply`` needs
+        a few columns of wide rows).  At most one ``read_back`` contribution per table and
+        round."""
+        columns = None
+        if read_back is not False and read_back is not True and read_back is not None:
+            width = self.table(name).layout.width
+            columns = tuple(int(c) for c in read_back)
+            if not columns or any(not 0 <= c < width for c in columns):
+                raise ValueError(f"table {name!r}: read_back columns {list(read_back)} must be a non-empty "
+                                 f"list of column indexes in [0, {width})")
         if read_back:
             if name in self._read_back:
                 raise ValueError(f"table {name!r}: a second contribute(..., read_back=True) in round "
                                  f"{self.local_round}; one per table and round")
             self._read_back[name] = np.asarray(keys)
-        self._outbox.append(Contribution(name, keys, partials, read_back))
+            self._read_columns[name] = columns
+        self._outbox.append(Contribution(name, keys, partials, bool(read_back), columns))
 
     def pulled(self, name: str) -> np.ndarray:
         """In ``apply``: the rows of table ``name`` at the keys this round's
         ``contribute(name, keys, ..., read_back=True)`` named (in that order), as the round's
         ``pull`` left them -- the same rows a ``get(keys)`` would read then, without its
-        request."""
+        request (only the columns ``read_back`` named, when it named some)."""
         if name not in self._read_back:
             raise KeyError(f"table {name!r}: no contribute(..., read_back=True) in round {self.local_round}")
         if name not in self._pulled:  # the runtime did not bring them with the tick
-            self._pulled[name] = self.table(name).get(self._read_back[name])
+            rows = self.table(name).get(self._read_back[name])
+            columns = self._read_columns.get(name)
+            self._pulled[name] = rows if columns is None else np.ascontiguousarray(rows[:, list(columns)])
         return self._pulled[name]
 
     def _begin_round(self, local_round: int) -> None:
         self.local_round = local_round
         self._read_back.clear()
+        self._read_columns.clear()
         self._pulled.clear()
 
     def _take_outbox(self) -> List["Contribution"]:

@@ -193,7 +193,7 @@ class _Worker:
         for c in (ctx._take_outbox() if ctx is not None else []):
             handle = ctx.table(c.table)
             for shard, keys, rows in handle.contribution_parts(c.keys, c.partials):
-                parts[shard].append((handle, keys, rows, c.read_back))
+                parts[shard].append((handle, keys, rows, c.read_back, c.columns))
 
         def call(i):
             head = dict(fence, round=rnd, wait_for=wait_for, timeout=timeout)
@@ -204,21 +204,23 @@ class _Worker:
             if not mine:
                 client.action("tick", **head)
                 return []
-            for handle, keys, rows, _ in mine[1:]:  # more than one table this round: sent first
+            for handle, keys, rows, _, _ in mine[1:]:  # more than one table this round: sent first
                 if isinstance(keys, range):
                     client.write_rows("contribute", handle.name, None, rows, "float64", dict(fence, round=rnd),
                                       start=keys.start)
                 else:
                     client.write_rows("contribute", handle.name, keys, rows, "float64", dict(fence, round=rnd))
-            handle, keys, rows, read_back = mine[0]
+            handle, keys, rows, read_back, columns = mine[0]
             pulled = client.exchange_round(head, handle.name, keys, rows,
-                                           (handle.layout.width, handle.layout.dtype) if read_back else None)
+                                           (handle.layout.width, handle.layout.dtype) if read_back else None,
+                                           columns=columns)
             back = [(handle.layout.short_name, np.asarray(keys), pulled)] if read_back else []
-            for h, k, _, rb in mine[1:]:
+            for h, k, _, rb, cols in mine[1:]:
                 if rb:
                     k = np.asarray(k, dtype=np.int64)
-                    back.append((h.layout.short_name, k, client.get_rows(h.name, h.layout.width, h.layout.dtype,
-                                                                         keys=k)))
+                    got = client.get_rows(h.name, h.layout.width, h.layout.dtype, keys=k)
+                    back.append((h.layout.short_name, k,
+                                 got if cols is None else np.ascontiguousarray(got[:, list(cols)])))
             return back
 
         answers = fan_out([lambda i=i: call(i) for i in self.shards])
@@ -232,7 +234,7 @@ class _Worker:
                 keys = np.concatenate([p[0] for p in pieces])
                 rows = np.concatenate([p[1] for p in pieces])
                 asked = np.asarray(ctx._read_back[name], dtype=np.int64)
-                ctx._pulled[name] = rows[np.searchsorted(keys, asked)]
+                ctx._pulled[name] = np.take(rows, np.searchsorted(keys, asked), axis=0)
 
     def run_init(self, cmd, data) -> Any:
         ctx, fence = self.open(cmd)

@@ -354,7 +354,7 @@ class LassoProgram(WorkingSetSolver, Program):
                 K.column_dots(col_ptr, row_idx, vals, work[k.start:k.stop], wr, z[k.start:k.stop])
         ctx.parallel(dots, parts)
         ctx.contribute("coef", work, np.column_stack([z, np.full(len(work), wr.sum()), c_omega, c_plain]) * inv_w,
-                       read_back=True)  # apply reads the stepped rows: they come back with the tick
+                       read_back=[DELTA])  # apply reads the steps taken: they come back with the tick
         return state
 
     def apply(self, ctx, data, state, work):
@@ -366,7 +366,7 @@ class LassoProgram(WorkingSetSolver, Program):
                 return state
             delta = ctx.table("coef").get(work)[:, DELTA]
         else:
-            delta = ctx.pulled("coef")[:, DELTA]
+            delta = ctx.pulled("coef")[:, 0]  # (the DELTA column read back)
         K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["r"], -1.0)
         if "validation" in data:
             held = data["validation"]

@@ -87,15 +87,15 @@ class L1LogisticProgram(LassoProgram):
             gho[:] = ghx2
         n = len(work)
         ctx.contribute("coef", work, np.column_stack([gu, np.full(n, u.sum()), ghx2, ghx, np.full(n, h.sum()),
-                                                      gho]) * inv_w, read_back=True)
+                                                      gho]) * inv_w, read_back=[DELTA, MEAN])
         return state
 
     def apply(self, ctx, data, state, work):
         if isinstance(work, str):
             return state
-        rows = ctx.pulled("coef")  # the stepped rows, back with the round's tick
-        delta = rows[:, DELTA]
-        shift = float(rows[:, MEAN] @ delta)  # implicit centring: (x - mean) delta
+        rows = ctx.pulled("coef")  # the steps taken and the column means, back with the round's tick
+        delta = rows[:, 0]
+        shift = float(rows[:, 1] @ delta)  # implicit centring: (x - mean) delta
         for part, margins in ((data, state), (data.get("validation"), state.get("validation"))):
             if part is not None:
                 K.add_columns(part["col_ptr"], part["row_idx"], part["vals"], work, delta, margins["m"], 1.0)

@@ -8,8 +8,9 @@
   :class:`~pystrads.ps.partition.TableLayout`: ``get``, additive ``inc``,
   ``put`` and ``contribute`` on row blocks, one request per shard touched.
 
-A worker's round travels as one request per shard (:meth:`ShardClient.exchange_round`): its
-contributions, its clock tick and the rows the round's ``pull`` left.
+A worker's round travels as one exchange per shard (:meth:`ShardClient.exchange_round`): its
+contributions, its clock tick and the rows the round's ``pull`` left; during a step's rounds on
+a stream kept open for them (:meth:`ShardClient.stream_rounds`).
 """
 
 from __future__ import annotations
@@ -326,14 +327,15 @@ class ShardClient:
             stream.close()
 
     def exchange_round(self, tick: Dict[str, Any], table: Optional[str] = None, keys=None,
-                       values: Optional[np.ndarray] = None,
-                       read_back: Optional[Tuple[int, str]] = None) -> Optional[np.ndarray]:
+                       values: Optional[np.ndarray] = None, read_back: Optional[Tuple[int, str]] = None,
+                       columns: Optional[Sequence[int]] = None) -> Optional[np.ndarray]:
         """A worker's round in one request (Flight ``DoExchange``; the shard side is
         ``ShardServer.do_exchange``): ``contribute`` ``values`` (partial sums) at the sorted unique
         ``keys`` (or the ``range`` of rows) of ``table``, then ``tick`` (``tick``: the action's
         fields), then -- ``read_back=(width, dtype)`` -- the rows of those keys once the clock let
-        the tick through (the round's ``pull`` applied when ``wait_for`` is the round).  Without a
-        table it is a plain tick.  On a rounds stream while :meth:`stream_rounds` is on."""
+        the tick through (the round's ``pull`` applied when ``wait_for`` is the round), or only
+        their ``columns`` (in that order).  Without a table it is a plain tick.  On a rounds
+        stream while :meth:`stream_rounds` is on."""
         start = None
         if isinstance(keys, range):
             start, keys = keys.start, None
@@ -343,7 +345,9 @@ class ShardClient:
             start = _run_start(keys, start)
             head["contribute"] = {"table": table, **({"start": int(start)} if start is not None else {})}
             if read_back is not None:
-                head["read_back"] = True
+                head["read_back"] = [int(c) for c in columns] if columns is not None else True
+                if columns is not None:
+                    read_back = (len(head["read_back"]), read_back[1])
         n = len(values) if values is not None else 0
         schema = protocol.value_schema("float64", max(width, 1), with_keys=start is None)
         what = "action 'tick'" if table is None else f"round of table {table!r}"

@@ -8,6 +8,14 @@ are Flight actions with a JSON body and a JSON answer.  Tickets and put
 descriptors start with a JSON header; a key-list ticket appends the keys as
 raw little-endian int64 after a NUL byte.
 
+A worker's round (``do_exchange``) sends its contribution as a write stream
+does, its header in the call's descriptor; the read-back rows come back as a
+read stream.  On a rounds stream (``op: "rounds"``, one per step's rounds) each
+round is its batches and then a metadata-only message holding the round's
+header; the answer is metadata-only messages, each a flag byte (1 on the
+round's last) followed by the next bytes of the read-back rows (C order, the
+table's dtype).
+
 A *sparse* read or write (header ``"sparse": true``) carries each row as its
 non-zero entries instead: two list columns, ``cols`` (int32 column indices)
 and ``vals`` (the table's dtype), one list per row (Arrow list arrays are

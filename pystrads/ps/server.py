@@ -7,6 +7,9 @@ serves (see :mod:`pystrads.ps.protocol` for the wire format):
 * ``do_put``  -- ``put`` (overwrite), additive ``inc``, or ``contribute``
   (partial sums that the program's ``pull`` turns into new rows when a round
   completes: server-side aggregation next to the rows);
+* ``do_exchange`` -- a worker's round: its contributions, its tick of the round
+  clock and the rows the round's ``pull`` left; one call, or many rounds on one
+  stream for a step;
 * actions     -- table management, round clocks (BSP / SSP), step
   begin / enter / commit / abort with an undo log so a failed step can be
   rolled back exactly, per-round metrics, ``stats``, ``heartbeat`` and
@@ -349,8 +352,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         answer = self._round(header, reader)
         if answer is not None:
             rows, table = answer
-            schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
-            chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, header.int("chunk", protocol.CHUNK_BYTES)))
+            schema = protocol.value_schema(table.dtype, rows.shape[1], with_keys=False)
+            chunk = protocol.rows_per_chunk(rows.shape[1], table.dtype, max(1, header.int("chunk", protocol.CHUNK_BYTES)))
             writer.begin(schema)
             for start in range(0, len(rows), chunk):
                 writer.write_batch(pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema))
@@ -395,7 +398,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
 
     def _round(self, header: _Request, reader) -> Optional[Tuple[np.ndarray, ShardTable]]:
         """One round of one worker (``reader``: its contribution's batches); the read-back rows
-        and their table when the round asks for them."""
+        (``read_back``: true, or the columns to send) and their table when the round asks for
+        them."""
         contrib = header.dict("contribute", None)
         nbytes = nrows = 0
         keys_seen: List[Any] = []
@@ -406,11 +410,18 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             nbytes, nrows = self._receive_rows(_Request(fields, **contrib), table, "contribute", reader, keys_seen)
         self._action_tick(header)
         answer = None
-        if header.get("read_back") and table is not None:
+        columns = header.get("read_back")
+        if columns and table is not None:
+            if columns is not True and (not isinstance(columns, list) or not columns or any(
+                    not isinstance(c, int) or not 0 <= c < table.width for c in columns)):
+                raise flight.FlightServerError(
+                    f"table {table.name!r}: read_back must be true or column indexes in [0, {table.width}), "
+                    f"got {columns!r}")
             keys = np.concatenate(keys_seen) if keys_seen else np.zeros(0, np.int64)
             with table.lock:
                 index = table.local(keys)
-                rows = _own(table.read(index), index)
+                rows = table.read(index)
+                rows = _own(rows, index) if columns is True else np.take(rows, columns, axis=1)
             self._count(bytes_out=rows.nbytes, rows_out=len(rows))
             answer = (rows, table)
         self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
