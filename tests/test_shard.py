@@ -366,26 +366,33 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
     assert np.array_equal(other.read_all()[:, 0], np.full(6, 12.0))
 
 
-def test_a_rounds_stream_reads_back_in_chunks_and_outlives_a_refused_round(shards):
-    """On a rounds stream, read-back rows larger than the chunk size come back whole (several
-    messages); a round the shard refuses (a task that did not enter the step) raises the same
-    error as a round of its own call would, and the next round goes through on a new stream."""
+def _lone_worker(group, table):
+    """Step 1 of fit ``fit`` open for one worker over ``table`` (its ``pull``: :class:`_Program`):
+    the worker's fence and its runner (task 100), whose ``tick`` sends a context's round."""
     import base64
     import pickle
 
     from pyspark import cloudpickle
 
-    from pystrads.engine.program import WorkerContext
     from pystrads.engine.worker import WorkerSpec, _Worker
 
-    _, group = shards  # chunks of 4 096 bytes
-    table = make_table(group, rows=2000, width=3, contrib_width=2)
     group.broadcast("register_program", namespace="fit", payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
     group.broadcast("begin_step", step=1, num_workers=1, namespace="fit")
     fence = _enter(group, 1, 0, task=100)
     spec = WorkerSpec(program=pickle.dumps(None), program_hash="", group=group, layouts={"t": table.layout},
                       num_workers=1, seed=0, timeout=30, namespace="fit", fingerprint=False)
-    runner = _Worker(spec, 0, 100, 0)
+    return fence, _Worker(spec, 0, 100, 0)
+
+
+def test_a_rounds_stream_reads_back_in_chunks_and_outlives_a_refused_round(shards):
+    """On a rounds stream, read-back rows larger than the chunk size come back whole (several
+    messages); a round the shard refuses (a task that did not enter the step) raises the same
+    error as a round of its own call would, and the next round goes through on a new stream."""
+    from pystrads.engine.program import WorkerContext
+
+    _, group = shards  # chunks of 4 096 bytes
+    table = make_table(group, rows=2000, width=3, contrib_width=2)
+    fence, runner = _lone_worker(group, table)
     keys = np.arange(1, 2000, 2)  # 1 000 keys: 12 000 bytes read back from each shard
 
     def round_(rnd, fence, read_back=True):
@@ -419,23 +426,12 @@ def test_a_round_reads_back_the_columns_it_names(shards, streamed):
     """``contribute(..., read_back=[columns])``: the tick brings back only those columns of the
     pulled rows, in the order named, on a stream or not; column indexes outside the table are
     refused before anything is sent."""
-    import base64
-    import pickle
-
-    from pyspark import cloudpickle
-
     from pystrads.engine.program import WorkerContext
-    from pystrads.engine.worker import WorkerSpec, _Worker
 
     _, group = shards
     table = make_table(group, rows=2000, width=3, contrib_width=1)
     table.put(range(0, 2000), np.arange(6000.0).reshape(2000, 3))
-    group.broadcast("register_program", namespace="fit", payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
-    group.broadcast("begin_step", step=1, num_workers=1, namespace="fit")
-    fence = _enter(group, 1, 0, task=100)
-    spec = WorkerSpec(program=pickle.dumps(None), program_hash="", group=group, layouts={"t": table.layout},
-                      num_workers=1, seed=0, timeout=30, namespace="fit", fingerprint=False)
-    runner = _Worker(spec, 0, 100, 0)
+    fence, runner = _lone_worker(group, table)
     keys = np.array([1999, 5, 1000, 7, 3])  # both shards, any order
     ctx = WorkerContext(0, 1, 1, 0, {"t": table.fenced(**fence)}, 0, 0)
     with pytest.raises(ValueError, match=r"read_back columns \[3\] must be .* in \[0, 3\)"):
