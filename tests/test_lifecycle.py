@@ -261,3 +261,23 @@ def test_a_shard_makes_its_own_certificate_and_takes_payloads_only_from_the_driv
     finally:
         shard.kill()
         shard.wait(10)
+
+
+def test_a_shard_loads_numba_and_its_kernels_before_its_first_table(tmp_path):
+    """A new shard warms its kernels up in the background once it listens: numba's compiler
+    library is loaded and the stats say how long it took, before any table exists (a first
+    sparse write no longer waits for it)."""
+    shard, info = _start_shard(tmp_path, env={"PYSTRADS_SHARD_TOKEN": "run"})
+    try:
+        client = ShardClient(f"grpc://127.0.0.1:{info['port']}", "run")
+        deadline = time.time() + 60
+        stats = client.action("stats")
+        while stats["kernels_ready_s"] is None and time.time() < deadline:
+            time.sleep(0.1)
+            stats = client.action("stats")
+        assert stats["kernels_ready_s"] is not None and stats["kernels_ready_s"] > 0 and not stats["tables"]
+        with open(f"/proc/{info['pid']}/maps") as fh:
+            assert "libllvmlite" in fh.read()
+    finally:
+        shard.kill()
+        shard.wait()

@@ -113,6 +113,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         self.lease_seconds = lease_seconds
         self.last_heartbeat = time.monotonic()
         self.started = time.time()
+        self.kernels_ready_s: Optional[float] = None  # the kernel warm-up's seconds, once done
         self.counters = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "rows_in": 0, "rows_out": 0,
                          "round_streams": 0, "open_round_streams": 0}
         self.timers: Dict[str, float] = {}  # seconds spent in handlers (stats)
@@ -543,8 +544,23 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             "peak_blob_bytes": int(self.peak_blob_bytes),
             "rss_bytes": _rss_bytes(),
             "peak_rss_bytes": _peak_rss_bytes(),
+            "kernels_ready_s": self.kernels_ready_s,
         })
         return out
+
+    def warm_up(self) -> None:
+        """Load numba and the table kernels while the shard waits for its first tables (a first
+        sparse request would otherwise wait ~1 s for them, and its workers with it); the stats
+        report the seconds it took (``kernels_ready_s``)."""
+        from ..kernels import warm_up
+
+        t0 = time.perf_counter()
+        try:
+            warm_up("rows", "sparse_rows")
+        except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs the first request what it saves
+            log.warning("kernel warm-up failed (the first request loads them): %s", exc)
+            return
+        self.kernels_ready_s = time.perf_counter() - t0
 
     def _action_shutdown(self, req):
         """Stop serving and exit."""
@@ -646,6 +662,7 @@ def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Opt
         os.replace(tmp, info_file)
     log.info("shard %s listening on %s:%d (%s; malloc tuned: %s)", shard_id, host, server.port,
              "TLS, own certificate" if own_cert else "TLS" if tls else "plaintext", tuned)
+    threading.Thread(target=server.warm_up, name="pystrads-warm-up", daemon=True).start()
     server.serve()
 
 
