@@ -3,8 +3,8 @@
     python3 jobs/bench_first_fit.py --repeats 3      # the bundled sample, K = 20, 100 iterations
 
 Each repeat is a fresh Python process, as a second run of the quick start is: it starts a Spark
-session (local[2]), turns the bundled Debian sample into term counts (JVM stages only: no Python
-worker has started yet) and caches them, then fits StradsLDA (``k``, ``maxIter``, ``seed`` 1,
+session (local[2]), turns the bundled Debian sample into term counts (its rows come from Python:
+Spark's Python daemon starts there) and caches them, then fits StradsLDA (``k``, ``maxIter``, ``seed`` 1,
 fixed α) with no warm-up call -- the *first* fit -- and then, in the same process, ``--pairs``
 fits of ``maxIter`` iterations (*warm*) interleaved with as many of twice as many. Reported
 per process: the first fit, the median warm fit, their ratio (target <= 1.5), a warm fit's

@@ -6,7 +6,8 @@ correctly: Java is checked first (with a clear message), and the executors'
 Python is pinned to the driver's (``PYSPARK_PYTHON``), without which
 executors may start a system Python that lacks pystrads and its
 dependencies.  RDD jobs and DataFrame jobs (``mapInArrow``, what a fit runs) share one pool
-of Python workers (see :data:`ONE_WORKER_POOL`).
+of Python workers (see :data:`ONE_WORKER_POOL`), forked from a daemon that loaded numba once
+(see :data:`PRELOADED_WORKERS`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from .engine.preflight import check_java
 #: of workers for its first fit, each paying the Python start-up and imports again.  With it
 #: both kinds of job use the same workers (RDD tasks' tracebacks are then simplified too).
 ONE_WORKER_POOL = {"spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1"}
+
+#: Spark forks every Python worker from one daemon per executor: :mod:`pystrads.daemon` loads
+#: numba (and readies its CPU target) before the first fork, so that a fit's new workers do not
+#: each pay it (~1-1.5 s of CPU per worker).  Needs pystrads on every executor.
+PRELOADED_WORKERS = {"spark.python.daemon.module": "pystrads.daemon"}
 
 
 def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
@@ -45,6 +51,7 @@ def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
         "spark.sql.shuffle.partitions": "4",
         "spark.python.worker.reuse": "true",
         **ONE_WORKER_POOL,
+        **PRELOADED_WORKERS,
     }
     for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)

@@ -43,3 +43,23 @@ def test_rdd_and_dataframe_jobs_share_one_pool_of_python_workers(spark, sc):
     rdd_parents = set(sc.parallelize(range(2), 2).mapPartitions(lambda it: [os.getppid()]).collect())
     frame_parents = {r.ppid for r in spark.range(0, 2, 1, 2).mapInArrow(parent, "ppid long").collect()}
     assert len(rdd_parents) == 1 and frame_parents == rdd_parents, (rdd_parents, frame_parents)
+
+
+def test_python_workers_fork_from_a_daemon_that_loaded_numba(sc):
+    """A session from spark_session forks its Python workers from pystrads.daemon, which loaded
+    numba (its compiler library is mapped in the daemon) and readied its CPU target before
+    forking: a worker's first kernel call does not load them again."""
+    import os
+
+    def probe(_):
+        parent = os.getppid()
+        with open(f"/proc/{parent}/cmdline", "rb") as fh:
+            cmdline = fh.read().split(b"\0")
+        with open(f"/proc/{parent}/maps") as fh:
+            llvm_in_daemon = "libllvmlite" in fh.read()
+        from numba.core.registry import cpu_target
+
+        ready = bool(cpu_target.target_context._registries)  # what refresh() fills in
+        return [(b"pystrads.daemon" in cmdline, llvm_in_daemon, ready)]
+
+    assert sc.parallelize(range(2), 2).mapPartitions(probe).collect() == [(True, True, True)] * 2

@@ -1,0 +1,36 @@
+"""Spark's Python worker daemon, with numba loaded once before it forks any worker.
+
+Spark starts one daemon per executor (``python -m pyspark.daemon``) at the first Python task
+and forks every Python worker from it; each new worker of a fit then imports numba and readies
+its CPU target (~1-1.5 s of CPU, most of an application's first fit on a small machine).  Set
+``spark.python.daemon.module=pystrads.daemon`` (:func:`pystrads.session.spark_session` does)
+and the daemon pays that once, before its first fork, so that every worker it forks starts with
+numba ready.  It loads only what starts no thread (numpy, numba and pystrads' kernel modules:
+no pyarrow, pandas or gRPC, which Spark's daemon also leaves to the workers because of their
+threads), and a failed load only leaves the workers to load what they need, as before.  Every
+executor must have pystrads installed (the daemon is this module).
+"""
+
+from __future__ import annotations
+
+import sys
+
+#: kernel modules the shipped programs and the shards call
+KERNEL_MODULES = ("cd", "lda", "mf", "offsets", "random", "rows", "sets", "sparse_rows")
+
+
+def preload() -> None:
+    """numpy, numba with its CPU target ready, and the kernel modules (compiles nothing)."""
+    try:
+        from .kernels import warm_up
+
+        warm_up(*KERNEL_MODULES)
+    except Exception as exc:  # noqa: BLE001 - the workers load what they need themselves
+        print(f"pystrads.daemon: preloading numba failed ({exc}); workers load it themselves", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    preload()
+    from pyspark.daemon import manager
+
+    manager()
