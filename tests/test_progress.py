@@ -90,3 +90,32 @@ def test_notebook_bar_is_one_display_updated_in_place(monkeypatch):
     assert not progress.in_notebook()  # pytest is no notebook
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
     assert progress.in_notebook()
+
+
+def test_notebook_detection_reads_a_loaded_ipython_and_never_imports_one(monkeypatch):
+    """A notebook's kernel has IPython imported already: in_notebook asks that module and never
+    imports IPython itself (~1 s of a process's first fit, where none is loaded)."""
+    import sys
+    import types
+
+    from pystrads.engine import progress
+
+    tried = []
+
+    class Watch:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "IPython":
+                tried.append(name)
+            return None
+
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Watch()] + sys.meta_path)
+    for name in [m for m in sys.modules if m.split(".")[0] == "IPython"]:
+        monkeypatch.delitem(sys.modules, name)
+    assert not progress.in_notebook() and tried == []
+    kernel = types.ModuleType("IPython")
+    kernel.get_ipython = lambda: type("ZMQInteractiveShell", (), {})()
+    monkeypatch.setitem(sys.modules, "IPython", kernel)
+    assert progress.in_notebook()
+    kernel.get_ipython = lambda: None  # IPython loaded, but no shell (a script that imported it)
+    assert not progress.in_notebook() and tried == []

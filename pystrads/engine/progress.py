@@ -28,11 +28,12 @@ def in_notebook() -> bool:
     """True inside a Jupyter kernel or a Databricks notebook."""
     if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
         return True
+    ipython = sys.modules.get("IPython")  # a notebook's kernel imported it; importing it here costs ~1 s
+    if ipython is None:
+        return False
     try:
-        from IPython import get_ipython  # type: ignore
-
-        shell = get_ipython()
-    except Exception:  # noqa: BLE001 -- no IPython: not a notebook
+        shell = ipython.get_ipython()
+    except Exception:  # noqa: BLE001 -- a partial or odd IPython: not a notebook
         return False
     return shell is not None and type(shell).__name__ in ("ZMQInteractiveShell", "DatabricksShell")
 
