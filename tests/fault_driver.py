@@ -145,8 +145,13 @@ def lasso_fit(sc, config, working_set_limit=None, lose_step=None):
                 "iterations": len(res.summary.rows)}, res.summary
 
 
+#: what the command line of Spark's Python daemon and of the workers it forks holds: pyspark's
+#: own, or the one spark_session sets (spark.python.daemon.module)
+DAEMONS = ("pyspark.daemon", "pyspark/daemon", "pystrads.daemon")
+
+
 def _pyspark_workers():
-    """Pids of this driver's forked Python workers: processes running pyspark's daemon code
+    """Pids of this driver's forked Python workers: processes running Spark's daemon code
     whose parent does too (the daemon itself is a child of the JVM; shards, children of a
     worker, are not pyspark processes), and that descend from this process -- never another
     application's workers on the same machine (a benchmark or a second test run)."""
@@ -162,7 +167,7 @@ def _pyspark_workers():
         except OSError:
             continue
         parents[int(pid)] = ppid
-        if "pyspark.daemon" in cmd or "pyspark/daemon" in cmd:
+        if any(daemon in cmd for daemon in DAEMONS):
             daemons.add(int(pid))
             procs[int(pid)] = ppid
 

@@ -81,7 +81,7 @@ def _descendants(root: int, parents):
 def sample(shard_pids):
     """Figures of this driver's own processes only (other Spark applications may run beside it)."""
     mine = _descendants(os.getpid(), _children())
-    workers = [p for p in mine if "pyspark.daemon" in _cmdline(p)]
+    workers = [p for p in mine if any(d in _cmdline(p) for d in ("pyspark.daemon", "pystrads.daemon"))]
     jvm = [p for p in mine if "java" in _cmdline(p).split(" ")[0]]
     return {
         "driver_rss": _rss(os.getpid()), "driver_fds": _fds(os.getpid()),
