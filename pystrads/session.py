@@ -27,8 +27,19 @@ ONE_WORKER_POOL = {"spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1"}
 
 #: Spark forks every Python worker from one daemon per executor: :mod:`pystrads.daemon` loads
 #: numba (and readies its CPU target) before the first fork, so that a fit's new workers do not
-#: each pay it (~1-1.5 s of CPU per worker).  Needs pystrads on every executor.
+#: each pay it (~1-1.5 s of CPU per worker).  Needs pystrads installed where the executors'
+#: Python finds it at start: :func:`worker_settings` leaves it out when pystrads came from an
+#: archive (``--py-files``), which Spark puts on a worker's path only once the daemon forked it.
 PRELOADED_WORKERS = {"spark.python.daemon.module": "pystrads.daemon"}
+
+
+def worker_settings() -> dict:
+    """The Python worker settings :func:`spark_session` applies: :data:`ONE_WORKER_POOL`, and
+    :data:`PRELOADED_WORKERS` when pystrads is installed as files (not imported from a zip)."""
+    import pystrads
+
+    installed = os.path.isfile(pystrads.__file__)
+    return {**ONE_WORKER_POOL, **(PRELOADED_WORKERS if installed else {})}
 
 
 def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
@@ -50,8 +61,7 @@ def spark_session(master: Optional[str] = None, app_name: str = "pystrads",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
         "spark.python.worker.reuse": "true",
-        **ONE_WORKER_POOL,
-        **PRELOADED_WORKERS,
+        **worker_settings(),
     }
     for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)

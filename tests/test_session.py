@@ -63,3 +63,14 @@ def test_python_workers_fork_from_a_daemon_that_loaded_numba(sc):
         return [(b"pystrads.daemon" in cmdline, llvm_in_daemon, ready)]
 
     assert sc.parallelize(range(2), 2).mapPartitions(probe).collect() == [(True, True, True)] * 2
+
+
+def test_the_preloading_daemon_is_set_only_where_its_module_is_installed(monkeypatch):
+    """Spark's daemon starts before a worker adds --py-files archives to its path: a pystrads
+    imported from a zip gets Spark's own daemon, an installed one pystrads.daemon."""
+    import pystrads
+    from pystrads.session import ONE_WORKER_POOL, PRELOADED_WORKERS, worker_settings
+
+    assert worker_settings() == {**ONE_WORKER_POOL, **PRELOADED_WORKERS}
+    monkeypatch.setattr(pystrads, "__file__", "/jobs/pystrads.zip/pystrads/__init__.py")
+    assert worker_settings() == ONE_WORKER_POOL
