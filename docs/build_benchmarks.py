@@ -490,7 +490,7 @@ TABLES = {
                               "2026-11-25"),
     "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-26"),
     "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
-    "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 1", "2026-11-28"),
+    "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-28"),
     "lasso_dense": Table(lasso_table, "python3 jobs/bench_lasso.py --problems strads:20000x20000x200 --widths 128,2048 "
                          "--quick --repeats 1 --skip-mllib --skip-sklearn --skip-celer --skip-skglm", "2026-11-27"),
     "runtime_every_round": Table(runtime_every_round_table, _RUNTIME, "2026-11-24",
