@@ -2,7 +2,7 @@
 
 Spark starts one daemon per executor (``python -m pyspark.daemon``) at the first Python task
 and forks every Python worker from it; each new worker of a fit then imports numba and readies
-its CPU target (~1-1.5 s of CPU, most of an application's first fit on a small machine).  Set
+its CPU target (~0.5-1.5 s of CPU each, as much as a small fit's steps on 2 cores).  Set
 ``spark.python.daemon.module=pystrads.daemon`` (:func:`pystrads.session.spark_session` does)
 and the daemon pays that once, before its first fork, so that every worker it forks starts with
 numba ready.  It loads only what starts no thread (numpy, numba and pystrads' kernel modules:

@@ -27,7 +27,7 @@ ONE_WORKER_POOL = {"spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1"}
 
 #: Spark forks every Python worker from one daemon per executor: :mod:`pystrads.daemon` loads
 #: numba (and readies its CPU target) before the first fork, so that a fit's new workers do not
-#: each pay it (~1-1.5 s of CPU per worker).  Needs pystrads installed where the executors'
+#: each pay it (~0.5-1.5 s of CPU per worker).  Needs pystrads installed where the executors'
 #: Python finds it at start: :func:`worker_settings` leaves it out when pystrads came from an
 #: archive (``--py-files``), which Spark puts on a worker's path only once the daemon forked it.
 PRELOADED_WORKERS = {"spark.python.daemon.module": "pystrads.daemon"}

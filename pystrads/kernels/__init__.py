@@ -20,7 +20,7 @@ if "NUMBA_CACHE_DIR" not in os.environ and not os.access(os.path.dirname(os.path
 
 def warm_up(*modules: str) -> None:
     """Import numba, ready its CPU target and import the kernel ``modules`` (names under this
-    package): what a process's first kernel call otherwise pays (~1-1.5 s, most of it numba
+    package): what a process's first kernel call otherwise pays (~0.5-1.5 s, most of it numba
     importing the typing and lowering registries of its whole numpy support).  Compiles
     nothing, so it costs no more on a machine whose kernel cache is empty.  Safe beside
     kernel calls in other threads: it holds numba's compiler lock while the target loads."""
