@@ -465,6 +465,15 @@ def first_fit_table(data):
            f"**{_f(med['warm_s'], 2)} s** |"]
     for key, label in names.items():
         out.append(f"| {label} | {_f(phases['first_phases'][key], 2)} s | {_f(phases['warm_phases'][key], 2)} s |")
+    cpu = data.get("cpu_s")
+    if cpu:
+        labels = {"jvm": "the Spark JVM", "python_workers": "the Python daemon and workers",
+                  "shards": "the shards", "driver": "the driver (Python)"}
+        first, warm = cpu["first_cpu_s"], cpu["warm_cpu_s"]
+        out.append(f"| CPU seconds (all cores) | **{_f(sum(first.values()), 2)} s** | "
+                   f"**{_f(sum(warm.values()), 2)} s** |")
+        for key, label in labels.items():
+            out.append(f"|   {label} | {_f(first[key], 2)} s | {_f(warm[key], 2)} s |")
     out.append(f"| first ÷ warm (target ≤ 1.5) | **{med['ratio']:.2f}** | |")
     out.append(f"| a warm fit's one-off cost, 2·t({data['problem']['iterations']}) − "
                f"t({2 * data['problem']['iterations']}) (target ≤ 1 s) | | **{_f(med['one_off_s'], 2)} s** |")

@@ -10,7 +10,9 @@ fits of ``maxIter`` iterations (*warm*) interleaved with as many of twice as man
 per process: the first fit, the median warm fit, their ratio (target <= 1.5), a warm fit's
 one-off cost ``2 t(n) - t(2n)`` from the medians (target <= 1 s) and the first fit's phases next to the warm fit's (the
 summary's ``timings``: the scan, the shards' start, the init step -- the workers' start, their
-imports and load, the kernels' loading -- and the model's read). One more process runs with an
+imports and load, the kernels' loading -- and the model's read), and the CPU seconds each fit
+cost the Spark JVM, the Python daemon and workers, the shards and the driver (from /proc: on
+2 cores a first fit is bound by CPU, so this says where its extra time goes). One more process runs with an
 empty numba cache (``NUMBA_CACHE_DIR``), as a fresh clone's first run does, kernels compiling.
 Medians over the repeats; the table and JSON (``--out``; ``docs/bench-data/first_fit.json``
 feeds docs/benchmarks.md).
@@ -34,6 +36,55 @@ sys.path.insert(0, HERE)
 from _bench import argv_of, record  # noqa: E402
 
 PHASES = ("scan_s", "shard_start_s", "init_s", "init_compute_s", "load_s", "read_model_s")
+#: the processes whose CPU time a fit is charged, by what their command line runs
+PROCESSES = ("jvm", "python_workers", "shards", "driver")
+
+
+def _kind(pid: int, cmdline: str):
+    if pid == os.getpid():
+        return "driver"
+    program = cmdline.split(" ", 1)[0]
+    if os.path.basename(program).startswith("java"):
+        return "jvm"
+    if "pystrads.ps.server" in cmdline:
+        return "shards"
+    if "pyspark.worker" in cmdline or ".daemon" in cmdline:  # Spark's daemon and the workers it forks
+        return "python_workers"
+    return None
+
+
+def cpu_seconds() -> dict:
+    """CPU seconds (user + system) so far of this process and its descendants -- the Spark JVM,
+    its Python daemon and workers, the shards -- by :data:`PROCESSES` (empty without /proc)."""
+    parent, info = {}, {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # exited meanwhile
+            continue
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        info[pid] = (cmdline, (int(fields[11]) + int(fields[12])) / tick)
+    out = {kind: 0.0 for kind in PROCESSES}
+    for pid, (cmdline, seconds) in info.items():
+        p = pid
+        while p not in (0, 1, os.getpid()) and p in parent:
+            p = parent[p]
+        kind = _kind(pid, cmdline)
+        if p == os.getpid() or pid == os.getpid():
+            if kind is not None:
+                out[kind] += seconds
+    return out
+
+
+def _spent(before: dict, after: dict) -> dict:
+    return {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in PROCESSES}
 
 
 def child(k: int, iterations: int, pairs: int) -> dict:
@@ -57,11 +108,12 @@ def child(k: int, iterations: int, pairs: int) -> dict:
     docs = features.count()
 
     def fit(n):
+        cpu = cpu_seconds()
         start = time.perf_counter()
         model = StradsLDA(k=k, maxIter=n, seed=1, optimizeDocConcentration=False).fit(features)
-        return time.perf_counter() - start, dict(model.summary.timings)
+        return time.perf_counter() - start, dict(model.summary.timings), _spent(cpu, cpu_seconds())
 
-    first, first_phases = fit(iterations)
+    first, first_phases, first_cpu = fit(iterations)
     warm, double = [], []
     for _ in range(pairs):  # interleaved, so that a slow spell of the machine hits both
         warm.append(fit(iterations))
@@ -71,7 +123,8 @@ def child(k: int, iterations: int, pairs: int) -> dict:
     return {"docs": docs, "imports_s": imports, "first_s": first, "warm_s": mid[0],
             "double_s": float(np.median(double)), "warm_runs_s": [w[0] for w in warm], "double_runs_s": double,
             "first_phases": {p: first_phases.get(p, 0.0) for p in PHASES},
-            "warm_phases": {p: mid[1].get(p, 0.0) for p in PHASES}}
+            "warm_phases": {p: mid[1].get(p, 0.0) for p in PHASES},
+            "first_cpu_s": first_cpu, "warm_cpu_s": mid[2]}
 
 
 def run_child(k: int, iterations: int, pairs: int, env=None) -> dict:
@@ -116,6 +169,8 @@ def main(argv=None):
 
     phases = {when: {p: float(np.median([r[when][p] for r in runs])) for p in PHASES}
               for when in ("first_phases", "warm_phases")}
+    cpu = {when: {kind: float(np.median([r[when][kind] for r in runs])) for kind in PROCESSES}
+           for when in ("first_cpu_s", "warm_cpu_s")}
     summary = {"first_s": med("first_s"), "warm_s": med("warm_s"), "ratio": med("ratio"),
                "one_off_s": med("one_off_s")}
     print(f"\nmedians: first fit {summary['first_s']:.2f} s, warm fit {summary['warm_s']:.2f} s, ratio "
@@ -123,10 +178,13 @@ def main(argv=None):
     for p_name in PHASES:
         first, warm = phases["first_phases"][p_name], phases["warm_phases"][p_name]
         print(f"  {p_name:16s} first {first:.2f} s   warm {warm:.2f} s")
+    for kind in PROCESSES:
+        first, warm = cpu["first_cpu_s"][kind], cpu["warm_cpu_s"][kind]
+        print(f"  CPU {kind:14s} first {first:.2f} s   warm {warm:.2f} s")
     return record("jobs/bench_first_fit.py", argv_of(argv), args.out, {
         "problem": {"corpus": "bundled Debian sample", "docs": runs[0]["docs"], "k": args.k,
                     "iterations": args.iterations},
-        "runs": runs, "median": summary, "phases": phases, "empty_kernel_cache": cold})
+        "runs": runs, "median": summary, "phases": phases, "cpu_s": cpu, "empty_kernel_cache": cold})
 
 
 if __name__ == "__main__":
