@@ -12,8 +12,8 @@ one-off cost ``2 t(n) - t(2n)`` from the medians (target <= 1 s) and the first f
 summary's ``timings``: the scan, the shards' start, the init step -- the workers' start, their
 imports and load, the kernels' loading -- and the model's read), and the CPU seconds each fit
 cost the Spark JVM, the Python daemon and workers, the shards and the driver (from /proc: on
-2 cores a first fit is bound by CPU, so this says where its extra time goes). One more process runs with an
-empty numba cache (``NUMBA_CACHE_DIR``), as a fresh clone's first run does, kernels compiling.
+2 cores a first fit is bound by CPU, so this says where its extra time goes). One more process
+runs with an empty numba cache (``NUMBA_CACHE_DIR``), as a fresh clone's first run does, kernels compiling.
 Medians over the repeats; the table and JSON (``--out``; ``docs/bench-data/first_fit.json``
 feeds docs/benchmarks.md).
 """
@@ -55,7 +55,8 @@ def _kind(pid: int, cmdline: str):
 
 def cpu_seconds() -> dict:
     """CPU seconds (user + system) so far of this process and its descendants -- the Spark JVM,
-    its Python daemon and workers, the shards -- by :data:`PROCESSES` (empty without /proc)."""
+    its Python daemon and workers, the shards -- by :data:`PROCESSES` (zeros without /proc).
+    A process that exited between two readings takes its CPU time with it."""
     parent, info = {}, {}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
@@ -77,9 +78,8 @@ def cpu_seconds() -> dict:
         while p not in (0, 1, os.getpid()) and p in parent:
             p = parent[p]
         kind = _kind(pid, cmdline)
-        if p == os.getpid() or pid == os.getpid():
-            if kind is not None:
-                out[kind] += seconds
+        if p == os.getpid() and kind is not None:
+            out[kind] += seconds
     return out
 
 
