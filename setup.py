@@ -32,6 +32,10 @@ setup(
         # per-run TLS certificates for shards off the loopback (pystrads.ps.tls): the PyCA's
         # well-kept X.509 builder instead of hand-written ASN.1; pyarrow cannot make certificates
         "cryptography>=41",
+        # shards forked from the Python daemon (pystrads.daemon) keep the command line of a new
+        # interpreter in ps / pgrep -f / /proc: the maintained C module that rewrites it safely
+        # (moving the environment aside first) instead of hand-written pointer surgery through ctypes
+        "setproctitle>=1.2",
     ],
     extras_require={
         # matplotlib: the tests check the summaries' plots too; pytest-timeout: a hung test fails

@@ -47,6 +47,11 @@ _SETTINGS = [
             "keep it well under leaseSeconds / 2", 0.0),
     Setting("shard.startTimeoutSeconds", 60.0, float,
             "seconds to wait for a shard process to report its port", 1.0),
+    Setting("shard.fork", True, bool,
+            "fork shards from the executor's pystrads Python daemon (spark.python.daemon.module="
+            "pystrads.daemon), which has numpy and numba loaded, instead of starting a new interpreter "
+            "for each (~0.6 s of CPU each, and ~0.4 s of a small first fit on 2 cores); a new interpreter where "
+            "no such daemon runs yet, or it runs another Python or pystrads installation"),
     Setting("shard.workDir", "", str,
             "local directory on each executor for shard logs and port files; "
             "empty = <tmp>/pystrads-<uid>"),

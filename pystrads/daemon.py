@@ -1,4 +1,5 @@
-"""Spark's Python worker daemon, with numba loaded once before it forks any worker.
+"""Spark's Python worker daemon, with numba loaded once before it forks any worker, and the
+executor's shards forked from it too.
 
 Spark starts one daemon per executor (``python -m pyspark.daemon``) at the first Python task
 and forks every Python worker from it; each new worker of a fit then imports numba and readies
@@ -9,6 +10,17 @@ numba ready.  It loads only what starts no thread (numpy, numba and pystrads' ke
 no pyarrow, pandas or gRPC, which Spark's daemon also leaves to the workers because of their
 threads), and a failed load only leaves the workers to load what they need, as before.  Every
 executor must have pystrads installed (the daemon is this module).
+
+**The shard forker.**  A shard started as a new interpreter pays Python's start and numba's
+again (~0.6 s of CPU, beside the fit's first steps).  So the daemon, once loaded, forks a
+*forker*: a single-threaded copy of itself that listens on a Unix socket named after the
+executor JVM (:func:`forker_path`, in a directory only this user can enter, answering only this
+user's processes) and forks each shard :func:`fork_shard` asks it for, as
+``python -m pystrads.ps.server`` with the caller's arguments, environment, import path and
+working directory, titled with that command line.  The launcher falls back to a new
+interpreter when no forker answers (the daemon has not started yet, or is Spark's own) or when
+the forker runs another interpreter or another pystrads installation.  The forker exits
+within a second of its daemon; its shards do not (they watch the executor JVM, as ever).
 """
 
 from __future__ import annotations
@@ -17,6 +29,9 @@ import sys
 
 #: kernel modules the shipped programs and the shards call
 KERNEL_MODULES = ("cd", "lda", "mf", "offsets", "random", "rows", "sets", "sparse_rows")
+
+#: the module a forked shard runs as ``__main__``
+SHARD_MODULE = "pystrads.ps.server"
 
 
 def preload() -> None:
@@ -29,8 +44,239 @@ def preload() -> None:
         print(f"pystrads.daemon: preloading numba failed ({exc}); workers load it themselves", file=sys.stderr)
 
 
+# --------------------------------------------------------------------- the shard forker
+
+
+def _base_dir() -> str:
+    import os
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
+
+
+def forker_path(jvm_pid: int) -> str:
+    """The Unix socket of the forker that serves the executor JVM ``jvm_pid`` on this host."""
+    import hashlib
+    import os
+    import socket
+
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+    return os.path.join(_base_dir(), f"forker-{host}-{int(jvm_pid)}.sock")
+
+
+def _identity() -> dict:
+    """What a forked shard shares with the forker: the interpreter and pystrads' location."""
+    import os
+
+    from . import __file__ as package_file
+
+    return {"python": os.path.realpath(sys.executable), "pystrads": os.path.realpath(os.path.dirname(package_file))}
+
+
+def _private_dir(path: str) -> bool:
+    """``path`` exists (made here if missing) as a directory of this user that no one else can
+    write to: where a socket that starts processes may live."""
+    import os
+    import stat
+
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def start_forker() -> int:
+    """Fork the forker for the JVM that started this daemon (its parent); 0 when none was
+    started: another daemon of the same JVM serves it, or the socket cannot be made safely."""
+    import fcntl
+    import os
+    import socket
+
+    jvm = os.getppid()
+    path = forker_path(jvm)
+    if len(path.encode()) > 100 or not _private_dir(os.path.dirname(path)):
+        return 0
+    lock = open(path[: -len(".sock")] + ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the forker while it lives
+    except OSError:
+        lock.close()
+        return 0
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if os.path.exists(path):
+            os.unlink(path)  # a forker that died left it: the lock says none serves it now
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(64)
+    except OSError:
+        listener.close()
+        lock.close()
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        listener.close()  # the daemon keeps neither: its workers must not inherit them
+        lock.close()
+        return pid
+    code = 0
+    try:
+        _serve_forks(listener, lock, daemon=os.getppid())
+    except BaseException:  # noqa: BLE001 - the forker only ever ends here
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _serve_forks(listener, lock, daemon: int) -> None:
+    import os
+    import signal
+    import socket
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the shards that exit
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)  # the daemon's stdout is its pipe to the JVM: never written from here
+    os.close(null)
+    try:
+        from setproctitle import setthreadtitle
+
+        setthreadtitle("pystrads-forker")
+    except ImportError:
+        pass
+    listener.settimeout(1.0)
+    while os.getppid() == daemon:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        try:
+            _answer(conn, listener, lock)
+        except Exception as exc:  # noqa: BLE001 - one bad request never stops the forker
+            print(f"pystrads.daemon: shard forker: {exc!r}", file=sys.stderr, flush=True)
+        finally:
+            conn.close()
+
+
+def _answer(conn, listener, lock) -> None:
+    import json
+    import os
+    import socket
+    import struct
+
+    conn.settimeout(10.0)
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.getuid():
+        conn.sendall(b'{"error": "this forker serves its own user only"}\n')
+        return
+    request = json.loads(conn.makefile("rb").readline(1 << 20))
+    mine = _identity()
+    theirs = request.get("identity") or {}
+    if theirs != mine:
+        conn.sendall(json.dumps({"error": f"the forker runs {mine}, the caller {theirs}"}).encode() + b"\n")
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _become_shard(request, (conn, listener, lock))
+    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+
+
+def _become_shard(request: dict, inherited) -> None:
+    """In the forked child: what ``subprocess.Popen([python, "-m", SHARD_MODULE, *argv], env=env,
+    cwd=cwd, stdout=log, stderr=log, stdin=DEVNULL, start_new_session=True, close_fds=True)``
+    gives a new interpreter, then the shard's main.  Never returns."""
+    import os
+    import runpy
+    import signal
+
+    code = 1
+    try:
+        for item in inherited:
+            item.close()
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, 1 << 16)
+        argv = [str(a) for a in request["argv"]]
+        try:
+            from setproctitle import setproctitle, setthreadtitle
+
+            # ps, pgrep -f and /proc/<pid>/cmdline show the command a new interpreter would have
+            # (set before the environment changes: setproctitle moves it to make room)
+            setproctitle(" ".join([sys.executable, "-m", SHARD_MODULE, *argv]))
+            setthreadtitle(os.path.basename(sys.executable))
+        except ImportError:
+            pass
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[:0] = [p for p in request["path"] if p not in sys.path]
+        sys.argv = [SHARD_MODULE, *argv]
+        runpy.run_module(SHARD_MODULE, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - reported in the shard's log, as a new interpreter would
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def fork_shard(jvm_pid: int, argv, env, log_file: str, timeout: float = 10.0):
+    """The pid of a shard (``python -m pystrads.ps.server *argv``) forked by the forker of the
+    executor JVM ``jvm_pid``, with environment ``env``, this process's import path and working
+    directory, output to ``log_file``; ``None`` when no forker of the same interpreter and
+    pystrads installation answers (start the shard as a new interpreter then)."""
+    import json
+    import os
+    import socket
+
+    path = forker_path(jvm_pid)
+    if not os.path.exists(path):
+        return None
+    request = {"argv": [str(a) for a in argv], "env": dict(env), "log": log_file, "cwd": os.getcwd(),
+               "path": [p for p in sys.path if p], "identity": _identity()}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(path)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            reply = json.loads(conn.makefile("rb").readline(1 << 20) or b"{}")
+    except (OSError, ValueError):
+        return None  # a forker that died (its socket stays until the next one replaces it)
+    if "pid" not in reply:
+        import logging
+
+        logging.getLogger(__name__).info("the shard forker declined (%s): starting a new interpreter",
+                                         reply.get("error", reply))
+        return None
+    return int(reply["pid"])
+
+
 if __name__ == "__main__":
     preload()
+    start_forker()
     from pyspark.daemon import manager
 
     manager()

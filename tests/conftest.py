@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -33,7 +34,7 @@ def _shard_processes(run_ids=None):
             except OSError:
                 continue
             if "pystrads.ps.server" in cmd and (run_ids is None or any(r in cmd for r in run_ids)) \
-                    and _of_this_session(entry):
+                    and _of_this_session(entry, cmd):
                 pids.append(int(entry))
     return pids
 
@@ -43,8 +44,15 @@ def _shard_processes(run_ids=None):
 #: leak check below counts this session's shards only -- not those of another run on the same machine
 SESSION_MARKER = f"PYSTRADS_TEST_SESSION={os.getpid()}-{os.urandom(6).hex()}"
 
+#: this session's TMPDIR, inherited the same way: shards keep their port and log files under it, so
+#: their command lines name it -- also those forked from a Python daemon, whose /proc/<pid>/environ
+#: setproctitle has overwritten with their title
+SESSION_TMP = tempfile.mkdtemp(prefix="pystrads-tests-")
 
-def _of_this_session(pid: str) -> bool:
+
+def _of_this_session(pid: str, cmd: str = "") -> bool:
+    if SESSION_TMP + os.sep in cmd:
+        return True
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             return SESSION_MARKER.encode() in fh.read().split(b"\0")
@@ -87,6 +95,8 @@ def pytest_sessionstart(session):
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     key, value = SESSION_MARKER.split("=", 1)
     os.environ[key] = value  # before any Spark process: see _of_this_session
+    os.environ["TMPDIR"] = SESSION_TMP
+    tempfile.tempdir = None  # this process's tempfile reads TMPDIR again
     from jvm_archive import share_spark_classes
 
     share_spark_classes()  # before any Spark process too: they all inherit the options
@@ -111,3 +121,10 @@ def spark():
 @pytest.fixture(scope="session")
 def sc(spark):
     return spark.sparkContext
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == 0:  # a failed run keeps the shards' logs under it
+        import shutil
+
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)

@@ -47,8 +47,16 @@ def _alive(pid):
         return False
 
 
-def test_shards_are_separate_loopback_only_token_protected_and_die_with_the_driver():
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "lifecycle_driver.py"), str(LEASE)],
+def _parent(pid):
+    """(pid, name) of ``pid``'s parent."""
+    raw = open(f"/proc/{pid}/stat").read()
+    parent = int(raw.rpartition(")")[2].split()[1])
+    return parent, open(f"/proc/{parent}/comm").read().strip()
+
+
+@pytest.mark.parametrize("start", ["forked", "spawned"])
+def test_shards_are_separate_loopback_only_token_protected_and_die_with_the_driver(start):
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "lifecycle_driver.py"), str(LEASE), start],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             cwd=os.path.dirname(HERE), env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
     try:
@@ -68,9 +76,16 @@ def test_shards_are_separate_loopback_only_token_protected_and_die_with_the_driv
         assert proc.poll() is None, "the fit must still be running"
         for shard in shards:
             pid = shard["pid"]
-            cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
-            assert "pystrads.ps.server" in cmdline, cmdline
+            cmdline = " ".join(open(f"/proc/{pid}/cmdline").read().rstrip("\0").split("\0"))
+            assert f"{sys.executable} -m pystrads.ps.server --host 127.0.0.1 " in cmdline, cmdline
             assert os.getsid(pid) == pid, "a shard runs in its own session, not inside a Spark task"
+            parent, name = _parent(pid)
+            if start == "forked":  # by the forker of the Python daemon the first job started
+                assert name == "pystrads-forker", (parent, name)
+                daemon = _parent(parent)[0]
+                assert "pystrads.daemon" in open(f"/proc/{daemon}/cmdline").read()
+            else:
+                assert parent == proc.pid, (parent, name)
             assert shard["host"] == "127.0.0.1"
             addresses = _listening_addresses(shard["port"])
             loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, or as ::ffff:127.0.0.1

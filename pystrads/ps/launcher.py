@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from ..daemon import SHARD_MODULE, fork_shard
 from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
 from .client import ShardGroup, ShardInfo
 from .server import ADMIN_TOKEN_ENV, TOKEN_ENV
@@ -148,13 +149,38 @@ def shard_addresses(local_mode: bool, configured: str, driver_host: str = "") ->
 
 
 def _alive(pid: int) -> bool:
+    """``pid`` runs: exists and is not a zombie (a forked shard's parent is the daemon's forker,
+    or init once the forker is gone: not this process, which so cannot reap it)."""
     try:
         os.kill(pid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class _Forked:
+    """A shard the daemon's forker started: not this process's child, so not waited for here
+    (the forker, or init once the forker is gone, reaps it); its exit code is not known."""
+
+    returncode = "unknown (a forked shard)"
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> Optional[int]:
+        return None if _alive(self.pid) else -1
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
 
 
 def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
@@ -162,14 +188,16 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                        tls_key: str = "", advertise: str = "", port: int = 0,
                        port_range: int = 1, tls_auto: bool = False, admin_token: str = "",
                        jvm_pid: Optional[int] = None, extra_env: Optional[Dict[str, str]] = None,
-                       ) -> List[Dict[str, Any]]:
+                       fork: bool = True) -> List[Dict[str, Any]]:
     """Start ``count`` shards for ``run_id`` on this executor unless already running
     (listening on ``bind_host``, dialled at ``advertise``; ports ``port`` ..
     ``port + port_range - 1``, or any free port when ``port`` is 0).  TLS with the
     operator's ``tls_cert`` / ``tls_key``, or with ``tls_auto`` each shard's own key pair.
     Called in a Python worker, the executor is the JVM it serves; called elsewhere (the
     driver of a local-mode application), ``jvm_pid`` names it.  ``extra_env``: variables the
-    shards get beside this process's (the executors' ``spark.executorEnv.*``)."""
+    shards get beside this process's (the executors' ``spark.executorEnv.*``).  ``fork``: ask
+    the executor's pystrads daemon to fork the shards (:func:`pystrads.daemon.fork_shard`: no
+    second start of Python and numba) and start new interpreters only where it does not."""
     watched = jvm_pid if jvm_pid is not None else executor_pid()
     executor = f"{socket.gethostname()}:{watched}"
     base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
@@ -202,20 +230,25 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
             log_file = os.path.join(run_dir, f"{safe}-{i}.log")
             if os.path.exists(info_file):
                 os.remove(info_file)
-            with open(log_file, "ab") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "pystrads.ps.server", "--host", bind_host, "--port", str(int(port)),
+            argv = (["--host", bind_host, "--port", str(int(port)),
                      "--port-range", str(int(port_range)), "--advertise", advertise or bind_host,
                      "--watch-pid", str(watched),
                      "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id,
                      "--malloc-retain", str(int(malloc_retain))]
                     + (["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert else
-                       ["--tls-auto"] if tls_auto else []),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True, close_fds=True)
+                       ["--tls-auto"] if tls_auto else []))
+            forked = fork_shard(watched, argv, env, log_file) if fork else None
+            if forked is not None:
+                proc = _Forked(forked)
+            else:
+                with open(log_file, "ab") as out:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", SHARD_MODULE, *argv],
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                        start_new_session=True, close_fds=True)
+                if jvm_pid is not None:  # a long-lived parent (the driver) reaps its shards when they exit
+                    threading.Thread(target=proc.wait, name=f"pystrads-reap-{shard_id}", daemon=True).start()
             procs.append((proc, info_file, log_file, shard_id))
-            if jvm_pid is not None:  # a long-lived parent (the driver) reaps its shards when they exit
-                threading.Thread(target=proc.wait, name=f"pystrads-reap-{shard_id}", daemon=True).start()
         deadline = time.monotonic() + start_timeout
         for proc, info_file, log_file, shard_id in procs:
             while not os.path.exists(info_file):
@@ -230,7 +263,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                             tail = fh.read()[-2000:]
                     except OSError:
                         pass
-                    why = (f"exited with code {code}" if code is not None
+                    why = (f"exited with code {proc.returncode}" if code is not None
                            else f"did not report a port within {start_timeout:.0f} s "
                                 "(spark.pystrads.shard.startTimeoutSeconds)")
                     raise ShardStartError(
@@ -240,6 +273,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
             with open(info_file) as fh:
                 info = json.load(fh)
             info["executor"] = executor
+            info["started"] = "forked" if isinstance(proc, _Forked) else "spawned"
             infos.append(info)
         with open(registry + ".tmp", "w") as fh:
             json.dump(infos, fh)
@@ -308,6 +342,7 @@ class ShardManager:
         tls_cert, tls_key, tls_roots = tls_files(cfg)
         plaintext = cfg["shard.tls.plaintext"]
         admin_token = self.admin_token
+        fork = cfg["shard.fork"]
 
         def launch(_index, jvm_pid=None, extra_env=None):
             host, advertise = shard_addresses(local_mode, bind, driver_host)
@@ -315,7 +350,7 @@ class ShardManager:
             auto = not tls_cert and not plaintext and not is_loopback(advertise)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
                                        malloc_retain, tls_cert, tls_key, advertise, port, port_range, auto,
-                                       admin_token, jvm_pid, extra_env)
+                                       admin_token, jvm_pid, extra_env, fork)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}
