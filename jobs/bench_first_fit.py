@@ -48,7 +48,8 @@ def _kind(pid: int, cmdline: str):
         return "jvm"
     if "pystrads.ps.server" in cmdline:
         return "shards"
-    if "pyspark.worker" in cmdline or ".daemon" in cmdline:  # Spark's daemon and the workers it forks
+    if "pyspark.worker" in cmdline or ".daemon" in cmdline or cmdline.startswith("pystrads-forker"):
+        # Spark's daemon, the workers it forks, and the forker of the shards
         return "python_workers"
     return None
 

@@ -124,7 +124,7 @@ def start_forker() -> int:
         return pid
     code = 0
     try:
-        _serve_forks(listener, lock, daemon=os.getppid())
+        _serve_forks(listener, lock, daemon=os.getppid(), jvm=jvm)
     except BaseException:  # noqa: BLE001 - the forker only ever ends here
         import traceback
 
@@ -134,19 +134,23 @@ def start_forker() -> int:
         os._exit(code)
 
 
-def _serve_forks(listener, lock, daemon: int) -> None:
+def _serve_forks(listener, lock, daemon: int, jvm: int) -> None:
     import os
     import signal
     import socket
 
+    os.setpgid(0, 0)  # out of the JVM's process group, as the daemon is: a terminal's ^C is not for it
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the shards that exit
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)  # the daemon's stdout is its pipe to the JVM: never written from here
     os.close(null)
     try:
-        from setproctitle import setthreadtitle
+        from setproctitle import setproctitle, setthreadtitle
 
+        # not the daemon's command line: tools that look for Spark's daemon and its workers by it
+        # must not take the forker for one
+        setproctitle(f"pystrads-forker for the executor JVM {jvm}")
         setthreadtitle("pystrads-forker")
     except ImportError:
         pass

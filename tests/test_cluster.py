@@ -229,7 +229,7 @@ def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
                 with pytest.raises(ShardUnavailableError):
                     ShardClient(shard["uri"].replace("grpc+tls://", "grpc://"), "not-the-token").action("ping")
                 # kill worker w1's executor JVM, which the shard on w1 watches (--watch-pid)
-                argv = open(f"/proc/{shard['pid']}/cmdline").read().split("\0")
+                argv = open(f"/proc/{shard['pid']}/cmdline").read().replace("\0", " ").split()
                 jvm = int(argv[argv.index("--watch-pid") + 1])
                 assert open(f"/proc/{jvm}/comm").read().strip() == "java" and jvm in cluster.pids("w1")
                 os.kill(jvm, signal.SIGKILL)

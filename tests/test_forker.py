@@ -77,6 +77,8 @@ def test_a_forked_shard_is_what_a_new_interpreter_would_be(fake_daemon, tmp):
     while open(f"/proc/{forker}/comm").read().strip() != "pystrads-forker" and time.time() < deadline:
         time.sleep(0.05)
     assert open(f"/proc/{forker}/comm").read().strip() == "pystrads-forker"
+    # not taken for Spark's daemon or a Python worker by what looks for them (the fault tests)
+    assert open(f"/proc/{forker}/cmdline").read().rstrip("\0") == f"pystrads-forker for the executor JVM {os.getpid()}"
     token = secrets.token_urlsafe(16)
     infos = _start(tmp, True, token)
     try:
