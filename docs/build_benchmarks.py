@@ -477,6 +477,15 @@ def first_fit_table(data):
     out.append(f"| first ÷ warm (target ≤ 1.5) | **{med['ratio']:.2f}** | |")
     out.append(f"| a warm fit's one-off cost, 2·t({data['problem']['iterations']}) − "
                f"t({2 * data['problem']['iterations']}) (target ≤ 1 s) | | **{_f(med['one_off_s'], 2)} s** |")
+    alt = data.get("compared")
+    if alt:
+        setting = ", ".join(f"`{k}={v}`" for k, v in alt["conf"].items())
+        m, ph = alt["median"], alt["phases"]
+        out.append("")
+        out.append(f"The same run, processes alternating with {setting} (medians of {len(alt['runs'])}): "
+                   f"first fit {_f(m['first_s'], 2)} s (shards' start {_f(ph['first_phases']['shard_start_s'], 2)} s, "
+                   f"init step {_f(ph['first_phases']['init_s'], 2)} s), warm fit {_f(m['warm_s'], 2)} s, "
+                   f"first ÷ warm {m['ratio']:.2f}.")
     out.append("")
     out.append(f"A fresh clone's first run (empty numba cache, kernels compiling): first fit "
                f"{_f(cold['first_s'], 2)} s, warm fit {_f(cold['warm_s'], 2)} s. Problem: "

@@ -15,7 +15,9 @@ cost the Spark JVM, the Python daemon and workers, the shards and the driver (fr
 2 cores a first fit is bound by CPU, so this says where its extra time goes). One more process
 runs with an empty numba cache (``NUMBA_CACHE_DIR``), as a fresh clone's first run does, kernels compiling.
 Medians over the repeats; the table and JSON (``--out``; ``docs/bench-data/first_fit.json``
-feeds docs/benchmarks.md).
+feeds docs/benchmarks.md).  ``--compare KEY=VALUE`` (repeatable) runs, after each process, one
+more with those Spark settings (e.g. ``spark.pystrads.shard.fork=false``), and reports its
+medians beside the default's: an A/B in the same run, through the same slow and fast spells.
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def _spent(before: dict, after: dict) -> dict:
     return {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in PROCESSES}
 
 
-def child(k: int, iterations: int, pairs: int) -> dict:
-    """One fresh process's measurements (printed as JSON by ``--child``)."""
+def child(k: int, iterations: int, pairs: int, conf=None) -> dict:
+    """One fresh process's measurements (printed as JSON by ``--child``), its session with the
+    Spark settings ``conf`` besides the defaults."""
     t0 = time.perf_counter()
     from pyspark.ml import Pipeline
     from pyspark.ml.feature import CountVectorizer, RegexTokenizer, StopWordsRemover
@@ -99,7 +102,7 @@ def child(k: int, iterations: int, pairs: int) -> dict:
     from pystrads.session import spark_session
 
     imports = time.perf_counter() - t0
-    spark = spark_session("local[2]", "pystrads-bench-first-fit", {"spark.ui.enabled": "false"})
+    spark = spark_session("local[2]", "pystrads-bench-first-fit", {"spark.ui.enabled": "false", **(conf or {})})
     spark.sparkContext.setLogLevel("ERROR")
     df = load_debian_sample(spark)
     stages = [RegexTokenizer(inputCol="text", outputCol="tokens", pattern="[^a-z0-9+]+", toLowercase=True),
@@ -128,10 +131,15 @@ def child(k: int, iterations: int, pairs: int) -> dict:
             "first_cpu_s": first_cpu, "warm_cpu_s": mid[2]}
 
 
-def run_child(k: int, iterations: int, pairs: int, env=None) -> dict:
+def run_child(k: int, iterations: int, pairs: int, env=None, conf=None) -> dict:
+    settings = [a for key, value in (conf or {}).items() for a in ("--conf", f"{key}={value}")]
+    # the executors run this interpreter, as the quick start's do: a PYSPARK_PYTHON naming another
+    # path to it (a pyenv shim, say) would start every Python daemon through that wrapper and the
+    # shards through a Spark job instead of from the driver
+    env = dict(env or os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "-k", str(k), "--iterations",
-                          str(iterations), "--pairs", str(pairs)], capture_output=True, text=True, env=env,
-                         check=False)
+                          str(iterations), "--pairs", str(pairs)] + settings, capture_output=True, text=True,
+                         env=env, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise SystemExit(f"the measuring process failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -145,28 +153,36 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="fresh processes with the numba cache in place")
     p.add_argument("--pairs", type=int, default=3,
                    help="warm fits of --iterations and of twice as many per process, interleaved (medians)")
+    p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE",
+                   help="also run each process with these Spark settings, alternating (repeatable)")
+    p.add_argument("--conf", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="out/bench_first_fit.json")
     args = p.parse_args(argv)
+    for setting in args.compare + args.conf:
+        if "=" not in setting:
+            p.error(f"--compare / --conf take KEY=VALUE, not {setting!r} (e.g. spark.pystrads.shard.fork=false)")
     if args.child:
-        print(json.dumps(child(args.k, args.iterations, args.pairs)))
+        print(json.dumps(child(args.k, args.iterations, args.pairs, dict(a.split("=", 1) for a in args.conf))))
         return None
 
-    runs = []
+    compare = dict(a.split("=", 1) for a in args.compare)
+    runs, alternate = [], []
     for rep in range(args.repeats):
-        r = run_child(args.k, args.iterations, args.pairs)
-        r["ratio"] = r["first_s"] / r["warm_s"]
-        r["one_off_s"] = 2 * r["warm_s"] - r["double_s"]
-        runs.append(r)
-        print(f"  process {rep + 1}: first fit {r['first_s']:.2f} s, warm {r['warm_s']:.2f} s "
-              f"(x{r['ratio']:.2f}), one-off {r['one_off_s']:.2f} s", flush=True)
+        for conf, into, label in [({}, runs, "")] + ([(compare, alternate, " (compared)")] if compare else []):
+            r = run_child(args.k, args.iterations, args.pairs, conf=conf)
+            r["ratio"] = r["first_s"] / r["warm_s"]
+            r["one_off_s"] = 2 * r["warm_s"] - r["double_s"]
+            into.append(r)
+            print(f"  process {rep + 1}{label}: first fit {r['first_s']:.2f} s, warm {r['warm_s']:.2f} s "
+                  f"(x{r['ratio']:.2f}), one-off {r['one_off_s']:.2f} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="pystrads-numba-") as cache:
         cold = run_child(args.k, args.iterations, 1, dict(os.environ, NUMBA_CACHE_DIR=cache))
     cold["ratio"] = cold["first_s"] / cold["warm_s"]
     print(f"  kernels compiling (empty numba cache): first fit {cold['first_s']:.2f} s, warm {cold['warm_s']:.2f} s")
 
-    def med(key):
-        return float(np.median([r[key] for r in runs]))
+    def med(key, of=runs):
+        return float(np.median([r[key] for r in of]))
 
     phases = {when: {p: float(np.median([r[when][p] for r in runs])) for p in PHASES}
               for when in ("first_phases", "warm_phases")}
@@ -182,10 +198,20 @@ def main(argv=None):
     for kind in PROCESSES:
         first, warm = cpu["first_cpu_s"][kind], cpu["warm_cpu_s"][kind]
         print(f"  CPU {kind:14s} first {first:.2f} s   warm {warm:.2f} s")
+    compared = None
+    if compare:
+        compared = {"conf": compare, "runs": alternate,
+                    "median": {key: med(key, alternate) for key in ("first_s", "warm_s", "ratio", "one_off_s")},
+                    "phases": {when: {p: float(np.median([r[when][p] for r in alternate])) for p in PHASES}
+                               for when in ("first_phases", "warm_phases")}}
+        m = compared["median"]
+        print(f"with {' '.join(f'{k}={v}' for k, v in compare.items())}: first fit {m['first_s']:.2f} s, "
+              f"warm fit {m['warm_s']:.2f} s, ratio {m['ratio']:.2f}, one-off {m['one_off_s']:.2f} s")
     return record("jobs/bench_first_fit.py", argv_of(argv), args.out, {
         "problem": {"corpus": "bundled Debian sample", "docs": runs[0]["docs"], "k": args.k,
                     "iterations": args.iterations},
-        "runs": runs, "median": summary, "phases": phases, "cpu_s": cpu, "empty_kernel_cache": cold})
+        "runs": runs, "median": summary, "phases": phases, "cpu_s": cpu, "empty_kernel_cache": cold,
+        **({"compared": compared} if compared else {})})
 
 
 if __name__ == "__main__":
