@@ -146,6 +146,12 @@ def run_child(k: int, iterations: int, pairs: int, env=None, conf=None) -> dict:
     return json.loads(lines[-1])
 
 
+def phase_medians(runs) -> dict:
+    """The first and warm fits' phases, medians over ``runs``."""
+    return {when: {p: float(np.median([r[when][p] for r in runs])) for p in PHASES}
+            for when in ("first_phases", "warm_phases")}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-k", type=int, default=20)
@@ -184,8 +190,7 @@ def main(argv=None):
     def med(key, of=runs):
         return float(np.median([r[key] for r in of]))
 
-    phases = {when: {p: float(np.median([r[when][p] for r in runs])) for p in PHASES}
-              for when in ("first_phases", "warm_phases")}
+    phases = phase_medians(runs)
     cpu = {when: {kind: float(np.median([r[when][kind] for r in runs])) for kind in PROCESSES}
            for when in ("first_cpu_s", "warm_cpu_s")}
     summary = {"first_s": med("first_s"), "warm_s": med("warm_s"), "ratio": med("ratio"),
@@ -202,8 +207,7 @@ def main(argv=None):
     if compare:
         compared = {"conf": compare, "runs": alternate,
                     "median": {key: med(key, alternate) for key in ("first_s", "warm_s", "ratio", "one_off_s")},
-                    "phases": {when: {p: float(np.median([r[when][p] for r in alternate])) for p in PHASES}
-                               for when in ("first_phases", "warm_phases")}}
+                    "phases": phase_medians(alternate)}
         m = compared["median"]
         print(f"with {' '.join(f'{k}={v}' for k, v in compare.items())}: first fit {m['first_s']:.2f} s, "
               f"warm fit {m['warm_s']:.2f} s, ratio {m['ratio']:.2f}, one-off {m['one_off_s']:.2f} s")

@@ -47,7 +47,9 @@ def preload() -> None:
 # --------------------------------------------------------------------- the shard forker
 
 
-def _base_dir() -> str:
+def work_base() -> str:
+    """``<tmp>/pystrads-<uid>``: the forkers' sockets, and the shards' files unless
+    ``spark.pystrads.shard.workDir`` names another directory."""
     import os
     import tempfile
 
@@ -61,7 +63,7 @@ def forker_path(jvm_pid: int) -> str:
     import socket
 
     host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-    return os.path.join(_base_dir(), f"forker-{host}-{int(jvm_pid)}.sock")
+    return os.path.join(work_base(), f"forker-{host}-{int(jvm_pid)}.sock")
 
 
 def _identity() -> dict:

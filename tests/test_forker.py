@@ -52,7 +52,7 @@ def fake_daemon(tmp):
 
 
 def _ppid(pid):
-    return int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
+    return launcher._proc_stat(pid)[1]
 
 
 def _wait_gone(pid, seconds):

@@ -22,12 +22,11 @@ import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ..daemon import SHARD_MODULE, fork_shard
+from ..daemon import SHARD_MODULE, fork_shard, work_base
 from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
 from .client import ShardGroup, ShardInfo
 from .server import ADMIN_TOKEN_ENV, TOKEN_ENV
@@ -38,14 +37,15 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------- executor side
 def _proc_stat(pid: int):
+    """(name, parent pid, state letter) of ``pid`` from /proc; None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             raw = fh.read()
     except OSError:
         return None
     name = raw[raw.index("(") + 1:raw.rindex(")")]
-    ppid = int(raw[raw.rindex(")") + 2:].split()[1])
-    return name, ppid
+    state, ppid = raw[raw.rindex(")") + 2:].split()[:2]
+    return name, int(ppid), state
 
 
 def executor_pid() -> int:
@@ -55,7 +55,7 @@ def executor_pid() -> int:
         stat = _proc_stat(pid)
         if stat is None:
             break
-        name, ppid = stat
+        name, ppid, _state = stat
         if name == "java":
             return pid
         if ppid <= 1:
@@ -157,11 +157,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    stat = _proc_stat(pid)
+    return stat is None or stat[2] != "Z"
 
 
 class _Forked:
@@ -200,7 +197,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
     second start of Python and numba) and start new interpreters only where it does not."""
     watched = jvm_pid if jvm_pid is not None else executor_pid()
     executor = f"{socket.gethostname()}:{watched}"
-    base = work_dir or os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
+    base = work_dir or work_base()
     run_dir = os.path.join(base, run_id)
     os.makedirs(run_dir, exist_ok=True)
     os.chmod(run_dir, 0o700)
