@@ -79,6 +79,11 @@ _SETTINGS = [
     Setting("rpc.chunkBytes", CHUNK_BYTES, int,
             "bytes per Arrow record batch in a get or put stream (kept under gRPC's "
             "4 MiB message limit)", 4096),
+    Setting("rpc.timeoutSeconds", 10.0, float,
+            "deadline of a control call to a shard (a step action, a ping, a post); long polls add the wait they "
+            "ask for, reads and writes a second per 8 MiB they move, checkpoint and table actions 60 times it. "
+            "A shard that misses a deadline is taken for lost, as if killed: its fit recovers or fails naming "
+            "it (a paused host, a frozen process, a network that drops packets)", 1.0),
     Setting("rpc.maxKeysPerRequest", 262144, int,
             "keys sent in one get request; larger key sets are split", 1),
     Setting("worker.threads", 0, int,

@@ -1,7 +1,8 @@
 """The scheduler in the fit's job (``spark.pystrads.scheduler.location=job``), on a classic
 session: the same results as with the scheduler on the driver, the coordinator's errors raised on
-the client, and a lost job relaunched from the coordinator's state on the shards with no step
-applied twice -- including a coordinator that dies after its step was committed."""
+the client, and a lost job relaunched from the coordinator's journal on the shards with no step
+applied twice or in part -- including a coordinator that dies in ``after_step`` once it wrote a
+table, or right after its step's commit point."""
 
 from __future__ import annotations
 
@@ -55,6 +56,35 @@ class FailOnce(ex.RotationSum):
             self._strike()
 
 
+class SideEffects(FailOnce):
+    """FailOnce whose ``schedule`` and ``after_step`` write a table and bump attributes: a step
+    replayed (or applied in part) shows in ``counts`` -- [after_step calls, schedule calls that
+    ran a step] -- and in the attributes, which must equal the number of steps."""
+
+    def __init__(self, num_keys, iterations, marker, at_round, where):
+        super().__init__(num_keys, iterations, marker, at_round, where)
+        self.after_steps = 0
+        self.schedules = 0
+
+    def tables(self):
+        return super().tables() + [ex.Table("counts", 2, 1, "float64")]
+
+    def schedule(self, ctx):
+        schedule = super().schedule(ctx)
+        if schedule is not None:
+            self.schedules += 1
+            ctx.table("counts").inc([1], [[1.0]])
+        return schedule
+
+    def after_step(self, ctx, metrics):
+        ctx.table("counts").inc([0], [[1.0]])
+        self.after_steps += 1
+        ctx.record(after_steps=self.after_steps, schedules=self.schedules)
+        if self.where == "after_write" and ctx.rounds_done + len(metrics.rounds) >= self.at_round:
+            self._strike()  # dies with the table written and the attribute bumped, before the commit point
+        super().after_step(ctx, metrics)  # where="after_step": dies once it returned
+
+
 class BadSchedule(ex.RotationSum):
     def schedule(self, ctx):
         return [[0]]
@@ -106,6 +136,32 @@ def test_a_lost_job_resumes_from_the_coordinators_state_exactly(data, where, at_
     # read-modify-write rotations: a step applied twice or lost would show in every key it touched
     np.testing.assert_allclose(sums, ITERATIONS * per_key, atol=1e-9)
     assert summary.total_rounds == 2 * ITERATIONS
+    assert [row["step"] for row in summary.rows] == list(range(1, ITERATIONS + 1))
+
+
+def _side_effects_fit(df, where, at_round):
+    from pystrads.engine import Engine
+
+    marker = os.path.join(tempfile.mkdtemp(prefix="pystrads-coordinator-"), "struck")
+    engine = Engine(SideEffects(200, ITERATIONS, marker, at_round, where), df, num_workers=2, seed=1, config=IN_JOB)
+    with engine.fit() as res:
+        return marker, res.read_table("sums")[:, 0], res.read_table("counts")[:, 0], res.summary, engine.program
+
+
+@pytest.mark.parametrize("where, at_round", [("after_write", 4), ("after_step", 4), ("push", 5)])
+def test_a_relaunch_applies_the_loops_own_writes_once(data, where, at_round):
+    """The coordinator's process dies while ``after_step`` of step 2 runs, once it wrote a table
+    (before the step's commit point), or right after it (once ``after_step`` returned: the journal
+    entry may or may not be written), or a worker fails during step 3: the tables ``schedule``
+    and ``after_step`` write, and the program's attributes, count each step once."""
+    df, per_key = data
+    marker, sums, counts, summary, program = _side_effects_fit(df, where, at_round)
+    assert os.path.exists(marker)  # the fault happened
+    assert summary.fixed.get("recoveries") == 1, summary.fixed
+    np.testing.assert_allclose(sums, ITERATIONS * per_key, atol=1e-9)
+    assert counts.tolist() == [ITERATIONS, ITERATIONS]  # after_step's and schedule's writes, each once a step
+    assert program.after_steps == ITERATIONS and program.schedules == ITERATIONS
+    assert [row["after_steps"] for row in summary.rows] == list(range(1, ITERATIONS + 1))
     assert [row["step"] for row in summary.rows] == list(range(1, ITERATIONS + 1))
 
 

@@ -100,7 +100,7 @@ def _job():
 def test_step_hooks_wrap_every_step_in_order_and_are_removed_after_the_block(monkeypatch):
     job = _job()
     calls = []
-    monkeypatch.setattr(WorkerJob, "_run_step", lambda self, step, offset, command: calls.append("step") or
+    monkeypatch.setattr(WorkerJob, "_run_step", lambda self, step, offset, command, close: calls.append("step") or
                         {"step": step})
 
     def outer(j, step, run):

@@ -14,8 +14,10 @@ Who does what (the client's side is here too: :class:`ProgressPoll`, :class:`Rel
 the client starts the fit's shards (a Spark job), submits the fit's job and
 reads its result, cancels it, and releases the shards through a Spark task afterwards
 (:mod:`pystrads.ps.relay`), and relaunches a failed job; the coordinator runs the loop and
-leaves its state on shard 0 after every step, from which a relaunched coordinator carries on (a
-failed task ends the whole barrier job, the coordinator with it).  Programs run unmodified: ``schedule`` and
+keeps its journal on shard 0 (:mod:`~pystrads.engine.journal`: written at every step's commit
+point), from which a relaunched coordinator carries on (a failed task ends the whole barrier
+job, the coordinator with it).  Every relaunch has a new loop epoch, claimed on the shards
+before it starts, so a coordinator whose job was lost can change nothing.  Programs run unmodified: ``schedule`` and
 ``after_step`` see the same :class:`~pystrads.engine.program.ScheduleContext`.
 """
 
@@ -35,8 +37,8 @@ from ..ps.client import ShardGroup
 from ..ps.partition import TableLayout
 from .checkpoints import Position, program_attributes, program_state
 from .job import WorkerJob
+from .journal import Journal, ShardStore, settle
 from .loop import StepLoop, TrainingSummary, make_tables
-from .program import ScheduleContext
 from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,8 @@ class CoordinatorSpec:
     max_steps: Optional[int]
     admin_token: str
     program_name: str
-    resume: bool = False  # a relaunch: carry on from the coordinator's state on the shards
+    resume: bool = False  # a relaunch: carry on from the journal on shard 0
+    epoch: int = 1  # this coordinator's loop epoch: one more for every relaunch
 
     def start(self, spec) -> "Coordinator":
         """Start the coordinator in the first worker's task (``spec``: the workers'
@@ -72,23 +75,12 @@ class InJobWorkerJob(WorkerJob):
     """The :class:`WorkerJob` seen from inside the job: it never launches or cancels (the client
     does); the job is lost when this task is (``abandoned``)."""
 
-    def __init__(self, spec, abandoned: threading.Event):
+    def __init__(self, spec, abandoned: threading.Event, epoch: int):
         super().__init__(None, None, spec.num_workers, spec.seed, spec.namespace, spec.timeout, False,
-                         spec.export, spec.threads)
+                         spec.export, spec.threads, epoch)
         self.group = spec.group
         self._posted_program = spec.program_hash  # every task unpickled it from the job's closure
         self._abandoned = abandoned
-        self.pending: Optional[Dict[str, Any]] = None  # the running step, for a relaunch to account for
-
-    def before_commit(self, step: int, answer: Dict[str, Any]) -> None:
-        """Leave the finished step's record on shard 0 before it is committed: if the coordinator
-        dies once some shard committed it, the relaunched one completes the commit and accounts
-        for the step from this record instead of running it again."""
-        if self.pending is not None and self.pending["step"] == step:
-            record = dict(self.pending, answer=answer, t_step=time.perf_counter() - self.pending["t0"])
-            from pyspark import cloudpickle
-
-            self.group.client(0).put_blob(pending_key(self.namespace), cloudpickle.dumps(record))
 
     def error(self) -> Optional[BaseException]:
         if self._abandoned.is_set():
@@ -99,7 +91,8 @@ class InJobWorkerJob(WorkerJob):
         pass
 
     def finish(self, last_step: int) -> None:
-        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step})
+        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step},
+                                    epoch=self.epoch)
         if self.export is not None:
             self._wait_exports(None)
 
@@ -127,17 +120,16 @@ class Coordinator:
     def _group(self) -> ShardGroup:
         g = self.spec.group
         return ShardGroup(g.shards, g.token, g.chunk_bytes, g.max_keys, getattr(g, "tls_root_certs", None),
-                          self.cspec.admin_token)
+                          self.cspec.admin_token, g.rpc_timeout)
 
     def _heartbeat(self) -> None:
         group = self.spec.group
         period = float(self.cspec.config["shard.heartbeatSeconds"])
         while not self._beats.wait(period):
-            for i in range(len(group.shards)):
-                try:
-                    group.client(i).action("heartbeat")
-                except Exception:  # noqa: BLE001 -- the loop sees a lost shard in its next call
-                    pass
+            try:  # all at once, each bounded by a period: a frozen shard delays no other's lease
+                group.heartbeat(max(0.5, period))
+            except Exception:  # noqa: BLE001 -- the loop sees a lost shard in its next call
+                pass
 
     def _run(self) -> None:
         t0 = time.perf_counter()
@@ -145,6 +137,8 @@ class Coordinator:
         try:
             program = pickle.loads(self.spec.program)
             group = self._group()
+            # from here on no coordinator of an older epoch (one whose job was lost) changes the fit
+            group.broadcast("claim", namespace=self.spec.namespace, epoch=self.cspec.epoch)
             engine = _InJobEngine(self.spec, self.cspec, program, group, self.abandoned)
             if not self.cspec.resume:
                 make_tables(group, self.cspec.tables, self.spec.namespace, program)
@@ -189,16 +183,6 @@ def progress_key(namespace: str) -> str:
     return f"{namespace}/progress"
 
 
-def state_key(namespace: str) -> str:
-    """The coordinator's state after the last step it accounted for (on shard 0)."""
-    return f"{namespace}/coordinator/state"
-
-
-def pending_key(namespace: str) -> str:
-    """The record of the step being committed (on shard 0)."""
-    return f"{namespace}/coordinator/pending"
-
-
 class SharedProgress(ProgressReporter):
     """The coordinator's progress: a log line on the executor, and the latest report left on
     shard 0 for the client's poll (:class:`ProgressPoll`)."""
@@ -219,22 +203,13 @@ class SharedProgress(ProgressReporter):
         return line
 
 
-def settle_open_step(group: ShardGroup, namespace: str) -> str:
-    """Close the step a lost job left open, before the job is relaunched (its new tasks would
-    otherwise pick its command up): complete its commit if some shard committed it and its
-    record says every worker finished it, else roll it back.  Returns what it did."""
-    status = group.broadcast("metrics", namespace=namespace)
-    open_steps = [s["step"] for s in status if s["open"]]
-    if not open_steps:
-        return "none open"
-    step = max(open_steps)
-    pending = group.client(0).get_blob(pending_key(namespace))
-    record = pickle.loads(pending) if pending is not None else None
-    if any(s["step"] == step and s["kept"] for s in status) and record is not None and record["step"] == step:
-        group.broadcast("commit_step", step=step, namespace=namespace)  # a no-op where committed
-        return f"committed step {step}"
-    group.broadcast("abort_step", step=step, namespace=namespace)  # a no-op where closed
-    return f"rolled back step {step}"
+def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int) -> str:
+    """Before the job is relaunched with a coordinator of ``epoch``: claim that epoch on every
+    shard (the lost coordinator, if it still runs somewhere, can change nothing from now on) and
+    close the step it left open as its journal decides (:func:`~pystrads.engine.journal.settle`).
+    Returns what it did."""
+    entry = Journal(ShardStore(group, namespace, epoch)).read()
+    return settle(group, namespace, epoch, entry)
 
 
 def read_progress(group: ShardGroup, namespace: str) -> Optional[Dict[str, Any]]:
@@ -278,8 +253,9 @@ class _InJobEngine(StepLoop):
         self.group = group
         self.layouts = dict(spec.layouts)
         self.namespace = spec.namespace
-        self.job = InJobWorkerJob(spec, abandoned)
+        self.job = InJobWorkerJob(spec, abandoned, cspec.epoch)
         self.job.group = group  # the coordinator's credential: it posts changed programs
+        self.journal = Journal(ShardStore(group, spec.namespace, cspec.epoch))
         self.checkpoints = cspec.checkpoints
         self.progress = None
         self._position = Position(0, 0, self.num_workers)
@@ -287,65 +263,25 @@ class _InJobEngine(StepLoop):
         self._recoveries = 0
         self._name = cspec.program_name
         self.resume = cspec.resume
-        self._replayed_stop: Optional[str] = None
 
-    def _recover(self, exc: BaseException) -> bool:
+    def _recover(self, exc: BaseException) -> None:
         raise exc  # the client relaunches the job (this coordinator's task goes with it)
 
-    # -- the coordinator's own state, for a relaunched job
-    def _step_done(self) -> None:
-        from pyspark import cloudpickle
-
-        state = {"position": dataclasses.asdict(self._position), "program": program_state(self.program),
-                 "summary": self.summary_state(), "checkpoints": self.checkpoints}
-        self.job.group.client(0).put_blob(state_key(self.namespace), cloudpickle.dumps(state))
-
-    def _run_step(self, ctx, schedule, t_sched: tuple, program_rounds: int, ahead=None) -> None:
-        self.job.pending = {"step": self._position.step, "schedule": schedule, "program_rounds": program_rounds,
-                            "t_sched": t_sched, "t0": time.perf_counter()}
-        try:
-            super()._run_step(ctx, schedule, t_sched, program_rounds, ahead)
-        finally:
-            self.job.pending = None
-
     def _resume(self) -> bool:
-        """A relaunched job: carry on from the state the last coordinator left (else from the
-        latest checkpoint, or from the start).  The client settled the step that was open when
-        the job was lost (:func:`settle_open_step`) before relaunching; if it completed its
-        commit, that step is accounted for here from its record, so no step is ever applied
-        twice or lost."""
+        """A relaunched job: carry on from the journal the last coordinator left on shard 0 (else
+        from the latest checkpoint, or from the start).  The client settled the step that was
+        open when the job was lost (:func:`settle_for_relaunch`) before relaunching: committed
+        when its journal entry was written, so the entry is where the fit stands, else rolled
+        back; no step is ever applied twice or in part."""
         if not self.resume:
             return super()._resume()
-        group = self.job.group
-        blob = group.client(0).get_blob(state_key(self.namespace))
-        if blob is None:  # the init step never completed: start over
+        entry = self.journal.read()
+        if entry is None:  # the init step never committed: start over
             return super()._resume()
-        state = pickle.loads(blob)
-        self._position = Position(**state["position"])
-        vars(self.program).update(state["program"])
-        summary = state["summary"]
-        self.summary.rows[:], self.summary.iterations[:] = summary["rows"], summary["iterations"]
-        self.summary.fixed.update(summary["fixed"])
-        self.checkpoints = state["checkpoints"]
-        step = self._position.step
-        status = group.broadcast("metrics", namespace=self.namespace)
-        pending = group.client(0).get_blob(pending_key(self.namespace))
-        record = pickle.loads(pending) if pending is not None else None
-        if all(s["step"] == step and s["kept"] for s in status) and record is not None and record["step"] == step:
-            log.warning("fit %s: step %d was committed when the job was lost; accounting for it", self.namespace, step)
-            ctx = ScheduleContext(self)
-            ctx.step, ctx.rounds_hint = step, self._position.rounds_hint
-            ctx.rounds_done = self._position.rounds_done - self._position.serial_extra
-            self._account(ctx, record["schedule"], record["program_rounds"], record["t_sched"], record["answer"],
-                          record["t_step"])
-            self._replayed_stop = ctx.stopped
+        self._restore(entry)
+        log.warning("fit %s: resuming after step %d from the journal", self.namespace, entry.step)
         self.summary.fixed["resumed_at_step"] = self._position.step
         return True
-
-    def _step_loop(self, max_steps):
-        if self._replayed_stop:  # the step accounted for on resume ended the fit
-            return self._replayed_stop
-        return super()._step_loop(max_steps)
 
     def _progress_reporter(self) -> ProgressReporter:
         return SharedProgress(f"{self._name} {self.namespace}", self.job.group, self.namespace)

@@ -37,6 +37,7 @@ from ..ps.protocol import check_dtype
 from ..spark import is_dataframe
 from .checkpoints import Checkpointer, Position, program_attributes
 from .job import WorkerInput, WorkerJob
+from .journal import Journal, MemoryStore
 from .loop import StepLoop, TrainingSummary, make_tables  # noqa: F401 -- TrainingSummary: part of this API
 from .preflight import (FitSetup, _python_cause, check_checkpoint_storage, check_cluster, expected_executors,
                         preflight)
@@ -148,6 +149,7 @@ class Engine(StepLoop):
         self.job = WorkerJob(self.spark, data, self.num_workers, self.seed, self.namespace,
                              self.config["round.timeoutSeconds"], bool(keep_states), export, self.threads)
         self.checkpoints: Optional[Checkpointer] = None
+        self.journal = Journal(MemoryStore())  # the step loop's record (a restarted driver resumes from checkpoints)
         self.progress: Optional[ProgressReporter] = None
         self._position = Position(0, 0, self.num_workers)
         self._program_initial: Optional[bytes] = None  # the program's attributes before the first step
@@ -284,7 +286,7 @@ class Engine(StepLoop):
     def _recover_in_job(self, exc: BaseException, spec):
         """After the fit's job failed (a task or an executor lost, or the coordinator stopped on a
         lost shard): the coordinator spec to relaunch it with -- resuming from the coordinator's
-        state on the shards when they live, else on new shards from the latest checkpoint or the
+        journal on the shards when they live (a new loop epoch), else on new shards from the latest checkpoint or the
         start; re-raises when the job was cancelled or after ``recovery.maxAttempts``."""
         import dataclasses
 
@@ -297,20 +299,21 @@ class Engine(StepLoop):
         log.warning("fit %s: its job failed (%s); relaunching it (%d of at most %d) %s", self.namespace,
                     _python_cause(exc), self._recoveries, limit,
                     "from the coordinator's state on the shards" if alive else "on new shards")
+        epoch = spec.epoch + 1  # the relaunched coordinator's: the lost one's requests are refused from now on
         if alive:
             from ..ps.relay import through_spark
-            from .coordinator import settle_open_step
+            from .coordinator import settle_for_relaunch
 
-            log.info("fit %s: %s", self.namespace, through_spark(self.spark, self.group, settle_open_step,
-                                                                self.namespace))
-            spec = dataclasses.replace(spec, resume=True)
+            log.info("fit %s: %s", self.namespace, through_spark(self.spark, self.group, settle_for_relaunch,
+                                                                self.namespace, epoch))
+            spec = dataclasses.replace(spec, resume=True, epoch=epoch)
         else:
             self.manager.shutdown()
             self.manager = launcher.start_for_fit(self.spark, self.config, expected_executors(self.spark))
             self.group = self.manager.group
             self.layouts = {}
             spec = dataclasses.replace(spec, resume=False, tables=self._plan_tables(),
-                                       admin_token=self.manager.admin_token)
+                                       admin_token=self.manager.admin_token, epoch=epoch)
         self.summary.fixed["recoveries"] = self._recoveries
         self.summary.add_time("recovery_s", time.perf_counter() - t0)
         return spec
@@ -367,11 +370,12 @@ class Engine(StepLoop):
             self.release()
             raise
 
-    def _recover(self, exc: BaseException) -> bool:
-        """After a failed step: when shards died, the workers' states were lost with an executor,
-        or the job failed, restart what is gone and continue -- from the shards' snapshots when
-        only the job was lost (returns True: the failed step is to run again as it was), else
-        from the latest checkpoint or from the start.  Anything else is re-raised."""
+    def _recover(self, exc: BaseException) -> None:
+        """After a failed step (the loop settled it: rolled back, or committed when its journal
+        entry was written): when shards died, the workers' states were lost with an executor, or
+        the job failed, restart what is gone and continue -- from the journal when only the job
+        was lost (the workers' tasks restart from the shards' snapshots of its step), else from
+        the latest checkpoint or from the start.  Anything else is re-raised."""
         shards_alive = self.manager is not None and self.manager.alive()
         cause = str(exc) + " " + str(exc.__cause__ or "")
         states_lost = any(marker in cause for marker in _LOST_STATE_MARKERS)
@@ -385,20 +389,23 @@ class Engine(StepLoop):
         what = ("shards were lost" if not shards_alive else "worker states were lost with an executor" if states_lost
                 else "its barrier job failed (a failed task ends a DataFrame input's job)")
         log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self._position.step, what,
-                    self._recoveries, limit, "the latest checkpoint" if self.checkpoints else "the start")
+                    self._recoveries, limit, "the last committed step" if shards_alive else
+                    "the latest checkpoint" if self.checkpoints else "the start")
         self.job.cancel()
-        rerun = shards_alive  # only the job was lost: its tasks restart from the shards' snapshots
+        entry = self.journal.read() if shards_alive else None
         if not shards_alive:
+            self.journal.clear()
             self._start_shards()  # new shards with freshly created tables
         self._launch(new_shards=not shards_alive)
-        if not rerun and not self._resume():
+        if entry is not None:  # only the job was lost: its tasks restart from the shards' snapshots
+            self._restore(entry)
+        elif not (not shards_alive and self._resume()):
             vars(self.program).update(pickle.loads(self._program_initial))
             self.summary.rows.clear()
             self.summary.iterations.clear()
             self._init_state()
         self.summary.fixed["recoveries"] = self._recoveries
         self.summary.add_time("recovery_s", time.perf_counter() - t0)
-        return rerun
 
     # ------------------------------------------------------------------ results
     def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:

@@ -2,10 +2,11 @@
 
 :class:`WorkerJob` owns that job for the :class:`~pystrads.engine.driver.Engine`: it launches
 it (collected in a driver thread, its own Spark job group or Connect job tag), waits for every
-worker's hello on shard 0, runs each step -- opens it on every shard with its command, waits
-for the workers, commits or rolls back --, watches for a job that waits for task slots, and at
-the end tells the workers to finish and gathers their exports (left on the shards, fetched
-only when asked for) and the states kept for ``map_states``.  It also reads and restores the
+worker's hello on shard 0, runs each step -- opens it on every shard, posts its command, waits
+for the workers, lets the loop reach the step's commit point, commits or rolls back --,
+watches for a job that waits for task slots, and at the end tells the workers to finish and
+gathers their exports (left on the shards, fetched only when asked for) and the states kept
+for ``map_states``.  It also reads and restores the
 workers' state snapshots for the checkpoints.
 
 :data:`STEP_HOOKS` is the one seam the fault-injection suite strikes through
@@ -73,16 +74,20 @@ class WorkerJob:
         ``fn(worker, data, state)`` every worker runs when the fit ends.
     threads : int
         Threads each worker computes with (:attr:`WorkerContext.threads`).
+    epoch : int
+        The step loop's epoch, sent with every step action (see :mod:`pystrads.ps.steps`).
     """
 
     def __init__(self, spark, data: WorkerInput, num_workers: int, seed: int, namespace: str, timeout: float,
-                 keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]], threads: int = 1):
+                 keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]], threads: int = 1,
+                 epoch: int = 1):
         self.spark = spark
         self.sc = None if spark is None or spark.connect else getattr(spark, "sc", None)
         self.data, self.num_workers, self.seed = data, num_workers, seed
         self.namespace, self.timeout = namespace, timeout
         self.keep_states, self.export = keep_states, export
         self.threads = int(threads)
+        self.epoch = int(epoch)
         self.group: Optional[ShardGroup] = None  # the shards the running job's tasks talk to
         self.job_groups: List[str] = []  # Spark job groups (tags) of every launch, in order
         self.result_rdd = None  # the finished job's (data, state) per worker, cached (keep_states)
@@ -245,25 +250,36 @@ class WorkerJob:
             command["schedule"] = base64.b64encode(cloudpickle.dumps(schedule)).decode()
         return command
 
-    def run_step(self, step: int, round_offset: int, command: Dict[str, Any]) -> Dict[str, Any]:
-        """Run one step atomically: open it on every shard (shard 0 last, with the command), wait
-        until every worker finished it, then commit -- or, on failure, roll back and raise
-        :class:`~pystrads.errors.StepFailedError`.  Returns shard 0's answer (the rounds' metrics)."""
-        run = functools.partial(self._run_step, step, round_offset, command)
+    def open_step(self, step: int, round_offset: int) -> None:
+        """Open step ``step`` on every shard (no command yet): from here on, the step loop's own
+        writes (``schedule``, ``after_step``) and the workers' belong to the step and are rolled
+        back with it."""
+        self.group.broadcast("begin_step", step=step, num_workers=self.num_workers, namespace=self.namespace,
+                             round_offset=round_offset, epoch=self.epoch)
+
+    def run_step(self, step: int, round_offset: int, command: Dict[str, Any],
+                 before_commit: Callable[[Dict[str, Any]], None] = lambda answer: None) -> Dict[str, Any]:
+        """Run the open step ``step`` (:meth:`open_step`): post its command, wait until every worker
+        finished it, call ``before_commit(answer)`` (the loop's ``after_step`` and journal entry,
+        the step's commit point), then commit it on every shard -- or, when the workers fail, roll
+        it back and raise :class:`~pystrads.errors.StepFailedError`.  What ``before_commit``
+        raises is raised as it is (the loop settles the step).  Returns shard 0's answer (the
+        rounds' metrics)."""
+        run = functools.partial(self._run_step, step, round_offset, command, before_commit)
         for hook in STEP_HOOKS:
             run = functools.partial(hook, self, step, run)
         return run()
 
-    def _run_step(self, step: int, round_offset: int, command: Dict[str, Any]) -> Dict[str, Any]:
+    def _run_step(self, step: int, round_offset: int, command: Dict[str, Any],
+                  before_commit: Callable[[Dict[str, Any]], None] = lambda answer: None) -> Dict[str, Any]:
         group = self.group
-        body = dict(step=step, num_workers=self.num_workers, namespace=self.namespace, round_offset=round_offset)
         try:
             if "program" in command:  # the shards run the program's pull and shard_metrics: the same program
                 group.broadcast("register_program", namespace=self.namespace, payload=command["program"])
-            fan_out([lambda i=i: group.client(i).action("begin_step", **body) for i in range(1, len(group.shards))])
-            group.client(0).action("begin_step", command=command, **body)
+            group.client(0).action("post", namespace=self.namespace, command=command, epoch=self.epoch)
             if "program" in command:
                 self._posted_program = command["program_hash"]
+            stall = _StallWatch(self.timeout + getattr(group, "rpc_timeout", 10.0), self.num_workers)
             while True:
                 answer = group.client(0).action("wait_step", step=step, namespace=self.namespace, timeout=1.0)
                 if answer["done"]:
@@ -273,23 +289,30 @@ class WorkerJob:
                 error = self.error()
                 if error is not None:
                     raise error
+                stall.check(step, answer)
         except BaseException as exc:
-            try:
-                group.broadcast("abort_step", step=step, namespace=self.namespace)
-            except PystradsError as abort_exc:
-                log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
+            self.abort_step(step)
             if isinstance(exc, KeyboardInterrupt):
                 self.cancel()
                 raise
             raise StepFailedError(
                 f"step {step} failed; the model tables were rolled back to their state before the step. "
                 f"Cause: {exc if isinstance(exc, PystradsError) else _python_cause(exc)}") from exc
-        self.before_commit(step, answer)
-        self._traffic_at_commit = group.broadcast("commit_step", step=step, namespace=self.namespace)
+        before_commit(answer)
+        self.commit_step(step)
         return answer
 
-    def before_commit(self, step: int, answer: Dict[str, Any]) -> None:
-        """Called once every worker finished step ``step``, before it is committed."""
+    def commit_step(self, step: int) -> None:
+        """Close step ``step`` on every shard, keeping its writes (a no-op where it is closed)."""
+        self._traffic_at_commit = self.group.broadcast("commit_step", step=step, namespace=self.namespace,
+                                                       epoch=self.epoch)
+
+    def abort_step(self, step: int) -> None:
+        """Roll step ``step`` back on every shard that can be reached (a no-op where it is closed)."""
+        try:
+            self.group.broadcast("abort_step", step=step, namespace=self.namespace, epoch=self.epoch)
+        except PystradsError as abort_exc:
+            log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
 
     def metrics(self, answer: Dict[str, Any], program: Program) -> StepMetrics:
         """The step's per-round metrics: the workers' reports in ``answer``, plus every shard's own
@@ -319,7 +342,8 @@ class WorkerJob:
     def finish(self, last_step: int) -> None:
         """Tell the tasks the fit is over; they leave their exports on the shards and hand their
         (data, state) to Spark's cache (for ``map_states``), and the job ends."""
-        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step})
+        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step},
+                                    epoch=self.epoch)
         run = self._run
         if self.export is not None:  # left on the shards until asked for (fetch_exports, engine.frames)
             self._wait_exports(run)
@@ -405,6 +429,31 @@ class WorkerJob:
             states_prefix=states_prefix(self.namespace), states_step=step, states_dir=source,
             states_workers=[w for w in range(self.num_workers) if w % S == i])
             for i in range(S)])
+
+
+class _StallWatch:
+    """A running step whose workers all entered it but whose round clocks (as shard 0 sees them)
+    have not moved for ``limit`` seconds (``round.timeoutSeconds`` plus a control deadline) has
+    stalled: a worker or a shard stopped answering without failing (a paused host, a frozen
+    process), and nothing else would end the wait."""
+
+    def __init__(self, limit: float, num_workers: int):
+        self.limit, self.num_workers = limit, num_workers
+        self.seen: Any = None
+        self.since = time.monotonic()
+
+    def check(self, step: int, answer: Dict[str, Any]) -> None:
+        now = time.monotonic()
+        progress = (answer.get("entered"), tuple(answer.get("clocks") or ()), tuple(answer.get("finished") or ()))
+        if progress != self.seen or (answer.get("entered") or 0) < self.num_workers:
+            self.seen, self.since = progress, now  # loading or restoring: not yet a round's wait
+            return
+        if now - self.since > self.limit:
+            behind = [w for w, c in enumerate(progress[1]) if c == min(progress[1])] if progress[1] else []
+            raise StepFailedError(
+                f"step {step} stalled: no round clock moved for {now - self.since:.0f} s (workers {behind} are "
+                f"behind, clocks {list(progress[1])}); a worker or a shard stopped answering. Raise "
+                "spark.pystrads.round.timeoutSeconds if rounds are legitimately this slow")
 
 
 def _export_blobs(group: ShardGroup, namespace: str, num_workers: int) -> List[Optional[bytes]]:

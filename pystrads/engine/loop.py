@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import logging
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ..errors import ScheduleError, ShardUnavailableError, StepFailedError
-from .checkpoints import Position
+from ..errors import PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
+from .checkpoints import Position, program_state
+from .journal import JournalEntry
 from .program import Program, Schedule, ScheduleContext, serial_schedule
 from .progress import ProgressReporter
 
@@ -84,8 +86,18 @@ def make_tables(group, creations: List[tuple], namespace: str, program: Program)
 class StepLoop:
     """The step loop (see the module docstring).  An owner sets ``program``, ``config``,
     ``num_workers``, ``seed``, ``namespace``, ``summary``, ``group``, ``layouts``, ``job``,
-    ``checkpoints``, ``progress`` and the position, and may override the hooks ``_recover``,
-    ``_step_done`` and ``_progress_reporter``."""
+    ``checkpoints``, ``journal``, ``progress`` and the position, and may override the hooks
+    ``_recover`` and ``_progress_reporter``.
+
+    A step is one unit (see :mod:`~pystrads.engine.journal`): the loop opens it on the shards
+    before ``schedule``, so what ``schedule`` and ``after_step`` write belongs to it; it runs
+    ``after_step`` before the commit and writes the journal entry -- the step's commit point --
+    then commits on the shards.  After a failure the shards roll back whatever the journal does
+    not hold, and the loop takes the journal's state: no step is applied twice or in part."""
+
+    _open_step: Optional[int] = None  # the step open on the shards while the loop's hooks run
+    _planned: Optional["_Planned"] = None  # the next step's schedule, planned while a step ran
+    _ended: Optional[tuple] = None  # (why,) when the journal entry a resume took says the fit ended
 
     def table(self, name: str):
         """Handle of table ``name`` for reads (``ctx.table`` in ``schedule`` / ``after_step``)."""
@@ -94,9 +106,21 @@ class StepLoop:
         except KeyError:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
 
-    def _recover(self, exc: BaseException) -> bool:
-        """After a failed step: restart what was lost and return whether the failed step is to run
-        again as it was; re-raise what cannot be recovered from here."""
+    def loop_table(self, name: str):
+        """``ctx.table(name)``: the table's handle whose writes belong to the open step (and to
+        this loop's epoch), so they are rolled back with it."""
+        try:
+            handle = self.group.table(self.layouts[name])
+        except KeyError:
+            raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
+        if self._open_step is not None:
+            handle = handle.fenced(step=self._open_step, epoch=self.job.epoch, namespace=self.namespace)
+        return handle
+
+    def _recover(self, exc: BaseException) -> None:
+        """After a failed step (rolled back, or completed when the journal held it): restart what
+        was lost and put the loop back at the journal's entry (or a checkpoint, or the start);
+        re-raise what cannot be recovered from here."""
         raise exc
 
     def drive(self, max_steps: Optional[int]) -> Optional[str]:
@@ -107,8 +131,7 @@ class StepLoop:
         self._check_data()
         if not self._resume():
             self._init_state()
-        self._step_done()
-        stopped = self._step_loop(max_steps)
+        stopped = self._ended[0] if self._ended is not None else self._step_loop(max_steps)
         t0 = time.perf_counter()
         self.job.finish(self._position.step - 1)
         self.summary.fixed["finish_s"] = time.perf_counter() - t0
@@ -119,6 +142,45 @@ class StepLoop:
     def _progress_reporter(self) -> ProgressReporter:
         return ProgressReporter(f"{type(self.program).__name__} {self.namespace}", self.config["progress"])
 
+    # ------------------------------------------------------------------ the journal
+    def _journal_entry(self, step: int, ended: bool = False, stopped: Optional[str] = None) -> JournalEntry:
+        s = self.summary
+        return JournalEntry(step, dataclasses.asdict(self._position), program_state(self.program),
+                            {"rows": s.rows, "iterations": s.iterations, "fixed": s.fixed}, self._planned, ended,
+                            stopped, self.checkpoints)
+
+    def _restore(self, entry: JournalEntry) -> None:
+        """Put the loop, the program and the summary back as ``entry`` has them (``_ended``: the
+        fit ended there)."""
+        self._position = Position(**entry.position)
+        current = program_state(self.program)
+        for key in [k for k in current if k not in entry.program]:  # made after the entry
+            delattr(self.program, key)
+        vars(self.program).update(entry.program)
+        self.summary.rows[:] = entry.summary["rows"]
+        self.summary.iterations[:] = entry.summary["iterations"]
+        self.summary.fixed.update(entry.summary["fixed"])
+        if entry.checkpoints is not None and self.checkpoints is not None:
+            for counter in ("saved", "failures", "seconds"):
+                setattr(self.checkpoints, counter, getattr(entry.checkpoints, counter))
+        self._planned = entry.planned
+        self._open_step = None
+        self._ended = (entry.stopped,) if entry.ended else None
+
+    def _settle(self, step: int) -> None:
+        """Close step ``step`` after a failure, as the journal decides: committed when its entry
+        was written, else rolled back (best effort: an unreachable shard is recovered next)."""
+        entry = self.journal.read()
+        try:
+            if entry is not None and entry.step == step:
+                self.job.commit_step(step)
+            else:
+                self.job.abort_step(step)
+        except PystradsError as exc:
+            log.warning("step %d: could not close it on every shard: %s", step, exc)
+        self._open_step = None
+
+    # ------------------------------------------------------------------ steps
     def _step_loop(self, max_steps: Optional[int]) -> Optional[str]:
         """Schedule and run steps until the program stops; returns why it stopped (None: max_steps).
 
@@ -127,56 +189,66 @@ class StepLoop:
         the step's row then holds the part of that planning the workers waited for
         (``schedule_wait_s``), which is all of ``schedule_s`` otherwise."""
         ctx = ScheduleContext(self)
-        ctx.rounds_hint = self._position.rounds_hint
         steps = 0
-        retry: Optional[Schedule] = None  # a step to run again as it was (the job was relaunched)
-        ahead: Optional[_PlanAhead] = None  # the next step's schedule, planned while this one ran
         while max_steps is None or steps < max_steps:
-            ctx.step, ctx._records = self._position.step, {}
-            ctx.rounds_done = self._position.rounds_done - self._position.serial_extra  # the program's rounds
-            if retry is not None:
-                schedule, times, retry = retry, (0.0, 0.0, False), None
-            elif ahead is not None:
-                schedule, times = ahead.take(ctx)
-            else:
-                t0 = time.perf_counter()
-                schedule = self.program.schedule(ctx)
-                times = (time.perf_counter() - t0,) * 2 + (False,)
-            ahead = None
-            if schedule is None or ctx.stopped:
-                break
-            if not isinstance(schedule, Schedule):
-                raise ScheduleError(f"{type(self.program).__name__}.schedule returned "
-                                    f"{type(schedule).__name__}; return a Schedule or None")
-            if len(schedule) == 0:
-                raise ScheduleError("schedule returned no rounds; return None to end the fit")
-            schedule.validate(self.num_workers, self.config["step.maxRounds"])
-            run = serial_schedule(self.program, schedule) if self.config["debug.serial"] else schedule
-            if self.config["scheduler.planAhead"] and self.program.plans_ahead(ctx) and \
-                    (max_steps is None or steps + 1 < max_steps):
-                ahead = _PlanAhead(self.program, ctx, len(schedule))
+            position = self._position
+            step = position.step
+            ctx.step, ctx._records, ctx._stop_reason, ctx._progress = step, {}, None, None
+            ctx.rounds_done = position.rounds_done - position.serial_extra  # the program's rounds
+            ctx.rounds_hint = position.rounds_hint
+            ahead: Optional[_PlanAhead] = None
             try:
+                self.job.open_step(step, position.rounds_done)
+                self._open_step = step
+                planned, self._planned = self._planned, None
+                if planned is not None:
+                    schedule, times = planned.schedule, planned.times
+                    ctx._records.update(planned.records)
+                    ctx._stop_reason = planned.stop_reason
+                else:
+                    t0 = time.perf_counter()
+                    schedule = self.program.schedule(ctx)
+                    times = (time.perf_counter() - t0,) * 2 + (False,)
+                if schedule is None or ctx.stopped:
+                    # the fit ends here; the step keeps what this last schedule wrote
+                    stopped = ctx.stopped
+                    self.journal.write(self._journal_entry(step, True, stopped), step)
+                    self.job.commit_step(step)
+                    self._open_step = None
+                    return stopped
+                if not isinstance(schedule, Schedule):
+                    raise ScheduleError(f"{type(self.program).__name__}.schedule returned "
+                                        f"{type(schedule).__name__}; return a Schedule or None")
+                if len(schedule) == 0:
+                    raise ScheduleError("schedule returned no rounds; return None to end the fit")
+                schedule.validate(self.num_workers, self.config["step.maxRounds"])
+                run = serial_schedule(self.program, schedule) if self.config["debug.serial"] else schedule
+                if self.config["scheduler.planAhead"] and self.program.plans_ahead(ctx) and \
+                        (max_steps is None or steps + 1 < max_steps):
+                    ahead = _PlanAhead(self.program, ctx, len(schedule))
                 self._run_step(ctx, run, times, len(schedule), ahead)
+                self._open_step = None
                 steps += 1
-                if self.checkpoints is not None and not ctx.stopped and \
-                        (self._position.step - 1) % self.config["checkpoint.interval"] == 0:
-                    self.checkpoints.try_save(self.job, self.program, self._position, self.summary)
-                self._step_done()
             except (StepFailedError, ShardUnavailableError) as exc:
                 if ahead is not None:  # planned from a step that did not happen
                     ahead.join()
-                    ahead = None
-                if self._recover(exc):
-                    retry = schedule
-                ctx._stop_reason = None
-                ctx.rounds_hint = self._position.rounds_hint
+                self._settle(step)
+                self._recover(exc)
+                if self._ended is not None:
+                    return self._ended[0]
                 continue
+            except BaseException:
+                if ahead is not None:
+                    ahead.join()
+                if self._open_step is not None:
+                    self._settle(step)
+                raise
+            if self.checkpoints is not None and not ctx.stopped and \
+                    (self._position.step - 1) % self.config["checkpoint.interval"] == 0:
+                self.checkpoints.try_save(self.job, self.program, self._position, self.summary)
             if ctx.stopped:
-                break
-            ctx.rounds_hint = self._position.rounds_hint
-        if ahead is not None:
-            ahead.join()
-        return ctx.stopped
+                return ctx.stopped
+        return None
 
     def _check_data(self) -> None:
         """Hand every worker's ``data_summary`` to the program's ``check_data`` (driver side,
@@ -188,16 +260,29 @@ class StepLoop:
         self.summary.fixed["check_data_s"] = time.perf_counter() - t0  # the workers' loads included
 
     def _init_state(self) -> None:
-        """The init step (atomic): each worker's mutable state; may write initial table values."""
+        """The init step (atomic, journalled like any step): each worker's mutable state; may write
+        initial table values."""
         t0 = time.perf_counter()
         self._position = Position(0, 0, self.num_workers)
-        answer = self.job.run_step(0, 0, self.job.command(self.program, 0, 0, None))
-        metrics = self.job.metrics(answer, self.program)
+        self._planned = None
+
+        def close(answer: Dict[str, Any]) -> None:
+            metrics = self.job.metrics(answer, self.program)
+            self.summary.fixed["load_s"] = self.job.load_seconds()  # inside the job, before the init step
+            self.summary.fixed["init_s"] = time.perf_counter() - t0
+            self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
+            self._position = Position(1, 0, self.num_workers)
+            self.journal.write(self._journal_entry(0), 0)
+
+        self.job.open_step(0, 0)
+        self._open_step = 0
+        try:
+            self.job.run_step(0, 0, self.job.command(self.program, 0, 0, None), close)
+        except BaseException:
+            self._settle(0)
+            raise
+        self._open_step = None
         self.job.traffic()
-        self.summary.fixed["load_s"] = self.job.load_seconds()  # inside the job, before the init step
-        self.summary.fixed["init_s"] = time.perf_counter() - t0
-        self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
-        self._position = Position(1, 0, self.num_workers)
 
     def _resume(self) -> bool:
         """Continue from the latest checkpoint of this fit, if there is one."""
@@ -208,10 +293,12 @@ class StepLoop:
         if resumed is None:
             return False
         self._position = resumed.position
+        self._planned = None
         self.summary.rows[:] = resumed.rows
         self.summary.iterations[:] = resumed.iterations
         self.summary.fixed["resumed_from_step"] = resumed.step
         self.summary.fixed["resume_s"] = time.perf_counter() - t0
+        self.journal.write(self._journal_entry(resumed.step), None)
         return True
 
     def _size_next_step(self, rounds: int) -> None:
@@ -221,35 +308,39 @@ class StepLoop:
         target = self.config["step.targetSeconds"]
         self._position.rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
 
-    def _step_done(self) -> None:
-        """After each step the fit keeps (and after the init step): a hook for the loop's owner."""
-
     def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: tuple, program_rounds: int,
                   ahead: Optional["_PlanAhead"] = None) -> None:
         """Run ``schedule`` (``program_rounds`` of the program's rounds: fewer than its own in
-        serial mode) as the next step, then account for it (``t_sched``: its schedule's time, the
-        part of it the workers waited for, whether it was planned ahead); ``ahead`` plans the next
-        step meanwhile."""
+        serial mode) as the open step, account for it (``t_sched``: its schedule's time, the part
+        of it the workers waited for, whether it was planned ahead), write its journal entry and
+        commit it; ``ahead`` plans the next step meanwhile."""
         position = self._position
         step = position.step
         t0 = time.perf_counter()
         command = self.job.command(self.program, step, position.rounds_done, schedule)
         if ahead is not None:
             ahead.start()  # after the command is made: it may carry the program, pickled
-        answer = self.job.run_step(step, position.rounds_done, command)
-        t_step = time.perf_counter() - t0
-        if ahead is not None:
-            ahead.join()  # after_step (in _account) and the next step's schedule must not overlap
-        self._account(ctx, schedule, program_rounds, t_sched, answer, t_step)
+
+        def close(answer: Dict[str, Any]) -> None:  # the step's commit point
+            t_step = time.perf_counter() - t0
+            if ahead is not None:
+                ahead.join()  # after_step (in _account) and the next step's schedule must not overlap
+            self._account(ctx, schedule, program_rounds, t_sched, answer, t_step)
+            if ahead is not None and not ctx.stopped:
+                self._planned = ahead.result()
+            self.journal.write(self._journal_entry(step, ctx.stopped is not None, ctx.stopped), step)
+
+        self.job.run_step(step, position.rounds_done, command, close)
+        row = self.summary.rows[-1]
+        row.update(self.job.traffic())  # the shards' counters came with the commit
 
     def _account(self, ctx: ScheduleContext, schedule: Schedule, program_rounds: int, t_sched: tuple,
                  answer: Dict[str, Any], t_step: float) -> None:
-        """A committed step's metrics, summary row, position, ``after_step``, progress and the next
+        """A finished step's metrics, summary row, position, ``after_step``, progress and the next
         step's size (``t_sched``: as :meth:`_run_step` has it)."""
         position = self._position
         step = position.step
         metrics = self.job.metrics(answer, self.program)
-        traffic = self.job.traffic()
         U = self.num_workers
         compute = metrics.total("_compute_s") / U
         sync = metrics.total("_sync_s") / U
@@ -261,7 +352,7 @@ class StepLoop:
             "schedule_wait_s": t_wait, "planned_ahead": planned_ahead, "step_s": t_step, "compute_s": compute,
             "sync_s": sync, "round_s": compute + sync,
             "outside_rounds_s": max(0.0, t_step - compute - sync), "rounds_per_s": len(schedule) / t_step,
-            "bytes_in": traffic["bytes_in"], "bytes_out": traffic["bytes_out"], "requests": traffic["requests"],
+            "bytes_in": 0, "bytes_out": 0, "requests": 0,
             "snapshot_s": metrics.total("_snapshot_s") / U, "snapshot_bytes": metrics.total("_snapshot_bytes"),
         }
         position.rounds_done += len(schedule)
@@ -303,8 +394,8 @@ class _PlanAhead:
     """The next step's schedule, planned in a thread while the step runs (pipelined schedules).
 
     It plans with a context of its own (the next step's number and rounds done, this step's round
-    hint); :meth:`take` hands the schedule and what the program recorded or stopped there to the
-    next step's context.  The loop joins it before ``after_step`` of the running step, so the
+    hint); :meth:`result` hands the schedule and what the program recorded or stopped there to
+    the next step's context.  The loop joins it before ``after_step`` of the running step, so the
     program's hooks never run at once: ``schedule(s + 1)`` sees the state ``after_step(s - 1)``
     left, and the tables as they stand while step ``s`` writes them."""
 
@@ -340,13 +431,22 @@ class _PlanAhead:
             self._thread = None
         self.waited += time.perf_counter() - t0
 
-    def take(self, ctx: ScheduleContext) -> tuple:
-        """``(schedule, (its planning time, the part of it the workers waited for, True))``, with
-        what the program recorded or stopped while planning moved into ``ctx`` (the next step's)."""
+    def result(self) -> "_Planned":
+        """The planned schedule with its planning time, the part of it the workers waited for, and
+        what the program recorded or stopped while planning (for the next step's context)."""
         self.join()
         if self.error is not None:
             raise self.error
-        ctx._records.update(self.ctx._records)
-        if self.ctx._stop_reason is not None:
-            ctx._stop_reason = self.ctx._stop_reason
-        return self.schedule, (self.seconds, self.waited, True)
+        return _Planned(self.schedule, (self.seconds, self.waited, True), dict(self.ctx._records),
+                        self.ctx._stop_reason)
+
+
+@dataclasses.dataclass
+class _Planned:
+    """A step's schedule planned while the step before it ran (kept in the journal entry of that
+    step: planning changed the program's state, so a replay must not plan it again)."""
+
+    schedule: Optional[Schedule]
+    times: tuple
+    records: Dict[str, Any]
+    stop_reason: Optional[str]

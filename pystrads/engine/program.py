@@ -559,8 +559,11 @@ class ScheduleContext:
         return int(min(left, max(per, self.rounds_hint // per * per)))
 
     def table(self, name: str):
-        """Handle of table ``name`` for reads on the driver (dynamic schedules)."""
-        return self._engine.table(name)
+        """Handle of table ``name`` on the driver (dynamic schedules read it; ``schedule`` and
+        ``after_step`` may write it: the writes belong to the step being run, committed or rolled
+        back with it)."""
+        loop_table = getattr(self._engine, "loop_table", None)
+        return loop_table(name) if loop_table is not None else self._engine.table(name)
 
     def record(self, **values: Any) -> None:
         """Store values (objective, iteration, ...) in this step's summary row."""

@@ -19,15 +19,31 @@ import concurrent.futures
 import dataclasses
 import json
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ..errors import RoundTimeoutError, ShardUnavailableError
+from ..errors import PystradsError, RoundTimeoutError, ShardUnavailableError
 from . import protocol
 from .partition import TableLayout
+
+#: the deadline of a control call when nothing says otherwise (``spark.pystrads.rpc.timeoutSeconds``)
+RPC_TIMEOUT_SECONDS = 10.0
+
+#: bulk reads and writes get one more second of deadline per this many bytes (a slow network's
+#: floor: loopback moves ~500 MB/s, a congested 1 Gb/s link still ~50 MB/s)
+BULK_BYTES_PER_SECOND = 8 << 20
+
+#: a blob's read bound when its size is not known in advance (worker state snapshots)
+BLOB_READ_BOUND_BYTES = 1 << 32
+
+#: actions whose work on the shard grows with the data (writing or reading a checkpoint, creating
+#: or dropping large tables): a deadline of this many control deadlines
+BULK_ACTIONS = {"create_table": 60, "drop_tables": 60, "snapshot": 60, "restore": 60, "register_program": 6,
+                "stats": 6}
 
 _CONNECTIONS: Dict[Tuple[Any, ...], "ShardClient"] = {}
 _CONNECTIONS_LOCK = threading.Lock()
@@ -60,8 +76,20 @@ def fan_out(calls: Sequence[Any]) -> List[Any]:
     return results
 
 
-def _translate(exc: Exception, uri: str, what: str) -> Exception:
+def _deadline_missed(exc: Exception) -> bool:
+    """``exc`` says the call's own deadline passed (the shard did not answer in time), as opposed
+    to a timeout the shard itself reported (a round's)."""
+    return isinstance(exc, flight.FlightTimedOutError) and "deadline" in str(exc).lower() \
+        and "round timeout" not in str(exc)
+
+
+def _translate(exc: Exception, uri: str, what: str, deadline: Optional[float] = None) -> Exception:
     text = str(exc).split("\n")[0]
+    if deadline is not None and _deadline_missed(exc):
+        return ShardUnavailableError(
+            f"{what}: shard {uri} did not answer within its deadline of {deadline:.0f} s; it is taken for lost "
+            "(a paused host, a frozen process or a network that drops packets). Raise "
+            "spark.pystrads.rpc.timeoutSeconds if the shard is only slow")
     if isinstance(exc, flight.FlightTimedOutError) or "round timeout" in text:
         return RoundTimeoutError(f"{what} on shard {uri}: {text}")
     if isinstance(exc, flight.FlightUnauthenticatedError):
@@ -79,6 +107,11 @@ def _translate(exc: Exception, uri: str, what: str) -> Exception:
     return ShardUnavailableError(f"{what} on shard {uri} failed: {text}")
 
 
+def _seconds(nbytes: float) -> float:
+    """The deadline a read or write of ``nbytes`` adds to a control call's."""
+    return float(nbytes) / BULK_BYTES_PER_SECOND
+
+
 def _run_start(keys: Optional[np.ndarray], start: Optional[int]) -> Optional[int]:
     """``start`` when given, else the first key when the sorted unique ``keys`` are one run of
     rows (a run travels as a range, without a key column), else None."""
@@ -88,11 +121,20 @@ def _run_start(keys: Optional[np.ndarray], start: Optional[int]) -> Optional[int
 
 
 class ShardClient:
-    """One authenticated Flight connection to one shard."""
+    """One authenticated Flight connection to one shard.
+
+    Every call has a deadline: ``rpc_timeout`` for a control call, plus the wait a long poll asks
+    the shard for (``timeout`` in its body), plus a second per :data:`BULK_BYTES_PER_SECOND` of a
+    read or write.  A shard that misses a whole control deadline is *lost*: every later call to
+    it fails at once with :class:`~pystrads.errors.ShardUnavailableError`, as for a killed shard
+    (its fit recovers on new shards or fails naming it)."""
 
     def __init__(self, uri: str, token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
-                 tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None):
+                 tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None,
+                 rpc_timeout: float = RPC_TIMEOUT_SECONDS):
         self.uri = uri
+        self.rpc_timeout = float(rpc_timeout)
+        self.lost: Optional[str] = None  # why the shard is taken for lost (it missed a deadline)
         self.chunk_bytes = chunk_bytes
         if uri.startswith("grpc+tls://"):
             # the shards' certificate (or its CA) must be trusted: no unverified TLS
@@ -102,7 +144,7 @@ class ShardClient:
             self._client = flight.FlightClient(uri)
         self._token = token  # travels in every request header (see pystrads.ps.server)
         self._admin = admin_token  # the driver's only: lets actions carry program payloads
-        self._options = flight.FlightCallOptions()
+        self._options = flight.FlightCallOptions(timeout=self.rpc_timeout)
         # rounds streams by contribution schema while a step's rounds run (see stream_rounds);
         # None: every round is a call of its own
         self._streams: Optional[Dict[Tuple[int, bool], "_RoundStream"]] = None
@@ -110,23 +152,54 @@ class ShardClient:
 
     @classmethod
     def cached(cls, uri: str, token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
-               tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None) -> "ShardClient":
-        key = (uri, token, admin_token, tls_root_certs)
+               tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None,
+               rpc_timeout: float = RPC_TIMEOUT_SECONDS) -> "ShardClient":
+        key = (uri, token, admin_token, tls_root_certs, float(rpc_timeout))
         with _CONNECTIONS_LOCK:
             client = _CONNECTIONS.get(key)
             if client is None:
-                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes, tls_root_certs, admin_token)
+                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes, tls_root_certs, admin_token, rpc_timeout)
             return client
 
-    def action(self, action_type: str, **body: Any) -> Dict[str, Any]:
+    def _call(self, what: str, extra_seconds: float = 0.0):
+        """``(options, deadline)`` of a call that may take ``extra_seconds`` beyond a control
+        call's deadline; raises at once when the shard is lost."""
+        if self.lost is not None:
+            raise ShardUnavailableError(f"{what}: shard {self.uri} is lost ({self.lost})")
+        if extra_seconds <= 0:
+            return self._options, self.rpc_timeout
+        deadline = self.rpc_timeout + float(extra_seconds)
+        return flight.FlightCallOptions(timeout=deadline), deadline
+
+    def _failed(self, exc: Exception, what: str, deadline: Optional[float]) -> Exception:
+        """The error to raise for a failed call; a missed deadline marks the shard lost."""
+        error = _translate(exc, self.uri, what, deadline)
+        if deadline is not None and _deadline_missed(exc):
+            self.lost = f"it missed a deadline of {deadline:.0f} s"
+        return error
+
+    def action(self, action_type: str, deadline: Optional[float] = None, **body: Any) -> Dict[str, Any]:
+        """Run action ``action_type`` with ``body``; its deadline is a control call's (more for the
+        actions in :data:`BULK_ACTIONS`, plus the ``timeout`` a long poll asks for), or
+        ``deadline`` seconds -- a call that misses a given shorter ``deadline`` (a heartbeat)
+        does not mark the shard lost."""
+        what = f"action {action_type!r}"
+        if deadline is not None:
+            if self.lost is not None:
+                raise ShardUnavailableError(f"{what}: shard {self.uri} is lost ({self.lost})")
+            options, limit = flight.FlightCallOptions(timeout=float(deadline)), None
+        else:
+            wait = body.get("timeout", 0.0)
+            extra = (BULK_ACTIONS.get(action_type, 1) - 1) * self.rpc_timeout
+            options, limit = self._call(what, extra + (float(wait) if isinstance(wait, (int, float)) else 0.0))
         body = dict(body, token=self._token)
         if self._admin:
             body["admin"] = self._admin
         payload = json.dumps(body, separators=(",", ":")).encode()
         try:
-            results = list(self._client.do_action(flight.Action(action_type, payload), self._options))
+            results = list(self._client.do_action(flight.Action(action_type, payload), options))
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"action {action_type!r}") from None
+            raise self._failed(exc, what, limit) from None
         return json.loads(results[0].body.to_pybytes()) if results else {}
 
     def get_rows(self, table: str, width: int, dtype: str, keys: Optional[np.ndarray] = None,
@@ -153,8 +226,10 @@ class ShardClient:
             keys = np.ascontiguousarray(keys, dtype="<i8")
             ticket = protocol.encode_header(header, keys.tobytes())
             n = len(keys)
+        what = f"get from table {table!r}"
+        options, limit = self._call(what, _seconds(n * width * 8))
         try:
-            batches = (chunk.data for chunk in self._client.do_get(flight.Ticket(ticket), self._options))
+            batches = (chunk.data for chunk in self._client.do_get(flight.Ticket(ticket), options))
             if view:
                 batches = list(batches)
                 if len(batches) == 1 and batches[0].num_rows == n:
@@ -167,7 +242,7 @@ class ShardClient:
                 out[pos:pos + len(rows)] = rows
                 pos += len(rows)
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+            raise self._failed(exc, what, limit) from None
         if pos != n:
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
         return out
@@ -185,15 +260,17 @@ class ShardClient:
         if out is None:
             out = np.empty((n, width), dtype=protocol.DTYPES[dtype][0])
         pos = 0
+        what = f"get from table {table!r}"
+        options, limit = self._call(what, _seconds(n * width * 12))
         try:
-            for chunk in self._client.do_get(flight.Ticket(ticket), self._options):
+            for chunk in self._client.do_get(flight.Ticket(ticket), options):
                 batch = chunk.data
                 if pos + batch.num_rows > n:
                     break
                 csr_into(*protocol.sparse_entries(batch.column(0), batch.column(1), dtype, width), out, pos)
                 pos += batch.num_rows
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+            raise self._failed(exc, what, limit) from None
         if pos != n:
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
         return out
@@ -204,12 +281,14 @@ class ShardClient:
         header = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "start": int(start),
                   "stop": int(stop), "nonzero": True}
         keys, rows = [np.zeros(0, np.int64)], [np.zeros((0, width), protocol.DTYPES[dtype][0])]
+        what = f"get from table {table!r}"
+        options, limit = self._call(what, _seconds((stop - start) * (width * 8 + 8)))
         try:
-            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), self._options):
+            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), options):
                 keys.append(protocol.numpy_of(chunk.data.column(0)))
                 rows.append(protocol.array_to_rows(chunk.data.column(1), width, dtype))
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+            raise self._failed(exc, what, limit) from None
         return np.concatenate(keys), np.concatenate(rows)
 
     def get_nonzero_entries(self, table: str, dtype: str, start: int, stop: int):
@@ -218,8 +297,10 @@ class ShardClient:
         header = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "start": int(start),
                   "stop": int(stop), "nonzero": True, "sparse": True}
         keys, offsets, cols, vals, base = [np.zeros(0, np.int64)], [np.zeros(1, np.int64)], [], [], 0
+        what = f"get from table {table!r}"
+        options, limit = self._call(what, _seconds(BLOB_READ_BOUND_BYTES))  # entries: no size known in advance
         try:
-            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), self._options):
+            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), options):
                 batch = chunk.data
                 if not batch.num_rows:
                     continue
@@ -230,7 +311,7 @@ class ShardClient:
                 vals.append(v)
                 base += len(c)
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+            raise self._failed(exc, what, limit) from None
         return (np.concatenate(keys), np.concatenate(offsets),
                 np.concatenate(cols) if cols else np.zeros(0, np.int32),
                 np.concatenate(vals) if vals else np.zeros(0, protocol.DTYPES[dtype][0]))
@@ -253,12 +334,14 @@ class ShardClient:
             head["start"] = int(start)
         descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
         schema = protocol.value_schema(dtype, width, with_keys=start is None)
+        what = f"{op} into table {table!r}"
+        options, limit = self._call(what, _seconds(values.nbytes + (0 if keys is None else 8 * len(keys))))
         try:
-            writer, _ = self._client.do_put(descriptor, schema, self._options)
+            writer, _ = self._client.do_put(descriptor, schema, options)
             self._write_batches(writer, schema, keys, values, start is not None, dtype)
             writer.close()
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+            raise self._failed(exc, what, limit) from None
 
     def write_entries(self, op: str, table: str, keys: np.ndarray, offsets: np.ndarray, cols: np.ndarray,
                       vals: np.ndarray, dtype: str, header: Optional[Dict[str, Any]] = None) -> None:
@@ -269,15 +352,17 @@ class ShardClient:
         descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
         schema = protocol.sparse_schema(dtype, with_keys=True)
         vals = np.asarray(vals, dtype=protocol.DTYPES[dtype][0])
+        what = f"{op} into table {table!r}"
+        options, limit = self._call(what, _seconds(vals.nbytes + 4 * len(cols) + 16 * len(keys)))
         try:
-            writer, _ = self._client.do_put(descriptor, schema, self._options)
+            writer, _ = self._client.do_put(descriptor, schema, options)
             for batch in protocol.entry_batches(offsets, cols, vals, schema, self.chunk_bytes,
                                                 keys=np.asarray(keys, dtype=np.int64)):
                 if batch.num_rows:
                     writer.write_batch(batch)
             writer.close()
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"{op} into table {table!r}") from None
+            raise self._failed(exc, what, limit) from None
 
     def get_entries(self, table: str, dtype: str, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows at ``keys`` (in that order) as their non-zero entries: ``(offsets int64,
@@ -286,13 +371,15 @@ class ShardClient:
         keys = np.ascontiguousarray(keys, dtype="<i8")
         ticket = protocol.encode_header(header, keys.tobytes())
         parts = []
+        what = f"get from table {table!r}"
+        options, limit = self._call(what, _seconds(BLOB_READ_BOUND_BYTES))  # entries: no size known in advance
         try:
-            for chunk in self._client.do_get(flight.Ticket(ticket), self._options):
+            for chunk in self._client.do_get(flight.Ticket(ticket), options):
                 batch = chunk.data
                 if batch.num_rows:
                     parts.append(batch)
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"get from table {table!r}") from None
+            raise self._failed(exc, what, limit) from None
         n = sum(b.num_rows for b in parts)
         if n != len(keys):
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {n} rows, expected {len(keys)}")
@@ -356,8 +443,10 @@ class ShardClient:
                                          read_back if table is not None else None, n, what)
         descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
         writer = None
+        wait = float(tick.get("timeout", 0.0) or 0.0)
+        options, limit = self._call(what, wait + _seconds((values.nbytes if values is not None else 0) * 2))
         try:
-            writer, reader = self._client.do_exchange(descriptor, self._options)
+            writer, reader = self._client.do_exchange(descriptor, options)
             writer.begin(schema)
             if table is not None:
                 self._write_batches(writer, schema, keys, values, start is not None, "float64")
@@ -377,7 +466,7 @@ class ShardClient:
         except flight.FlightError as exc:
             if writer is not None:  # (an unclosed writer logs its error again when collected)
                 _close_quietly(writer.close)
-            raise _translate(exc, self.uri, what) from None
+            raise self._failed(exc, what, limit) from None
         return out
 
     def _round_on_stream(self, head, schema, kind, table, keys, values, start, read_back, n, what):
@@ -386,9 +475,17 @@ class ShardClient:
         dropped (the shard ended it), so the next round opens a new one."""
         with self._streams_lock:  # taken while in use: a concurrent round opens a stream of its own
             stream = self._streams.pop(kind, None) if self._streams is not None else None
+        # a stream's deadline covers two rounds' waits; one past half its life makes way for a new one
+        life = 2 * (float(head.get("timeout", 0.0) or 0.0) + self.rpc_timeout) + 60.0
+        if stream is not None and time.monotonic() - stream.opened > life / 2:
+            stream.close()
+            stream = None
+        limit = None
         try:
             if stream is None:
-                stream = _RoundStream(self._client, self._options, self._token, schema)
+                options, limit = self._call(what, life - self.rpc_timeout)
+                stream = _RoundStream(self._client, options, self._token, schema)
+            limit = stream.life
             if table is not None:
                 self._write_batches(stream.writer, schema, keys, values, start is not None, "float64")
             stream.writer.write_metadata(pa.py_buffer(protocol.encode_header(head)))
@@ -400,7 +497,7 @@ class ShardClient:
         except flight.FlightError as exc:
             if stream is not None:
                 stream.close()
-            raise _translate(exc, self.uri, what) from None
+            raise self._failed(exc, what, limit) from None
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -422,23 +519,27 @@ class ShardClient:
         descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
         view = memoryview(blob)
         chunks = [view[i:i + protocol.BLOB_CHUNK] for i in range(0, len(view), protocol.BLOB_CHUNK)]
+        what = f"store {key!r}"
+        options, limit = self._call(what, _seconds(len(view)))
         try:
-            writer, _ = self._client.do_put(descriptor, protocol.BLOB_SCHEMA, self._options)
+            writer, _ = self._client.do_put(descriptor, protocol.BLOB_SCHEMA, options)
             for i in range(0, len(chunks), 4):
                 writer.write_batch(pa.record_batch([protocol.binary_array(chunks[i:i + 4])],
                                                    schema=protocol.BLOB_SCHEMA))
             writer.close()
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"store {key!r}") from None
+            raise self._failed(exc, what, limit) from None
 
     def get_blob(self, key: str) -> Optional[bytes]:
         """The byte string stored under ``key``, or None."""
         ticket = protocol.encode_header({"blob": key, "token": self._token})
+        what = f"read {key!r}"
+        options, limit = self._call(what, _seconds(BLOB_READ_BOUND_BYTES))  # its size is not known in advance
         try:
             parts = [protocol.binary_parts(chunk.data)
-                     for chunk in self._client.do_get(flight.Ticket(ticket), self._options)]
+                     for chunk in self._client.do_get(flight.Ticket(ticket), options)]
         except flight.FlightError as exc:
-            raise _translate(exc, self.uri, f"read {key!r}") from None
+            raise self._failed(exc, what, limit) from None
         return b"".join(parts) if parts else None  # one copy of the received buffers
 
     def close(self) -> None:
@@ -477,6 +578,8 @@ class _RoundStream:
 
     def __init__(self, client: flight.FlightClient, options: flight.FlightCallOptions, token: str,
                  schema: pa.Schema):
+        self.opened = time.monotonic()
+        self.life = options.timeout
         head = protocol.encode_header({"op": "rounds", "token": token})
         self.writer, self.reader = client.do_exchange(flight.FlightDescriptor.for_command(head), options)
         self.writer.begin(schema)
@@ -516,8 +619,9 @@ class ShardGroup:
 
     def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
                  max_keys: int = 262144, tls_root_certs: Optional[bytes] = None,
-                 admin_token: Optional[str] = None):
+                 admin_token: Optional[str] = None, rpc_timeout: float = RPC_TIMEOUT_SECONDS):
         self.shards = tuple(shards)
+        self.rpc_timeout = float(rpc_timeout)  # a control call's deadline (ShardClient)
         self.token = token
         self.chunk_bytes = chunk_bytes
         self.max_keys = max_keys
@@ -534,7 +638,8 @@ class ShardGroup:
 
     def client(self, index: int) -> ShardClient:
         return ShardClient.cached(self.shards[index].uri, self.token, self.chunk_bytes,
-                                  getattr(self, "tls_root_certs", None), getattr(self, "admin_token", None))
+                                  getattr(self, "tls_root_certs", None), getattr(self, "admin_token", None),
+                                  getattr(self, "rpc_timeout", RPC_TIMEOUT_SECONDS))
 
     def stream_rounds(self, on: bool) -> None:
         """:meth:`ShardClient.stream_rounds` on every shard's client in this process."""
@@ -544,6 +649,18 @@ class ShardGroup:
     def broadcast(self, action_type: str, **body: Any) -> List[Dict[str, Any]]:
         """Send one action to every shard at once; return their answers in shard order."""
         return fan_out([lambda i=i: self.client(i).action(action_type, **body) for i in range(len(self.shards))])
+
+    def heartbeat(self, deadline: float) -> List[int]:
+        """Renew every shard's lease at once, each call with its own ``deadline``: a shard that
+        does not answer delays no other.  Returns the shards that did not answer."""
+        def beat(i):
+            try:
+                self.client(i).action("heartbeat", deadline=deadline)
+                return None
+            except PystradsError:  # unreachable, or it missed the beat's deadline
+                return i
+
+        return [i for i in fan_out([lambda i=i: beat(i) for i in range(len(self.shards))]) if i is not None]
 
     def table(self, layout: TableLayout) -> "TableHandle":
         return TableHandle(self, layout)

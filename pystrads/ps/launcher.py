@@ -387,7 +387,7 @@ class ShardManager:
             [ShardInfo(i["host"], int(i["port"]), int(i["pid"]), i["executor"], i["shard"], i.get("python", ""),
                        bool(i.get("tls")))
              for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"],
-            trust_bundle([i.get("cert") for i in shards], tls_roots), admin_token)
+            trust_bundle([i.get("cert") for i in shards], tls_roots), admin_token, cfg["rpc.timeoutSeconds"])
         if self.reachable:
             # The first heartbeat also proves every shard is reachable from the driver.
             self._beat(raise_errors=True)
@@ -430,13 +430,16 @@ class ShardManager:
                 f"Spark lists the executors {listed}; the others ran no launch task")
 
     def _beat(self, raise_errors: bool = False) -> None:
-        for i in range(len(self.group.shards)):
-            try:
-                self.group.client(i).action("heartbeat")
-            except ShardUnavailableError:
-                self.heartbeat_failures += 1
-                if raise_errors:
-                    raise
+        """Renew every shard's lease, all at once, each call bounded by a heartbeat period (so a
+        shard that does not answer never makes the others' leases lapse)."""
+        if raise_errors:  # the first beat proves every shard is reachable: a control call's deadline
+            self.group.broadcast("heartbeat")
+            return
+        missed = self.group.heartbeat(max(0.5, float(self.config["shard.heartbeatSeconds"])))
+        if missed:
+            self.heartbeat_failures += len(missed)
+            log.warning("shards %s of %s missed a heartbeat", [self.group.shards[i].uri for i in missed],
+                        self.run_id)
 
     def _heartbeat_loop(self) -> None:
         period = self.config["shard.heartbeatSeconds"]

@@ -27,6 +27,7 @@ class ResidentMailbox:
         """The driver leaves a command for a fit's workers (``begin_step`` can carry
         one too, so a step's schedule costs no extra call)."""
         with self.cond:
+            self._check_epoch(req.str("namespace"), req.get("epoch"), "a post")
             self._post(req.str("namespace"), req.dict("command"))
         return {}
 

@@ -108,6 +108,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         # to end instead of waiting for commands that will never come
         self.closed: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self.newest_task: Dict[Tuple[str, int], int] = {}
+        self.loop_epochs: Dict[str, int] = {}  # per fit namespace: the newest step loop's epoch
         self.blobs: Dict[str, protocol.Blob] = {}  # opaque byte strings by key (worker state snapshots)
         self.peak_blob_bytes = 0  # the most the blobs held at once
         self.lease_seconds = lease_seconds
@@ -515,6 +516,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 self.hellos.pop(ns, None)
             for ns in [n for n in self.steps if n and _in_fit(n, fit)]:
                 del self.steps[ns]
+            for ns in [n for n in self.loop_epochs if _in_fit(n, fit)]:
+                del self.loop_epochs[ns]
             self.closed[fit] = None
             while len(self.closed) > CLOSED_FITS_KEPT:
                 self.closed.popitem(last=False)

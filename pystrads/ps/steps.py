@@ -5,8 +5,16 @@ clocks, the pending contributions and the per-round metrics);
 :class:`StepFences` is the part of :class:`~pystrads.ps.server.ShardServer`
 that runs it: the fence that admits only the workers' current tasks (a newer
 attempt rolls the step back), the commit of a round's contributions through
-the program's ``pull``, and the actions ``begin_step``, ``enter``, ``tick``,
+the program's ``pull``, and the actions ``claim``, ``begin_step``, ``enter``, ``tick``,
 ``step_done``, ``wait_step``, ``commit_step``, ``abort_step`` and ``metrics``.
+
+Loop epochs fence the step loop's incarnations: every request of a fit's loop (the driver, or
+the coordinator in the fit's job) carries its ``epoch``; a shard remembers the newest epoch it
+saw per fit (``claim`` announces one) and refuses a step action, a post or a write of an older
+one, so a loop that lost its job can no longer change the fit once its successor started.
+The loop's own writes (``schedule`` and ``after_step`` reading and writing tables) carry the
+open step and the epoch instead of a worker's task: they belong to the step and are rolled
+back with it.
 """
 
 from __future__ import annotations
@@ -82,6 +90,32 @@ class StepFences:
         prefix = namespace + "/"
         return [t for n, t in self.tables.items() if not namespace or n.startswith(prefix)]
 
+    def _check_epoch(self, namespace: str, epoch: Any, what: str) -> None:
+        """Called with ``self.cond`` held: refuse a request of a step loop older than the newest
+        that claimed fit ``namespace`` (``epoch`` None: a request from outside any loop)."""
+        if epoch is None:
+            return
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise flight.FlightServerError(f"malformed request: epoch={epoch!r} must be an integer >= 0")
+        newest = self.loop_epochs.get(namespace, 0)
+        if epoch < newest:
+            raise flight.FlightServerError(
+                f"shard {self.shard_id}: {what} of fit {namespace!r} from loop epoch {epoch} refused: epoch "
+                f"{newest} has taken the fit over (a coordinator or driver that lost its job)")
+        if epoch > newest:
+            self.loop_epochs[namespace] = epoch
+
+    def _action_claim(self, req):
+        """A step loop of fit ``namespace`` starts with ``epoch``: from now on requests of
+        older epochs are refused (an older or equal epoch claiming again is refused / a no-op)."""
+        namespace = req.str("namespace")
+        with self.cond:
+            self._check_epoch(namespace, req.int("epoch"), "a claim")
+            st = self.steps.get(namespace)
+            return {"epoch": self.loop_epochs.get(namespace, 0),
+                    "step": st.step if st is not None else -1, "open": bool(st is not None and st.open),
+                    "kept": bool(st is not None and st.kept)}
+
     def _check_fence(self, header: Dict[str, Any], entering: bool = False, namespace: str = "") -> _StepState:
         """Writes during a step must come from the worker's current task.
 
@@ -95,6 +129,16 @@ class StepFences:
         """
         st = self._step_of(header.get("namespace") or namespace)
         step = header.get("step")
+        if "epoch" in header and "worker" not in header:  # the step loop's own write
+            self._check_epoch(st.namespace or namespace, header.get("epoch"), "a write")
+            if step is not None and (not st.open or step != st.step):
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: the step loop wrote for step {step} but the open step is "
+                    f"{st.step if st.open else 'none'}")
+            if step is None and st.open:
+                raise flight.FlightServerError(
+                    f"shard {self.shard_id}: unfenced write while step {st.step} is open")
+            return st
         if step is None:
             if st.open:
                 raise flight.FlightServerError(
@@ -238,6 +282,7 @@ class StepFences:
         workers' command for this step, posted to the fit's mailbox)."""
         namespace = req.str("namespace", "")
         with self.cond:
+            self._check_epoch(namespace, req.get("epoch"), f"begin_step {req.get('step')}")
             current = self.steps.get(namespace, _StepState())
             if current.open:
                 raise flight.FlightServerError(
@@ -331,12 +376,13 @@ class StepFences:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return {"done": False, "epoch": st.epoch, "finished": sorted(st.done),
-                            "clocks": st.clocks.tolist()}
+                            "clocks": st.clocks.tolist(), "entered": len(st.registered)}
                 self.cond.wait(min(left, 1.0))
 
     def _action_commit_step(self, req):
         """Close the step and keep its writes."""
         with self.cond:
+            self._check_epoch(req.str("namespace", ""), req.get("epoch"), f"commit_step {req.get('step')}")
             st = self._step_of(req.str("namespace", ""))
             if st.open and st.step == req.int("step"):
                 for table in self._fit_tables(st.namespace):
@@ -353,6 +399,7 @@ class StepFences:
         """Close the step and roll back every write it made."""
         restored = 0
         with self.cond:
+            self._check_epoch(req.str("namespace", ""), req.get("epoch"), f"abort_step {req.get('step')}")
             st = self._step_of(req.str("namespace", ""))
             if st.open and st.step == req.int("step"):
                 for table in self._fit_tables(st.namespace):

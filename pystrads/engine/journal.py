@@ -1,0 +1,136 @@
+"""The step loop's journal: the one record of where a fit stands, written as each step's commit point.
+
+A step changes several things: the shards' tables (the workers' rounds, and what ``schedule`` and
+``after_step`` write), the program's driver-side state (what ``schedule`` and ``after_step``
+leave in its attributes), the loop's position and the fit's summary.  They form one unit.  The
+loop writes a :class:`JournalEntry` holding everything outside the shards *after* ``after_step``
+and *before* it commits the step on the shards; that write is the step's commit point:
+
+* a failure before it leaves the step uncommitted everywhere: the shards roll it back
+  (``abort_step``) and the loop goes back to the previous entry (state, position, summary), so
+  the step runs again from its ``schedule``;
+* a failure after it completes the step: whoever carries on commits it on the shards that
+  have not (``commit_step`` is a no-op where it was) and takes the entry's state.
+
+:func:`settle` makes that decision for a step left open.  The entry also carries the next
+step's schedule when it was planned while the step ran (``planned``): its planning changed the
+program's state, so a replay uses it instead of planning again.
+
+Where the entry lives: in the loop's process for the driver (:class:`MemoryStore`, which a
+restarted driver does not need: it resumes from checkpoints), and on shard 0 for the
+coordinator in the fit's job (:class:`ShardStore`), whose relaunched successor reads it.  A
+shard store writes with the loop's epoch, so a coordinator that lost its job cannot overwrite
+its successor's entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+from typing import Any, Dict, List, Optional
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class JournalEntry:
+    """Where a fit stands after step ``step`` committed (0: the init step).
+
+    ``position``: the loop's :class:`~pystrads.engine.checkpoints.Position` as a dict;
+    ``program``: the program's state (:func:`~pystrads.engine.checkpoints.program_state`);
+    ``summary``: the summary's ``rows``, ``iterations`` and ``fixed``; ``planned``: the next
+    step's schedule planned while this one ran, as ``(schedule, times, records, stop_reason)``;
+    ``ended``: the fit ended with this step, ``stopped``: why (``ctx.stop``'s reason; None when
+    ``schedule`` returned None); ``checkpoints``: the fit's
+    :class:`~pystrads.engine.checkpoints.Checkpointer` (its counters travel with it)."""
+
+    step: int
+    position: Dict[str, Any]
+    program: Dict[str, Any]
+    summary: Dict[str, Any]
+    planned: Optional[Any] = None
+    ended: bool = False
+    stopped: Optional[str] = None
+    checkpoints: Any = None
+
+
+def journal_key(namespace: str) -> str:
+    """The journal's blob key on shard 0."""
+    return f"{namespace}/loop/journal"
+
+
+class MemoryStore:
+    """The journal of a loop whose successor runs in the same process (the driver)."""
+
+    def __init__(self):
+        self._blob: Optional[bytes] = None
+
+    def write(self, blob: bytes, open_step: Optional[int]) -> None:
+        self._blob = blob
+
+    def read(self) -> Optional[bytes]:
+        return self._blob
+
+    def clear(self) -> None:
+        self._blob = None
+
+
+class ShardStore:
+    """The journal on shard 0 of the fit's group (the coordinator in the fit's job), written
+    under the open step's fence with the loop's epoch."""
+
+    def __init__(self, group, namespace: str, epoch: int):
+        self.group, self.namespace, self.epoch = group, namespace, int(epoch)
+
+    def write(self, blob: bytes, open_step: Optional[int]) -> None:
+        fence = {"epoch": self.epoch, "namespace": self.namespace}
+        if open_step is not None:
+            fence["step"] = int(open_step)
+        self.group.client(0).put_blob(journal_key(self.namespace), blob, fence)
+
+    def read(self) -> Optional[bytes]:
+        return self.group.client(0).get_blob(journal_key(self.namespace))
+
+    def clear(self) -> None:
+        pass  # the blob goes with the fit's tables
+
+
+class Journal:
+    """The loop's journal over a store (see the module docstring)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def write(self, entry: JournalEntry, open_step: Optional[int]) -> None:
+        """Record ``entry``: the commit point of step ``entry.step``, which is open on the shards
+        while this runs (``open_step``; None: no step is open, as after a resume from a
+        checkpoint)."""
+        from pyspark import cloudpickle
+
+        self.store.write(cloudpickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL), open_step)
+
+    def read(self) -> Optional[JournalEntry]:
+        """The last entry written, as a fresh object (None: no step committed yet)."""
+        blob = self.store.read()
+        return None if blob is None else pickle.loads(blob)
+
+    def clear(self) -> None:
+        """Forget every entry (the fit starts over on new shards)."""
+        self.store.clear()
+
+
+def settle(group, namespace: str, epoch: int, entry: Optional[JournalEntry]) -> str:
+    """Close the step a lost loop or job left open, as ``entry`` (the journal's last) decides:
+    commit it everywhere when the journal holds it, else roll it back.  Claims ``epoch`` on every
+    shard first, so a loop of an older epoch can change nothing afterwards.  Returns what it did."""
+    status = group.broadcast("claim", namespace=namespace, epoch=int(epoch))
+    steps: List[int] = [s["step"] for s in status if s["open"]]
+    if not steps:
+        return "none open"
+    step = max(steps)
+    if entry is not None and entry.step == step:
+        group.broadcast("commit_step", step=step, namespace=namespace, epoch=int(epoch))
+        return f"committed step {step} (its journal entry was written)"
+    group.broadcast("abort_step", step=step, namespace=namespace, epoch=int(epoch))
+    return f"rolled back step {step}"
