@@ -43,6 +43,12 @@ class StepFailedError(PystradsError, RuntimeError):
     back to the state before the step."""
 
 
+class ProgramError(PystradsError, RuntimeError):
+    """The program's own code (``load``, ``init_state``, ``push``, ``apply``, ``pull``, an export)
+    raised on an executor or a shard.  The fit ends at once -- a program error is not a lost task
+    and is never retried -- and the message holds the hook, the worker and the traceback."""
+
+
 class RoundTimeoutError(PystradsError, TimeoutError):
     """A worker waited longer than ``spark.pystrads.round.timeoutSeconds`` for
     the other workers to finish a round."""

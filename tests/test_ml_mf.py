@@ -332,7 +332,7 @@ def test_early_stopping_stops_two_iterations_after_the_validation_minimum(moviel
     assert stopped.earlyStopping == {"metric": "validation_rmse", "best_iteration": best,
                                      "best_value": pytest.approx(curve[best - 1]), "stopped_at": best + 2}
     # a validation row marked training changes the fit; the flagged rows are left out of training
-    training_only = est.copy({est.earlyStoppingRounds: 0, est.maxIter: 3}).fit(
+    training_only = est.copy({est.earlyStoppingRounds: 0, est.maxIter: 3, est.validationIndicatorCol: ""}).fit(
         movielens_split.filter(~F.col("validation"))).summary
     assert training_only.trainRmseHistory == pytest.approx(full.trainRmseHistory[:3], rel=1e-9)
     replay = EarlyStopping("validation_rmse", 2)

@@ -1181,3 +1181,83 @@ def test_the_worker_side_and_the_shard_run_without_pandas(tmp_path):
         assert out.stdout.strip() == "False", "a worker-side path imported pandas"
         maps = open(f"/proc/{shard.pid}/maps").read()
         assert "pandas" not in maps, "the shard imported pandas"
+
+
+def test_a_stale_loop_epoch_is_refused_every_step_action_and_write(shards):
+    """A coordinator kept alive after its replacement claimed a newer epoch: its begin_step,
+    commit_step, abort_step, post, table writes and journal writes are refused, naming its epoch;
+    the new one's go through."""
+    servers, group = shards
+    table = make_table(group, name="fit/t", rows=10, width=1)
+    begin = dict(num_workers=1, namespace="fit")
+    group.broadcast("begin_step", step=1, epoch=1, **begin)
+    old = table.fenced(step=1, epoch=1, namespace="fit")
+    old.inc(np.arange(10), np.ones((10, 1)))  # the loop's own write, in its open step
+    assert [a["epoch"] for a in group.broadcast("claim", namespace="fit", epoch=2)] == [2, 2]
+    refused = [lambda: old.inc(np.arange(10), np.ones((10, 1))),
+               lambda: group.broadcast("commit_step", step=1, namespace="fit", epoch=1),
+               lambda: group.broadcast("abort_step", step=1, namespace="fit", epoch=1),
+               lambda: group.client(0).action("post", namespace="fit", command={"kind": "finish"}, epoch=1),
+               lambda: group.client(0).put_blob("fit/loop/journal", b"x", {"step": 1, "epoch": 1, "namespace": "fit"}),
+               lambda: group.broadcast("begin_step", step=2, epoch=1, **begin),
+               lambda: group.broadcast("claim", namespace="fit", epoch=1)]
+    for call in refused:
+        with pytest.raises(ShardUnavailableError, match="loop epoch 1 refused: epoch 2 has taken the fit over"):
+            call()
+    assert group.client(0).get_blob("fit/loop/journal") is None
+    group.broadcast("abort_step", step=1, namespace="fit", epoch=2)  # the successor settles the step
+    np.testing.assert_array_equal(table.read_all(), np.zeros((10, 1)))  # the old loop's write rolled back
+    group.broadcast("begin_step", step=1, epoch=2, **begin)
+    table.fenced(step=1, epoch=2, namespace="fit").inc(np.arange(10), np.full((10, 1), 2.0))
+    group.broadcast("commit_step", step=1, namespace="fit", epoch=2)
+    np.testing.assert_array_equal(table.read_all(), np.full((10, 1), 2.0))
+
+
+def test_the_loops_writes_belong_to_the_open_step(shards):
+    """Writes fenced with the loop's epoch are undone when the step is rolled back; one fenced
+    with another step is refused; an unfenced write while a step is open is refused."""
+    servers, group = shards
+    table = make_table(group, name="fit/t", rows=6, width=1)
+    group.broadcast("begin_step", step=4, num_workers=1, namespace="fit", epoch=1)
+    table.fenced(step=4, epoch=1, namespace="fit").put(np.arange(6), np.full((6, 1), 7.0))
+    with pytest.raises(ShardUnavailableError, match="wrote for step 3 but the open step is 4"):
+        table.fenced(step=3, epoch=1, namespace="fit").put(np.arange(6), np.ones((6, 1)))
+    with pytest.raises(ShardUnavailableError, match="unfenced write while step 4 is open"):
+        table.put(np.arange(6), np.ones((6, 1)))
+    group.broadcast("abort_step", step=4, namespace="fit", epoch=1)
+    np.testing.assert_array_equal(table.read_all(), np.zeros((6, 1)))
+
+
+def test_a_shard_that_misses_its_deadline_is_lost_and_delays_no_other_heartbeat(shards, monkeypatch):
+    """A shard whose handlers stop answering (a frozen process): a control call fails after its
+    deadline naming the shard, later calls fail at once, and heartbeats to the other shard still
+    arrive at every beat."""
+    import time
+
+    servers, _ = shards
+    frozen = threading.Event()
+    original = ShardServer._action_heartbeat
+
+    def heartbeat(self, req):
+        if self is servers[1] and frozen.is_set():
+            time.sleep(5)
+        return original(self, req)
+
+    monkeypatch.setattr(ShardServer, "_action_heartbeat", heartbeat)
+    monkeypatch.setattr(ShardServer, "_action_ping", lambda self, req: (time.sleep(5) if self is servers[1]
+                                                                          and frozen.is_set() else None) or {})
+    group = ShardGroup([ShardInfo("127.0.0.1", s.port, 0, "exec", f"s{i}") for i, s in enumerate(servers)],
+                       TOKEN, chunk_bytes=4096, rpc_timeout=1.0)
+    frozen.set()
+    before = servers[0].last_heartbeat
+    t0 = time.monotonic()
+    assert group.heartbeat(0.3) == [1]  # the frozen one missed its beat ...
+    assert time.monotonic() - t0 < 1.5 and servers[0].last_heartbeat > before  # ... the other got its own
+    t0 = time.monotonic()
+    with pytest.raises(ShardUnavailableError, match="did not answer within its deadline of 1 s"):
+        group.client(1).action("ping")
+    assert 0.9 < time.monotonic() - t0 < 3.0
+    t0 = time.monotonic()
+    with pytest.raises(ShardUnavailableError, match="is lost"):
+        group.broadcast("ping")
+    assert time.monotonic() - t0 < 0.5  # no second wait: lost like a killed shard

@@ -212,6 +212,11 @@ def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int) -> str:
     return settle(group, namespace, epoch, entry)
 
 
+def fit_error(group: ShardGroup, namespace: str) -> Optional[str]:
+    """The program error a worker of the fit reported (its hook, worker and traceback), or None."""
+    return group.client(0).action("fit_error", namespace=namespace).get("error")
+
+
 def read_progress(group: ShardGroup, namespace: str) -> Optional[Dict[str, Any]]:
     """The latest progress report of a fit's coordinator (on shard 0), or None."""
     blob = group.client(0).get_blob(progress_key(namespace))

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
-from ..errors import ConfigurationError, PystradsError, ShardUnavailableError, StepFailedError
+from ..errors import ConfigurationError, ProgramError, PystradsError, ShardUnavailableError, StepFailedError
 from ..ps import launcher
 from ..ps.partition import TableLayout, range_bounds
 from ..ps.protocol import check_dtype
@@ -47,9 +47,12 @@ from .progress import ProgressReporter
 log = logging.getLogger(__name__)
 
 
-#: Failure causes meaning the workers' cached states are gone (an executor died).
-_LOST_STATE_MARKERS = ("Checkpoint block", "ExecutorLostFailure", "FetchFailed", "could not be found",
-                       "was lost", "not found")
+def _cancelled(cause: str) -> bool:
+    """Whether a job's failure says it was cancelled (by the user, or with its SparkContext):
+    such a job is not relaunched."""
+    import re
+
+    return "OPERATION_CANCELED" in cause or re.search(r"Job \d+ cancell?ed", cause) is not None
 
 
 class Engine(StepLoop):
@@ -291,8 +294,17 @@ class Engine(StepLoop):
         import dataclasses
 
         cause = str(exc) + " " + str(exc.__cause__ or "")
-        if "OPERATION_CANCELED" in cause or "cancelled" in cause.lower() or "canceled" in cause.lower():
+        if _cancelled(cause):
             raise exc
+        from ..ps.relay import through_spark
+        from .coordinator import fit_error
+
+        try:  # a worker's program error fails its task, and so the job: the fit ends with it
+            reported = through_spark(self.spark, self.group, fit_error, self.namespace)
+        except Exception:  # noqa: BLE001 -- shards gone: a lost shard, recovered below
+            reported = None
+        if reported:
+            raise ProgramError(reported) from exc
         limit = self._count_recovery(exc, cause)
         t0 = time.perf_counter()
         alive = self.manager.alive()  # through a Spark task
@@ -301,7 +313,6 @@ class Engine(StepLoop):
                     "from the coordinator's state on the shards" if alive else "on new shards")
         epoch = spec.epoch + 1  # the relaunched coordinator's: the lost one's requests are refused from now on
         if alive:
-            from ..ps.relay import through_spark
             from .coordinator import settle_for_relaunch
 
             log.info("fit %s: %s", self.namespace, through_spark(self.spark, self.group, settle_for_relaunch,
@@ -372,22 +383,18 @@ class Engine(StepLoop):
 
     def _recover(self, exc: BaseException) -> None:
         """After a failed step (the loop settled it: rolled back, or committed when its journal
-        entry was written): when shards died, the workers' states were lost with an executor, or
-        the job failed, restart what is gone and continue -- from the journal when only the job
-        was lost (the workers' tasks restart from the shards' snapshots of its step), else from
-        the latest checkpoint or from the start.  Anything else is re-raised."""
-        shards_alive = self.manager is not None and self.manager.alive()
+        entry was written) -- a lost task, job, executor or shard, never the program's own error
+        (:class:`~pystrads.errors.ProgramError` is not caught): restart what is gone and continue,
+        from the journal when the shards live (the workers' new tasks restore the shards'
+        snapshots of its step), else from the latest checkpoint or from the start, at most
+        ``recovery.maxAttempts`` times.  A job the user cancelled is not relaunched."""
         cause = str(exc) + " " + str(exc.__cause__ or "")
-        states_lost = any(marker in cause for marker in _LOST_STATE_MARKERS)
-        # a DataFrame input's job is a barrier result stage, which Spark never retries: a failed
-        # task ends the job, and the driver relaunches it (what Spark does for an RDD input's stage)
-        job_failed = self.job.data.frame is not None and "barrier ResultStage" in cause
-        if shards_alive and not states_lost and not job_failed:
+        if _cancelled(cause):
             raise exc
+        shards_alive = self.manager is not None and self.manager.alive()
         limit = self._count_recovery(exc, cause)
         t0 = time.perf_counter()
-        what = ("shards were lost" if not shards_alive else "worker states were lost with an executor" if states_lost
-                else "its barrier job failed (a failed task ends a DataFrame input's job)")
+        what = "shards were lost" if not shards_alive else "its barrier job failed or stalled"
         log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self._position.step, what,
                     self._recoveries, limit, "the last committed step" if shards_alive else
                     "the latest checkpoint" if self.checkpoints else "the start")

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from ..errors import PystradsError, StepFailedError
+from ..errors import ConfigurationError, ProgramError, PystradsError, StepFailedError
 from ..ps import storage
 from ..ps.client import ShardGroup, fan_out
 from .preflight import _python_cause, to_workers
@@ -172,8 +172,8 @@ class WorkerJob:
                    f"Another Spark job holds them (a concurrent fit or job of this application?); free them, "
                    f"give the application at least {self.num_workers} task slots, or lower numWorkers")
         if waited > self.timeout:
-            self.cancel()
-            return StepFailedError(message + " (gave up after spark.pystrads.round.timeoutSeconds)")
+            self.cancel()  # not a lost task: relaunching would wait again
+            return ConfigurationError(message + " (gave up after spark.pystrads.round.timeoutSeconds)")
         if waited - run.warned >= SLOT_WAIT_WARN_SECONDS:
             run.warned = waited
             log.warning("fit %s: %s", self.namespace, message)
@@ -202,12 +202,25 @@ class WorkerJob:
         while True:
             answer = self.group.client(0).action("wait_hellos", namespace=self.namespace,
                                                  num_workers=self.num_workers, timeout=1.0)
+            if answer.get("program_error"):
+                raise ProgramError(answer["program_error"])
             if answer["complete"]:
                 return {int(w): h for w, h in answer["hellos"].items()}
             error = self.error()
             if error is not None:
+                self._raise_program_error()
                 raise StepFailedError(f"the fit's barrier job ended before every worker loaded its data. "
                                       f"Cause: {_python_cause(error)}") from error
+
+    def _raise_program_error(self) -> None:
+        """Raise the program error a worker reported before its task failed, if one did (the job's
+        failure is then the program's, not a lost task's)."""
+        try:
+            reported = self.group.client(0).action("fit_error", namespace=self.namespace).get("error")
+        except PystradsError:
+            return
+        if reported:
+            raise ProgramError(reported)
 
     def load_seconds(self) -> float:
         """The slowest worker's ``load`` (measured in its task, before its hello)."""
@@ -285,11 +298,15 @@ class WorkerJob:
                 if answer["done"]:
                     break
                 if answer.get("error"):
-                    raise StepFailedError(answer["error"])
+                    raise (ProgramError if answer.get("program_error") else StepFailedError)(answer["error"])
                 error = self.error()
                 if error is not None:
+                    self._raise_program_error()
                     raise error
                 stall.check(step, answer)
+        except ProgramError:
+            self.abort_step(step)
+            raise
         except BaseException as exc:
             self.abort_step(step)
             if isinstance(exc, KeyboardInterrupt):
@@ -374,8 +391,10 @@ class WorkerJob:
             if run is None:
                 error = self.error()
                 if error is not None:
+                    self._raise_program_error()
                     raise error
             elif not run.thread.is_alive():
+                self._raise_program_error()
                 raise StepFailedError(f"the fit's job ended before every worker exported its results (missing "
                                       f"{missing}): {_python_cause(run.error) if run.error else 'no error'}")
 

@@ -382,6 +382,7 @@ class WorkerContext:
         self._read_back: Dict[str, Any] = {}  # table -> keys asked with read_back=True this round
         self._read_columns: Dict[str, Optional[Tuple[int, ...]]] = {}  # table -> the columns read back (None: all)
         self._pulled: Dict[str, np.ndarray] = {}  # table -> those rows, once the round's tick returned
+        self._applying = False  # apply runs: the round's pull is committed, contributions are refused
 
     @property
     def round(self) -> int:
@@ -412,7 +413,17 @@ class WorkerContext:
         clock tick instead of a separate ``get``.  A sequence of column indexes instead of
         True brings back only those columns, in that order (fewer bytes when ``apply`` needs
         a few columns of wide rows).  At most one ``read_back`` contribution per table and
-        round."""
+        round.
+
+        Contributions are made in ``push`` (or ``init_state``): they travel with the round's clock
+        tick, and the shard sums them once every worker's arrived.  In ``apply`` the round's
+        ``pull`` has already run, so a contribution there is refused."""
+        if self._applying:
+            raise RuntimeError(
+                f"contribute({name!r}, ...) in apply: round {self.local_round}'s pull has already run once every "
+                "worker's contributions arrived, so there is no round left to add it to. Contribute in push "
+                "(the contributions travel with the round's clock tick and apply reads the result with "
+                "ctx.pulled), or write the table directly with ctx.table(name).inc")
         columns = None
         if read_back is not False and read_back is not True and read_back is not None:
             width = self.table(name).layout.width
@@ -450,12 +461,6 @@ class WorkerContext:
     def _take_outbox(self) -> List["Contribution"]:
         out, self._outbox = self._outbox, []
         return out
-
-    def _flush_outbox(self) -> None:
-        """Send what waits in the outbox now (contributions made outside ``push``, e.g. in
-        ``apply``: no tick of their round follows)."""
-        for c in self._take_outbox():
-            self.table(c.table).contribute(c.keys, c.partials, self.local_round)
 
     def report(self, **values: float) -> None:
         """Add numbers to this round's metrics (summed over workers)."""

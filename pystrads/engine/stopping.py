@@ -31,9 +31,11 @@ class EarlyStopping:
         track the best).
     tol : float
         Relative improvement an evaluation needs to count (>= 0).
+    source : str
+        Where the validation rows come from, for messages (e.g. ``"validationIndicatorCol 'v'"``).
     """
 
-    def __init__(self, metric: str, rounds: int, tol: float = 0.0):
+    def __init__(self, metric: str, rounds: int, tol: float = 0.0, source: str = ""):
         if int(rounds) < 0:
             raise ValueError(f"rounds={rounds} must be >= 0")
         if not (tol >= 0 and math.isfinite(tol)):
@@ -41,6 +43,7 @@ class EarlyStopping:
         self.metric = str(metric)
         self.rounds = int(rounds)
         self.tol = float(tol)
+        self.source = str(source)
         self.best_iteration: Optional[int] = None
         self.best_value = math.inf
         self.since_best = 0

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
 
+from ..errors import RoundTimeoutError, ShardUnavailableError, StepFailedError
 from ..ps import protocol
 from ..ps.client import fan_out
 from .program import Program, Schedule, WorkerContext
@@ -105,10 +106,13 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
         t2 = time.perf_counter()
         late = {"_sync_s": t2 - t1}
         if has_apply:
-            new = program.apply(ctx, data, state, work)
+            ctx._applying = True
+            try:
+                new = program.apply(ctx, data, state, work)
+            finally:
+                ctx._applying = False
             state = state if new is None else new
             late.update(ctx._take_metrics())
-            ctx._flush_outbox()
             late["_compute_s"] = time.perf_counter() - t2
     return state, late, last
 
@@ -128,6 +132,40 @@ def _task_identity():
     return ctx.partitionId(), ctx.taskAttemptId(), ctx.attemptNumber()
 
 
+class _SourceFailed(Exception):
+    """Reading the worker's input failed (Spark could not deliver the partition: a lost executor
+    or shuffle block): not the program's fault, so never reported as a program error."""
+
+
+def _source(records: Iterator[Any]) -> Iterator[Any]:
+    """``records``, with a failure to produce the next one raised as :class:`_SourceFailed`."""
+    it = iter(records)
+    while True:
+        try:
+            record = next(it)
+        except StopIteration:
+            return
+        except BaseException as exc:  # noqa: BLE001 -- re-raised, marked
+            raise _SourceFailed(f"reading the worker's input failed: {exc!r}") from exc
+        yield record
+
+
+#: what the runtime raises when a task, a shard or the network fails: never the program's fault
+_INFRASTRUCTURE = (ShardUnavailableError, RoundTimeoutError, StepFailedError, ConnectionError, TimeoutError,
+                   KeyboardInterrupt, SystemExit, _SourceFailed)
+
+
+def _is_program_error(exc: BaseException) -> bool:
+    if isinstance(exc, _INFRASTRUCTURE):
+        return False
+    try:
+        import pyarrow.flight as flight
+
+        return not isinstance(exc, flight.FlightError)
+    except ImportError:  # pragma: no cover
+        return True
+
+
 class _Worker:
     def __init__(self, spec: WorkerSpec, worker: int, task: int, attempt: int):
         self.spec = spec
@@ -141,6 +179,27 @@ class _Worker:
         self.poll_seconds = NEXT_POLL_SECONDS
 
     # -- commands
+    def guarded(self, hook: str, step: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, the program's ``hook``; what it raises of its own (not a lost shard or
+        task) is reported to shard 0 first, so the fit ends with it at once instead of being
+        retried as a lost task."""
+        try:
+            return fn(*args)
+        except _SourceFailed as exc:
+            raise exc.__cause__ or exc
+        except BaseException as exc:
+            if _is_program_error(exc):
+                import traceback
+
+                text = (f"{type(self.program).__name__}.{hook} raised in worker {self.worker} (task {self.task}, "
+                        f"step {step}): {exc!r}\n" + "".join(traceback.format_exception(exc)).rstrip())
+                try:
+                    self.group.client(0).action("worker_error", namespace=self.spec.namespace, worker=self.worker,
+                                                task=self.task, error=text[-20000:])
+                except Exception:  # noqa: BLE001 -- the task's own failure still ends the job
+                    pass
+            raise
+
     def next_command(self, done_step: int) -> Dict[str, Any]:
         while True:
             cmd = self.group.client(0).action(
@@ -239,7 +298,7 @@ class _Worker:
     def run_init(self, cmd, data) -> Any:
         ctx, fence = self.open(cmd)
         t0 = time.perf_counter()
-        state = self.program.init_state(ctx, data)
+        state = self.guarded("init_state", int(cmd["step"]), self.program.init_state, ctx, data)
         metrics = ctx._take_metrics()
         metrics["_compute_s"] = time.perf_counter() - t0
         self.tick(fence, 0, 0, metrics, ctx=ctx)
@@ -250,7 +309,7 @@ class _Worker:
         ctx, fence = self.open(cmd)
         self.group.stream_rounds(True)  # the step's rounds travel on one stream per shard
         try:
-            state, late, last = run_schedule(
+            state, late, last = self.guarded("push", int(cmd["step"]), run_schedule,
                 self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
                 lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_, ctx=ctx))
         finally:
@@ -269,12 +328,12 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
     t0 = time.perf_counter()
     use_threads(spec.threads)
     load_ctx = WorkerContext(worker, spec.num_workers, 0, 0, {}, 0, spec.seed, spec.threads)
-    data = w.program.load(load_ctx, records)
+    data = w.guarded("load", -1, w.program.load, load_ctx, _source(records))
     load_s = time.perf_counter() - t0
     if w.program.checks_data():  # before the hello: the driver reads it once every worker said hello
+        summary = w.guarded("data_summary", -1, w.program.data_summary, load_ctx, data)
         w.group.client(w.home).put_blob(summary_key(spec.namespace, worker),
-                                        pickle.dumps(w.program.data_summary(load_ctx, data),
-                                                     protocol=pickle.HIGHEST_PROTOCOL))
+                                        pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
     fingerprint = None
     if spec.fingerprint:
         from .fingerprint import _data_fingerprint
@@ -298,7 +357,8 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
                 # the state snapshot before the last step's is no longer needed: dropped before
                 # the export arrives (the last step's stays until the fit is released)
                 w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
-                                                cloudpickle.dumps(spec.export(worker, data, state)),
+                                                cloudpickle.dumps(w.guarded("export", step, spec.export, worker,
+                                                                            data, state)),
                                                 dict(drop_prefix=state_key(spec.namespace, worker), keep_after=step))
             if spec.keep_states:
                 yield data, state

@@ -34,9 +34,10 @@ def _doc_terms(idx: np.ndarray, val: np.ndarray):
     return terms, counts, hashlib.blake2b(terms.tobytes() + b"|" + counts.tobytes(), digest_size=8).digest()
 
 
-def _check_corpus(stats, col: str) -> None:
-    """Refuses a corpus whose scan found a bad count or vectors of several sizes, or no document
-    with a term, naming the column, the row and the value; logs the documents skipped."""
+def _check_corpus(stats, col: str, validation_col: Optional[str] = None) -> None:
+    """Refuses a corpus whose scan found a bad count or vectors of several sizes, no document with
+    a term, or (``validation_col`` given) no non-empty document held out, naming the column, the
+    row and the value; logs the documents skipped."""
     bad = stats["bad"]  # (partition, row, term, value, size); term None: a vector of another size
     if bad is not None and bad[2] is not None:
         raise InputError(f"featuresCol {col!r}: row {bad[1]} of partition {bad[0]} has count {bad[3]} for term "
@@ -52,6 +53,10 @@ def _check_corpus(stats, col: str) -> None:
     if stats["docs"] == 0:
         raise InputError(f"featuresCol {col!r}: no document has any term ({stats['empty']} empty, "
                          f"{stats['null']} null rows); LDA needs at least one non-empty document")
+    if validation_col and not stats.get("validation_docs"):
+        raise InputError(f"validationIndicatorCol {validation_col!r} marks no non-empty document for validation "
+                         "(every value is false or null, or the marked documents have no term); early stopping "
+                         "needs validation documents: mark some true, or unset it to train without one")
     if stats["empty"] or stats["null"]:
         log.info("StradsLDA: skipped %d empty and %d null documents", stats["empty"], stats["null"])
 
@@ -141,7 +146,7 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
     stats = parts[0] if parts else empty()  # no partitions at all: e.g. df.limit(0)
     for other in parts[1:]:
         stats = merge(stats, other)
-    _check_corpus(stats, features_col)
+    _check_corpus(stats, features_col, validation_col)
 
     return frame, stats
 

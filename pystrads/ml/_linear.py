@@ -181,6 +181,10 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStop
                              "validation; fit needs training rows: mark some false")
         if stats["rows"] == 0:
             raise InputError("the input has no rows; fit needs at least one (label, features) row")
+        if vcol and stats["validation_rows"] == 0:
+            raise InputError(f"validationIndicatorCol {vcol!r} marks no row for validation (every value is false "
+                             "or null); early stopping needs validation rows: mark some true, or unset it to "
+                             "train without one")
         if stats["error"]:
             what, fix = stats["error"]
             raise InputError(f"{what}: {fix}")

@@ -131,7 +131,8 @@ def dense_ids(users: np.ndarray, items: np.ndarray, batch) -> List[RatingBlock]:
     set) as one :class:`RatingBlock` with its ids as positions in the sorted ``users`` / ``items``
     (``Engine(decode_batch=...)``: one vectorised search per batch instead of a Python tuple and
     two searches per rating).  ``users`` and ``items`` are the training ratings' ids: a validation
-    rating of another user or item cannot be predicted (ALS's cold start) and is dropped."""
+    rating of another user or item cannot be predicted (ALS's cold start); it stays, with position
+    -1, so that the program counts it (and refuses a validation set of nothing but those)."""
     u, i, r = (numpy_of(batch.column(j)) for j in range(3))
     u, i = u.astype(np.int32), i.astype(np.int32)
     pu, pi = np.searchsorted(users, u), np.searchsorted(items, i)
@@ -140,8 +141,9 @@ def dense_ids(users: np.ndarray, items: np.ndarray, batch) -> List[RatingBlock]:
     held = numpy_of(batch.column(3)).astype(bool)
     known = (pu < len(users)) & (pi < len(items))
     known[known] &= (users[pu[known]] == u[known]) & (items[pi[known]] == i[known])
-    keep = known | ~held
-    return [RatingBlock(pu[keep], pi[keep], r[keep].astype(np.float64, copy=False), held[keep])]
+    cold = held & ~known
+    pu[cold], pi[cold] = -1, -1
+    return [RatingBlock(pu, pi, r.astype(np.float64, copy=False), held)]
 
 
 def user_factors(worker: int, data, state):

@@ -291,4 +291,5 @@ class HasEarlyStopping(_StradsParams):
 
         if self._validation_col() is None:
             return None
-        return EarlyStopping(metric, self.getOrDefault("earlyStoppingRounds"), self.getOrDefault("validationTol"))
+        return EarlyStopping(metric, self.getOrDefault("earlyStoppingRounds"), self.getOrDefault("validationTol"),
+                             source=f"validationIndicatorCol {self._validation_col()!r}")

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..engine.program import Program, Schedule, Table
 from ..engine.stopping import EarlyStopping
+from ..errors import InputError
 
 
 def over_ranges(ctx, sizes, fn) -> None:
@@ -113,8 +114,9 @@ class _Validation:
         position = np.searchsorted(users, held.users)
         known = (position < len(users)) & (users[np.minimum(position, max(len(users) - 1, 0))] == held.users) \
             if len(users) else np.zeros(len(held.users), bool)
+        known &= (held.users >= 0) & (held.items >= 0)  # -1: an id without training ratings (cold start)
         if item_counts is not None:  # None: every item of the model can be predicted
-            known &= item_counts[held.items] > 0
+            known[known] &= item_counts[held.items[known]] > 0
         self.users = position[known].astype(np.int64)
         self.items = held.items[known].astype(np.int64)
         self.ratings = held.ratings[known]
@@ -127,6 +129,31 @@ class _Validation:
         """Report ``val_sse`` and ``val_n`` of predictions ``w[users] . h`` (``h``: the items' rows)."""
         errors = self.ratings - np.einsum("nk,nk->n", w[self.users], h)
         ctx.report(val_sse=float(errors @ errors), val_n=float(len(errors)))
+
+
+def validation_summary(data) -> Optional[dict]:
+    """A worker's ``data_summary``: how many of its validation ratings can be scored, and how many
+    cannot (cold start: a user or an item without training ratings)."""
+    held = getattr(data, "validation", None)
+    return None if held is None else {"scored": len(held), "cold_start": held.unknown}
+
+
+def check_validation(early_stopping, summaries) -> None:
+    """Refuse a fit with early stopping whose validation set has no rating that can be scored:
+    none marked at all, or every one cold start (the validation metric would be NaN at every
+    iteration, so the fit would stop early for nothing)."""
+    if early_stopping is None:
+        return
+    scored = sum(s["scored"] for s in summaries if s)
+    cold = sum(s["cold_start"] for s in summaries if s)
+    source = early_stopping.source or "the validation indicator"
+    if scored == 0 and cold == 0:
+        raise InputError(f"{source} marks no rating for validation (every value is false or null); early "
+                         "stopping needs validation ratings: mark some true, or unset it to train without one")
+    if scored == 0:
+        raise InputError(f"{source}: none of its {cold} validation ratings can be scored, every one is a cold "
+                         "start (its user or item has no training rating); hold out ratings of users and items "
+                         "that also have training ratings (e.g. split each user's ratings), or unset it")
 
 
 def validation_fields(ctx, early_stopping, iteration: int, values) -> dict:
@@ -258,6 +285,12 @@ class MFProgram(Program):
     def _features(self, block: int):
         lo = block * self.block_size
         return lo, min(self.rank, lo + self.block_size)
+
+    def data_summary(self, ctx, data) -> Optional[dict]:
+        return validation_summary(data)
+
+    def check_data(self, summaries) -> None:
+        check_validation(self.early_stopping, summaries)
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _MFData:
@@ -498,6 +531,12 @@ class MFSGDProgram(Program):
 
     def step_size_at(self, iteration: int) -> float:
         return self.step_size / np.sqrt(1.0 + iteration)
+
+    def data_summary(self, ctx, data) -> Optional[dict]:
+        return validation_summary(data)
+
+    def check_data(self, summaries) -> None:
+        check_validation(self.early_stopping, summaries)
 
     # ------------------------------------------------------------------ worker side
     def load(self, ctx, records) -> _SGDData:

@@ -64,10 +64,12 @@ class ResidentMailbox:
         namespace, n = req.str("namespace"), req.int("num_workers")
         deadline = time.monotonic() + req.num("timeout", 1.0)
         with self.cond:
-            while len(self.hellos.get(namespace, {})) < n and time.monotonic() < deadline:
+            while len(self.hellos.get(namespace, {})) < n and time.monotonic() < deadline \
+                    and namespace not in self.fit_errors:
                 self.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
             hellos = self.hellos.get(namespace, {})
-            return {"hellos": {str(w): h for w, h in hellos.items()}, "complete": len(hellos) >= n}
+            return {"hellos": {str(w): h for w, h in hellos.items()}, "complete": len(hellos) >= n,
+                    "program_error": self.fit_errors.get(namespace)}
 
     def _action_wait_blobs(self, req):
         """Block until every blob of ``keys`` is stored here (or ``timeout``); the ones still missing."""

@@ -109,6 +109,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         self.closed: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         self.newest_task: Dict[Tuple[str, int], int] = {}
         self.loop_epochs: Dict[str, int] = {}  # per fit namespace: the newest step loop's epoch
+        self.fit_errors: Dict[str, str] = {}  # per fit namespace: the first program error its workers reported
         self.blobs: Dict[str, protocol.Blob] = {}  # opaque byte strings by key (worker state snapshots)
         self.peak_blob_bytes = 0  # the most the blobs held at once
         self.lease_seconds = lease_seconds
@@ -518,7 +519,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 del self.steps[ns]
             for ns in [n for n in self.loop_epochs if _in_fit(n, fit)]:
                 del self.loop_epochs[ns]
-            self.closed[fit] = None
+            errors = [self.fit_errors.pop(ns) for ns in [n for n in self.fit_errors if _in_fit(n, fit)]]
+            self.closed[fit] = errors[0] if errors else None  # its program error, read after the end
             while len(self.closed) > CLOSED_FITS_KEPT:
                 self.closed.popitem(last=False)
             self.cond.notify_all()  # wake the fit's workers waiting in ``next``

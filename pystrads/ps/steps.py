@@ -44,6 +44,7 @@ class _StepState:
         self.contrib: Dict[Tuple[str, int], List[Tuple[np.ndarray, np.ndarray]]] = {}
         self.metrics: Dict[int, Dict[str, float]] = {}
         self.error: Optional[str] = None
+        self.program_error = False  # the error came from the program's own code (never retried)
         self.done: Dict[int, int] = {}  # workers that finished the step -> their task id
         self.kept = False  # the step was committed (closed by commit_step, not abort_step)
 
@@ -185,6 +186,7 @@ class StepFences:
         st.metrics.clear()
         st.done.clear()
         st.error = None
+        st.program_error = False
         self.cond.notify_all()
 
     def _commit_rounds(self, st: _StepState, upto: int) -> None:
@@ -197,6 +199,7 @@ class StepFences:
                     self._apply_pull(name, parts, st)
                 except Exception as exc:  # the program's pull failed: fail the round for all
                     st.error = f"pull of table {name!r} in round {rnd} failed: {exc!r}"
+                    st.program_error = True
                     log.exception("shard %s: %s", self.shard_id, st.error)
             self._shard_metrics(st, rnd)
             st.committed = rnd
@@ -222,6 +225,7 @@ class StepFences:
                     values = program.shard_metrics(name[len(prefix):], table.metrics_view(), table.row_start) or {}
             except Exception as exc:
                 st.error = f"shard_metrics of table {name!r} in round {rnd} failed: {exc!r}"
+                st.program_error = True
                 log.exception("shard %s: %s", self.shard_id, st.error)
                 return
             for key, value in values.items():
@@ -369,7 +373,10 @@ class StepFences:
                     raise flight.FlightServerError(
                         f"shard {self.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
                 if st.error:
-                    return {"done": False, "error": st.error, "epoch": st.epoch}
+                    return {"done": False, "error": st.error, "program_error": st.program_error, "epoch": st.epoch}
+                if self.fit_errors.get(st.namespace):
+                    return {"done": False, "error": self.fit_errors[st.namespace], "program_error": True,
+                            "epoch": st.epoch}
                 if len(st.done) >= st.num_workers:
                     return {"done": True, "epoch": st.epoch,
                             "rounds": {str(k): v for k, v in sorted(st.metrics.items())}}
@@ -408,6 +415,28 @@ class StepFences:
                 st.open = False  # fences out any straggler
                 self.cond.notify_all()
         return {"restored_rows": restored}
+
+    def _action_worker_error(self, req):
+        """A worker's program code raised (``error``: the hook, the worker and the traceback): the
+        fit ends with it -- the open step fails for every worker, and the driver's waits report it
+        as the program's error, not as a lost task."""
+        namespace, worker = req.str("namespace"), req.int("worker")
+        with self.cond:
+            if req.int("task") < self.newest_task.get((namespace, worker), -1):
+                return {}  # a zombie's: its attempt was already replaced
+            text = req.str("error")[:20000]
+            self.fit_errors.setdefault(namespace, text)
+            st = self.steps.get(namespace)
+            if st is not None and st.open and not st.error:
+                st.error, st.program_error = text, True
+            self.cond.notify_all()
+        return {}
+
+    def _action_fit_error(self, req):
+        """The program error a worker of fit ``namespace`` reported, if any (``error``: None)."""
+        namespace = req.str("namespace")
+        with self.cond:
+            return {"error": self.fit_errors.get(namespace) or self.closed.get(namespace)}
 
     def _action_metrics(self, req):
         """Per-round metric sums reported by the workers of the current step."""
