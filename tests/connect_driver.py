@@ -250,7 +250,7 @@ def fault(spark):
         def push(self, ctx, data, state, block):
             if ctx.worker == 1 and ctx.round >= 5 and not os.path.exists(marker):
                 open(marker, "w").close()
-                raise RuntimeError("injected task failure")
+                os._exit(3)  # the task's process dies (a lost executor; a raised error would be the program's)
             return super().push(ctx, data, state, block)
 
         def schedule(self, ctx):

@@ -40,7 +40,8 @@ def test_a_fit_resumes_from_its_latest_checkpoint_with_the_same_result(sc, ratin
     _, first = fit(sc, ratings, config, max_steps=3)
     assert first.fixed["checkpoints"] == 3
     (fit_dir,) = os.listdir(d)
-    assert sorted(os.listdir(os.path.join(d, fit_dir))) == ["LATEST", "step-00000003"]  # older ones deleted
+    names = sorted(os.listdir(os.path.join(d, fit_dir)))  # older ones deleted; the fit's OWNER released
+    assert len(names) == 2 and names[0] == "LATEST" and names[1].startswith("step-00000003-"), names
     resumed, second = fit(sc, ratings, config, reverse=True)
     assert second.fixed["resumed_from_step"] == 3
     assert second.rows[:3] == first.rows  # the first 3 steps' rows came back with the checkpoint
@@ -59,6 +60,39 @@ def test_a_checkpoint_of_other_data_is_not_resumed(sc, ratings):
     assert "resumed_from_step" not in summary.fixed
     reference, _ = fit(sc, other, {})
     assert np.allclose(h, reference, atol=1e-10)
+
+
+def test_two_identical_fits_at_once_checkpoint_apart_and_both_end_right(sc, ratings):
+    """Two fits of the same program, data, workers and seed with one checkpoint directory, started
+    at once (two threads, as CrossValidator's parallelism runs them): each holds a root of its own
+    while it runs, so neither deletes or resumes the other's checkpoints, and both end equal to
+    the fit without checkpoints."""
+    import threading
+
+    reference, _ = fit(sc, ratings, {})
+    d = tempfile.mkdtemp()
+    config = {"checkpoint.dir": d, "checkpoint.interval": 1}
+    results, errors = [None, None], []
+
+    def run(i):
+        try:
+            results[i] = fit(sc, ratings, config)
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    for h, summary in results:
+        assert np.allclose(h, reference, atol=1e-10)
+        assert summary.fixed["checkpoints"] >= 1
+    roots = sorted(os.listdir(d))
+    # one root each while both ran (a fit that finds the other's ended may resume from it instead)
+    assert roots[0] + "-2" in roots or any("resumed_from_step" in s.fixed for _, s in results), roots
+    assert not any(os.path.exists(os.path.join(d, r, "OWNER")) for r in roots)  # both released
 
 
 @pytest.mark.parametrize("kinds", [("dense", "dense"), ("sparse", "sparse"), ("dense", "sparse"),

@@ -26,8 +26,8 @@ ITERATIONS = 6
 
 class FailOnce(ex.RotationSum):
     """RotationSum that fails once, the first time it reaches ``at_round``: in a worker's ``push``
-    (the task fails) or, with ``where="after_step"``, by killing the coordinator's process right
-    after that step was committed.  A marker file makes it fail only once across relaunches."""
+    (its task's process dies: a lost executor, not a program error) or, with
+    ``where="after_step"``, by killing the coordinator's process in that step's ``after_step``.  A marker file makes it fail only once across relaunches."""
 
     def __init__(self, num_keys, iterations, marker, at_round, where="push"):
         super().__init__(num_keys, iterations)
@@ -36,9 +36,7 @@ class FailOnce(ex.RotationSum):
     def _strike(self):
         if not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            if self.where == "push":
-                raise RuntimeError("injected task failure")
-            os._exit(3)  # the coordinator's process (the first worker's task) dies
+            os._exit(3)  # the task's process dies: worker 1's (push), or the coordinator's (the first task's)
 
     def push(self, ctx, data, state, block):
         if self.where == "push" and ctx.worker == 1 and ctx.round >= self.at_round:

@@ -28,9 +28,10 @@ class _FakeJob:
         with open(os.path.join(target, "states"), "w") as fh:
             fh.write(str(step))
         self.saved.append((target, step))
-        return 10
+        return {"bytes": 10, "files": ["t.0-5.npy"]}
 
-    def restore_states(self, source, step):
+    def restore_states(self, source, step, files=None):
+        assert files == ["t.0-5.npy"]  # the checkpoint's manifest
         with open(os.path.join(source, "states")) as fh:
             assert int(fh.read()) == step
         self.restored.append((source, step))
@@ -65,7 +66,13 @@ def test_a_fit_resumes_from_its_latest_checkpoint_with_its_program_and_history(t
         program.steps = 10 + step  # the driver's state moves with the fit
         checkpoints.save(job, program, Position(step + 1, 4 * step, 7), summary)
     assert checkpoints.saved == 3 and [s for _, s in job.saved] == [1, 2, 3]
-    assert sorted(n for n in os.listdir(checkpoints.root) if n.startswith("step-")) == ["step-00000003"]
+    (latest,) = [n for n in os.listdir(checkpoints.root) if n.startswith("step-")]
+    assert latest.startswith("step-00000003-")  # the older ones deleted once LATEST named the newest
+    with open(os.path.join(checkpoints.root, "LATEST")) as fh:
+        assert f'"dir": "{latest}"' in fh.read()
+    checkpoints.save(job, program, Position(4, 12, 7), summary)  # the same step again: a directory never used
+    (newer,) = [n for n in os.listdir(checkpoints.root) if n.startswith("step-")]
+    assert newer.startswith("step-00000003-") and newer != latest
 
     fresh = CounterProgram(num_keys=5)
     resumed = checkpoints.resume(_FakeJob(["f0", "f1"]), fresh)
@@ -87,6 +94,56 @@ def test_a_failed_checkpoint_keeps_the_previous_one_and_is_counted(tmp_path):
     checkpoints.try_save(Broken(["f0", "f1"]), program, Position(3, 8, 7), TrainingSummary())
     assert checkpoints.failures == 1 and checkpoints.saved == 1
     assert checkpoints.resume(_FakeJob(["f0", "f1"]), CounterProgram(num_keys=5)).step == 1
+
+
+def test_a_checkpoint_root_belongs_to_one_live_fit(tmp_path):
+    """A second identical fit finds the root held (its owner's beat moves) and takes the next
+    root; once the owner releases it, or its beat stops (a killed driver), a fit takes it; a
+    fit of the same owner (a relaunched coordinator) takes its own root back at once."""
+    import time
+
+    program = CounterProgram(num_keys=5)
+    first, second, third = (_checkpointer(tmp_path, program) for _ in range(3))
+    assert first.claim("fit-a", beat_seconds=0.2) == first.base
+    assert second.claim("fit-b", beat_seconds=0.2) == first.base + "-2"  # the beat moved: a live fit
+    t0 = time.monotonic()
+    relaunched = _checkpointer(tmp_path, program)
+    assert relaunched.claim("fit-a", beat_seconds=0.2) == first.base  # its own: at once
+    assert time.monotonic() - t0 < 0.4
+    for killed in (first, relaunched):  # fit-a's processes are killed: its OWNER stays, its beat stops
+        killed._stop_beat.set()
+        killed._stop_beat = None
+    assert third.claim("fit-c", beat_seconds=0.2) == first.base  # taken over
+    third.release()
+    second.release()
+    assert not os.path.exists(os.path.join(first.base, "OWNER"))
+    assert not os.path.exists(os.path.join(first.base + "-2", "OWNER"))
+    assert _checkpointer(tmp_path, program).claim("fit-d", beat_seconds=0.2) == first.base
+
+
+def test_restore_reads_only_the_files_of_the_checkpoints_manifest(tmp_path):
+    """A file of another shard layout beside a checkpoint's files (a directory written twice) is
+    never read: restore reads the files the manifest lists."""
+    from pystrads.ps.client import ShardGroup, ShardInfo
+    from pystrads.ps.partition import TableLayout
+    from pystrads.ps.server import ShardServer
+
+    server = ShardServer("grpc://127.0.0.1:0", "t", 1e9, "s0")
+    try:
+        group = ShardGroup([ShardInfo("127.0.0.1", server.port, 0, "e", "s0")], "t")
+        layout = TableLayout("fit/x", 6, 1, "float64", (0, 6), (0,), 1)
+        group.client(0).action("create_table", name="fit/x", row_start=0, row_stop=6, width=1, dtype="float64")
+        group.table(layout).put(np.arange(6), np.arange(6.0).reshape(6, 1))
+        answer = group.client(0).action("snapshot", prefix="fit/", dir=str(tmp_path))
+        assert answer["files"] == ["x.0-6.npy"]
+        np.save(tmp_path / "x.0-3.npy", np.full((3, 1), -1.0))  # stale: another layout's rows 0-3
+        group.table(layout).put(np.arange(6), np.zeros((6, 1)))
+        group.client(0).action("restore", prefix="fit/", dir=str(tmp_path), files=answer["files"])
+        np.testing.assert_array_equal(group.table(layout).read_all()[:, 0], np.arange(6.0))
+        group.client(0).action("restore", prefix="fit/", dir=str(tmp_path))  # without a manifest: every file
+        assert group.table(layout).read_all()[0, 0] in (-1.0, 0.0)
+    finally:
+        server.shutdown()
 
 
 def _job():

@@ -287,7 +287,7 @@ class FailingLDA(LDAProgram):
         if ctx.step == 2 and ctx.worker == 0 and ctx.local_round == self.fail_round \
                 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            raise RuntimeError("injected failure mid-iteration")
+            os._exit(3)  # the task's process dies mid-iteration (a raised error would be the program's own)
         return state
 
 

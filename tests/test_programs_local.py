@@ -10,7 +10,7 @@ import pytest
 from pyspark import cloudpickle
 
 from pystrads.engine import Engine, Program, Schedule, Table
-from pystrads.errors import ConfigurationError, PystradsError, ScheduleError, StepFailedError
+from pystrads.errors import ConfigurationError, ProgramError, PystradsError, ScheduleError
 from pystrads.programs import examples as ex
 
 from shapes import run_block_lstsq, run_priority_lasso, run_rotation, run_sgd
@@ -65,7 +65,7 @@ class FailingCounter(ex.CounterProgram):
         out = super().push(ctx, data, state, work)
         if ctx.step == 2 and ctx.worker == 1 and ctx.local_round == 3 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            raise RuntimeError("injected task failure")
+            os._exit(3)  # the task's process dies (a raised error would be the program's own, never retried)
         return out
 
 
@@ -168,11 +168,14 @@ class AlwaysFailing(ex.CounterProgram):
         return state + 1
 
 
-def test_step_failing_every_attempt_rolls_back_and_names_the_cause(sc):
+def test_a_program_error_fails_the_fit_at_once_and_names_the_cause(sc):
+    """An error the program raises is not a lost task: no attempt runs again (the shards roll
+    the step back) and the error names the hook, the worker and the cause."""
     program = AlwaysFailing(num_keys=5, rounds_per_step=4, steps=3)
     engine = Engine(program, sc.parallelize(range(4), 2))
-    with pytest.raises(StepFailedError, match="step 2 failed.*broken program"):
+    with pytest.raises(ProgramError, match=r"AlwaysFailing\.push raised in worker \d \(task \d+, step 2\).*broken program"):
         engine.fit()
+    assert "recoveries" not in engine.summary.fixed
 
 
 def test_preflight_refuses_more_workers_than_slots(sc):
@@ -350,7 +353,7 @@ def test_a_fit_whose_tasks_get_no_slots_fails_clearly_instead_of_waiting(sc, mon
         __import__("time").sleep(2)  # the hog's tasks are running
         engine = Engine(ex.CounterProgram(num_keys=3, rounds_per_step=1, steps=1), sc.parallelize(range(4), 2),
                         config={"round.timeoutSeconds": 3.0, "recovery.maxAttempts": 0})
-        with pytest.raises(StepFailedError, match=r"waited \d+ s for task slots: 0 of its 2 tasks run.*numWorkers"):
+        with pytest.raises(ConfigurationError, match=r"waited \d+ s for task slots: 0 of its 2 tasks run.*numWorkers"):
             engine.fit()
     finally:
         sc.cancelJobGroup("slot-hog")
@@ -405,11 +408,12 @@ def test_a_failed_task_of_a_dataframe_fit_is_relaunched_without_lost_or_doubled_
     assert os.path.exists(marker), "the failure was injected"
     assert np.array_equal(got, program.expected(2))
     assert recoveries == 1 and len(engine.job_groups) == 2  # relaunched once by the driver
-    # a program that fails every time is relaunched recovery.maxAttempts times, then named
+    # a program that raises is never relaunched: its error is named at once
     engine = Engine(AlwaysFailing(num_keys=5, rounds_per_step=4, steps=3), spark.range(4).selectExpr("id"),
                     num_workers=2, keep_states=False, config={"recovery.maxAttempts": 1})
-    with pytest.raises(StepFailedError, match="gave up after 1 recoveries.*broken program"):
+    with pytest.raises(ProgramError, match="AlwaysFailing.push raised.*broken program"):
         engine.fit()
+    assert len(engine.job_groups) == 1
 
 
 @pytest.mark.parametrize("done, hint, expected", [

@@ -2,10 +2,19 @@
 
 A checkpoint is the shards' table snapshots, written where the rows live, the workers' state
 snapshots (also written by the shards that keep them) and the driver's state (program
-attributes, summary, step), under ``<checkpoint.dir>/pystrads-<fingerprint>/step-<n>``; a fit
-started again with the same program, data, workers and seed resumes from the latest.
-:class:`Checkpointer` owns that directory for the :class:`~pystrads.engine.driver.Engine`;
-deciding what to do after a failed step (recovery) is the Engine's.
+attributes, summary, step, and the manifest of the table files), under
+``<checkpoint.dir>/pystrads-<fingerprint>/step-<n>-<random>``: a directory never used before,
+so no file of another checkpoint (another shard layout, another fit) is ever read with it.
+``LATEST`` names it and is written last, once every file is on the disk; restore reads the
+files the manifest lists.  A fit started again with the same program, data, workers and seed
+resumes from the latest.
+
+The root belongs to one live fit at a time: the loop claims it (``OWNER``: the fit, and a beat
+it renews every few seconds) and releases it when the fit ends.  A second identical fit that
+finds the beat moving takes the next root (``<root>-2``, ``-3``...); one that finds it still
+takes the root over, so a driver submitted again after a crash resumes where it stopped.
+:class:`Checkpointer` owns those directories; deciding what to do after a failed step
+(recovery) is the loop's.
 """
 
 from __future__ import annotations
@@ -14,7 +23,11 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import pickle
+import secrets
+import socket
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -62,6 +75,13 @@ class Resumed:
     iterations: List[Dict[str, Any]]
 
 
+#: seconds between renewals of a checkpoint root's ``OWNER`` beat
+OWNER_BEAT_SECONDS = 4.0
+
+#: roots a fit tries (the derived one, then ``-2``...) before giving up on a free one
+OWNER_ROOTS = 8
+
+
 class Checkpointer:
     """A fit's checkpoint directory (``root``: ``<checkpoint.dir>/pystrads-<fingerprint>``).
 
@@ -70,10 +90,87 @@ class Checkpointer:
 
     def __init__(self, root: str, num_workers: int):
         self.root = root
+        self.base = root  # the root derived from the settings (``root`` is another when it was taken)
         self.num_workers = num_workers
         self.saved = 0  # checkpoints written by this fit
         self.failures = 0  # checkpoints that failed (the previous one stayed the latest)
         self.seconds = 0.0  # time spent writing them
+        self._owner: Optional[str] = None
+        self._stop_beat: Optional[threading.Event] = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_stop_beat"] = None  # the beat is the claiming process's
+        return state
+
+    # ------------------------------------------------------------------ ownership
+    def _read_owner(self, root: str) -> Optional[Dict[str, Any]]:
+        try:
+            return json.loads(storage.read_bytes(storage.join(root, "OWNER")).decode())
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+
+    def _write_owner(self, root: str, beat: int) -> None:
+        storage.write_atomic(storage.join(root, "OWNER"), json.dumps(
+            {"owner": self._owner, "beat": beat, "host": socket.gethostname(), "pid": os.getpid(),
+             "time": time.time()}).encode())
+
+    def claim(self, owner: str, beat_seconds: float = OWNER_BEAT_SECONDS) -> str:
+        """Hold a root for fit ``owner`` while it runs (see the module docstring): the derived
+        root unless another live fit holds it, then the next free one; starts the beat.  Returns
+        the root.  A fit of the same ``owner`` (a relaunched coordinator) takes its root back."""
+        self._owner = owner
+        for n in range(OWNER_ROOTS):
+            root = self.base if n == 0 else f"{self.base}-{n + 1}"
+            held = self._read_owner(root)
+            if held is not None and held.get("owner") != owner:
+                time.sleep(2.5 * beat_seconds)  # a live owner renews its beat meanwhile
+                again = self._read_owner(root)
+                if again is not None and (again.get("owner") != held.get("owner")
+                                          or again.get("beat") != held.get("beat")):
+                    log.info("checkpoint root %s is held by the live fit %s; trying the next", root,
+                             again.get("owner"))
+                    continue
+                log.warning("checkpoint root %s was held by fit %s, whose beat stopped; taking it over", root,
+                            held.get("owner"))
+            self._write_owner(root, 0)
+            time.sleep(min(0.25, beat_seconds / 4))  # two claims at once: the last writer keeps it
+            mine = self._read_owner(root)
+            if mine is None or mine.get("owner") != owner:
+                continue
+            if root != self.root:
+                log.warning("checkpoint root %s is in use by another live fit of the same settings; this fit "
+                            "checkpoints to %s", self.base, root)
+            self.root = root
+            self._start_beat(beat_seconds)
+            return root
+        raise ConfigurationError(
+            f"checkpoints: {OWNER_ROOTS} live fits of the same program, data, workers and seed hold "
+            f"{self.base} and the roots after it; end one, or give this fit another checkpoint.dir")
+
+    def _start_beat(self, beat_seconds: float) -> None:
+        stop = self._stop_beat = threading.Event()
+        root = self.root
+
+        def beat():
+            n = 0
+            while not stop.wait(beat_seconds):
+                n += 1
+                try:
+                    self._write_owner(root, n)
+                except Exception as exc:  # noqa: BLE001 -- a missed beat; the next one may land
+                    log.debug("checkpoint owner beat failed: %s", exc)
+
+        threading.Thread(target=beat, name="pystrads-checkpoint-owner", daemon=True).start()
+
+    def release(self) -> None:
+        """Stop the beat and give the root up (the fit ended)."""
+        if self._stop_beat is not None:
+            self._stop_beat.set()
+            self._stop_beat = None
+            held = self._read_owner(self.root)
+            if held is not None and held.get("owner") == self._owner:
+                storage.delete_file(storage.join(self.root, "OWNER"))
 
     @classmethod
     def of(cls, config: Config, sc, program, num_workers: int, seed: int) -> Optional["Checkpointer"]:
@@ -120,13 +217,14 @@ class Checkpointer:
 
         t0 = time.perf_counter()
         last = position.step - 1
-        name = f"step-{last:08d}"
+        name = f"step-{last:08d}-{secrets.token_hex(4)}"  # never reused: no file of another checkpoint in it
         target = storage.join(self.root, name)
-        written = job.save_states(target, last)
+        saved = job.save_states(target, last)
+        written = saved["bytes"]
         driver = {"step": position.step, "rounds_done": position.rounds_done, "rounds_hint": position.rounds_hint,
                   "serial_extra": position.serial_extra,
                   "rows": summary.rows, "iterations": summary.iterations, "data_fingerprints": job.fingerprints(),
-                  "program": program_state(program), "num_workers": self.num_workers}
+                  "program": program_state(program), "num_workers": self.num_workers, "files": saved["files"]}
         storage.write_bytes(storage.join(target, "driver.pkl"), cloudpickle.dumps(driver))
         storage.write_atomic(storage.join(self.root, "LATEST"), json.dumps(
             {"dir": name, "step": last, "rounds_done": position.rounds_done, "time": time.time()}).encode())
@@ -157,7 +255,7 @@ class Checkpointer:
             log.warning("checkpoint %s was made from other input data (workers %s differ); not resuming from it",
                         source, differ)
             return None
-        job.restore_states(source, meta["step"])
+        job.restore_states(source, meta["step"], driver.get("files"))
         vars(program).update(driver["program"])
         position = Position(driver["step"], driver["rounds_done"], int(driver.get("rounds_hint", self.num_workers)),
                             int(driver.get("serial_extra", 0)))

@@ -272,22 +272,6 @@ class _InJobEngine(StepLoop):
     def _recover(self, exc: BaseException) -> None:
         raise exc  # the client relaunches the job (this coordinator's task goes with it)
 
-    def _resume(self) -> bool:
-        """A relaunched job: carry on from the journal the last coordinator left on shard 0 (else
-        from the latest checkpoint, or from the start).  The client settled the step that was
-        open when the job was lost (:func:`settle_for_relaunch`) before relaunching: committed
-        when its journal entry was written, so the entry is where the fit stands, else rolled
-        back; no step is ever applied twice or in part."""
-        if not self.resume:
-            return super()._resume()
-        entry = self.journal.read()
-        if entry is None:  # the init step never committed: start over
-            return super()._resume()
-        self._restore(entry)
-        log.warning("fit %s: resuming after step %d from the journal", self.namespace, entry.step)
-        self.summary.fixed["resumed_at_step"] = self._position.step
-        return True
-
     def _progress_reporter(self) -> ProgressReporter:
         return SharedProgress(f"{self._name} {self.namespace}", self.job.group, self.namespace)
 

@@ -386,8 +386,9 @@ class Engine(StepLoop):
         entry was written) -- a lost task, job, executor or shard, never the program's own error
         (:class:`~pystrads.errors.ProgramError` is not caught): restart what is gone and continue,
         from the journal when the shards live (the workers' new tasks restore the shards'
-        snapshots of its step), else from the latest checkpoint or from the start, at most
-        ``recovery.maxAttempts`` times.  A job the user cancelled is not relaunched."""
+        snapshots of its step), else from the latest checkpoint or from the start (the loop
+        decides, :meth:`StepLoop.drive`), at most ``recovery.maxAttempts`` times.  A job the user
+        cancelled is not relaunched."""
         cause = str(exc) + " " + str(exc.__cause__ or "")
         if _cancelled(cause):
             raise exc
@@ -399,18 +400,14 @@ class Engine(StepLoop):
                     self._recoveries, limit, "the last committed step" if shards_alive else
                     "the latest checkpoint" if self.checkpoints else "the start")
         self.job.cancel()
-        entry = self.journal.read() if shards_alive else None
         if not shards_alive:
             self.journal.clear()
             self._start_shards()  # new shards with freshly created tables
         self._launch(new_shards=not shards_alive)
-        if entry is not None:  # only the job was lost: its tasks restart from the shards' snapshots
-            self._restore(entry)
-        elif not (not shards_alive and self._resume()):
+        if self.journal.read() is None:  # nothing committed is left: the fit starts over (or resumes)
             vars(self.program).update(pickle.loads(self._program_initial))
             self.summary.rows.clear()
             self.summary.iterations.clear()
-            self._init_state()
         self.summary.fixed["recoveries"] = self._recoveries
         self.summary.add_time("recovery_s", time.perf_counter() - t0)
 

@@ -209,6 +209,8 @@ class WorkerJob:
             error = self.error()
             if error is not None:
                 self._raise_program_error()
+                if isinstance(error, ConfigurationError):
+                    raise error
                 raise StepFailedError(f"the fit's barrier job ended before every worker loaded its data. "
                                       f"Cause: {_python_cause(error)}") from error
 
@@ -304,7 +306,7 @@ class WorkerJob:
                     self._raise_program_error()
                     raise error
                 stall.check(step, answer)
-        except ProgramError:
+        except (ProgramError, ConfigurationError):  # the program's, or the cluster's: not a lost task
             self.abort_step(step)
             raise
         except BaseException as exc:
@@ -428,9 +430,9 @@ class WorkerJob:
             self.result_rdd = None
 
     # ------------------------------------------------------------------ checkpoints
-    def save_states(self, target: str, step: int) -> int:
+    def save_states(self, target: str, step: int) -> Dict[str, Any]:
         """The shards write the fit's tables and the workers' state snapshots of ``step`` under
-        ``target``; returns the bytes written."""
+        ``target``; returns ``{"bytes": written, "files": the table files, the manifest}``."""
         answers = self.group.broadcast("snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables"),
                                        states_prefix=states_prefix(self.namespace), states_step=step,
                                        states_dir=target)
@@ -438,15 +440,17 @@ class WorkerJob:
         if saved != list(range(self.num_workers)):
             raise StepFailedError(f"checkpoint {target}: states of workers {saved} were saved, expected "
                                   f"0..{self.num_workers - 1}")
-        return sum(a["bytes"] for a in answers)
+        return {"bytes": sum(a["bytes"] for a in answers), "files": sorted(f for a in answers for f in a["files"])}
 
-    def restore_states(self, source: str, step: int) -> None:
-        """The shards read the fit's tables and the workers' snapshots of ``step`` back from ``source``."""
+    def restore_states(self, source: str, step: int, files: Optional[List[str]] = None) -> None:
+        """The shards read the fit's tables (only ``files``, the checkpoint's manifest, when given)
+        and the workers' snapshots of ``step`` back from ``source``."""
         S = len(self.group.shards)
+        extra = {} if files is None else {"files": list(files)}
         fan_out([lambda i=i: self.group.client(i).action(
             "restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"),
             states_prefix=states_prefix(self.namespace), states_step=step, states_dir=source,
-            states_workers=[w for w in range(self.num_workers) if w % S == i])
+            states_workers=[w for w in range(self.num_workers) if w % S == i], **extra)
             for i in range(S)])
 
 

@@ -118,20 +118,37 @@ class StepLoop:
         return handle
 
     def _recover(self, exc: BaseException) -> None:
-        """After a failed step (rolled back, or completed when the journal held it): restart what
-        was lost and put the loop back at the journal's entry (or a checkpoint, or the start);
-        re-raise what cannot be recovered from here."""
+        """After a lost task, job, executor or shard in any phase (the open step settled: rolled
+        back, or completed when the journal held it): restart what was lost, clearing the journal
+        when the shards went with it; the loop then carries on from the journal's entry, or from
+        a checkpoint, or from the start.  Re-raise what cannot be recovered from here."""
         raise exc
 
     def drive(self, max_steps: Optional[int]) -> Optional[str]:
         """The fit once its job runs, whoever owns the loop (this process, or the coordinator in
         the job): the data check, the init step (or a resume), the steps, the end; returns why it
-        stopped."""
+        stopped.  A lost task, job or shard in any of these phases is recovered (``_recover``),
+        and the loop goes on from the journal's last entry (a relaunch finds it too)."""
         self.progress = self._progress_reporter()
-        self._check_data()
-        if not self._resume():
-            self._init_state()
-        stopped = self._ended[0] if self._ended is not None else self._step_loop(max_steps)
+        self._first_step: Optional[int] = None  # the first step this fit ran (max_steps counts from it)
+        if self.checkpoints is not None:  # the root is this fit's while it runs
+            self.checkpoints.claim(self.namespace)
+        try:
+            while True:
+                try:
+                    if not self._restore_last():
+                        self._check_data()
+                        if not self._resume():
+                            self._init_state()
+                    stopped = self._ended[0] if self._ended is not None else self._step_loop(max_steps)
+                    break
+                except (StepFailedError, ShardUnavailableError) as exc:
+                    if self._open_step is not None:
+                        self._settle(self._open_step)
+                    self._recover(exc)
+        finally:
+            if self.checkpoints is not None:
+                self.checkpoints.release()
         t0 = time.perf_counter()
         self.job.finish(self._position.step - 1)
         self.summary.fixed["finish_s"] = time.perf_counter() - t0
@@ -149,6 +166,16 @@ class StepLoop:
                             {"rows": s.rows, "iterations": s.iterations, "fixed": s.fixed}, self._planned, ended,
                             stopped, self.checkpoints)
 
+    def _restore_last(self) -> bool:
+        """Put the loop back at the journal's last entry, if it has one (a relaunched coordinator,
+        or a loop that recovered from a lost job)."""
+        entry = self.journal.read()
+        if entry is None:
+            return False
+        self._restore(entry)
+        self.summary.fixed["resumed_at_step"] = self._position.step
+        return True
+
     def _restore(self, entry: JournalEntry) -> None:
         """Put the loop, the program and the summary back as ``entry`` has them (``_ended``: the
         fit ended there)."""
@@ -159,7 +186,8 @@ class StepLoop:
         vars(self.program).update(entry.program)
         self.summary.rows[:] = entry.summary["rows"]
         self.summary.iterations[:] = entry.summary["iterations"]
-        self.summary.fixed.update(entry.summary["fixed"])
+        for key, value in entry.summary["fixed"].items():  # what this loop counted since (recoveries) stays
+            self.summary.fixed.setdefault(key, value)
         if entry.checkpoints is not None and self.checkpoints is not None:
             for counter in ("saved", "failures", "seconds"):
                 setattr(self.checkpoints, counter, getattr(entry.checkpoints, counter))
@@ -189,10 +217,12 @@ class StepLoop:
         the step's row then holds the part of that planning the workers waited for
         (``schedule_wait_s``), which is all of ``schedule_s`` otherwise."""
         ctx = ScheduleContext(self)
-        steps = 0
-        while max_steps is None or steps < max_steps:
+        if self._first_step is None:
+            self._first_step = self._position.step
+        while max_steps is None or self._position.step - self._first_step < max_steps:
             position = self._position
             step = position.step
+            steps = step - self._first_step
             ctx.step, ctx._records, ctx._stop_reason, ctx._progress = step, {}, None, None
             ctx.rounds_done = position.rounds_done - position.serial_extra  # the program's rounds
             ctx.rounds_hint = position.rounds_hint
@@ -228,15 +258,10 @@ class StepLoop:
                     ahead = _PlanAhead(self.program, ctx, len(schedule))
                 self._run_step(ctx, run, times, len(schedule), ahead)
                 self._open_step = None
-                steps += 1
-            except (StepFailedError, ShardUnavailableError) as exc:
+            except (StepFailedError, ShardUnavailableError):
                 if ahead is not None:  # planned from a step that did not happen
                     ahead.join()
-                self._settle(step)
-                self._recover(exc)
-                if self._ended is not None:
-                    return self._ended[0]
-                continue
+                raise  # drive settles the step and recovers
             except BaseException:
                 if ahead is not None:
                     ahead.join()

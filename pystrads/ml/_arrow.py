@@ -137,6 +137,21 @@ def collect_per_partition(frame, fn: Callable[[Iterator[Any]], Any]) -> List[Any
     return [r for _, r in parts]
 
 
+def collect_arrow(frame):
+    """A DataFrame's rows as one ``pyarrow.Table``, through Arrow where the session offers it
+    (``toArrow``: pyspark >= 4, classic and Connect; ``_collect_as_arrow``: classic 3.5)."""
+    import pyarrow as pa
+
+    if hasattr(frame, "toArrow"):
+        return frame.toArrow()
+    if hasattr(frame, "_collect_as_arrow"):
+        batches = frame._collect_as_arrow()
+        if batches:
+            return pa.Table.from_batches(batches)
+    rows = frame.collect()
+    return pa.table({name: [row[name] for row in rows] for name in frame.columns})
+
+
 def collect_binary(frame, column: str) -> List[bytes]:
     """A binary column's values, through Arrow: ``toArrow`` (pyspark >= 4, classic and Connect)
     or ``_collect_as_arrow`` (classic 3.5) streams each partition's batches to Python as they

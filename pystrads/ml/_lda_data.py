@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 from typing import Optional
 
 import numpy as np
@@ -23,6 +24,9 @@ log = logging.getLogger("pystrads.ml.lda")
 #: the documents as the LDA program's workers read them (one row per non-empty document); with a
 #: validation set, a fourth column ``validation boolean`` marks the held-out documents
 DOC_RECORD_SCHEMA = "doc long, terms array<long>, counts array<long>"
+
+#: the corpus scan's rows: a partition's stats (term < 0) or a term's token count
+SCAN_COLUMNS = ["term", "count", "stats"]
 
 
 def _doc_terms(idx: np.ndarray, val: np.ndarray):
@@ -71,7 +75,10 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
     otherwise) and counts tokens per term, documents and empty documents -- of the training
     documents only when ``validation_col`` marks held-out ones (true; null counts as training),
     which are checked alike and counted apart (``validation_docs``, ``validation_tokens``).  It goes
-    through ``mapInArrow`` (classic sessions and Spark Connect alike).  A document's key is a hash
+    through ``mapInArrow`` (classic sessions and Spark Connect alike); each partition's token counts
+    per term leave it as (term, count) rows of its non-zero terms, summed by term on the executors
+    (a ``groupBy``), so the driver receives each term once: its memory is bounded by the vocabulary,
+    never by partitions x vocabulary.  A document's key is a hash
     of its terms and counts: a worker orders its documents by key, so the Gibbs chain depends on
     which documents a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
     local blocks first, so that order differs between local mode and a cluster, and
@@ -80,7 +87,7 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
     """
     from pyspark.sql import functions as F
 
-    from ._arrow import collect_per_partition, partition_id, vectors
+    from ._arrow import collect_arrow, partition_id, vectors
 
     frame = dataset.select(features_col, *([F.coalesce(F.col(validation_col), F.lit(False))] if validation_col else []))
     held_out = bool(validation_col)
@@ -130,11 +137,26 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
             np.add.at(out["freq"], idx, counts)
         return out
 
+    def scan_rows(batches):
+        """A partition's scan as rows: its stats (pickled, under term -1 - partition) and its
+        token count per non-zero term."""
+        import pyarrow as pa
+
+        part = partition_id()
+        out = scan(batches)
+        freq = out.pop("freq")
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([-1 - part], pa.int64()), pa.array([0], pa.int64()),
+             pa.array([pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)], pa.binary())], SCAN_COLUMNS)
+        if freq is None:
+            return
+        terms = np.flatnonzero(freq)
+        for a in range(0, len(terms), 1 << 20):
+            chunk = terms[a:a + (1 << 20)]
+            yield pa.RecordBatch.from_arrays([numbers(chunk.astype(np.int64)), numbers(freq[chunk]),
+                                              pa.nulls(len(chunk), pa.binary())], SCAN_COLUMNS)
+
     def merge(a, b):
-        if a["freq"] is None:
-            a["freq"] = b["freq"]
-        elif b["freq"] is not None and len(a["freq"]) == len(b["freq"]):
-            a["freq"] = a["freq"] + b["freq"]
         for key in ("docs", "empty", "null", "tokens", "validation_docs", "validation_tokens"):
             a[key] += b[key]
         a["max_length"] = max(a["max_length"], b["max_length"])
@@ -142,10 +164,20 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
         a["bad"] = a["bad"] or b["bad"]
         return a
 
-    parts = collect_per_partition(frame, scan)
+    summed = collect_arrow(frame.mapInArrow(scan_rows, "term long, count long, stats binary")
+                           .groupBy("term").agg(F.sum("count").alias("count"),
+                                                F.first("stats", ignorenulls=True).alias("stats")))
+    terms = numpy_of(summed.column("term")).astype(np.int64) if summed.num_rows else np.zeros(0, np.int64)
+    counts = numpy_of(summed.column("count")).astype(np.int64) if summed.num_rows else np.zeros(0, np.int64)
+    blobs = summed.column("stats").to_pylist() if summed.num_rows else []
+    parts = [pickle.loads(blobs[j]) for j in sorted(np.flatnonzero(terms < 0), key=lambda j: -terms[j])]
     stats = parts[0] if parts else empty()  # no partitions at all: e.g. df.limit(0)
     for other in parts[1:]:
         stats = merge(stats, other)
+    if len(stats["sizes"]) == 1:
+        stats["freq"] = np.zeros(next(iter(stats["sizes"])), dtype=np.int64)
+        known = (terms >= 0) & (terms < len(stats["freq"]))
+        stats["freq"][terms[known]] = counts[known]
     _check_corpus(stats, features_col, validation_col)
 
     return frame, stats

@@ -27,7 +27,7 @@ class TableSnapshots:
         from . import storage
 
         prefix, target = req.str("prefix"), req.str("dir")
-        written = {}
+        written, files = {}, []
         with self.cond:
             st = self._step_of(prefix.rstrip("/"))
             if st.open:
@@ -38,20 +38,22 @@ class TableSnapshots:
             for t in tables:
                 short = t.name[len(prefix):]
                 with t.lock:
+                    fname = f"{short}.{t.row_start}-{t.row_stop}.{'npz' if t.kind == 'sparse' else 'npy'}"
                     if t.kind == "sparse":
                         written[short] = storage.save_arrays(
-                            storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npz"),
+                            storage.join(target, fname),
                             dict(zip(("offsets", "cols", "vals"),
                                      t.read_entries(slice(0, t.row_stop - t.row_start)))))
                     else:
-                        written[short] = storage.save_array(
-                            storage.join(target, f"{short}.{t.row_start}-{t.row_stop}.npy"), t.values)
+                        written[short] = storage.save_array(storage.join(target, fname), t.values)
+                    files.append(fname)
             states = self._state_blobs(req)
         states_dir = req.str("states_dir", target)
         for worker, blob in states.items():  # the workers' state snapshots of that step
             storage.write_bytes(storage.join(states_dir, f"state-{worker:05d}.pkl"), blob.parts)
             written[f"state-{worker:05d}"] = len(blob)
-        return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states)}
+        return {"bytes": int(sum(written.values())), "tables": sorted(written), "states": sorted(states),
+                "files": files}
 
     def _state_blobs(self, req) -> Dict[int, Blob]:
         """With ``self.cond`` held: the state snapshots of step ``states_step`` kept here under
@@ -69,11 +71,15 @@ class TableSnapshots:
 
     def _action_restore(self, req):
         """Fill this shard's rows of every table under ``prefix`` from a snapshot in ``dir``
-        (written by any number of shards: the files overlapping this shard's rows are read)."""
+        (written by any number of shards: the files overlapping this shard's rows are read --
+        only those ``files`` names, the checkpoint's manifest, when it is given)."""
         from . import storage
 
         prefix, source = req.str("prefix"), req.str("dir")
-        names = storage.list_names(source)
+        files = req.get("files")
+        if files is not None and (not isinstance(files, list) or not all(isinstance(f, str) for f in files)):
+            raise flight.FlightServerError("malformed request: field 'files' must be a list of strings")
+        names = files if files is not None else storage.list_names(source)
         restored = {}
         with self.cond:
             st = self._step_of(prefix.rstrip("/"))

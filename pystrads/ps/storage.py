@@ -3,7 +3,11 @@
 
 Used by the shards (table snapshots, written where the rows live) and by the
 driver and workers (manifests, worker states).  Writers that publish a file
-others may read concurrently go through :func:`write_atomic`.
+others may read concurrently go through :func:`write_atomic`.  On a local path
+(a bare path or ``file:``) every file written is flushed to the disk (``fsync``,
+the file and its directory) before the call returns, so a checkpoint that a
+later ``LATEST`` names survives a machine's crash; object stores and HDFS make
+a file durable when its stream closes.
 """
 
 from __future__ import annotations
@@ -35,6 +39,33 @@ def filesystem(uri: str) -> Tuple[object, str]:
     return fs.LocalFileSystem(), os.path.abspath(uri)
 
 
+def _local_path(uri: str):
+    """The local path of ``uri`` (a bare path or ``file:``), else None."""
+    if not has_scheme(uri):
+        return os.path.abspath(uri)
+    if uri.startswith("file:"):
+        return filesystem(uri)[1]
+    return None
+
+
+def sync(uri: str) -> None:
+    """Flush a local file (and its directory entry) to the disk; nothing elsewhere."""
+    path = _local_path(uri)
+    if path is None:
+        return
+    for target, flags in ((path, os.O_RDONLY), (os.path.dirname(path) or ".", os.O_RDONLY)):
+        try:
+            fd = os.open(target, flags)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:  # a filesystem without fsync on directories
+            pass
+        finally:
+            os.close(fd)
+
+
 def join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/")] + [p.strip("/") for p in parts])
 
@@ -58,6 +89,7 @@ def write_bytes(uri: str, data) -> None:
     with fsys.open_output_stream(path) as out:
         for part in data if isinstance(data, list) else [data]:
             out.write(part)
+    sync(uri)
 
 
 def write_atomic(uri: str, data: bytes) -> None:
@@ -67,7 +99,10 @@ def write_atomic(uri: str, data: bytes) -> None:
     tmp = f"{path}.tmp-{secrets.token_hex(4)}"
     with fsys.open_output_stream(tmp) as out:
         out.write(data)
+    if _local_path(uri) is not None:
+        sync(tmp)
     fsys.move(tmp, path)
+    sync(uri)
 
 
 def read_bytes(uri: str) -> bytes:
@@ -87,6 +122,14 @@ def list_names(uri: str) -> List[str]:
     return sorted(os.path.basename(i.path.rstrip("/")) for i in infos)
 
 
+def delete_file(uri: str) -> None:
+    fsys, path = filesystem(uri)
+    try:
+        fsys.delete_file(path)
+    except (FileNotFoundError, OSError):
+        pass
+
+
 def delete_dir(uri: str) -> None:
     fsys, path = filesystem(uri)
     try:
@@ -101,6 +144,7 @@ def save_array(uri: str, array: np.ndarray) -> int:
     fsys.create_dir(os.path.dirname(path), recursive=True)
     with fsys.open_output_stream(path) as out:
         np.save(out, np.ascontiguousarray(array), allow_pickle=False)
+    sync(uri)
     return int(array.nbytes)
 
 
@@ -116,6 +160,7 @@ def save_arrays(uri: str, arrays: dict) -> int:
     fsys.create_dir(os.path.dirname(path), recursive=True)
     with fsys.open_output_stream(path) as out:
         np.savez(out, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    sync(uri)
     return int(sum(np.asarray(v).nbytes for v in arrays.values()))
 
 
