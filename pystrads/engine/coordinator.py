@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import ShardUnavailableError, StepFailedError
 from ..ps.client import ShardGroup
 from ..ps.partition import TableLayout
-from .checkpoints import Position, program_attributes, program_state
+from .checkpoints import program_state
 from .job import WorkerJob
 from .journal import Journal, ShardStore, settle
 from .loop import StepLoop, TrainingSummary, make_tables
@@ -133,20 +133,25 @@ class Coordinator:
 
     def _run(self) -> None:
         t0 = time.perf_counter()
-        engine = None
+        summary = TrainingSummary()
         try:
-            program = pickle.loads(self.spec.program)
+            spec, cspec = self.spec, self.cspec
+            program = pickle.loads(spec.program)
             group = self._group()
             # from here on no coordinator of an older epoch (one whose job was lost) changes the fit
-            group.broadcast("claim", namespace=self.spec.namespace, epoch=self.cspec.epoch)
-            engine = _InJobEngine(self.spec, self.cspec, program, group, self.abandoned)
-            if not self.cspec.resume:
-                make_tables(group, self.cspec.tables, self.spec.namespace, program)
-                engine.summary.fixed["table_create_s"] = time.perf_counter() - t0
-            stopped = engine.drive(self.cspec.max_steps)
-            self.result = {"stopped": stopped, "summary": engine.summary_state(),
-                           "program": program_state(program), "position": dataclasses.asdict(engine._position),
-                           "shards": group.broadcast("stats"), "progress": engine.progress.report}
+            group.broadcast("claim", namespace=spec.namespace, epoch=cspec.epoch)
+            job = InJobWorkerJob(spec, self.abandoned, cspec.epoch)
+            job.group = group  # the coordinator's credential: it posts changed programs
+            loop = StepLoop(_InJobOwner(group, spec.layouts, spec.namespace, cspec.program_name), program,
+                            cspec.config, spec.num_workers, spec.seed, spec.namespace, job,
+                            Journal(ShardStore(group, spec.namespace, cspec.epoch)), summary, cspec.checkpoints)
+            if not cspec.resume:
+                make_tables(group, cspec.tables, spec.namespace, program)
+                summary.fixed["table_create_s"] = time.perf_counter() - t0
+            stopped = loop.drive(cspec.max_steps)
+            self.result = {"stopped": stopped, "summary": _summary_state(summary),
+                           "program": program_state(program), "position": dataclasses.asdict(loop.position),
+                           "shards": group.broadcast("stats"), "progress": loop.progress.report}
         except BaseException as exc:  # noqa: BLE001 -- handed to the client through the job
             log.warning("fit %s: the coordinator stopped on %r", self.spec.namespace, exc)
             if isinstance(exc, (StepFailedError, ShardUnavailableError)):
@@ -154,7 +159,7 @@ class Coordinator:
                 # the client relaunch it; the tables and the coordinator's state stay for that
                 self.failed = exc
             else:  # the fit ends here: its error goes to the client as the job's result
-                self.result = {"error": _picklable(exc), "summary": engine.summary_state() if engine else None}
+                self.result = {"error": _picklable(exc), "summary": _summary_state(summary)}
                 try:  # workers waiting for a command read "closed" and end their tasks
                     self.spec.group.broadcast("drop_tables", prefix=self.spec.namespace + "/")
                 except Exception:  # noqa: BLE001 -- the job fails instead
@@ -240,44 +245,24 @@ def _picklable(exc: BaseException) -> BaseException:
         return StepFailedError(f"{type(exc).__name__}: {exc}")
 
 
-class _InJobEngine(StepLoop):
-    """The step loop (:class:`~pystrads.engine.loop.StepLoop`) with the coordinator as its owner: no
-    Spark here, the job is the one this task belongs to, and a failure that needs the job
-    relaunched is the client's to handle."""
+class _InJobOwner:
+    """The coordinator as the step loop's owner (:class:`~pystrads.engine.loop.LoopOwner`): the
+    fit's shards, progress left on shard 0 for the client, and no recovery here -- a lost task or
+    shard fails this task, so the job, and the client relaunches it."""
 
-    def __init__(self, spec, cspec: CoordinatorSpec, program, group: ShardGroup, abandoned: threading.Event):
-        self.setup = None
-        self.program = program
-        self.spark = self.sc = None
-        self.config = cspec.config
-        self.num_workers = spec.num_workers
-        self.seed = spec.seed
-        self.threads = spec.threads
-        self.summary = TrainingSummary()
-        self.manager = None
-        self.group = group
-        self.layouts = dict(spec.layouts)
-        self.namespace = spec.namespace
-        self.job = InJobWorkerJob(spec, abandoned, cspec.epoch)
-        self.job.group = group  # the coordinator's credential: it posts changed programs
-        self.journal = Journal(ShardStore(group, spec.namespace, cspec.epoch))
-        self.checkpoints = cspec.checkpoints
-        self.progress = None
-        self._position = Position(0, 0, self.num_workers)
-        self._program_initial = program_attributes(program)
-        self._recoveries = 0
-        self._name = cspec.program_name
-        self.resume = cspec.resume
+    def __init__(self, group: ShardGroup, layouts, namespace: str, program_name: str):
+        self.group, self.layouts = group, dict(layouts)
+        self.namespace, self.program_name = namespace, program_name
 
-    def _recover(self, exc: BaseException) -> None:
+    def recover(self, exc: BaseException) -> None:
         raise exc  # the client relaunches the job (this coordinator's task goes with it)
 
-    def _progress_reporter(self) -> ProgressReporter:
-        return SharedProgress(f"{self._name} {self.namespace}", self.job.group, self.namespace)
+    def progress_reporter(self) -> ProgressReporter:
+        return SharedProgress(f"{self.program_name} {self.namespace}", self.group, self.namespace)
 
-    def summary_state(self) -> Dict[str, Any]:
-        s = self.summary
-        return {"rows": s.rows, "iterations": s.iterations, "fixed": s.fixed}
+
+def _summary_state(summary: TrainingSummary) -> Dict[str, Any]:
+    return {"rows": summary.rows, "iterations": summary.iterations, "fixed": summary.fixed}
 
 
 # ---------------------------------------------------------------- the client's side

@@ -8,7 +8,7 @@ stops.  Each step is atomic: shards undo its writes unless the driver commits it
 state stay in the workers' tasks; after each step a worker leaves a snapshot of its state on a
 shard, from which a restarted task resumes.
 
-The Engine owns the step loop (:class:`~pystrads.engine.loop.StepLoop`), the recovery after a
+The Engine holds the step loop (:class:`~pystrads.engine.loop.StepLoop`) and owns the recovery after a
 failed step and the summary; its parts are objects of their own: the pre-flight step
 (:mod:`~pystrads.engine.preflight`, run once), the worker job
 (:class:`~pystrads.engine.job.WorkerJob`) and the checkpoints
@@ -55,7 +55,7 @@ def _cancelled(cause: str) -> bool:
     return "OPERATION_CANCELED" in cause or re.search(r"Job \d+ cancell?ed", cause) is not None
 
 
-class Engine(StepLoop):
+class Engine:
     """Runs one :class:`Program` over the partitions of an RDD or a DataFrame.
 
     Parameters
@@ -152,7 +152,7 @@ class Engine(StepLoop):
         self.job = WorkerJob(self.spark, data, self.num_workers, self.seed, self.namespace,
                              self.config["round.timeoutSeconds"], bool(keep_states), export, self.threads)
         self.checkpoints: Optional[Checkpointer] = None
-        self.journal = Journal(MemoryStore())  # the step loop's record (a restarted driver resumes from checkpoints)
+        self.loop: Optional[StepLoop] = None  # the step loop of a fit whose scheduler is this process
         self.progress: Optional[ProgressReporter] = None
         self._position = Position(0, 0, self.num_workers)
         self._program_initial: Optional[bytes] = None  # the program's attributes before the first step
@@ -278,7 +278,11 @@ class Engine(StepLoop):
             check_checkpoint_storage(self.checkpoints.root, {s.host for s in self.group.shards})
         try:
             self._launch()
-            stopped = self.drive(max_steps)
+            # the journal stays in this process: a restarted driver resumes from checkpoints
+            self.loop = StepLoop(self, self.program, self.config, self.num_workers, self.seed, self.namespace,
+                                 self.job, Journal(MemoryStore()), self.summary, self.checkpoints)
+            stopped = self.loop.drive(max_steps)
+            self._position = self.loop.position
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
             self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
             return FitResult(self, stopped)
@@ -344,7 +348,7 @@ class Engine(StepLoop):
         try:
             spec = CoordinatorSpec(dict(self.config), self._plan_tables(), self.checkpoints, max_steps,
                                    self.manager.admin_token, type(self.program).__name__)
-            self.progress = self._progress_reporter()
+            self.progress = self.progress_reporter()
             while True:
                 self.summary.add_time("launch_s", self.job.launch(
                     self.program, self.group, self.layouts, fingerprint=self.checkpoints is not None,
@@ -381,7 +385,21 @@ class Engine(StepLoop):
             self.release()
             raise
 
-    def _recover(self, exc: BaseException) -> None:
+    def progress_reporter(self) -> ProgressReporter:
+        """Where the fit's progress shows: a log line, and a bar in a notebook."""
+        return ProgressReporter(f"{type(self.program).__name__} {self.namespace}", self.config["progress"])
+
+    def _count_recovery(self, exc: BaseException, cause: str) -> int:
+        """One more recovery; raises once there were more than ``recovery.maxAttempts``, else
+        returns that limit."""
+        self._recoveries += 1
+        limit = self.config["recovery.maxAttempts"]
+        if self._recoveries > limit:
+            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
+                                  f"failure: {cause}") from exc
+        return limit
+
+    def recover(self, exc: BaseException) -> None:
         """After a failed step (the loop settled it: rolled back, or committed when its journal
         entry was written) -- a lost task, job, executor or shard, never the program's own error
         (:class:`~pystrads.errors.ProgramError` is not caught): restart what is gone and continue,
@@ -396,15 +414,15 @@ class Engine(StepLoop):
         limit = self._count_recovery(exc, cause)
         t0 = time.perf_counter()
         what = "shards were lost" if not shards_alive else "its barrier job failed or stalled"
-        log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self._position.step, what,
+        log.warning("step %d failed and %s; recovering (%d of at most %d) from %s", self.loop.position.step, what,
                     self._recoveries, limit, "the last committed step" if shards_alive else
                     "the latest checkpoint" if self.checkpoints else "the start")
         self.job.cancel()
         if not shards_alive:
-            self.journal.clear()
+            self.loop.journal.clear()
             self._start_shards()  # new shards with freshly created tables
         self._launch(new_shards=not shards_alive)
-        if self.journal.read() is None:  # nothing committed is left: the fit starts over (or resumes)
+        if self.loop.journal.read() is None:  # nothing committed is left: the fit starts over (or resumes)
             vars(self.program).update(pickle.loads(self._program_initial))
             self.summary.rows.clear()
             self.summary.iterations.clear()

@@ -1,14 +1,17 @@
-"""The step loop of a fit, whoever owns it.
+"""The step loop of a fit, whoever holds it.
 
 :class:`StepLoop` is what runs a fit once its workers' job runs: the data check, the init step
 (or a resume from a checkpoint), then steps -- ``schedule``, the step's command posted to the
-shards, the workers' rounds, the commit, the step's metrics and summary row, ``after_step``,
-the next step's size, checkpoints -- until the program stops, then the end.  Its owner supplies
-the shards (``group``, ``layouts``), the job (``job``: a :class:`~pystrads.engine.job.WorkerJob`)
-and what to do after a failed step (``_recover``): the :class:`~pystrads.engine.driver.Engine`
-in the process that calls ``fit`` (the classic path), or the coordinator in the fit's own job
-(:mod:`~pystrads.engine.coordinator`).  Also here: the fit's :class:`TrainingSummary` and
-:func:`make_tables`, which both owners use.
+shards, the workers' rounds, the step's metrics and summary row, ``after_step``, the journal
+entry, the commit, the next step's size, checkpoints -- until the program stops, then the end.
+It is an object its owner holds: the :class:`~pystrads.engine.driver.Engine` in the process
+that calls ``fit`` (the classic path), or the coordinator in the fit's own job
+(:mod:`~pystrads.engine.coordinator`).  The owner (a :class:`LoopOwner`) supplies the shards
+(``group``, ``layouts``, which change when shards are restarted), what to do after a lost task
+or shard (``recover``) and the progress display; the loop is given the job (a
+:class:`~pystrads.engine.job.WorkerJob`), the journal and the checkpoints.  Without Spark, a job
+of threads and shards in the process run it as they are (the tests do).  Also here: the fit's
+:class:`TrainingSummary` and :func:`make_tables`, which both owners use.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 from ..errors import PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
 from .checkpoints import Position, program_state
@@ -83,11 +86,37 @@ def make_tables(group, creations: List[tuple], namespace: str, program: Program)
     group.broadcast("register_program", namespace=namespace,
                     payload=base64.b64encode(cloudpickle.dumps(program)).decode())
 
+class LoopOwner(Protocol):
+    """What a :class:`StepLoop` asks of its owner."""
+
+    group: Any  # the fit's ShardGroup (a new one once shards were restarted)
+    layouts: Dict[str, Any]  # the tables' TableLayouts, by the program's names
+
+    def recover(self, exc: BaseException) -> None:
+        """After a lost task, job, executor or shard (the open step settled): restart what was
+        lost -- clearing the journal when the shards went with it -- or re-raise ``exc``."""
+
+    def progress_reporter(self) -> ProgressReporter:
+        """Where the fit's progress shows."""
+
+
 class StepLoop:
-    """The step loop (see the module docstring).  An owner sets ``program``, ``config``,
-    ``num_workers``, ``seed``, ``namespace``, ``summary``, ``group``, ``layouts``, ``job``,
-    ``checkpoints``, ``journal``, ``progress`` and the position, and may override the hooks
-    ``_recover`` and ``_progress_reporter``.
+    """The step loop of one fit (see the module docstring).
+
+    Parameters
+    ----------
+    owner : LoopOwner
+        Holds the loop: the shards, recovery, the progress display.
+    program, config, num_workers, seed, namespace
+        The fit's program, settings, workers, seed and shard namespace.
+    job : WorkerJob
+        The fit's workers (``open_step``, ``run_step``, ``commit_step`` ...).
+    journal : Journal
+        Where each step's commit point is written.
+    summary : TrainingSummary
+        Filled as the fit goes (the owner's, which it reads afterwards).
+    checkpoints : Checkpointer, optional
+        The fit's checkpoints.
 
     A step is one unit (see :mod:`~pystrads.engine.journal`): the loop opens it on the shards
     before ``schedule``, so what ``schedule`` and ``after_step`` write belongs to it; it runs
@@ -95,16 +124,26 @@ class StepLoop:
     then commits on the shards.  After a failure the shards roll back whatever the journal does
     not hold, and the loop takes the journal's state: no step is applied twice or in part."""
 
-    _open_step: Optional[int] = None  # the step open on the shards while the loop's hooks run
-    _planned: Optional["_Planned"] = None  # the next step's schedule, planned while a step ran
-    _ended: Optional[tuple] = None  # (why,) when the journal entry a resume took says the fit ended
+    def __init__(self, owner: LoopOwner, program: Program, config, num_workers: int, seed: int, namespace: str,
+                 job, journal, summary: "TrainingSummary", checkpoints=None):
+        self.owner = owner
+        self.program, self.config = program, config
+        self.num_workers, self.seed, self.namespace = num_workers, seed, namespace
+        self.job, self.journal, self.summary, self.checkpoints = job, journal, summary, checkpoints
+        self.position = Position(0, 0, num_workers)
+        self.progress: Optional[ProgressReporter] = None
+        self._open_step: Optional[int] = None  # the step open on the shards while the loop's hooks run
+        self._planned: Optional[_Planned] = None  # the next step's schedule, planned while a step ran
+        self._ended: Optional[tuple] = None  # (why,) when the journal entry a resume took says the fit ended
+        self._first_step: Optional[int] = None  # the first step this fit ran (max_steps counts from it)
 
-    def table(self, name: str):
-        """Handle of table ``name`` for reads (``ctx.table`` in ``schedule`` / ``after_step``)."""
-        try:
-            return self.group.table(self.layouts[name])
-        except KeyError:
-            raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
+    @property
+    def group(self):
+        return self.owner.group
+
+    @property
+    def layouts(self) -> Dict[str, Any]:
+        return self.owner.layouts
 
     def loop_table(self, name: str):
         """``ctx.table(name)``: the table's handle whose writes belong to the open step (and to
@@ -117,20 +156,12 @@ class StepLoop:
             handle = handle.fenced(step=self._open_step, epoch=self.job.epoch, namespace=self.namespace)
         return handle
 
-    def _recover(self, exc: BaseException) -> None:
-        """After a lost task, job, executor or shard in any phase (the open step settled: rolled
-        back, or completed when the journal held it): restart what was lost, clearing the journal
-        when the shards went with it; the loop then carries on from the journal's entry, or from
-        a checkpoint, or from the start.  Re-raise what cannot be recovered from here."""
-        raise exc
-
     def drive(self, max_steps: Optional[int]) -> Optional[str]:
         """The fit once its job runs, whoever owns the loop (this process, or the coordinator in
         the job): the data check, the init step (or a resume), the steps, the end; returns why it
         stopped.  A lost task, job or shard in any of these phases is recovered (``_recover``),
         and the loop goes on from the journal's last entry (a relaunch finds it too)."""
-        self.progress = self._progress_reporter()
-        self._first_step: Optional[int] = None  # the first step this fit ran (max_steps counts from it)
+        self.progress = self.owner.progress_reporter()
         if self.checkpoints is not None:  # the root is this fit's while it runs
             self.checkpoints.claim(self.namespace)
         try:
@@ -145,24 +176,21 @@ class StepLoop:
                 except (StepFailedError, ShardUnavailableError) as exc:
                     if self._open_step is not None:
                         self._settle(self._open_step)
-                    self._recover(exc)
+                    self.owner.recover(exc)
         finally:
             if self.checkpoints is not None:
                 self.checkpoints.release()
         t0 = time.perf_counter()
-        self.job.finish(self._position.step - 1)
+        self.job.finish(self.position.step - 1)
         self.summary.fixed["finish_s"] = time.perf_counter() - t0
         self.progress.finish(stopped or "done")
         self._record_parts()
         return stopped
 
-    def _progress_reporter(self) -> ProgressReporter:
-        return ProgressReporter(f"{type(self.program).__name__} {self.namespace}", self.config["progress"])
-
     # ------------------------------------------------------------------ the journal
     def _journal_entry(self, step: int, ended: bool = False, stopped: Optional[str] = None) -> JournalEntry:
         s = self.summary
-        return JournalEntry(step, dataclasses.asdict(self._position), program_state(self.program),
+        return JournalEntry(step, dataclasses.asdict(self.position), program_state(self.program),
                             {"rows": s.rows, "iterations": s.iterations, "fixed": s.fixed}, self._planned, ended,
                             stopped, self.checkpoints)
 
@@ -173,13 +201,13 @@ class StepLoop:
         if entry is None:
             return False
         self._restore(entry)
-        self.summary.fixed["resumed_at_step"] = self._position.step
+        self.summary.fixed["resumed_at_step"] = self.position.step
         return True
 
     def _restore(self, entry: JournalEntry) -> None:
         """Put the loop, the program and the summary back as ``entry`` has them (``_ended``: the
         fit ended there)."""
-        self._position = Position(**entry.position)
+        self.position = Position(**entry.position)
         current = program_state(self.program)
         for key in [k for k in current if k not in entry.program]:  # made after the entry
             delattr(self.program, key)
@@ -218,9 +246,9 @@ class StepLoop:
         (``schedule_wait_s``), which is all of ``schedule_s`` otherwise."""
         ctx = ScheduleContext(self)
         if self._first_step is None:
-            self._first_step = self._position.step
-        while max_steps is None or self._position.step - self._first_step < max_steps:
-            position = self._position
+            self._first_step = self.position.step
+        while max_steps is None or self.position.step - self._first_step < max_steps:
+            position = self.position
             step = position.step
             steps = step - self._first_step
             ctx.step, ctx._records, ctx._stop_reason, ctx._progress = step, {}, None, None
@@ -269,8 +297,8 @@ class StepLoop:
                     self._settle(step)
                 raise
             if self.checkpoints is not None and not ctx.stopped and \
-                    (self._position.step - 1) % self.config["checkpoint.interval"] == 0:
-                self.checkpoints.try_save(self.job, self.program, self._position, self.summary)
+                    (self.position.step - 1) % self.config["checkpoint.interval"] == 0:
+                self.checkpoints.try_save(self.job, self.program, self.position, self.summary)
             if ctx.stopped:
                 return ctx.stopped
         return None
@@ -288,7 +316,7 @@ class StepLoop:
         """The init step (atomic, journalled like any step): each worker's mutable state; may write
         initial table values."""
         t0 = time.perf_counter()
-        self._position = Position(0, 0, self.num_workers)
+        self.position = Position(0, 0, self.num_workers)
         self._planned = None
 
         def close(answer: Dict[str, Any]) -> None:
@@ -296,7 +324,7 @@ class StepLoop:
             self.summary.fixed["load_s"] = self.job.load_seconds()  # inside the job, before the init step
             self.summary.fixed["init_s"] = time.perf_counter() - t0
             self.summary.fixed["init_compute_s"] = metrics.total("_compute_s") / self.num_workers
-            self._position = Position(1, 0, self.num_workers)
+            self.position = Position(1, 0, self.num_workers)
             self.journal.write(self._journal_entry(0), 0)
 
         self.job.open_step(0, 0)
@@ -317,7 +345,7 @@ class StepLoop:
         resumed = self.checkpoints.resume(self.job, self.program)
         if resumed is None:
             return False
-        self._position = resumed.position
+        self.position = resumed.position
         self._planned = None
         self.summary.rows[:] = resumed.rows
         self.summary.iterations[:] = resumed.iterations
@@ -331,7 +359,7 @@ class StepLoop:
         ``step.targetSeconds`` at the last step's time per round, at most ``step.maxRounds``."""
         per_round = self.summary.rows[-1]["round_s"] / max(1, rounds)
         target = self.config["step.targetSeconds"]
-        self._position.rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
+        self.position.rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
 
     def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: tuple, program_rounds: int,
                   ahead: Optional["_PlanAhead"] = None) -> None:
@@ -339,7 +367,7 @@ class StepLoop:
         serial mode) as the open step, account for it (``t_sched``: its schedule's time, the part
         of it the workers waited for, whether it was planned ahead), write its journal entry and
         commit it; ``ahead`` plans the next step meanwhile."""
-        position = self._position
+        position = self.position
         step = position.step
         t0 = time.perf_counter()
         command = self.job.command(self.program, step, position.rounds_done, schedule)
@@ -363,7 +391,7 @@ class StepLoop:
                  answer: Dict[str, Any], t_step: float) -> None:
         """A finished step's metrics, summary row, position, ``after_step``, progress and the next
         step's size (``t_sched``: as :meth:`_run_step` has it)."""
-        position = self._position
+        position = self.position
         step = position.step
         metrics = self.job.metrics(answer, self.program)
         U = self.num_workers
@@ -394,16 +422,6 @@ class StepLoop:
                  "%s", step, len(schedule), t_step, row["rounds_per_s"], compute, sync, row["outside_rounds_s"], extra)
         position.serial_extra += len(schedule) - program_rounds
         self._size_next_step(program_rounds)
-
-    def _count_recovery(self, exc: BaseException, cause: str) -> int:
-        """One more recovery; raises once there were more than ``recovery.maxAttempts``, else
-        returns that limit."""
-        self._recoveries += 1
-        limit = self.config["recovery.maxAttempts"]
-        if self._recoveries > limit:
-            raise StepFailedError(f"gave up after {limit} recoveries (spark.pystrads.recovery.maxAttempts); last "
-                                  f"failure: {cause}") from exc
-        return limit
 
     def _record_parts(self) -> None:
         """The checkpoints' figures in the summary."""

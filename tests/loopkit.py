@@ -1,0 +1,339 @@
+"""A fit's step loop without Spark, and faults struck in any of its phases.
+
+:class:`ThreadJob` is the fit's job with its workers as threads of this process running the real
+worker code (:func:`~pystrads.engine.worker.run_worker`) against real shards served in this
+process (:class:`LocalShards`); the :class:`~pystrads.engine.loop.StepLoop` runs on it as it runs
+on Spark.  :func:`run_fit` drives one fit with the scheduler on the driver (the loop recovers in
+place, its journal in memory) or in the job (a coordinator that dies is replaced by a new loop of
+the next epoch, which settles the open step and carries on from the journal on shard 0), with a
+:class:`Faults` plan that loses a worker's task, or the coordinator, once in a named phase.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+from pyspark import cloudpickle
+
+from pystrads.config import Config
+from pystrads.engine import worker as worker_module
+from pystrads.engine.checkpoints import program_attributes
+from pystrads.engine.job import WorkerInput, WorkerJob
+from pystrads.engine.journal import Journal, MemoryStore, ShardStore, settle
+from pystrads.engine.loop import StepLoop, TrainingSummary, make_tables
+from pystrads.engine.progress import ProgressReporter
+from pystrads.engine.worker import WorkerSpec, program_hash, run_worker
+from pystrads.errors import ShardUnavailableError, StepFailedError
+from pystrads.ps.client import ShardGroup, ShardInfo
+from pystrads.ps.partition import TableLayout, range_bounds
+from pystrads.ps.server import ShardServer
+
+TOKEN = "loopkit"
+_IDENTITY = threading.local()
+_TASK_IDS = itertools.count(1)
+
+
+class LostTask(ConnectionError):
+    """A worker's task is lost (its executor died): not the program's error, so recovered."""
+
+
+class CoordinatorDied(BaseException):
+    """The process that ran the loop in the job died (nothing of it runs on)."""
+
+
+def _identity():
+    return _IDENTITY.partition, _IDENTITY.task, 0
+
+
+class LocalShards:
+    """``count`` shards served in this process, and the fit's tables laid out over them."""
+
+    def __init__(self, count: int = 2):
+        self.servers = [ShardServer("grpc://127.0.0.1:0", TOKEN, 1e9, f"s{i}") for i in range(count)]
+        self.group = ShardGroup([ShardInfo("127.0.0.1", s.port, 0, "local", s.shard_id) for s in self.servers],
+                                TOKEN, admin_token=None)
+
+    def create(self, program, namespace: str) -> Dict[str, TableLayout]:
+        layouts, creations = {}, []
+        n = len(self.servers)
+        for t in program.tables():
+            if t.single_shard:
+                bounds, owners = [0, t.num_rows], [hash(t.name) % n]
+            else:
+                bounds = list(t.partitioner(t.num_rows, n)) if t.partitioner is not None else \
+                    list(range_bounds(t.num_rows, n, t.weights))
+                owners = list(range(n))
+            layout = TableLayout(f"{namespace}/{t.name}", int(t.num_rows), int(t.width), t.dtype,
+                                 tuple(int(b) for b in bounds), tuple(owners), int(t.contrib_width or t.width))
+            import base64
+
+            init = base64.b64encode(cloudpickle.dumps(t.initializer)).decode() if t.initializer is not None else None
+            for shard, lo, hi in layout.ranges():
+                creations.append((shard, dict(name=layout.name, row_start=lo, row_stop=hi, width=layout.width,
+                                              dtype=layout.dtype, fill=t.fill, initializer=init,
+                                              contrib_width=layout.contrib_width, storage=t.storage,
+                                              max_fill=0.25)))
+            layouts[t.name] = layout
+        make_tables(self.group, creations, namespace, program)
+        return layouts
+
+    def read(self, layouts) -> Dict[str, Any]:
+        return {name: self.group.table(layout).read_all() for name, layout in layouts.items()}
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.shutdown()
+
+
+class ThreadJob(WorkerJob):
+    """The fit's job with its workers as threads of this process (see the module docstring)."""
+
+    def __init__(self, records: List[List[Any]], seed: int, namespace: str, epoch: int = 1, timeout: float = 20.0):
+        super().__init__(None, WorkerInput(), len(records), seed, namespace, timeout, False, None, 1, epoch)
+        self.records = records
+        self.launches = 0
+        self._threads: List[threading.Thread] = []
+        self._errors: List[BaseException] = []
+        self._cancelled = threading.Event()
+        self._lost: Optional[str] = None
+
+    def launch(self, program, group, layouts, fingerprint=False, new_shards=False, coordinator=None) -> float:
+        self.cancel()
+        self.group = group
+        blob = cloudpickle.dumps(program)
+        digest = program_hash(blob)
+        spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
+                          self.namespace, fingerprint, False, None, 1, None)
+        self._posted_program = None if new_shards else digest
+        self._fingerprints = None
+        cancelled, errors = threading.Event(), []
+        self._cancelled, self._errors, self._lost = cancelled, errors, None
+
+        def check():
+            if cancelled.is_set():
+                raise LostTask("the job was cancelled")
+
+        def run(p: int, task: int) -> None:
+            _IDENTITY.partition, _IDENTITY.task = p, task
+            try:
+                for _ in run_worker(spec, iter(self.records[p]), check):
+                    pass
+            except BaseException as exc:  # noqa: BLE001 -- the job's failure
+                errors.append(exc)
+
+        self._threads = [threading.Thread(target=run, args=(p, next(_TASK_IDS)), daemon=True)
+                         for p in range(self.num_workers)]
+        for t in self._threads:
+            t.start()
+        self.launches += 1
+        return 0.0
+
+    def lose(self, why: str) -> None:
+        """The job is lost (an executor died): its tasks end, the loop's next wait fails."""
+        self._lost = why
+        self._cancelled.set()
+
+    def error(self) -> Optional[BaseException]:
+        if self._lost:
+            return StepFailedError(f"the fit's job failed: {self._lost}")
+        if self._errors:
+            return StepFailedError(f"the fit's job failed: {self._errors[0]!r}")
+        return None
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        for t in self._threads:
+            t.join(30)
+        self._threads = []
+
+    def finish(self, last_step: int) -> None:
+        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step},
+                                    epoch=self.epoch)
+        for t in self._threads:
+            t.join(30)
+
+
+class Faults:
+    """Where a fit is struck, once: ``phase`` is ``load``, ``init``, ``rounds`` (a worker's task
+    lost: raised in the program's hook on worker 1), ``after_step`` (the job lost, or with the
+    scheduler in the job the coordinator dead, in ``after_step`` of ``at_step`` once it wrote its
+    table), ``checkpoint`` (while the checkpoint after ``at_step`` is written) or ``commit`` (after
+    the journal entry of ``at_step`` was written, before its commit)."""
+
+    def __init__(self, phase: Optional[str], at_step: int = 2, location: str = "driver"):
+        self.phase, self.at_step, self.location = phase, at_step, location
+        self.struck = threading.Event()
+
+    def strike(self, phase: str, step: int = -1, worker: int = 1, job: Optional[ThreadJob] = None) -> None:
+        if phase != self.phase or self.struck.is_set() or worker != 1:
+            return
+        if phase in ("after_step", "checkpoint", "commit") and step != self.at_step:
+            return
+        if phase == "rounds" and step != self.at_step:
+            return
+        self.struck.set()
+        if phase in ("load", "init", "rounds"):
+            raise LostTask(f"worker 1's task is lost in {phase}")
+        if self.location == "job":
+            raise CoordinatorDied(f"the coordinator died in {phase} of step {step}")
+        if phase == "after_step":
+            job.lose("an executor was lost while after_step ran")
+        else:
+            raise ShardUnavailableError(f"a shard stopped answering in {phase} of step {step}")
+
+
+def struck_program(base_cls):
+    """``base_cls`` with the plan's faults in its hooks (``self.faults`` / ``self.job`` set by
+    :func:`run_fit`; they never travel with the program: its copies -- the workers', the shards',
+    a relaunched loop's -- find them in this module).  The class is this module's attribute
+    ``Struck<base>``, so that pickles name it."""
+
+    class Struck(base_cls):
+        checkpoint_ignore = tuple(getattr(base_cls, "checkpoint_ignore", ())) + ("faults", "job")
+
+        def load(self, ctx, records):
+            self.faults.strike("load", worker=ctx.worker)
+            return super().load(ctx, records)
+
+        def init_state(self, ctx, data):
+            self.faults.strike("init", worker=ctx.worker)
+            return super().init_state(ctx, data)
+
+        def push(self, ctx, data, state, work):
+            if ctx.local_round == 0:
+                self.faults.strike("rounds", step=ctx.step, worker=ctx.worker)
+            return super().push(ctx, data, state, work)
+
+        def after_step(self, ctx, metrics):
+            super().after_step(ctx, metrics)
+            self.faults.strike("after_step", step=ctx.step, job=self.job[0])
+
+        def __getstate__(self):
+            state = dict(self.__dict__)
+            state.pop("faults", None)
+            state.pop("job", None)
+            return state
+
+        def __setstate__(self, state):
+            self.__dict__.update(state)
+            self.faults = _SHARED["faults"]
+            self.job = _SHARED["job"]
+
+    Struck.__name__ = Struck.__qualname__ = f"Struck{base_cls.__name__}"
+    Struck.__module__ = __name__
+    globals()[Struck.__name__] = Struck
+    return Struck
+
+
+_SHARED: Dict[str, Any] = {}
+
+
+class _Owner:
+    """The loop's owner for the scheduler on the driver: recovery relaunches the job in place."""
+
+    def __init__(self, shards: LocalShards, layouts, program, job: ThreadJob, max_recoveries: int = 3):
+        self.group, self.layouts = shards.group, layouts
+        self.program, self.job = program, job
+        self.recoveries, self.max_recoveries = 0, max_recoveries
+        self.initial = program_attributes(program)
+        self.loop: Optional[StepLoop] = None
+
+    def recover(self, exc: BaseException) -> None:
+        self.recoveries += 1
+        if self.recoveries > self.max_recoveries:
+            raise exc
+        self.job.cancel()
+        self.job.launch(self.program, self.group, self.layouts)
+        if self.loop.journal.read() is None:
+            vars(self.program).update(pickle.loads(self.initial))
+            self.loop.summary.rows.clear()
+            self.loop.summary.iterations.clear()
+
+    def progress_reporter(self) -> ProgressReporter:
+        return ProgressReporter("loopkit", "off")
+
+
+class _JobOwner(_Owner):
+    """The loop's owner for the scheduler in the job: no recovery in place (the job fails)."""
+
+    def recover(self, exc: BaseException) -> None:
+        raise exc
+
+
+class Result:
+    def __init__(self, tables, program, summary, stopped, job_launches, epochs):
+        self.tables, self.program, self.summary, self.stopped = tables, program, summary, stopped
+        self.job_launches, self.epochs = job_launches, epochs
+
+
+def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] = None,
+            faults: Optional[Faults] = None, location: str = "driver", seed: int = 1,
+            checkpoint_dir: Optional[str] = None, max_relaunches: int = 3) -> Result:
+    """One fit of ``program`` over ``records`` (one list per worker) on two local shards (see
+    the module docstring); ``faults`` strikes it once."""
+    from pystrads.engine.checkpoints import Checkpointer
+
+    worker_module._task_identity = _identity  # this process's worker threads tell themselves apart so
+    faults = faults or Faults(None, location=location)
+    faults.location = location
+    cfg = Config.resolve(overrides=dict({"progress": "off", "step.targetSeconds": 3600.0, "step.maxRounds": 4,
+                                         "scheduler.planAhead": True}, **(config or {})))
+    if checkpoint_dir:
+        cfg = Config.resolve(overrides=dict(dict(cfg), **{"checkpoint.dir": checkpoint_dir,
+                                                          "checkpoint.interval": 1}))
+    namespace = "fit-loopkit"
+    shards = LocalShards()
+    blob = cloudpickle.dumps(program)
+    job_ref: List[Optional[ThreadJob]] = [None]
+    _SHARED.update(faults=faults, job=job_ref)
+    program.faults, program.job = faults, job_ref
+    try:
+        layouts = shards.create(program, namespace)
+        checkpoints = Checkpointer.of(cfg, None, program, len(records), seed)
+        jobs, epoch = [], 1
+        while True:
+            if epoch > 1:  # a relaunch after the coordinator died: a new program object, as unpickled
+                program = pickle.loads(blob)
+                program.faults, program.job = faults, job_ref
+            job = ThreadJob(records, seed, namespace, epoch)
+            job_ref[0] = job
+            jobs.append(job)
+            owner = (_Owner if location == "driver" else _JobOwner)(shards, layouts, program, job)
+            journal = Journal(MemoryStore() if location == "driver" else ShardStore(shards.group, namespace, epoch))
+            if location == "job":
+                shards.group.broadcast("claim", namespace=namespace, epoch=epoch)
+            loop = owner.loop = StepLoop(owner, program, cfg, len(records), seed, namespace, job, journal,
+                                         TrainingSummary(), checkpoints)
+            _strike_commit_and_checkpoint(loop, job, faults)
+            job.launch(program, shards.group, layouts)
+            try:
+                stopped = loop.drive(None)
+                break
+            except (CoordinatorDied, StepFailedError, ShardUnavailableError):
+                if location != "job" or epoch > max_relaunches:
+                    raise
+                epoch += 1  # the client: claim the next epoch, settle the open step by the journal, relaunch
+                settle(shards.group, namespace, epoch, Journal(ShardStore(shards.group, namespace, epoch)).read())
+                job.cancel()
+        tables = shards.read(layouts)
+        return Result(tables, program, loop.summary, stopped, sum(j.launches for j in jobs), epoch)
+    finally:
+        shards.close()
+
+
+def _strike_commit_and_checkpoint(loop: StepLoop, job: ThreadJob, faults: Faults) -> None:
+    """Faults in the job's commit (after the journal entry was written) and checkpoint writes."""
+    commit, save = job.commit_step, job.save_states
+
+    def commit_step(step: int) -> None:
+        faults.strike("commit", step=step, job=job)
+        commit(step)
+
+    def save_states(target: str, step: int):
+        faults.strike("checkpoint", step=step, job=job)
+        return save(target, step)
+
+    job.commit_step, job.save_states = commit_step, save_states
