@@ -88,7 +88,7 @@ def test_two_identical_fits_at_once_checkpoint_apart_and_both_end_right(sc, rati
     assert not errors, errors
     for h, summary in results:
         assert np.allclose(h, reference, atol=1e-10)
-        assert summary.fixed["checkpoints"] >= 1
+        assert summary.fixed.get("checkpoints", 0) >= 1 or "resumed_from_step" in summary.fixed
     roots = sorted(os.listdir(d))
     # one root each while both ran (a fit that finds the other's ended may resume from it instead)
     assert roots[0] + "-2" in roots or any("resumed_from_step" in s.fixed for _, s in results), roots

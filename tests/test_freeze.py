@@ -10,8 +10,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-#: round.timeoutSeconds 15 + two control deadlines (10 s) + new shards and the fit again: the
-#: documented bound is ~45 s here; asserted as the issue's 60 s
+#: detected within round.timeoutSeconds (15 s, over rpc.timeoutSeconds' 10 s), then new shards and the
+#: fit again (~10 s here, unloaded): ~25 s, asserted with the margin of the 60 s the operators are told
 BOUND_SECONDS = 60.0
 
 

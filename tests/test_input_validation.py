@@ -30,6 +30,7 @@ INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
 REFUSE_WITHIN_S = 20.0  # generous: the machine is shared; refusals take well under a second
 SCAN_JOBS = 1  # a bad value may cost the one validation scan job, nothing more
 MF_SCAN_JOBS = 2  # StradsMF's scan is one global aggregate: with AQE, a map-stage job and the result job
+LDA_SCAN_JOBS = 2  # StradsLDA's scan sums term counts by term on the executors: the same two jobs
 
 
 class Case(NamedTuple):
@@ -197,7 +198,7 @@ def lda_cases() -> List[Case]:
         return Case(f"lda-schema-{label}", est(**params), docs(), InputError, expect, 0)
 
     def v(label, data, expect):
-        return Case(f"lda-value-{label}", est(k=2), data, InputError, expect, SCAN_JOBS)
+        return Case(f"lda-value-{label}", est(k=2), data, InputError, expect, LDA_SCAN_JOBS)
 
     fix = "term counts must be finite non-negative integers (CountVectorizer output)"
     return [

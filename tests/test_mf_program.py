@@ -324,9 +324,10 @@ def test_rating_blocks_and_tuples_load_as_the_same_sorted_triples():
     assert all(np.array_equal(a, b) for x, y in zip(_triples(mixed), (train, held)) for a, b in zip(x, y))
 
 
-def test_dense_ids_drops_validation_ratings_of_unknown_users_and_items():
+def test_dense_ids_marks_validation_ratings_of_unknown_users_and_items():
     """Validation ratings whose user or item never trains cannot be predicted (ALS's cold start):
-    the decode drops them; a training rating's ids are always known."""
+    the decode keeps them with positions -1 (the program counts them, and leaves them out of the
+    validation metric); a training rating's ids are always known."""
     import pyarrow as pa
 
     from pystrads.ml._mf_data import dense_ids
@@ -337,9 +338,15 @@ def test_dense_ids_drops_validation_ratings_of_unknown_users_and_items():
     batch = pa.RecordBatch.from_arrays([pa.array(u.astype(float)), pa.array(i.astype(float)),
                                         pa.array(np.arange(5.0)), pa.array(flags)], ["u", "i", "r", "v"])
     (block,) = dense_ids(users, items, batch)
-    assert block.ratings.tolist() == [0.0, 3.0, 4.0]  # user 4 and item 7 are unknown
-    assert block.validation.tolist() == [True, True, False]
-    assert users[block.users].tolist() == [3, 10, 10] and items[block.items].tolist() == [5, 6, 6]
+    assert block.ratings.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert block.validation.tolist() == [True, True, True, True, False]
+    assert block.users.tolist() == [0, -1, -1, 1, 1] and block.items.tolist() == [0, -1, -1, 1, 1]  # user 4, item 7
+    from pystrads.programs.mf import Ratings, _Validation
+
+    held = block.validation
+    scored = _Validation(np.array([0, 1]), Ratings(block.users[held], block.items[held], block.ratings[held]),
+                         np.array([2.0, 2.0]))
+    assert len(scored) == 2 and scored.unknown == 2 and scored.ratings.tolist() == [0.0, 3.0]
 
 
 

@@ -131,8 +131,9 @@ class Checkpointer:
                     log.info("checkpoint root %s is held by the live fit %s; trying the next", root,
                              again.get("owner"))
                     continue
-                log.warning("checkpoint root %s was held by fit %s, whose beat stopped; taking it over", root,
-                            held.get("owner"))
+                if again is not None:
+                    log.warning("checkpoint root %s was held by fit %s, whose beat stopped; taking it over", root,
+                                held.get("owner"))
             self._write_owner(root, 0)
             time.sleep(min(0.25, beat_seconds / 4))  # two claims at once: the last writer keeps it
             mine = self._read_owner(root)

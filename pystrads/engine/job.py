@@ -205,6 +205,8 @@ class WorkerJob:
             if answer.get("program_error"):
                 raise ProgramError(answer["program_error"])
             if answer["complete"]:
+                if self._run is not None:
+                    self._run.started = True  # every task ran: the job had its slots
                 return {int(w): h for w, h in answer["hellos"].items()}
             error = self.error()
             if error is not None:
@@ -294,7 +296,7 @@ class WorkerJob:
             group.client(0).action("post", namespace=self.namespace, command=command, epoch=self.epoch)
             if "program" in command:
                 self._posted_program = command["program_hash"]
-            stall = _StallWatch(self.timeout + getattr(group, "rpc_timeout", 10.0), self.num_workers)
+            stall = _StallWatch(self.timeout, self.num_workers)
             while True:
                 answer = group.client(0).action("wait_step", step=step, namespace=self.namespace, timeout=1.0)
                 if answer["done"]:
@@ -456,8 +458,7 @@ class WorkerJob:
 
 class _StallWatch:
     """A running step whose workers all entered it but whose round clocks (as shard 0 sees them)
-    have not moved for ``limit`` seconds (``round.timeoutSeconds`` plus a control deadline) has
-    stalled: a worker or a shard stopped answering without failing (a paused host, a frozen
+    have not moved for ``limit`` seconds (``round.timeoutSeconds``) has stalled: a worker or a shard stopped answering without failing (a paused host, a frozen
     process), and nothing else would end the wait."""
 
     def __init__(self, limit: float, num_workers: int):

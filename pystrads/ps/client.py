@@ -135,6 +135,7 @@ class ShardClient:
         self.uri = uri
         self.rpc_timeout = float(rpc_timeout)
         self.lost: Optional[str] = None  # why the shard is taken for lost (it missed a deadline)
+        self.silent_since: Optional[float] = None  # the first heartbeat it missed since its last answer
         self.chunk_bytes = chunk_bytes
         if uri.startswith("grpc+tls://"):
             # the shards' certificate (or its CA) must be trusted: no unverified TLS
@@ -652,12 +653,20 @@ class ShardGroup:
 
     def heartbeat(self, deadline: float) -> List[int]:
         """Renew every shard's lease at once, each call with its own ``deadline``: a shard that
-        does not answer delays no other.  Returns the shards that did not answer."""
+        does not answer delays no other.  A shard that has answered no beat for a whole control
+        deadline (``rpc_timeout``) is taken for lost, so the fit's next call to it fails at once.
+        Returns the shards that did not answer."""
         def beat(i):
+            client = self.client(i)
             try:
-                self.client(i).action("heartbeat", deadline=deadline)
+                client.action("heartbeat", deadline=deadline)
+                client.silent_since = None
                 return None
             except PystradsError:  # unreachable, or it missed the beat's deadline
+                now = time.monotonic()
+                client.silent_since = client.silent_since or now
+                if client.lost is None and now - client.silent_since >= client.rpc_timeout:
+                    client.lost = f"it answered no heartbeat for {now - client.silent_since:.0f} s"
                 return i
 
         return [i for i in fan_out([lambda i=i: beat(i) for i in range(len(self.shards))]) if i is not None]
