@@ -60,40 +60,76 @@ def journal_key(namespace: str) -> str:
     return f"{namespace}/loop/journal"
 
 
+#: a read-only numpy array of at least this many bytes is taken as never changing: each entry
+#: refers to it instead of holding a copy (the data summaries a program keeps, blocks unpickled
+#: from the shards), so an entry costs what the step changed, not the program's whole state
+FROZEN_MIN_BYTES = 1 << 20
+
+
+def _frozen(obj: Any) -> bool:
+    import numpy as np
+
+    return isinstance(obj, np.ndarray) and not obj.flags.writeable and obj.nbytes >= FROZEN_MIN_BYTES
+
+
 class MemoryStore:
-    """The journal of a loop whose successor runs in the same process (the driver)."""
+    """The journal of a loop whose successor runs in the same process (the driver); a frozen
+    array stays a reference."""
 
     def __init__(self):
         self._blob: Optional[bytes] = None
+        self._frozen: Dict[str, Any] = {}
 
-    def write(self, blob: bytes, open_step: Optional[int]) -> None:
+    def write(self, blob: bytes, open_step: Optional[int], frozen: Dict[str, Any]) -> None:
+        self._frozen.update(frozen)
         self._blob = blob
 
     def read(self) -> Optional[bytes]:
         return self._blob
 
+    def frozen(self, key: str) -> Any:
+        return self._frozen[key]
+
     def clear(self) -> None:
-        self._blob = None
+        self._blob, self._frozen = None, {}
 
 
 class ShardStore:
     """The journal on shard 0 of the fit's group (the coordinator in the fit's job), written
-    under the open step's fence with the loop's epoch."""
+    under the open step's fence with the loop's epoch; each frozen array is a blob of its own,
+    written once."""
 
     def __init__(self, group, namespace: str, epoch: int):
         self.group, self.namespace, self.epoch = group, namespace, int(epoch)
+        self._frozen: Dict[str, Any] = {}
 
-    def write(self, blob: bytes, open_step: Optional[int]) -> None:
-        fence = {"epoch": self.epoch, "namespace": self.namespace}
+    def _fence(self, open_step: Optional[int]) -> Dict[str, Any]:
+        fence: Dict[str, Any] = {"epoch": self.epoch, "namespace": self.namespace}
         if open_step is not None:
             fence["step"] = int(open_step)
-        self.group.client(0).put_blob(journal_key(self.namespace), blob, fence)
+        return fence
+
+    def write(self, blob: bytes, open_step: Optional[int], frozen: Dict[str, Any]) -> None:
+        for key, array in frozen.items():  # before the entry that refers to them
+            self.group.client(0).put_blob(f"{journal_key(self.namespace)}/{key}",
+                                          pickle.dumps(array, protocol=pickle.HIGHEST_PROTOCOL),
+                                          self._fence(open_step))
+        self.group.client(0).put_blob(journal_key(self.namespace), blob, self._fence(open_step))
 
     def read(self) -> Optional[bytes]:
         return self.group.client(0).get_blob(journal_key(self.namespace))
 
+    def frozen(self, key: str) -> Any:
+        if key not in self._frozen:
+            blob = self.group.client(0).get_blob(f"{journal_key(self.namespace)}/{key}")
+            if blob is None:
+                raise RuntimeError(f"the journal of fit {self.namespace!r} refers to an array that is not on "
+                                   f"shard 0 ({key})")
+            self._frozen[key] = pickle.loads(blob)
+        return self._frozen[key]
+
     def clear(self) -> None:
-        pass  # the blob goes with the fit's tables
+        pass  # the blobs go with the fit's tables
 
 
 class Journal:
@@ -101,23 +137,52 @@ class Journal:
 
     def __init__(self, store):
         self.store = store
+        self._keys: Dict[int, tuple] = {}  # id(frozen array) -> (the array, its key): written once
 
     def write(self, entry: JournalEntry, open_step: Optional[int]) -> None:
         """Record ``entry``: the commit point of step ``entry.step``, which is open on the shards
         while this runs (``open_step``; None: no step is open, as after a resume from a
         checkpoint)."""
+        import io
+        import secrets
+
         from pyspark import cloudpickle
 
-        self.store.write(cloudpickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL), open_step)
+        keys, new = self._keys, {}
+
+        class _Pickler(cloudpickle.CloudPickler):
+            def persistent_id(self, obj):
+                if not _frozen(obj):
+                    return None
+                known = keys.get(id(obj))
+                if known is None or known[0] is not obj:
+                    known = keys[id(obj)] = (obj, secrets.token_hex(8))
+                    new[known[1]] = obj
+                return known[1]
+
+        out = io.BytesIO()
+        _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(entry)
+        self.store.write(out.getvalue(), open_step, new)
 
     def read(self) -> Optional[JournalEntry]:
         """The last entry written, as a fresh object (None: no step committed yet)."""
+        import io
+
         blob = self.store.read()
-        return None if blob is None else pickle.loads(blob)
+        if blob is None:
+            return None
+        store = self.store
+
+        class _Unpickler(pickle.Unpickler):
+            def persistent_load(self, key):
+                return store.frozen(key)
+
+        return _Unpickler(io.BytesIO(blob)).load()
 
     def clear(self) -> None:
         """Forget every entry (the fit starts over on new shards)."""
         self.store.clear()
+        self._keys = {}
 
 
 def settle(group, namespace: str, epoch: int, entry: Optional[JournalEntry]) -> str:

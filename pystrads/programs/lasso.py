@@ -86,6 +86,13 @@ ROUND_COST_NONZEROS = 1 << 18
 AUTO_MAX_WIDTH = 8192
 
 
+def _read_only(value):
+    """``value`` with a numpy array marked read-only (it never changes again)."""
+    if isinstance(value, np.ndarray):
+        value.flags.writeable = False
+    return value
+
+
 class LassoProgram(WorkingSetSolver, Program):
     """Lasso (squared loss) by STRADS's dynamic, prioritised, dependency-checked parallel CD.
 
@@ -265,7 +272,8 @@ class LassoProgram(WorkingSetSolver, Program):
         return k, kept[data["col_ptr"]], mapped[keep].astype(np.int32), data["vals"][keep]
 
     def check_data(self, summaries):
-        parts = [s for s in summaries if s is not None]
+        # read-only: the loop's journal then refers to them instead of copying them every step
+        parts = tuple(tuple(_read_only(x) for x in s) for s in summaries if s is not None)
         if self.sample_rows and parts:  # built when a round is first planned (the working set may do without)
             self._d["sample_parts"] = parts
 
@@ -430,8 +438,8 @@ class LassoProgram(WorkingSetSolver, Program):
         coef[:, DELTA] = 0.0
         self._extra_prepare(coef)
         ctx.table("coef").put(range(0, len(coef)), coef)
-        d.update(mean=mean, std=std, frozen=frozen, coef=coef, cursor=0, updates=0, round_updates=0, history=[],
-                 gap=np.inf)
+        d.update(mean=_read_only(mean), std=_read_only(std), frozen=_read_only(frozen), coef=coef, cursor=0,
+                 updates=0, round_updates=0, history=[], gap=np.inf)  # (read-only: fixed for the fit)
         d["grad_rows"] = ctx.table("grad").read_all() / W  # the init step sent raw sums
         d["sums"] = self._init_sums()
         d["grad"] = self._driver_gradient(d["grad_rows"], coef, d["sums"])
