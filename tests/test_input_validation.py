@@ -30,7 +30,7 @@ INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
 REFUSE_WITHIN_S = 20.0  # generous: the machine is shared; refusals take well under a second
 SCAN_JOBS = 1  # a bad value may cost the one validation scan job, nothing more
 MF_SCAN_JOBS = 2  # StradsMF's scan is one global aggregate: with AQE, a map-stage job and the result job
-LDA_SCAN_JOBS = 2  # StradsLDA's scan sums term counts by term on the executors: the same two jobs
+LDA_SCAN_JOBS = 1  # StradsLDA's scan: one job while its term counts are few (a second sums them past that)
 
 
 class Case(NamedTuple):

@@ -19,6 +19,9 @@ from pystrads.ml import StradsLDA
 from pystrads.session import spark_session
 
 V, PARTS = 1 << 22, 64
+if len(sys.argv) > 1:  # the counts of each partition too many for the driver: summed on the executors
+    from pystrads.ml import _lda_data
+    _lda_data.TERMS_BUDGET = int(sys.argv[1])
 spark = spark_session("local[2]", "pystrads-scan-memory", {"spark.driver.maxResultSize": "256m",
                                                             "spark.ui.enabled": "false"})
 spark.sparkContext.setLogLevel("OFF")
@@ -37,8 +40,33 @@ spark.stop()
 
 
 def test_a_huge_vocabulary_over_many_partitions_fits_under_a_small_result_limit():
-    proc = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=600,
+    """The executors sum the counts (a budget of 64 terms: past 1 a partition)."""
+    proc = subprocess.run([sys.executable, "-c", DRIVER, "64"], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYSPARK_PYTHON=sys.executable), cwd=tempfile.mkdtemp())
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["vocab"] == 1 << 22 and got["counted"] == got["tokens"] and got["iterations"] == 3
+
+
+def test_the_scan_counts_the_same_whether_the_driver_or_the_executors_sum_them(spark, monkeypatch):
+    import numpy as np
+    from pyspark.ml.linalg import SparseVector
+
+    from pystrads.ml import _lda_data
+
+    rng = np.random.default_rng(9)
+    rows = []
+    for _ in range(120):
+        terms = np.unique(rng.integers(0, 500, 9))
+        rows.append((SparseVector(500, terms.tolist(), rng.integers(1, 4, len(terms)).astype(float).tolist()),))
+    df = spark.createDataFrame(rows, ["features"]).repartition(6)
+    _, one_job = _lda_data._doc_records(df, "features")
+    monkeypatch.setattr(_lda_data, "TERMS_BUDGET", 6)  # one term a partition: every partition has more
+    _, summed = _lda_data._doc_records(df, "features")
+    expected = np.zeros(500, np.int64)
+    for (v,) in rows:
+        expected[v.indices] += v.values.astype(np.int64)
+    np.testing.assert_array_equal(one_job["freq"], expected)
+    np.testing.assert_array_equal(summed["freq"], expected)
+    for key in ("docs", "tokens", "empty", "max_length"):
+        assert one_job[key] == summed[key], key

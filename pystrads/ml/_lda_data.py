@@ -28,6 +28,20 @@ DOC_RECORD_SCHEMA = "doc long, terms array<long>, counts array<long>"
 #: the corpus scan's rows: a partition's stats (term < 0) or a term's token count
 SCAN_COLUMNS = ["term", "count", "stats"]
 
+#: non-zero term counts the driver receives from the corpus scan at most, over every partition
+#: (~16 bytes each): past its share a partition's counts are summed on the executors instead (a
+#: second job, with a shuffle), so the driver's memory is bounded by the vocabulary, never by
+#: partitions x vocabulary
+TERMS_BUDGET = 1 << 23
+
+
+def _partitions(frame) -> int:
+    """The partitions of ``frame`` (classic sessions; 256 where Spark Connect cannot say)."""
+    try:
+        return max(1, frame.rdd.getNumPartitions())
+    except Exception:  # noqa: BLE001 -- Spark Connect has no RDDs
+        return 256
+
 
 def _doc_terms(idx: np.ndarray, val: np.ndarray):
     """A document's terms with a positive count, those counts (both int64) and the 8-byte digest of
@@ -76,9 +90,9 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
     documents only when ``validation_col`` marks held-out ones (true; null counts as training),
     which are checked alike and counted apart (``validation_docs``, ``validation_tokens``).  It goes
     through ``mapInArrow`` (classic sessions and Spark Connect alike); each partition's token counts
-    per term leave it as (term, count) rows of its non-zero terms, summed by term on the executors
-    (a ``groupBy``), so the driver receives each term once: its memory is bounded by the vocabulary,
-    never by partitions x vocabulary.  A document's key is a hash
+    per term come back as its non-zero terms while they fit its share of :data:`TERMS_BUDGET`, and
+    otherwise a second job sums them by term on the executors (a ``groupBy``), so the driver's
+    memory is bounded by the vocabulary, never by partitions x vocabulary.  A document's key is a hash
     of its terms and counts: a worker orders its documents by key, so the Gibbs chain depends on
     which documents a worker holds, never on the order Spark delivers them in (a shuffle's reducer reads
     local blocks first, so that order differs between local mode and a cluster, and
@@ -87,7 +101,7 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
     """
     from pyspark.sql import functions as F
 
-    from ._arrow import collect_arrow, partition_id, vectors
+    from ._arrow import collect_arrow, collect_per_partition, partition_id, vectors
 
     frame = dataset.select(features_col, *([F.coalesce(F.col(validation_col), F.lit(False))] if validation_col else []))
     held_out = bool(validation_col)
@@ -137,6 +151,17 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
             np.add.at(out["freq"], idx, counts)
         return out
 
+    limit = TERMS_BUDGET // _partitions(frame)  # read here: the tasks see the driver's value
+
+    def sparse_scan(batches):
+        """A partition's scan with its token counts as (terms, counts) of its non-zero terms, or
+        None past ``limit`` of them (the counts are then summed on the executors)."""
+        out = scan(batches)
+        freq = out.pop("freq")
+        nz = np.flatnonzero(freq) if freq is not None else np.zeros(0, np.int64)
+        out["terms"] = (nz, freq[nz]) if len(nz) <= limit else None
+        return out
+
     def scan_rows(batches):
         """A partition's scan as rows: its stats (pickled, under term -1 - partition) and its
         token count per non-zero term."""
@@ -164,20 +189,27 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
         a["bad"] = a["bad"] or b["bad"]
         return a
 
-    summed = collect_arrow(frame.mapInArrow(scan_rows, "term long, count long, stats binary")
-                           .groupBy("term").agg(F.sum("count").alias("count"),
-                                                F.first("stats", ignorenulls=True).alias("stats")))
-    terms = numpy_of(summed.column("term")).astype(np.int64) if summed.num_rows else np.zeros(0, np.int64)
-    counts = numpy_of(summed.column("count")).astype(np.int64) if summed.num_rows else np.zeros(0, np.int64)
-    blobs = summed.column("stats").to_pylist() if summed.num_rows else []
-    parts = [pickle.loads(blobs[j]) for j in sorted(np.flatnonzero(terms < 0), key=lambda j: -terms[j])]
+    parts = collect_per_partition(frame, sparse_scan)  # one job, no shuffle, while the counts are few
+    if any(p["terms"] is None for p in parts):  # many terms a partition: summed on the executors
+        summed = collect_arrow(frame.mapInArrow(scan_rows, "term long, count long, stats binary")
+                               .groupBy("term").agg(F.sum("count").alias("count"),
+                                                    F.first("stats", ignorenulls=True).alias("stats")))
+        terms = numpy_of(summed.column("term")).astype(np.int64) if summed.num_rows else np.zeros(0, np.int64)
+        counts = numpy_of(summed.column("count")).astype(np.int64) if summed.num_rows else np.zeros(0, np.int64)
+        blobs = summed.column("stats").to_pylist() if summed.num_rows else []
+        parts = [pickle.loads(blobs[j]) for j in sorted(np.flatnonzero(terms < 0), key=lambda j: -terms[j])]
+        pieces = [(terms[terms >= 0], counts[terms >= 0])]
+    else:
+        pieces = [p.pop("terms") for p in parts]
     stats = parts[0] if parts else empty()  # no partitions at all: e.g. df.limit(0)
     for other in parts[1:]:
         stats = merge(stats, other)
+    stats.pop("terms", None)
     if len(stats["sizes"]) == 1:
         stats["freq"] = np.zeros(next(iter(stats["sizes"])), dtype=np.int64)
-        known = (terms >= 0) & (terms < len(stats["freq"]))
-        stats["freq"][terms[known]] = counts[known]
+        for terms, counts in pieces:
+            known = (terms >= 0) & (terms < len(stats["freq"]))
+            np.add.at(stats["freq"], terms[known], counts[known])
     _check_corpus(stats, features_col, validation_col)
 
     return frame, stats
