@@ -389,7 +389,7 @@ def test_cross_validator_runs_its_fits_at_once_with_the_metrics_of_sequential_fi
     one-after-another run's."""
     import threading
 
-    from pystrads.engine import driver
+    from pystrads.engine.loop import StepLoop
 
     grid = ParamGridBuilder().addGrid(StradsMF.regParam, [0.01, 0.05, 0.1, 0.3]).build()
 
@@ -400,7 +400,7 @@ def test_cross_validator_runs_its_fits_at_once_with_the_metrics_of_sequential_fi
 
     running, most = set(), [0]
     lock = threading.Lock()
-    original = driver.Engine._step_loop
+    original = StepLoop._step_loop
 
     def watched(self, *args, **kwargs):  # how many fits are in their step loops at once
         with lock:
@@ -413,10 +413,10 @@ def test_cross_validator_runs_its_fits_at_once_with_the_metrics_of_sequential_fi
                 running.discard(self.namespace)
 
     sequential = cv(1)
-    driver.Engine._step_loop = watched
+    StepLoop._step_loop = watched
     try:
         parallel = cv(2)
     finally:
-        driver.Engine._step_loop = original
+        StepLoop._step_loop = original
     assert most[0] == 2, "the two fits never stepped at the same time"
     assert parallel.avgMetrics == pytest.approx(sequential.avgMetrics, rel=1e-9)

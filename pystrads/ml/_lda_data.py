@@ -158,7 +158,10 @@ def _doc_records(dataset, features_col: str, validation_col: Optional[str] = Non
         None past ``limit`` of them (the counts are then summed on the executors)."""
         out = scan(batches)
         freq = out.pop("freq")
-        nz = np.flatnonzero(freq) if freq is not None else np.zeros(0, np.int64)
+        if freq is None:  # no document with a term here
+            out["terms"] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            return out
+        nz = np.flatnonzero(freq)
         out["terms"] = (nz, freq[nz]) if len(nz) <= limit else None
         return out
 
