@@ -23,12 +23,12 @@ from pystrads.engine import worker as worker_module
 from pystrads.engine.checkpoints import program_attributes
 from pystrads.engine.job import WorkerInput, WorkerJob
 from pystrads.engine.journal import Journal, MemoryStore, ShardStore, settle
-from pystrads.engine.loop import StepLoop, TrainingSummary, make_tables
+from pystrads.engine.loop import StepLoop, TrainingSummary, make_tables, plan_tables
 from pystrads.engine.progress import ProgressReporter
 from pystrads.engine.worker import WorkerSpec, program_hash, run_worker
 from pystrads.errors import ShardUnavailableError, StepFailedError
 from pystrads.ps.client import ShardGroup, ShardInfo
-from pystrads.ps.partition import TableLayout, range_bounds
+from pystrads.ps.partition import TableLayout
 from pystrads.ps.server import ShardServer
 
 TOKEN = "loopkit"
@@ -57,26 +57,7 @@ class LocalShards:
                                 TOKEN, admin_token=None)
 
     def create(self, program, namespace: str) -> Dict[str, TableLayout]:
-        layouts, creations = {}, []
-        n = len(self.servers)
-        for t in program.tables():
-            if t.single_shard:
-                bounds, owners = [0, t.num_rows], [hash(t.name) % n]
-            else:
-                bounds = list(t.partitioner(t.num_rows, n)) if t.partitioner is not None else \
-                    list(range_bounds(t.num_rows, n, t.weights))
-                owners = list(range(n))
-            layout = TableLayout(f"{namespace}/{t.name}", int(t.num_rows), int(t.width), t.dtype,
-                                 tuple(int(b) for b in bounds), tuple(owners), int(t.contrib_width or t.width))
-            import base64
-
-            init = base64.b64encode(cloudpickle.dumps(t.initializer)).decode() if t.initializer is not None else None
-            for shard, lo, hi in layout.ranges():
-                creations.append((shard, dict(name=layout.name, row_start=lo, row_stop=hi, width=layout.width,
-                                              dtype=layout.dtype, fill=t.fill, initializer=init,
-                                              contrib_width=layout.contrib_width, storage=t.storage,
-                                              max_fill=0.25)))
-            layouts[t.name] = layout
+        layouts, creations = plan_tables(program, namespace, len(self.servers), 0.25)
         make_tables(self.group, creations, namespace, program)
         return layouts
 

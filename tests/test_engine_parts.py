@@ -113,6 +113,7 @@ def test_a_checkpoint_root_belongs_to_one_live_fit(tmp_path):
     for killed in (first, relaunched):  # fit-a's processes are killed: its OWNER stays, its beat stops
         killed._stop_beat.set()
         killed._stop_beat = None
+    time.sleep(0.6)  # a beat being written as they stopped lands first
     assert third.claim("fit-c", beat_seconds=0.5) == first.base  # taken over
     third.release()
     second.release()

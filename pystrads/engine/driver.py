@@ -20,7 +20,6 @@ and reads the job.
 
 from __future__ import annotations
 
-import base64
 import logging
 import pickle
 import secrets
@@ -32,13 +31,13 @@ import numpy as np
 
 from ..errors import ConfigurationError, ProgramError, PystradsError, ShardUnavailableError, StepFailedError
 from ..ps import launcher
-from ..ps.partition import TableLayout, range_bounds
+from ..ps.partition import TableLayout
 from ..ps.protocol import check_dtype
 from ..spark import is_dataframe
 from .checkpoints import Checkpointer, Position, program_attributes
 from .job import WorkerInput, WorkerJob
 from .journal import Journal, MemoryStore
-from .loop import StepLoop, TrainingSummary, make_tables  # noqa: F401 -- TrainingSummary: part of this API
+from .loop import StepLoop, TrainingSummary, make_tables, plan_tables  # noqa: F401 -- TrainingSummary: this API
 from .preflight import (FitSetup, _python_cause, check_checkpoint_storage, check_cluster, expected_executors,
                         preflight)
 from .program import Program
@@ -204,35 +203,9 @@ class Engine:
     def _plan_tables(self) -> List[tuple]:
         """The program's tables laid out over the shards (``self.layouts``); returns the
         ``(shard, create_table arguments)`` that make them."""
-        from pyspark import cloudpickle
-
-        num_shards = len(self.group.shards)
-        creations: List[tuple] = []
-        for t in self.program.tables():
-            if t.single_shard:
-                bounds, owners = [0, t.num_rows], [hash(t.name) % num_shards]
-            else:
-                if t.partitioner is not None:
-                    bounds = np.asarray(t.partitioner(t.num_rows, num_shards), dtype=np.int64)
-                else:
-                    bounds = range_bounds(t.num_rows, num_shards, t.weights)
-                owners = list(range(num_shards))
-                if len(bounds) != num_shards + 1 or bounds[0] != 0 or bounds[-1] != t.num_rows \
-                        or np.any(np.diff(bounds) < 0):
-                    raise ConfigurationError(
-                        f"table {t.name!r}: partitioner returned bounds {list(bounds)[:10]}; need "
-                        f"{num_shards + 1} non-decreasing values from 0 to {t.num_rows}")
-            layout = TableLayout(f"{self.namespace}/{t.name}", int(t.num_rows), int(t.width), t.dtype,
-                                 tuple(int(b) for b in bounds), tuple(owners),
-                                 int(t.contrib_width or t.width))
-            init = (base64.b64encode(cloudpickle.dumps(t.initializer)).decode()
-                    if t.initializer is not None else None)
-            for shard, lo, hi in layout.ranges():
-                creations.append((shard, dict(
-                    name=layout.name, row_start=lo, row_stop=hi, width=layout.width, dtype=layout.dtype,
-                    fill=t.fill, initializer=init, contrib_width=layout.contrib_width, storage=t.storage,
-                    max_fill=self.config["table.sparseRowMaxFill"])))
-            self.layouts[t.name] = layout
+        layouts, creations = plan_tables(self.program, self.namespace, len(self.group.shards),
+                                         self.config["table.sparseRowMaxFill"])
+        self.layouts.update(layouts)
         return creations
 
     def _launch(self, new_shards: bool = False) -> None:

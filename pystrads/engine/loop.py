@@ -24,7 +24,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Protocol
 
-from ..errors import PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
+import numpy as np
+
+from ..errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
 from .checkpoints import Position, program_state
 from .journal import JournalEntry
 from .program import Program, Schedule, ScheduleContext, serial_schedule
@@ -73,6 +75,41 @@ class TrainingSummary:
 
     def __repr__(self) -> str:
         return f"TrainingSummary(steps={len(self.rows)}, rounds={self.total_rounds})"
+
+
+def plan_tables(program: Program, namespace: str, num_shards: int, max_fill: float) -> tuple:
+    """The program's tables laid out over ``num_shards`` shards: ``(layouts by the program's
+    names, [(shard, create_table arguments)])`` (``max_fill``: ``table.sparseRowMaxFill``)."""
+    from pyspark import cloudpickle
+
+    from ..ps.partition import TableLayout, range_bounds
+
+    layouts: Dict[str, Any] = {}
+    creations: List[tuple] = []
+    for t in program.tables():
+        if t.single_shard:
+            bounds, owners = [0, t.num_rows], [hash(t.name) % num_shards]
+        else:
+            if t.partitioner is not None:
+                bounds = np.asarray(t.partitioner(t.num_rows, num_shards), dtype=np.int64)
+            else:
+                bounds = range_bounds(t.num_rows, num_shards, t.weights)
+            owners = list(range(num_shards))
+            if len(bounds) != num_shards + 1 or bounds[0] != 0 or bounds[-1] != t.num_rows \
+                    or np.any(np.diff(bounds) < 0):
+                raise ConfigurationError(
+                    f"table {t.name!r}: partitioner returned bounds {list(bounds)[:10]}; need "
+                    f"{num_shards + 1} non-decreasing values from 0 to {t.num_rows}")
+        layout = TableLayout(f"{namespace}/{t.name}", int(t.num_rows), int(t.width), t.dtype,
+                             tuple(int(b) for b in bounds), tuple(owners), int(t.contrib_width or t.width))
+        init = base64.b64encode(cloudpickle.dumps(t.initializer)).decode() if t.initializer is not None else None
+        for shard, lo, hi in layout.ranges():
+            creations.append((shard, dict(
+                name=layout.name, row_start=lo, row_stop=hi, width=layout.width, dtype=layout.dtype,
+                fill=t.fill, initializer=init, contrib_width=layout.contrib_width, storage=t.storage,
+                max_fill=max_fill)))
+        layouts[t.name] = layout
+    return layouts, creations
 
 
 def make_tables(group, creations: List[tuple], namespace: str, program: Program) -> None:
