@@ -3,9 +3,10 @@ against a Spark master given on the command line and print one JSON line.
 
     python tests/cluster_driver.py spark://127.0.0.1:7077 2 [SHAPES]
 
-SHAPES: comma-separated subset of rotation,block_lstsq,priority_lasso,sgd,estimators,checkpoint_refusal
-(default: the four shapes; ``estimators`` fits StradsLDA, StradsMF and StradsLasso;
-``checkpoint_refusal`` tries a fit with a bare checkpoint path). Extra Spark settings come as JSON
+SHAPES: comma-separated subset of rotation,block_lstsq,priority_lasso,sgd,estimators,checkpoint_refusal,
+partition (default: the four shapes; ``estimators`` fits StradsLDA, StradsMF and StradsLasso;
+``checkpoint_refusal`` tries a fit with a bare checkpoint path; ``partition`` cuts a host off
+mid-fit with the commands in ``CLUSTER_DRIVER_CUT``). Extra Spark settings come as JSON
 in ``CLUSTER_DRIVER_CONF``; with ``CLUSTER_DRIVER_HOLD`` set the driver waits for a line on stdin
 after its result, before ``spark.stop()``.
 Besides each result, it reports every shard's advertised address and the addresses its
@@ -17,13 +18,16 @@ import ipaddress
 import json
 import os
 import socket
+import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
+from pystrads.programs import examples as ex  # noqa: E402
 from pystrads.session import spark_session  # noqa: E402
 from shapes import run_block_lstsq, run_estimators, run_priority_lasso, run_rotation, run_sgd  # noqa: E402
 
@@ -79,6 +83,55 @@ def refuse_bare_checkpoint_path(sc):
     return {"error": error, "jobs": len(sc.statusTracker().getJobIdsForGroup()) - jobs}
 
 
+class CutOffOnce(ex.RotationSum):
+    """RotationSum whose ``schedule`` of step ``at`` cuts a host off from the others for
+    ``seconds`` (``down`` / ``up``: the commands), once in the driver process; each push takes
+    20 ms, so the fit runs well past the cut."""
+
+    def __init__(self, num_keys, iterations, at, down, up, seconds):
+        super().__init__(num_keys, iterations)
+        self.at, self.down, self.up, self.seconds = at, down, up, seconds
+
+    def schedule(self, ctx):
+        if ctx.step == self.at and not _CUTS:
+            _CUTS.append(time.time())
+            subprocess.run(self.down, check=True)
+
+            def plug_back():
+                time.sleep(self.seconds)
+                subprocess.run(self.up, check=True)
+                _CUTS.append(time.time())
+
+            threading.Thread(target=plug_back, daemon=True).start()
+        return super().schedule(ctx)
+
+    def push(self, ctx, data, state, block):
+        time.sleep(0.02)
+        return super().push(ctx, data, state, block)
+
+
+_CUTS = []  # when the cut began and ended (this process's clock)
+
+
+def partition(sc, cut):
+    """A fit whose second worker host is cut off from the others mid-fit (its shard, its
+    executor, its worker) for ``cut["seconds"]``: its sums, the closed form, recoveries, and
+    the fit's seconds from the cut to its end."""
+    from pystrads.engine import Engine
+
+    rng = np.random.default_rng(0)
+    keys, vals = rng.integers(0, 300, 5000), rng.random(5000)
+    rdd = sc.parallelize(list(zip(keys.tolist(), vals.tolist())), 2)
+    program = CutOffOnce(300, 60, 3, cut["down"], cut["up"], cut["seconds"])
+    with Engine(program, rdd, seed=1, config={"step.targetSeconds": 0.3}).fit() as res:
+        got = res.read_table("sums")[:, 0]
+        summary = res.summary
+    ended = time.time()
+    return {"result": got.tolist(), "expected": (60 * np.bincount(keys, vals, 300)).tolist(),
+            "recoveries": summary.fixed.get("recoveries", 0), "cut_to_end_s": ended - _CUTS[0],
+            "cut_s": _CUTS[1] - _CUTS[0] if len(_CUTS) > 1 else None}
+
+
 def main(master, executors, shapes=None):
     conf = {"spark.executor.cores": "1", "spark.cores.max": str(executors), "spark.executor.memory": "1g",
             "spark.ui.enabled": "false", "spark.pystrads.executor.waitSeconds": "120"}
@@ -97,6 +150,9 @@ def main(master, executors, shapes=None):
             continue
         if name == "checkpoint_refusal":
             out[name] = refuse_bare_checkpoint_path(sc)
+            continue
+        if name == "partition":  # CLUSTER_DRIVER_CUT: {"down": [...], "up": [...], "seconds": s}
+            out[name] = partition(sc, json.loads(os.environ["CLUSTER_DRIVER_CUT"]))
             continue
         got, expected, summary = SHAPES[name](sc)[:3]
         out[name] = {"result": np.asarray(got).tolist(), "expected": np.asarray(expected).tolist(),

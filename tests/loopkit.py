@@ -252,9 +252,10 @@ class Result:
 
 def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] = None,
             faults: Optional[Faults] = None, location: str = "driver", seed: int = 1,
-            checkpoint_dir: Optional[str] = None, max_relaunches: int = 3) -> Result:
-    """One fit of ``program`` over ``records`` (one list per worker) on two local shards (see
-    the module docstring); ``faults`` strikes it once."""
+            checkpoint_dir: Optional[str] = None, max_relaunches: int = 3, shards: int = 2,
+            max_steps: Optional[int] = None) -> Result:
+    """One fit of ``program`` over ``records`` (one list per worker) on ``shards`` local shards
+    (see the module docstring), at most ``max_steps`` steps; ``faults`` strikes it once."""
     from pystrads.engine.checkpoints import Checkpointer
 
     worker_module._task_identity = _identity  # this process's worker threads tell themselves apart so
@@ -266,7 +267,7 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
         cfg = Config.resolve(overrides=dict(dict(cfg), **{"checkpoint.dir": checkpoint_dir,
                                                           "checkpoint.interval": 1}))
     namespace = "fit-loopkit"
-    shards = LocalShards()
+    shards = LocalShards(shards)
     blob = cloudpickle.dumps(program)
     job_ref: List[Optional[ThreadJob]] = [None]
     _SHARED.update(faults=faults, job=job_ref)
@@ -291,7 +292,7 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
             _strike_commit_and_checkpoint(loop, job, faults)
             job.launch(program, shards.group, layouts)
             try:
-                stopped = loop.drive(None)
+                stopped = loop.drive(max_steps)
                 break
             except (CoordinatorDied, StepFailedError, ShardUnavailableError):
                 if location != "job" or epoch > max_relaunches:

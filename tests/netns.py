@@ -152,6 +152,13 @@ class NetnsHosts:
         except OSError:
             pass
 
+    def link_command(self, host: str, up: bool) -> List[str]:
+        """The ``ip`` command that plugs ``host`` back in (``up``) or cuts it off from every other
+        host (its link down: frames to and from it are dropped, connections stall, nothing is
+        refused), as a network partition does; processes on it keep running."""
+        i = self.names.index(host)
+        return ["ip", "-n", self.netns[host], "link", "set", f"pst{self.tag}{i}b", "up" if up else "down"]
+
     # ------------------------------------------------------------------ processes
     def command(self, host: str, args: List[str]) -> List[str]:
         """``args`` run on ``host``: its network namespace, its own host name."""

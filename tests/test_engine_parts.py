@@ -240,3 +240,56 @@ def test_parallel_runs_the_items_on_the_workers_threads_in_order_and_raises_thei
     one = WorkerContext(0, 1, 1, 0, {}, 0, 0)
     assert one.threads == 1 and one.parallel(lambda i: threading.current_thread().name, [0, 1]) == \
         [threading.current_thread().name] * 2
+
+
+def test_shards_another_fit_holds_outlive_a_fit_that_found_one_gone(monkeypatch):
+    """Two fits of one application on one shard group; the second finds a shard gone: new
+    shards replace the group for it (and for later fits), while the old group -- which the
+    first fit still runs on -- is not shut down until that fit lets go of it too."""
+    import types
+    import weakref
+
+    from pystrads import spark as spark_module
+    from pystrads.ps import launcher
+
+    class FakeManager:
+        made = []
+
+        def __init__(self, spark, config):
+            self.holders, self.up, self.stopped, self.run_id = weakref.WeakSet(), True, 0, f"run-{len(self.made)}"
+            FakeManager.made.append(self)
+
+        def start(self, expected_executors):
+            pass
+
+        def alive(self):
+            return self.up
+
+        def shutdown(self):
+            self.stopped += 1
+
+    monkeypatch.setattr(launcher, "ShardManager", FakeManager)
+    monkeypatch.setattr(launcher, "_MANAGERS", {})
+    monkeypatch.setattr(launcher, "_RETIRED", [])
+    monkeypatch.setattr(spark_module, "handle_of", lambda spark: spark)
+    app = types.SimpleNamespace(key=7)
+    class Fit:  # a holder (an Engine)
+        pass
+
+    fit_a, fit_b, fit_c = Fit(), Fit(), Fit()
+    old = launcher.get_shards(app, {}, 1, holder=fit_a)
+    assert launcher.get_shards(app, {}, 1, holder=fit_b) is old and set(old.holders) == {fit_a, fit_b}
+    old.up = False  # fit B's step fails on a lost shard; its recovery lets go and asks again
+    launcher.release_shards(old, fit_b)
+    new = launcher.get_shards(app, {}, 1, holder=fit_b)
+    assert new is not old and old.stopped == 0 and launcher._RETIRED == [old]  # fit A still runs on it
+    assert launcher.get_shards(app, {}, 1, holder=fit_c) is new  # later fits get the new group
+    launcher.release_shards(old, fit_a)  # fit A ends (or recovers onto the new group)
+    assert old.stopped == 1 and launcher._RETIRED == [] and new.stopped == 0
+    launcher.release_shards(new, fit_b)
+    assert new.stopped == 0  # the group of the application stays for the next fit
+    lone = launcher.get_shards(types.SimpleNamespace(key=8), {}, 1, holder=fit_a)
+    lone.up = False
+    launcher.release_shards(lone, fit_a)
+    assert launcher.get_shards(types.SimpleNamespace(key=8), {}, 1, holder=fit_a) is not lone
+    assert lone.stopped == 1  # nobody else held it: stopped at once

@@ -211,3 +211,23 @@ def test_the_check_fails_when_the_journal_records_the_state_before_after_steps_e
         _assert_same(got, reference("side_effects"))
     # step 2's after_step: its table write kept, its state's count lost with the replayed entry
     assert got.tables["counts"][0, 0] == got.program.after_steps + 1
+
+
+@pytest.mark.parametrize("name", ["mf", "lasso", "lda"])
+def test_a_checkpoint_directory_resumes_exactly_under_another_shard_layout(name):
+    """One checkpoint directory, three fits of one program on 3, then 1, then 2 shards (each
+    table's rows cut otherwise, its files per shard otherwise, the older layout's files still in
+    the directory): each resumes from the one before, and the last ends as the fit that ran
+    through on two shards -- exactly."""
+    want = reference(name)
+    fits = []
+    with tempfile.TemporaryDirectory(prefix="pystrads-loopkit-") as directory:
+        for shards, max_steps in ((3, 1), (1, 1), (2, None)):
+            program, records = PROGRAMS[name]()
+            program.__class__ = loopkit.struck_program(type(program))
+            fits.append(loopkit.run_fit(program, records, checkpoint_dir=directory, shards=shards,
+                                        max_steps=max_steps))
+    assert "resumed_from_step" not in fits[0].summary.fixed
+    assert [f.summary.fixed.get("resumed_from_step") for f in fits[1:]] == [1, 2]
+    assert len(want.summary.rows) > 2  # the last fit had steps of its own to run
+    (_assert_counts if name == "lda" else _assert_same)(fits[-1], want)

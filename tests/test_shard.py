@@ -1056,8 +1056,63 @@ def test_a_released_fit_gives_its_memory_back_to_the_kernel(tmp_path):
         assert held["rss_bytes"] - after["rss_bytes"] >= 3 * size, (held["rss_bytes"], after["rss_bytes"])
 
 
+def test_a_heartbeats_hold_keeps_a_shard_past_its_lease_and_no_longer(tmp_path):
+    """A heartbeat with ``hold`` (as the client sends before relaunching a fit's job, whose
+    coordinator beats only once it runs) keeps a shard with a 1 s lease alive for the hold, and it
+    exits for want of heartbeats after it; a hold out of range is refused, naming it."""
+    import time
+
+    with _shard_process(tmp_path, lease=1.0) as (shard, port):
+        client = ShardClient(f"grpc://127.0.0.1:{port}", TOKEN)
+        with pytest.raises(ShardUnavailableError, match="hold=-1"):
+            client.action("heartbeat", hold=-1)
+        client.action("heartbeat", hold=4.0)
+        held = time.monotonic()
+        time.sleep(2.5)  # 2.5 leases without a heartbeat
+        assert shard.poll() is None and client.action("ping")["pid"] == shard.pid
+        shard.wait(10)
+        assert shard.returncode == 3  # the lease watchdog's exit
+        assert 4.0 <= time.monotonic() - held < 8.0
+    with _shard_process(tmp_path, lease=1.0) as (shard, port):  # without a hold: gone within its lease
+        ShardClient(f"grpc://127.0.0.1:{port}", TOKEN).action("heartbeat")
+        beat = time.monotonic()
+        shard.wait(10)
+        assert shard.returncode == 3 and time.monotonic() - beat < 3.0
+
+
+def test_a_liveness_check_asks_again_before_it_counts_a_shard_gone():
+    """``ShardGroup.unreachable``: a shard whose port refuses the first ping but serves a moment
+    later (a restarting network, a busy listener) is not counted gone; one that never answers is,
+    after the retries (about 1.25 s), and a single try would have counted the first one gone."""
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = []
+
+    def serve_late():
+        time.sleep(0.15)
+        started.append(ShardServer(f"grpc://127.0.0.1:{port}", TOKEN, 1e9, "late"))
+
+    group = ShardGroup([ShardInfo("127.0.0.1", port, 0, "exec", "late")], TOKEN)
+    assert group.unreachable(attempts=1) == [0]  # nobody listens yet
+    thread = threading.Thread(target=serve_late)
+    thread.start()
+    try:
+        assert group.unreachable() == []
+    finally:
+        thread.join()
+        for server in started:
+            server.shutdown()
+    t0 = time.monotonic()
+    assert group.unreachable() == [0]  # gone for good now
+    assert 1.2 <= time.monotonic() - t0 < 10
+
+
 @contextlib.contextmanager
-def _shard_process(tmp_path, *args):
+def _shard_process(tmp_path, *args, lease=600.0):
     """A shard server process of its own (``args``: more of its flags): ``(process, port)``."""
     import json
     import os
@@ -1066,7 +1121,8 @@ def _shard_process(tmp_path, *args):
     import time
 
     info = tmp_path / "shard.json"
-    shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", "600", "--info-file", str(info),
+    info.unlink(missing_ok=True)
+    shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", str(lease), "--info-file", str(info),
                               *args], env=dict(os.environ, PYSTRADS_SHARD_TOKEN=TOKEN),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -1261,3 +1317,19 @@ def test_a_shard_that_misses_its_deadline_is_lost_and_delays_no_other_heartbeat(
     with pytest.raises(ShardUnavailableError, match="is lost"):
         group.broadcast("ping")
     assert time.monotonic() - t0 < 0.5  # no second wait: lost like a killed shard
+
+
+def test_settling_a_lost_job_holds_the_shards_for_the_relaunched_coordinator(shards):
+    """``settle_for_relaunch`` (the client's last call before it relaunches a fit's job, whose
+    coordinator beats only once its task runs) asks every shard to wait ``hold`` seconds for a
+    heartbeat, whatever its lease, and claims the new epoch."""
+    import time
+
+    from pystrads.engine.coordinator import settle_for_relaunch
+
+    servers, group = shards
+    t0 = time.monotonic()
+    assert settle_for_relaunch(group, "fit", 3, hold=630.0) == "none open"
+    for server in servers:
+        assert t0 + 630.0 <= server.held_until <= time.monotonic() + 630.0
+        assert server.loop_epochs["fit"] == 3

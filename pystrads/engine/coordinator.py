@@ -208,11 +208,14 @@ class SharedProgress(ProgressReporter):
         return line
 
 
-def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int) -> str:
+def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int, hold: float = 0.0) -> str:
     """Before the job is relaunched with a coordinator of ``epoch``: claim that epoch on every
     shard (the lost coordinator, if it still runs somewhere, can change nothing from now on) and
     close the step it left open as its journal decides (:func:`~pystrads.engine.journal.settle`).
-    Returns what it did."""
+    The shards then wait ``hold`` seconds for a heartbeat, whatever their lease: nobody beats
+    until the relaunched job's coordinator runs, and the job may wait that long for its task
+    slots.  Returns what it did."""
+    group.broadcast("heartbeat", hold=float(hold))
     entry = Journal(ShardStore(group, namespace, epoch)).read()
     return settle(group, namespace, epoch, entry)
 

@@ -179,8 +179,11 @@ class Engine:
             if not manager.spark.alive():  # its SparkContext or session was stopped
                 manager.shutdown()
                 launcher._MANAGERS.pop(key, None)
+        if self.manager is not None:  # its shards were found gone: let go of them first
+            launcher.release_shards(self.manager, self)
+            self.manager = None
         try:
-            self.manager = launcher.get_shards(self.spark, self.config, expected_executors(self.spark))
+            self.manager = launcher.get_shards(self.spark, self.config, expected_executors(self.spark), holder=self)
         except PystradsError:
             raise
         except Exception as exc:
@@ -292,8 +295,10 @@ class Engine:
         if alive:
             from .coordinator import settle_for_relaunch
 
+            # the shards wait for the relaunched coordinator as long as its job may wait for slots
+            hold = self.config["round.timeoutSeconds"] + self.config["shard.leaseSeconds"]
             log.info("fit %s: %s", self.namespace, through_spark(self.spark, self.group, settle_for_relaunch,
-                                                                self.namespace, epoch))
+                                                                self.namespace, epoch, hold))
             spec = dataclasses.replace(spec, resume=True, epoch=epoch)
         else:
             self.manager.shutdown()
@@ -435,6 +440,8 @@ class Engine:
                 self.group.broadcast("drop_tables", prefix=self.namespace + "/")
             except PystradsError:
                 pass
+        if self.manager is not None:
+            launcher.release_shards(self.manager, self)
 
 
 class FitResult:

@@ -37,6 +37,11 @@ RPC_TIMEOUT_SECONDS = 10.0
 #: floor: loopback moves ~500 MB/s, a congested 1 Gb/s link still ~50 MB/s)
 BULK_BYTES_PER_SECOND = 8 << 20
 
+#: a liveness check asks a shard whose connection fails (refused, reset) this many times, the
+#: first retry after this many seconds and each next one four times later (0.25 + 1 s in all)
+PING_ATTEMPTS = 3
+PING_BACKOFF_SECONDS = 0.25
+
 #: a blob's read bound when its size is not known in advance (worker state snapshots)
 BLOB_READ_BOUND_BYTES = 1 << 32
 
@@ -670,6 +675,27 @@ class ShardGroup:
                 return i
 
         return [i for i in fan_out([lambda i=i: beat(i) for i in range(len(self.shards))]) if i is not None]
+
+    def unreachable(self, attempts: int = PING_ATTEMPTS, backoff: float = PING_BACKOFF_SECONDS) -> List[int]:
+        """The shards that answer no ping, all asked at once.  A refused or reset connection (a
+        network that flapped, a shard slow to accept) is asked again, up to ``attempts`` times,
+        ``backoff`` seconds apart and four times longer each time; a shard that missed a whole
+        deadline, or is already taken for lost, has had its time and is not asked again."""
+        def probe(i):
+            client = self.client(i)
+            wait = backoff
+            for attempt in range(attempts):
+                try:
+                    client.action("ping")
+                    return None
+                except ShardUnavailableError:
+                    if client.lost is not None or attempt == attempts - 1:
+                        return i
+                    time.sleep(wait)
+                    wait *= 4
+            return i
+
+        return [i for i in fan_out([lambda i=i: probe(i) for i in range(len(self.shards))]) if i is not None]
 
     def table(self, layout: TableLayout) -> "TableHandle":
         return TableHandle(self, layout)

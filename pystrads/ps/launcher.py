@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Dict, List, Optional
 
 from ..daemon import SHARD_MODULE, fork_shard, work_base
@@ -320,6 +321,9 @@ class ShardManager:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.heartbeat_failures = 0
+        # the fits that use these shards (get_shards' holders): shards another live fit uses are
+        # never shut down because this one found one of them gone
+        self.holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
         # False: this process cannot reach the executors (the scheduler runs in the fit's job): no
         # heartbeat from here, and anything said to the shards goes through a Spark task
         self.reachable = reachable
@@ -460,17 +464,18 @@ class ShardManager:
                 log.exception("heartbeat failed")
 
     def alive(self) -> bool:
+        """Whether every shard answers a ping (:meth:`ShardGroup.unreachable`: a failed
+        connection is retried before a shard counts as gone)."""
         if self.group is None:
             return False
         if not self.reachable:
             from .relay import through_spark
 
             return through_spark(self.spark, self.group, _all_alive)
-        try:
-            self.group.broadcast("ping")
-            return True
-        except ShardUnavailableError:
-            return False
+        gone = self.group.unreachable()
+        if gone:
+            log.warning("shards %s of %s do not answer", [self.group.shards[i].uri for i in gone], self.run_id)
+        return not gone
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -495,11 +500,7 @@ class ShardManager:
 
 
 def _all_alive(group: ShardGroup) -> bool:
-    try:
-        group.broadcast("ping")
-        return True
-    except ShardUnavailableError:
-        return False
+    return not group.unreachable()
 
 
 def _shutdown_all(group: ShardGroup) -> None:
@@ -524,13 +525,19 @@ def start_for_fit(spark, config, expected_executors: int) -> ShardManager:
 
 
 _MANAGERS: Dict[int, ShardManager] = {}
+# managers replaced in _MANAGERS (one of their shards was gone) while fits still held them: they
+# keep beating for those fits' live shards and stop when the last of them lets go
+_RETIRED: List[ShardManager] = []
 _LOCK = threading.Lock()
 STARTED_RUN_IDS: List[str] = []  # every run this driver process started shards for
 
 
-def get_shards(spark, config, expected_executors: int) -> ShardManager:
+def get_shards(spark, config, expected_executors: int, holder: Any = None) -> ShardManager:
     """The running shard manager of a Spark application (a SparkContext, a session or their
-    handle), started on first use."""
+    handle), started on first use; ``holder`` (a fit) uses it until :func:`release_shards`.
+    When one of its shards is gone, new shards replace the group for every later fit, and the
+    old group stops once no fit holds it: a fit that finds a shard gone never stops the shards
+    of another fit that still runs on them."""
     from ..spark import handle_of
 
     spark = handle_of(spark)
@@ -538,23 +545,44 @@ def get_shards(spark, config, expected_executors: int) -> ShardManager:
         key = spark.key
         manager = _MANAGERS.get(key)
         if manager is not None and manager.alive():
+            if holder is not None:
+                manager.holders.add(holder)
             return manager
         if manager is not None:
-            log.warning("shards of %s are gone; starting new ones", manager.run_id)
-            manager.shutdown()
+            del _MANAGERS[key]
+            manager.holders.discard(holder)
+            if len(manager.holders):
+                log.warning("shards of %s are gone; starting new ones (the old ones stay for the %d fit(s) "
+                            "that use them)", manager.run_id, len(manager.holders))
+                _RETIRED.append(manager)
+            else:
+                log.warning("shards of %s are gone; starting new ones", manager.run_id)
+                manager.shutdown()
         manager = ShardManager(spark, config)
         STARTED_RUN_IDS.append(manager.run_id)
         manager.start(expected_executors)
+        if holder is not None:
+            manager.holders.add(holder)
         _MANAGERS[key] = manager
         return manager
+
+
+def release_shards(manager: ShardManager, holder: Any) -> None:
+    """``holder`` no longer uses ``manager``'s shards: a replaced group stops with its last holder."""
+    with _LOCK:
+        manager.holders.discard(holder)
+        if manager in _RETIRED and not len(manager.holders):
+            _RETIRED.remove(manager)
+            manager.shutdown()
 
 
 def shutdown() -> None:
     """Stop every shard this driver started (also runs at interpreter exit)."""
     with _LOCK:
-        for manager in list(_MANAGERS.values()):
+        for manager in list(_MANAGERS.values()) + _RETIRED:
             manager.shutdown()
         _MANAGERS.clear()
+        _RETIRED.clear()
 
 
 atexit.register(shutdown)

@@ -71,6 +71,9 @@ ADMIN_TOKEN_ENV = "PYSTRADS_SHARD_ADMIN_TOKEN"
 
 #: how many ended fits a shard remembers, so that their late workers end instead of waiting
 CLOSED_FITS_KEPT = 4096
+#: the longest a heartbeat's ``hold`` keeps a shard without heartbeats (a day)
+MAX_HOLD_SECONDS = 86400.0
+
 #: a released fit that freed at least this much hands the heap's free pages back to the kernel
 RELEASE_FREE_BYTES = 64 << 20
 
@@ -114,6 +117,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         self.peak_blob_bytes = 0  # the most the blobs held at once
         self.lease_seconds = lease_seconds
         self.last_heartbeat = time.monotonic()
+        self.held_until = 0.0  # a heartbeat's ``hold``: no exit for want of heartbeats before then
         self.started = time.time()
         self.kernels_ready_s: Optional[float] = None  # the kernel warm-up's seconds, once done
         self.counters = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "rows_in": 0, "rows_out": 0,
@@ -146,8 +150,9 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
     def _watchdog(self) -> None:
         while not self._stopping:
             time.sleep(min(0.5, self.lease_seconds / 4))
-            idle = time.monotonic() - self.last_heartbeat
-            if idle > self.lease_seconds:
+            now = time.monotonic()
+            idle = now - self.last_heartbeat
+            if idle > self.lease_seconds and now > self.held_until:
                 log.warning("shard %s: no driver heartbeat for %.1f s (lease %.1f s); exiting",
                             self.shard_id, idle, self.lease_seconds)
                 os._exit(3)
@@ -448,8 +453,15 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 "python": sys.version.split()[0], "uptime": time.time() - self.started}
 
     def _action_heartbeat(self, req):
-        """Renew the driver's lease."""
-        self.last_heartbeat = time.monotonic()
+        """Renew the driver's lease; ``hold``: seconds during which the shard waits for the next
+        heartbeat however long the lease (while a relaunched job's coordinator, which beats from
+        then on, waits for its task slots), at most :data:`MAX_HOLD_SECONDS`."""
+        now = time.monotonic()
+        self.last_heartbeat = now
+        hold = req.num("hold", 0.0)
+        if not 0.0 <= hold <= MAX_HOLD_SECONDS:
+            raise flight.FlightServerError(f"heartbeat: hold={hold} is outside [0, {MAX_HOLD_SECONDS}] seconds")
+        self.held_until = max(self.held_until, now + hold)
         return {}
 
     def _action_create_table(self, req):
