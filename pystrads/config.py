@@ -53,8 +53,9 @@ _SETTINGS = [
             "for each (~0.6 s of CPU each, and ~0.4 s of a small first fit on 2 cores); a new interpreter where "
             "no such daemon runs yet, or it runs another Python or pystrads installation"),
     Setting("shard.workDir", "", str,
-            "local directory on each executor for shard logs and port files; "
-            "empty = <tmp>/pystrads-<uid>"),
+            "local directory on each executor for shard logs and port files, which must be the executors' "
+            "user's alone (mode 0700, not a symbolic link) or the shards do not start; "
+            "empty = <tmp>/pystrads-<uid> (made private; a squatted one is passed over)"),
     Setting("shard.mallocRetainBytes", 256 * 1024 * 1024, int,
             "glibc only: freed heap memory a shard keeps mapped instead of returning it to the OS, "
             "with blocks under 32 MiB served from the heap; received batches then land on warm "

@@ -47,13 +47,29 @@ def preload() -> None:
 # --------------------------------------------------------------------- the shard forker
 
 
+#: private directories tried after ``<tmp>/pystrads-<uid>`` (``pystrads-<uid>-1`` ..) when another
+#: user squats it
+WORK_BASE_FALLBACKS = 8
+
+
 def work_base() -> str:
-    """``<tmp>/pystrads-<uid>``: the forkers' sockets, and the shards' files unless
-    ``spark.pystrads.shard.workDir`` names another directory."""
+    """This user's private directory in ``<tmp>``: the forkers' sockets, and the shards' files
+    unless ``spark.pystrads.shard.workDir`` names another directory.  ``pystrads-<uid>``, made
+    here (mode 0700) if missing; when it is not this user's alone (another owner, a mode that
+    lets others in, a symbolic link: squatted), the first of ``pystrads-<uid>-1`` ..
+    ``-8`` that is -- the same choice in every process of the user, so the launcher and the
+    forker meet.  Raises :class:`PermissionError` naming each candidate's problem when none is."""
     import os
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
+    base = os.path.join(tempfile.gettempdir(), f"pystrads-{os.getuid()}")
+    problems = []
+    for candidate in [base] + [f"{base}-{i}" for i in range(1, WORK_BASE_FALLBACKS + 1)]:
+        problem = private_dir(candidate)
+        if problem is None:
+            return candidate
+        problems.append(f"{candidate}: {problem}")
+    raise PermissionError("no private work directory for pystrads: " + "; ".join(problems))
 
 
 def forker_path(jvm_pid: int) -> str:
@@ -75,18 +91,31 @@ def _identity() -> dict:
     return {"python": os.path.realpath(sys.executable), "pystrads": os.path.realpath(os.path.dirname(package_file))}
 
 
-def _private_dir(path: str) -> bool:
-    """``path`` exists (made here if missing) as a directory of this user that no one else can
-    write to: where a socket that starts processes may live."""
+def private_dir(path: str, create: bool = True):
+    """None when ``path`` is (made here if missing and ``create``, mode 0700) a directory of this
+    user that no other user can enter -- not a symbolic link; else what is wrong with it.  Where
+    a socket that starts processes, a run's files and its tokens' users may live."""
     import os
     import stat
 
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        if create:
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
         st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    except OSError as exc:
+        return f"cannot make or read it ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != os.getuid():
+        return f"it belongs to uid {st.st_uid}, not to this process's uid {os.getuid()}"
+    if st.st_mode & 0o077:
+        return f"its mode is {oct(st.st_mode & 0o777)}: other users may enter it (it must be 0700)"
+    return None
 
 
 def start_forker() -> int:
@@ -96,30 +125,35 @@ def start_forker() -> int:
     import os
     import socket
 
-    jvm = os.getppid()
-    path = forker_path(jvm)
-    if len(path.encode()) > 100 or not _private_dir(os.path.dirname(path)):
-        return 0
-    lock = open(path[: -len(".sock")] + ".lock", "w")
+    lock = listener = None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the forker while it lives
-    except OSError:
-        lock.close()
-        return 0
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        if os.path.exists(path):
+        jvm = os.getppid()
+        path = forker_path(jvm)  # in work_base(): this user's private directory
+        if len(path.encode()) > 100:
+            return 0
+        fd = os.open(path[: -len(".sock")] + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        lock = os.fdopen(fd, "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the forker while it lives
+        except BlockingIOError:  # held: another daemon's forker serves this JVM
+            lock.close()
+            return 0
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.lexists(path):
             os.unlink(path)  # a forker that died left it: the lock says none serves it now
         listener.bind(path)
         os.chmod(path, 0o600)
         listener.listen(64)
-    except OSError:
-        listener.close()
-        lock.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+    except Exception as exc:  # noqa: BLE001 -- no forker (shards start as new interpreters); the daemon serves on
+        for held in (listener, lock):
+            if held is not None:
+                held.close()
+        print(f"pystrads.daemon: no shard forker ({exc!r}); shards start as new interpreters", file=sys.stderr,
+              flush=True)
         return 0
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
     if pid:
         listener.close()  # the daemon keeps neither: its workers must not inherit them
         lock.close()
@@ -209,7 +243,7 @@ def _become_shard(request: dict, inherited) -> None:
             item.close()
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
@@ -258,7 +292,14 @@ def fork_shard(jvm_pid: int, argv, env, log_file: str, timeout: float = 10.0):
     import os
     import socket
 
-    path = forker_path(jvm_pid)
+    import logging
+    import struct
+
+    try:
+        path = forker_path(jvm_pid)  # in this user's private directory (work_base)
+    except PermissionError as exc:
+        logging.getLogger(__name__).warning("no shard forker: %s", exc)
+        return None
     if not os.path.exists(path):
         return None
     request = {"argv": [str(a) for a in argv], "env": dict(env), "log": log_file, "cwd": os.getcwd(),
@@ -267,13 +308,18 @@ def fork_shard(jvm_pid: int, argv, env, log_file: str, timeout: float = 10.0):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
             conn.connect(path)
+            # the environment carries the run's tokens: only for a forker of this very user
+            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != os.getuid():
+                logging.getLogger(__name__).warning(
+                    "the process at the shard forker's socket %s runs as uid %d, not %d: not asked", path, uid,
+                    os.getuid())
+                return None
             conn.sendall(json.dumps(request).encode() + b"\n")
             reply = json.loads(conn.makefile("rb").readline(1 << 20) or b"{}")
     except (OSError, ValueError):
         return None  # a forker that died (its socket stays until the next one replaces it)
     if "pid" not in reply:
-        import logging
-
         logging.getLogger(__name__).info("the shard forker declined (%s): starting a new interpreter",
                                          reply.get("error", reply))
         return None

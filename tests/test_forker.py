@@ -154,3 +154,134 @@ def test_the_forker_answers_only_its_own_user(fake_daemon, tmp):
     os.chmod(tmp, 0o755)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert json.loads(out.stdout) == {"error": "this forker serves its own user only"}, out
+
+
+def _squat(tmp, owner):
+    """``<tmp>/pystrads-<uid>`` made before pystrads by somebody else (mode 0777; owned by
+    ``owner``), with a listener at the forker's socket path in it: what it receives."""
+    import hashlib
+    import socket
+    import threading
+
+    base = os.path.join(tmp, f"pystrads-{os.getuid()}")
+    os.mkdir(base)
+    os.chmod(base, 0o777)
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+    path = os.path.join(base, f"forker-{host}-{os.getpid()}.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o777)
+    listener.listen(8)
+    listener.settimeout(0.2)
+    received = []
+
+    def serve():
+        while listener.fileno() != -1:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.settimeout(2)
+            try:
+                received.append(conn.recv(1 << 20))
+            except OSError:
+                received.append(b"(connected)")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    if owner is not None:
+        os.chown(base, owner, owner)
+    return base, listener, received
+
+
+@pytest.mark.parametrize("owner", [None, 65534], ids=["mode-0777", "another-uid"])
+def test_a_squatted_work_base_is_passed_over_and_its_listener_gets_nothing(tmp, owner):
+    """Somebody pre-creates this user's work base open to all, or owned by another uid, and
+    listens at the forker's path: the daemon's forker and the launcher both move to the same
+    private fallback (``pystrads-<uid>-1``, mode 0700), the shards fork there, and the listener
+    receives nothing -- no token, no connection."""
+    if owner is not None and os.getuid() != 0:
+        pytest.skip("a directory of another uid needs root")  # CI runs as root
+    base, listener, received = _squat(tmp, owner)
+    proc = subprocess.Popen([sys.executable, "-c", DAEMON], stdout=subprocess.PIPE, text=True)
+    token, admin = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    infos = []
+    try:
+        forker = int(proc.stdout.readline().split()[0])
+        assert forker > 0
+        infos = launcher.start_local_shards("run-" + secrets.token_hex(8), token, 2, "127.0.0.1", 600.0, "", 60.0,
+                                            jvm_pid=os.getpid(), admin_token=admin)
+        assert [i["started"] for i in infos] == ["forked", "forked"] and _ppid(infos[0]["pid"]) == forker
+        fallback = base + "-1"
+        assert daemon.work_base() == fallback and oct(os.lstat(fallback).st_mode & 0o777) == "0o700"
+        for info in infos:
+            argv = open(f"/proc/{info['pid']}/cmdline").read().replace("\0", " ").split()
+            assert argv[argv.index("--info-file") + 1].startswith(fallback + os.sep)
+        time.sleep(0.5)
+        assert received == [] and os.listdir(base) == [os.path.basename(daemon.forker_path(os.getpid()))]
+    finally:
+        listener.close()
+        for info in infos:
+            os.kill(info["pid"], signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
+def test_a_configured_work_dir_that_others_may_enter_is_refused(tmp):
+    work = os.path.join(tmp, "shared-work")
+    os.mkdir(work)
+    os.chmod(work, 0o1777)
+    with pytest.raises(Exception, match=r"spark.pystrads.shard.workDir=.*is not private: its mode is 0o777.*chmod 700"):
+        launcher.start_local_shards("run-" + secrets.token_hex(8), "t", 1, "127.0.0.1", 600.0, work, 20.0,
+                                    jvm_pid=os.getpid(), fork=False)
+    assert os.listdir(work) == []
+
+
+def test_no_token_in_any_shards_or_the_forkers_environment_or_command_line(fake_daemon, tmp):
+    """Forked and spawned shards and the forker: neither token in ``/proc/<pid>/environ`` (which
+    every process of the user can read, whatever the process pops later) or the command line."""
+    _proc, forker, _ = fake_daemon
+    token, admin = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    infos = []
+    try:
+        for fork in (True, False):
+            started = launcher.start_local_shards("run-" + secrets.token_hex(8), token, 1, "127.0.0.1", 600.0, "",
+                                                  60.0, jvm_pid=os.getpid(), admin_token=admin, fork=fork)
+            infos += started
+            assert started[0]["started"] == ("forked" if fork else "spawned")
+            # the shard has both: it serves the token and takes the admin's payloads
+            client = ShardClient(f"grpc://127.0.0.1:{started[0]['port']}", token, admin_token=admin)
+            assert client.action("ping")["pid"] == started[0]["pid"]
+        for pid in [i["pid"] for i in infos] + [forker]:
+            for part in ("environ", "cmdline"):
+                text = open(f"/proc/{pid}/{part}", "rb").read()
+                assert token.encode() not in text and admin.encode() not in text, (pid, part)
+                assert b"PYSTRADS_SHARD" not in text, (pid, part)
+    finally:
+        for info in infos:
+            os.kill(info["pid"], signal.SIGKILL)
+
+
+FAILING_FORKER = """
+import errno, os, sys
+from pystrads import daemon
+how = sys.argv[1]
+if how == "fork":
+    def fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    os.fork = fork
+else:  # the lock's path cannot be opened for writing
+    lock = daemon.forker_path(os.getppid())[: -len(".sock")] + ".lock"
+    os.mkdir(lock)
+print(daemon.start_forker(), flush=True)
+print("serving", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "lock"])
+def test_a_forker_that_cannot_start_leaves_the_daemon_serving(tmp, how):
+    """``start_forker`` with ``os.fork()`` failing (EAGAIN) or its lock path unwritable returns 0,
+    and the daemon goes on to serve Spark's workers."""
+    out = subprocess.run([sys.executable, "-c", FAILING_FORKER, how], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["0", "serving"], out
+    assert "no shard forker" in out.stderr, out.stderr

@@ -181,6 +181,42 @@ class _Forked:
             pass
 
 
+def _run_dir(work_dir: str, run_id: str) -> str:
+    """The run's directory of shard files on this host: in this user's private work base
+    (:func:`~pystrads.daemon.work_base`) or in ``spark.pystrads.shard.workDir``, which must be
+    private too; made mode 0700 and checked (owner, mode, no symbolic link) either way."""
+    from ..daemon import private_dir
+
+    if work_dir:
+        problem = private_dir(work_dir)
+        if problem:
+            raise ShardStartError(
+                f"spark.pystrads.shard.workDir={work_dir!r} on host {socket.gethostname()} is not private: {problem}. "
+                "The shards' files live there; give the setting a directory of the executors' user alone "
+                "(chmod 700), or leave it empty for a private directory in the temporary directory")
+        base = work_dir
+    else:
+        try:
+            base = work_base()
+        except PermissionError as exc:
+            raise ShardStartError(f"on host {socket.gethostname()}: {exc}; set spark.pystrads.shard.workDir to a "
+                                  "directory of the executors' user alone (chmod 700)") from None
+    run_dir = os.path.join(base, run_id)
+    problem = private_dir(run_dir)
+    if problem:
+        raise ShardStartError(f"the shards' run directory {run_dir} on host {socket.gethostname()} is not private: "
+                              f"{problem}")
+    return run_dir
+
+
+def _open_private(path: str, flags: int) -> int:
+    """A file descriptor of ``path`` (made mode 0600 when it is written), never through a
+    symbolic link."""
+    if flags & (os.O_WRONLY | os.O_RDWR):
+        flags |= os.O_CREAT
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
+
+
 def start_local_shards(run_id: str, token: str, count: int, bind_host: str, lease: float,
                        work_dir: str, start_timeout: float, malloc_retain: int = 0, tls_cert: str = "",
                        tls_key: str = "", advertise: str = "", port: int = 0,
@@ -198,16 +234,13 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
     second start of Python and numba) and start new interpreters only where it does not."""
     watched = jvm_pid if jvm_pid is not None else executor_pid()
     executor = f"{socket.gethostname()}:{watched}"
-    base = work_dir or work_base()
-    run_dir = os.path.join(base, run_id)
-    os.makedirs(run_dir, exist_ok=True)
-    os.chmod(run_dir, 0o700)
+    run_dir = _run_dir(work_dir, run_id)
     safe = executor.replace(":", "_").replace("/", "_")
-    with open(os.path.join(run_dir, f"{safe}.lock"), "w") as lock:
+    with os.fdopen(_open_private(os.path.join(run_dir, f"{safe}.lock"), os.O_WRONLY), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         registry = os.path.join(run_dir, f"{safe}.json")
         if os.path.exists(registry):
-            with open(registry) as fh:
+            with os.fdopen(_open_private(registry, os.O_RDONLY), "r") as fh:
                 infos = json.load(fh)
             if all(_alive(i["pid"]) for i in infos):
                 return infos
@@ -222,11 +255,12 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
         env["PYTHONPATH"] = os.pathsep.join(inherited)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
             env.setdefault(var, "1")
+        spawn_env = {k: v for k, v in env.items() if k not in (TOKEN_ENV, ADMIN_TOKEN_ENV)}
         for i in range(count):
             shard_id = f"{executor}#{i}"
             info_file = os.path.join(run_dir, f"{safe}-{i}.port")
             log_file = os.path.join(run_dir, f"{safe}-{i}.log")
-            if os.path.exists(info_file):
+            if os.path.lexists(info_file):
                 os.remove(info_file)
             argv = (["--host", bind_host, "--port", str(int(port)),
                      "--port-range", str(int(port_range)), "--advertise", advertise or bind_host,
@@ -239,11 +273,18 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
             if forked is not None:
                 proc = _Forked(forked)
             else:
-                with open(log_file, "ab") as out:
+                # the tokens through a pipe: a process's initial environment stays readable in
+                # /proc/<pid>/environ by every process of the user, whatever it pops later
+                with os.fdopen(_open_private(log_file, os.O_WRONLY | os.O_APPEND), "ab") as out:
                     proc = subprocess.Popen(
-                        [sys.executable, "-m", SHARD_MODULE, *argv],
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                        [sys.executable, "-m", SHARD_MODULE, *argv, "--secrets-stdin"],
+                        stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=spawn_env,
                         start_new_session=True, close_fds=True)
+                try:
+                    proc.stdin.write(json.dumps({"token": token, "admin": admin_token or ""}).encode() + b"\n")
+                    proc.stdin.close()
+                except OSError:
+                    pass  # it died at once: reported with its log below
                 if jvm_pid is not None:  # a long-lived parent (the driver) reaps its shards when they exit
                     threading.Thread(target=proc.wait, name=f"pystrads-reap-{shard_id}", daemon=True).start()
             procs.append((proc, info_file, log_file, shard_id))
@@ -273,7 +314,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
             info["executor"] = executor
             info["started"] = "forked" if isinstance(proc, _Forked) else "spawned"
             infos.append(info)
-        with open(registry + ".tmp", "w") as fh:
+        with os.fdopen(_open_private(registry + ".tmp", os.O_WRONLY | os.O_TRUNC), "w") as fh:
             json.dump(infos, fh)
         os.replace(registry + ".tmp", registry)
         return infos

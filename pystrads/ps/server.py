@@ -698,6 +698,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="bytes of freed heap to keep mapped (glibc; 0 = defaults)")
     parser.add_argument("--tls-cert", default="", help="PEM certificate: serve grpc+tls with it")
     parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    parser.add_argument("--secrets-stdin", action="store_true",
+                        help='read the tokens from the first line of standard input, {"token": .., "admin": ..}, '
+                             f"instead of {TOKEN_ENV} and {ADMIN_TOKEN_ENV}")
     parser.add_argument("--tls-auto", action="store_true",
                         help="serve grpc+tls with a key pair made here for --advertise (its certificate "
                              "is written to --info-file)")
@@ -708,9 +711,18 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit("--tls-auto and --tls-cert exclude each other")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = os.environ.pop(TOKEN_ENV, "")
-    if not token:
-        sys.exit(f"{TOKEN_ENV} is not set: a shard never runs without a run token")
     admin = os.environ.pop(ADMIN_TOKEN_ENV, "")  # empty: this shard takes no program payloads
+    if args.secrets_stdin:  # a spawned shard: the tokens never enter its environment (/proc/<pid>/environ)
+        try:
+            secrets = json.loads(sys.stdin.buffer.readline(1 << 16) or b"{}")
+        except ValueError:
+            sys.exit("--secrets-stdin: the first line of standard input is not a JSON object")
+        token, admin = str(secrets.get("token") or ""), str(secrets.get("admin") or "")
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    if not token:
+        sys.exit(f"{TOKEN_ENV} is not set, nor --secrets-stdin given: a shard never runs without a run token")
     serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain,
           args.tls_cert, args.tls_key, args.advertise, args.port_range, args.watch_pid, args.tls_auto, admin)
 
