@@ -14,7 +14,7 @@ TEST_TIMEOUT_SECONDS = 900
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes minutes (still run in CI)")
+    config.addinivalue_line("markers", "slow: a scenario of a minute or more (fault injection, clusters, jobs, conformance); the README's test command leaves them to the second step of .ci/run, `pytest -m slow`")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 #: detected within round.timeoutSeconds (15 s, over rpc.timeoutSeconds' 10 s), then new shards and the
@@ -15,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND_SECONDS = 60.0
 
 
+@pytest.mark.slow
 def test_a_frozen_shard_ends_the_wait_and_costs_no_other_shard_its_lease():
     out = os.path.join(tempfile.mkdtemp(), "freeze.json")
     proc = subprocess.run([sys.executable, os.path.join(HERE, "freeze_driver.py"), out], capture_output=True,

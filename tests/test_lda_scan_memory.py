@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 DRIVER = r'''
@@ -39,6 +41,7 @@ spark.stop()
 '''
 
 
+@pytest.mark.slow
 def test_a_huge_vocabulary_over_many_partitions_fits_under_a_small_result_limit():
     """The executors sum the counts (a budget of 64 terms: past 1 a partition)."""
     proc = subprocess.run([sys.executable, "-c", DRIVER, "64"], capture_output=True, text=True, timeout=600,

@@ -12,7 +12,7 @@ README = os.path.join(ROOT, "README.md")
 #: the Quick start's two commands, byte for byte: .ci/run runs the second (between the
 #: test-command markers), .ci/wheel-smoke and tests/test_jobs.py run the first one's job
 INSTALL_AND_RUN = 'python3 -m pip install -e ".[plot]" && python3 jobs/lda.py'
-TEST_COMMAND = 'python3 -m pip install -e ".[test]" && python3 -m pytest -q tests'
+TEST_COMMAND = 'python3 -m pip install -e ".[test]" && python3 -m pytest -q tests -m "not slow"'
 
 
 def test_readme_is_at_most_200_lines():
