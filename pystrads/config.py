@@ -72,6 +72,10 @@ _SETTINGS = [
     Setting("shard.tls.plaintext", False, bool,
             "allow plain gRPC off the loopback when no certificate is configured (logs a warning: the run "
             "token and program payloads then cross the network in clear); false = per-run TLS"),
+    Setting("shard.tls.lifetimeSeconds", 7 * 86400.0, float,
+            "seconds the certificate each shard makes for itself is valid (valid from a day before it was made: "
+            "clocks may disagree by up to a day); once half of it has passed, the next fit gets new shards, so "
+            "a fit always starts with at least half the lifetime ahead", 10.0),
     Setting("table.sparseRowMaxFill", 0.25, float,
             "tables a program declares sparse (Table(storage='sparse')): a row is stored as (column, value) "
             "pairs while at most this fraction of its width is non-zero, dense above (LightLDA's K / 4; "

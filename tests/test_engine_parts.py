@@ -257,6 +257,7 @@ def test_shards_another_fit_holds_outlive_a_fit_that_found_one_gone(monkeypatch)
 
         def __init__(self, spark, config):
             self.holders, self.up, self.stopped, self.run_id = weakref.WeakSet(), True, 0, f"run-{len(self.made)}"
+            self.due = False
             FakeManager.made.append(self)
 
         def start(self, expected_executors):
@@ -264,6 +265,9 @@ def test_shards_another_fit_holds_outlive_a_fit_that_found_one_gone(monkeypatch)
 
         def alive(self):
             return self.up
+
+        def renewal_due(self):  # its certificates past half their life
+            return self.due
 
         def shutdown(self):
             self.stopped += 1
@@ -293,3 +297,10 @@ def test_shards_another_fit_holds_outlive_a_fit_that_found_one_gone(monkeypatch)
     launcher.release_shards(lone, fit_a)
     assert launcher.get_shards(types.SimpleNamespace(key=8), {}, 1, holder=fit_a) is not lone
     assert lone.stopped == 1  # nobody else held it: stopped at once
+    # certificates past half their life: the next fit gets new shards, the fit on the old ones keeps them
+    aging = launcher.get_shards(types.SimpleNamespace(key=9), {}, 1, holder=fit_a)
+    aging.due = True
+    renewed = launcher.get_shards(types.SimpleNamespace(key=9), {}, 1, holder=fit_b)
+    assert renewed is not aging and aging.stopped == 0 and aging in launcher._RETIRED
+    launcher.release_shards(aging, fit_a)
+    assert aging.stopped == 1

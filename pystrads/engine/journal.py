@@ -74,18 +74,30 @@ def _frozen(obj: Any) -> bool:
 
 class MemoryStore:
     """The journal of a loop whose successor runs in the same process (the driver); a frozen
-    array stays a reference."""
+    array stays a reference, and the entry's other large arrays are kept out of band (pickle
+    protocol 5): each copied once into a buffer of its own, not into the pickle stream and out
+    again (26 MB a step for the default StradsLasso on the 20k x 200k benchmark: 13-28 ms in
+    band)."""
+
+    out_of_band = True
 
     def __init__(self):
         self._blob: Optional[bytes] = None
+        self._buffers: List[bytearray] = []
         self._frozen: Dict[str, Any] = {}
 
-    def write(self, blob: bytes, open_step: Optional[int], frozen: Dict[str, Any]) -> None:
+    def write(self, blob: bytes, open_step: Optional[int], frozen: Dict[str, Any],
+              buffers: Optional[List[bytearray]] = None) -> None:
         self._frozen.update(frozen)
-        self._blob = blob
+        self._blob, self._buffers = blob, list(buffers or [])
 
     def read(self) -> Optional[bytes]:
         return self._blob
+
+    def buffers(self) -> List[bytearray]:
+        """Copies of the last entry's out-of-band buffers (the arrays read back own them: a
+        program that changes them in place never changes the entry)."""
+        return [bytearray(b) for b in self._buffers]
 
     def frozen(self, key: str) -> Any:
         return self._frozen[key]
@@ -161,6 +173,11 @@ class Journal:
                 return known[1]
 
         out = io.BytesIO()
+        if getattr(self.store, "out_of_band", False):
+            buffers: List[bytearray] = []
+            _Pickler(out, protocol=5, buffer_callback=lambda b: buffers.append(bytearray(b.raw()))).dump(entry)
+            self.store.write(out.getvalue(), open_step, new, buffers)
+            return
         _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(entry)
         self.store.write(out.getvalue(), open_step, new)
 
@@ -177,7 +194,8 @@ class Journal:
             def persistent_load(self, key):
                 return store.frozen(key)
 
-        return _Unpickler(io.BytesIO(blob)).load()
+        buffers = self.store.buffers() if getattr(self.store, "out_of_band", False) else None
+        return _Unpickler(io.BytesIO(blob), buffers=buffers).load()
 
     def clear(self) -> None:
         """Forget every entry (the fit starts over on new shards)."""

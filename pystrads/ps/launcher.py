@@ -94,6 +94,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def auto_tls(configured_cert: str, plaintext: bool, bind: str, advertise: str) -> bool:
+    """Whether shards make their own key pairs and serve TLS: off the loopback -- advertised
+    there, or listening on every interface (``shard.bindHost=0.0.0.0`` in local mode advertises
+    the loopback but listens on all) -- unless a certificate is configured or plaintext allowed."""
+    return not configured_cert and not plaintext and not (is_loopback(advertise) and is_loopback(bind))
+
+
 def address_toward(peer: str) -> Optional[str]:
     """The local address this host reaches ``peer`` from (the kernel's route choice: a UDP
     socket's ``connect`` sends no packet), or None."""
@@ -222,7 +229,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                        tls_key: str = "", advertise: str = "", port: int = 0,
                        port_range: int = 1, tls_auto: bool = False, admin_token: str = "",
                        jvm_pid: Optional[int] = None, extra_env: Optional[Dict[str, str]] = None,
-                       fork: bool = True) -> List[Dict[str, Any]]:
+                       fork: bool = True, tls_lifetime: float = 0.0) -> List[Dict[str, Any]]:
     """Start ``count`` shards for ``run_id`` on this executor unless already running
     (listening on ``bind_host``, dialled at ``advertise``; ports ``port`` ..
     ``port + port_range - 1``, or any free port when ``port`` is 0).  TLS with the
@@ -268,7 +275,8 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                      "--lease", str(lease), "--info-file", info_file, "--shard-id", shard_id,
                      "--malloc-retain", str(int(malloc_retain))]
                     + (["--tls-cert", tls_cert, "--tls-key", tls_key] if tls_cert else
-                       ["--tls-auto"] if tls_auto else []))
+                       ["--tls-auto"] + (["--tls-lifetime", str(float(tls_lifetime))] if tls_lifetime else [])
+                       if tls_auto else []))
             forked = fork_shard(watched, argv, env, log_file) if fork else None
             if forked is not None:
                 proc = _Forked(forked)
@@ -362,6 +370,8 @@ class ShardManager:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.heartbeat_failures = 0
+        # when the shards' own certificates are past half their life (None: none of their own)
+        self.renew_at: Optional[float] = None
         # the fits that use these shards (get_shards' holders): shards another live fit uses are
         # never shut down because this one found one of them gone
         self.holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -385,14 +395,14 @@ class ShardManager:
         plaintext = cfg["shard.tls.plaintext"]
         admin_token = self.admin_token
         fork = cfg["shard.fork"]
+        lifetime = cfg["shard.tls.lifetimeSeconds"]
 
         def launch(_index, jvm_pid=None, extra_env=None):
             host, advertise = shard_addresses(local_mode, bind, driver_host)
-            # off the loopback, encrypted by default: each shard makes its own key pair
-            auto = not tls_cert and not plaintext and not is_loopback(advertise)
+            auto = auto_tls(tls_cert, plaintext, host, advertise)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
                                        malloc_retain, tls_cert, tls_key, advertise, port, port_range, auto,
-                                       admin_token, jvm_pid, extra_env, fork)
+                                       admin_token, jvm_pid, extra_env, fork, lifetime)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}
@@ -423,11 +433,17 @@ class ShardManager:
                 f"executors run Python {sorted(versions)} but the driver runs {driver_version}; "
                 f"set PYSPARK_PYTHON (or spark.pyspark.python) to the driver's interpreter {sys.executable}")
         shards = sorted(found.values(), key=lambda i: (i["executor"], i["shard"]))
-        exposed = sorted({i["host"] for i in shards if not i.get("tls") and not is_loopback(i["host"])})
+        # plaintext listeners off the loopback: advertised there, or bound to every interface
+        # (shard.bindHost=0.0.0.0 in local mode advertises the loopback but listens on all)
+        exposed = sorted({i["host"] if not is_loopback(i["host"]) else f"{i['bind']} (all interfaces)"
+                          for i in shards if not i.get("tls") and
+                          not (is_loopback(i["host"]) and is_loopback(i.get("bind") or i["host"]))})
         if exposed:
             log.warning("shards on %s serve plaintext gRPC off the loopback (spark.pystrads.shard.tls.plaintext="
                         "true): the run token and program payloads cross the network in clear; anyone who "
                         "reads them can run code on the executors", ", ".join(exposed))
+        if any(i.get("cert") for i in shards):  # their own certificates, made just now
+            self.renew_at = time.time() + lifetime / 2
         self.group = ShardGroup(
             [ShardInfo(i["host"], int(i["port"]), int(i["pid"]), i["executor"], i["shard"], i.get("python", ""),
                        bool(i.get("tls")))
@@ -503,6 +519,12 @@ class ShardManager:
                 self._beat()
             except Exception:  # never let the heartbeat thread die silently
                 log.exception("heartbeat failed")
+
+    def renewal_due(self) -> bool:
+        """The shards' own certificates are past half their life
+        (``spark.pystrads.shard.tls.lifetimeSeconds``): a new fit gets a new group, so it starts
+        with at least half the lifetime ahead."""
+        return self.renew_at is not None and time.time() >= self.renew_at
 
     def alive(self) -> bool:
         """Whether every shard answers a ping (:meth:`ShardGroup.unreachable`: a failed
@@ -585,19 +607,21 @@ def get_shards(spark, config, expected_executors: int, holder: Any = None) -> Sh
     with _LOCK:
         key = spark.key
         manager = _MANAGERS.get(key)
-        if manager is not None and manager.alive():
+        renew = manager is not None and manager.renewal_due()
+        if manager is not None and not renew and manager.alive():
             if holder is not None:
                 manager.holders.add(holder)
             return manager
         if manager is not None:
             del _MANAGERS[key]
             manager.holders.discard(holder)
+            why = "their certificates are past half their life" if renew else "some are gone"
             if len(manager.holders):
-                log.warning("shards of %s are gone; starting new ones (the old ones stay for the %d fit(s) "
-                            "that use them)", manager.run_id, len(manager.holders))
+                log.warning("shards of %s: %s; starting new ones (the old ones stay for the %d fit(s) "
+                            "that use them)", manager.run_id, why, len(manager.holders))
                 _RETIRED.append(manager)
             else:
-                log.warning("shards of %s are gone; starting new ones", manager.run_id)
+                log.warning("shards of %s: %s; starting new ones", manager.run_id, why)
                 manager.shutdown()
         manager = ShardManager(spark, config)
         STARTED_RUN_IDS.append(manager.run_id)

@@ -651,10 +651,11 @@ def _listen(host: str, port: int, port_range: int, token: str, lease_seconds: fl
 def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
           shard_id: str = "", malloc_retain: int = 0, tls_cert: str = "", tls_key: str = "",
           advertise: str = "", port_range: int = 1, watch_pid: int = 0, tls_auto: bool = False,
-          admin_token: Optional[str] = None) -> None:
+          admin_token: Optional[str] = None, tls_lifetime: Optional[float] = None) -> None:
     """Listen and serve until shutdown. TLS from ``tls_cert`` / ``tls_key`` files, or with
-    ``tls_auto`` a key pair made here for the advertised address (:mod:`pystrads.ps.tls`):
-    its certificate goes into the info file for the driver's trust store, the key nowhere."""
+    ``tls_auto`` a key pair made here for the advertised address (:mod:`pystrads.ps.tls`),
+    valid ``tls_lifetime`` seconds: its certificate goes into the info file for the driver's
+    trust store, the key nowhere."""
     tuned = tune_malloc(malloc_retain)
     tls: Optional[Tuple[bytes, bytes]] = None
     own_cert = ""
@@ -666,7 +667,7 @@ def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Opt
     elif tls_auto:
         from .tls import self_signed
 
-        tls = self_signed(advertise or host)
+        tls = self_signed(advertise or host, *([tls_lifetime] if tls_lifetime else []))
         own_cert = tls[0].decode()
     server = _listen(host, port, port_range, token, lease_seconds, shard_id, tls, watch_pid, admin_token)
     info = {"host": advertise or host, "bind": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
@@ -701,6 +702,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--secrets-stdin", action="store_true",
                         help='read the tokens from the first line of standard input, {"token": .., "admin": ..}, '
                              f"instead of {TOKEN_ENV} and {ADMIN_TOKEN_ENV}")
+    parser.add_argument("--tls-lifetime", type=float, default=0.0,
+                        help="with --tls-auto: seconds its certificate is valid (default a week)")
     parser.add_argument("--tls-auto", action="store_true",
                         help="serve grpc+tls with a key pair made here for --advertise (its certificate "
                              "is written to --info-file)")
@@ -724,7 +727,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not token:
         sys.exit(f"{TOKEN_ENV} is not set, nor --secrets-stdin given: a shard never runs without a run token")
     serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain,
-          args.tls_cert, args.tls_key, args.advertise, args.port_range, args.watch_pid, args.tls_auto, admin)
+          args.tls_cert, args.tls_key, args.advertise, args.port_range, args.watch_pid, args.tls_auto, admin,
+          args.tls_lifetime or None)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,20 @@ the workers inside the run's :class:`~pystrads.ps.client.ShardGroup`.  So:
 * the run token and the program payloads never cross the network in clear;
 * a client that does not hold the run's trust store cannot complete the TLS
   handshake (there is no certificate authority outside the run to trust);
-* no private key ever leaves the host whose shard made it (each shard is its
-  own one-certificate authority), so there is no CA key to guard or ship.
+* no private key ever leaves the host whose shard made it (each certificate
+  is trusted as itself), so there is no CA key to guard or ship.
 
-The certificates live for the run (a day of validity, far beyond any lease):
-a restarted shard makes a new one and the driver refreshes the trust store.
+Each certificate is an end entity (``CA:FALSE``, no ``keyCertSign``): trusted as
+itself, it can sign nothing a client would accept, so one shard's key cannot
+vouch for another shard's address.  It is valid for
+``spark.pystrads.shard.tls.lifetimeSeconds`` (a week by default) from its
+shard's start, and from a day before it (:data:`SKEW_MARGIN_SECONDS`: hosts
+whose clocks disagree by up to a day still accept it).  The driver replaces
+a group of shards whose certificates are past half their life before a new
+fit uses it (:meth:`~pystrads.ps.launcher.ShardManager.renewal_due`), so a
+fit always starts with at least half the lifetime ahead, whatever the age of
+the application; a restarted shard makes a new certificate and the driver
+refreshes the trust store.
 Plaintext off the loopback needs ``spark.pystrads.shard.tls.plaintext=true``
 and logs a warning.  Uses ``cryptography`` (a dependency for this module
 only), the Python Cryptographic Authority's well-kept library, rather than
@@ -28,17 +37,22 @@ import datetime
 import ipaddress
 from typing import Iterable, Optional, Tuple
 
-#: Days a run certificate is valid (a shard lives for one application).
-VALID_DAYS = 7
+#: Seconds a run certificate is valid by default (``spark.pystrads.shard.tls.lifetimeSeconds``).
+LIFETIME_SECONDS = 7 * 86400.0
+
+#: A certificate is valid from this long before its shard made it: clocks of hosts that
+#: disagree by up to this much still accept it.
+SKEW_MARGIN_SECONDS = 86400.0
 
 
-def self_signed(address: str) -> Tuple[bytes, bytes]:
+def self_signed(address: str, lifetime: float = LIFETIME_SECONDS) -> Tuple[bytes, bytes]:
     """``(certificate PEM, private key PEM)`` for a server dialled at ``address`` (an IP
-    address or a host name, put in the subject alternative name that clients verify)."""
+    address or a host name, put in the subject alternative name that clients verify), valid
+    for ``lifetime`` seconds from now."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pystrads run"),
@@ -52,15 +66,17 @@ def self_signed(address: str) -> Tuple[bytes, bytes]:
             .subject_name(name).issuer_name(name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .not_valid_before(now - datetime.timedelta(seconds=SKEW_MARGIN_SECONDS))
+            .not_valid_after(now + datetime.timedelta(seconds=float(lifetime)))
             .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
-            # its own authority: trusted only by clients that hold this very certificate
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=False,
+            # an end entity, trusted as itself by clients that hold this very certificate: a
+            # certificate it signed is refused ("invalid CA certificate")
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
                                          content_commitment=False, key_encipherment=False,
                                          data_encipherment=False, key_agreement=False, encipher_only=False,
                                          decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(key, hashes.SHA256()))
     return (cert.public_bytes(serialization.Encoding.PEM),
             key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
