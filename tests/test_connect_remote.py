@@ -22,6 +22,9 @@ import pytest
 
 import netns
 
+# a Connect server and a client in network namespaces of their own, ~3 min: the second step of .ci/run
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FITS = ["rotation", "lda", "lasso", "mf", "implicit", "logistic", "tuning"]
 #: the interrupt last: the shards must then all be gone
