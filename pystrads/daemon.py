@@ -82,6 +82,15 @@ def forker_path(jvm_pid: int) -> str:
     return os.path.join(work_base(), f"forker-{host}-{int(jvm_pid)}.sock")
 
 
+def _peer_uid(conn) -> int:
+    """The uid of the process at the other end of the Unix socket ``conn`` (``SO_PEERCRED``)."""
+    import socket
+    import struct
+
+    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return uid
+
+
 def _identity() -> dict:
     """What a forked shard shares with the forker: the interpreter and pystrads' location."""
     import os
@@ -207,12 +216,9 @@ def _serve_forks(listener, lock, daemon: int, jvm: int) -> None:
 def _answer(conn, listener, lock) -> None:
     import json
     import os
-    import socket
-    import struct
 
     conn.settimeout(10.0)
-    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    if uid != os.getuid():
+    if _peer_uid(conn) != os.getuid():
         conn.sendall(b'{"error": "this forker serves its own user only"}\n')
         return
     request = json.loads(conn.makefile("rb").readline(1 << 20))
@@ -293,7 +299,6 @@ def fork_shard(jvm_pid: int, argv, env, log_file: str, timeout: float = 10.0):
     import socket
 
     import logging
-    import struct
 
     try:
         path = forker_path(jvm_pid)  # in this user's private directory (work_base)
@@ -309,7 +314,7 @@ def fork_shard(jvm_pid: int, argv, env, log_file: str, timeout: float = 10.0):
             conn.settimeout(timeout)
             conn.connect(path)
             # the environment carries the run's tokens: only for a forker of this very user
-            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            uid = _peer_uid(conn)
             if uid != os.getuid():
                 logging.getLogger(__name__).warning(
                     "the process at the shard forker's socket %s runs as uid %d, not %d: not asked", path, uid,
