@@ -717,6 +717,33 @@ def test_tls_shard_serves_trusting_clients_only(certificates):
         server.shutdown()
 
 
+def test_a_mutual_tls_shard_serves_only_clients_with_the_runs_certificate(certificates):
+    """Mutual TLS: a client that trusts the shard but lacks the run's client certificate (or holds
+    another) cannot complete a handshake, token or not; the run's clients are served."""
+    import pyarrow.flight as flight
+
+    from pystrads.ps.tls import client_identity
+
+    cert, key = (certificates / "shard.pem").read_bytes(), (certificates / "shard.key").read_bytes()
+    run_client, stranger = client_identity(), client_identity()
+    server = ShardServer("grpc+tls://127.0.0.1:0", TOKEN, 1e9, "mtls", tls_certificates=[flight.CertKeyPair(cert, key)],
+                         client_cert=run_client[0])
+    try:
+        info = ShardInfo("127.0.0.1", server.port, 0, "exec", "mtls", tls=True)
+        group = ShardGroup([info], TOKEN, tls_root_certs=cert, client_cert=run_client)
+        table = make_table(group, rows=20, width=2)
+        table.put(np.arange(20), np.ones((20, 2)))
+        assert table.get_range(0, 20).sum() == 40.0
+        shipped = __import__("pickle").loads(__import__("pickle").dumps(group))  # as tasks get it
+        assert shipped.client_cert == run_client and shipped.client(0).action("ping")["shard"] == "mtls"
+        for identity in (None, stranger):
+            client = ShardClient(info.uri, TOKEN, tls_root_certs=cert, client_cert=identity)
+            with pytest.raises(ShardUnavailableError):
+                client.action("ping")
+    finally:
+        server.shutdown()
+
+
 def test_tls_settings_are_checked_before_any_shard_starts(tmp_path):
     from pystrads.config import Config
     from pystrads.errors import ConfigurationError
@@ -1112,8 +1139,9 @@ def test_a_liveness_check_asks_again_before_it_counts_a_shard_gone():
 
 
 @contextlib.contextmanager
-def _shard_process(tmp_path, *args, lease=600.0):
-    """A shard server process of its own (``args``: more of its flags): ``(process, port)``."""
+def _shard_process(tmp_path, *args, lease=600.0, env=None, info_out=None):
+    """A shard server process of its own (``args``: more of its flags, ``env``: more of its
+    environment): ``(process, port)``; ``info_out`` (a dict) gets its whole info file."""
     import json
     import os
     import subprocess
@@ -1123,12 +1151,14 @@ def _shard_process(tmp_path, *args, lease=600.0):
     info = tmp_path / "shard.json"
     info.unlink(missing_ok=True)
     shard = subprocess.Popen([sys.executable, "-m", "pystrads.ps.server", "--lease", str(lease), "--info-file", str(info),
-                              *args], env=dict(os.environ, PYSTRADS_SHARD_TOKEN=TOKEN),
+                              *args], env=dict(os.environ, PYSTRADS_SHARD_TOKEN=TOKEN, **(env or {})),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
         while not info.exists() and time.time() < deadline and shard.poll() is None:
             time.sleep(0.1)
+        if info_out is not None:
+            info_out.update(json.loads(info.read_text()))
         yield shard, json.loads(info.read_text())["port"]
     finally:
         shard.kill()
@@ -1333,3 +1363,70 @@ def test_settling_a_lost_job_holds_the_shards_for_the_relaunched_coordinator(sha
     for server in servers:
         assert t0 + 630.0 <= server.held_until <= time.monotonic() + 630.0
         assert server.loop_epochs["fit"] == 3
+
+
+def _peak_rss(pid: int) -> int:
+    """A process's peak resident memory in bytes (VmHWM)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_large_requests_without_the_token_are_refused_unread(tmp_path):
+    """Requests of 100 MB (actions, tickets, put descriptors) without the token first are refused
+    naming their size, unread, and the shard keeps serving; a long request with its token first
+    is served.  (gRPC receives a whole message before any handler runs: see the mutual-TLS test
+    below for what keeps a peer outside the run from sending one at all.)"""
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    from pystrads.ps.request import MAX_UNCHECKED_BYTES
+
+    big = b'{"token":"' + b"x" * ((100 << 20) - 20) + b'"}'
+    with _shard_process(tmp_path) as (proc, port):
+        uri = f"grpc://127.0.0.1:{port}"
+        good = ShardClient(uri, TOKEN)
+        raw = flight.FlightClient(uri)
+        calls = [lambda: list(raw.do_action(flight.Action("ping", big))),
+                 lambda: raw.do_get(flight.Ticket(big)).read_all(),
+                 lambda: raw.do_put(flight.FlightDescriptor.for_command(big),
+                                    pa.schema([pa.field("x", pa.int64())]))[0].close()]
+        for call in calls:
+            with pytest.raises(pa.ArrowException, match=rf"request of {len(big)} bytes .*does not start with the run"):
+                call()
+        assert good.action("ping")["pid"] == proc.pid  # still serving
+        # a long request with the token first is read (a schedule or a program may be long)
+        assert good.action("ping", padding="y" * (MAX_UNCHECKED_BYTES + 10))["pid"] == proc.pid
+
+
+def test_a_peer_without_the_runs_certificate_cannot_make_a_tls_shard_receive_anything(tmp_path):
+    """200 requests of 100 MB each from a client that trusts the shard but holds neither the
+    token nor the run's client certificate: no handshake completes, the shard keeps serving the
+    run, and its peak resident memory stays under its idle peak + 2 x 100 MB."""
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    from pystrads.ps.server import CLIENT_CERT_ENV
+    from pystrads.ps.tls import client_identity
+
+    run_client = client_identity()
+    info = {}
+    with _shard_process(tmp_path, "--tls-auto", env={CLIENT_CERT_ENV: run_client[0].decode()},
+                        info_out=info) as (proc, port):
+        assert info["tls"] and info["mutual"]
+        uri, cert = f"grpc+tls://127.0.0.1:{port}", info["cert"].encode()
+        good = ShardClient(uri, TOKEN, tls_root_certs=cert, client_cert=run_client)
+        assert good.action("ping")["pid"] == proc.pid
+        idle = _peak_rss(proc.pid)
+        raw = flight.FlightClient(uri, tls_root_certs=cert)
+        big = b'{"token":"' + b"x" * ((100 << 20) - 20) + b'"}'
+        calls = [lambda: list(raw.do_action(flight.Action("ping", big))),
+                 lambda: raw.do_get(flight.Ticket(big)).read_all()]
+        for i in range(200):
+            with pytest.raises(pa.ArrowException):
+                calls[i % len(calls)]()
+        assert good.action("ping")["pid"] == proc.pid
+        peak = _peak_rss(proc.pid)
+        assert peak < idle + 2 * (100 << 20), (idle >> 20, peak >> 20)

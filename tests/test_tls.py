@@ -84,7 +84,9 @@ import json, sys, time
 import numpy as np
 from pystrads.engine import Engine
 from pystrads.programs import examples as ex
-from pystrads.ps import launcher
+from pystrads.errors import PystradsError
+from pystrads.ps import launcher, tls
+from pystrads.ps.client import ShardClient
 from pystrads.session import spark_session
 
 address, lifetime = sys.argv[1], float(sys.argv[2])
@@ -99,7 +101,17 @@ def fit():
     with Engine(ex.RotationSum(50, iterations=2), rdd, seed=1).fit() as res:
         sums = res.read_table("sums")[:, 0].tolist()
     manager = next(iter(launcher._MANAGERS.values()))
-    return {"sums": sums, "run": manager.run_id, "uris": [s.uri for s in manager.group.shards]}
+    group = manager.group
+    refused = []  # a client that trusts the shard and holds the token but not the run's client certificate
+    for identity in (None, tls.client_identity()):
+        try:
+            ShardClient(group.shards[0].uri, group.token, tls_root_certs=group.tls_root_certs,
+                        client_cert=identity).action("ping")
+            refused.append(False)
+        except PystradsError:
+            refused.append(True)
+    return {"sums": sums, "run": manager.run_id, "uris": [s.uri for s in group.shards],
+            "refused": refused, "with_certificate": group.client(0).action("ping")["shard"] == group.shards[0].shard_id}
 
 first = fit()
 time.sleep(lifetime + 3)  # past the first shards' certificates' whole life
@@ -114,7 +126,8 @@ spark.stop()
 def test_an_application_fits_again_after_its_first_shards_certificates_expired():
     """Shards off the loopback (their own network namespace's address, so per-run TLS) with
     12 s certificates: a fit, 15 s of nothing, a fit again -- on new shards with new
-    certificates, with the same sums."""
+    certificates (the run's client certificate too), with the same sums; a client without the
+    run's client certificate is refused its handshake each time."""
     import netns
 
     why = netns.available()
@@ -133,6 +146,9 @@ def test_an_application_fits_again_after_its_first_shards_certificates_expired()
     first, second = got["first"], got["second"]
     assert all(u.startswith(f"grpc+tls://{hosts.address['solo']}:") for u in first["uris"] + second["uris"]), got
     assert first["run"] != second["run"]  # new shards: new certificates
+    # mutual TLS: without the run's client certificate (or with another) no handshake completes
+    assert first["refused"] == [True, True] and second["refused"] == [True, True], got
+    assert first["with_certificate"] and second["with_certificate"], got
     np.testing.assert_allclose(first["sums"], got["expected"], atol=1e-9)
     np.testing.assert_allclose(second["sums"], got["expected"], atol=1e-9)
 

@@ -120,7 +120,7 @@ class Coordinator:
     def _group(self) -> ShardGroup:
         g = self.spec.group
         return ShardGroup(g.shards, g.token, g.chunk_bytes, g.max_keys, getattr(g, "tls_root_certs", None),
-                          self.cspec.admin_token, g.rpc_timeout)
+                          self.cspec.admin_token, g.rpc_timeout, getattr(g, "client_cert", None))
 
     def _heartbeat(self) -> None:
         group = self.spec.group

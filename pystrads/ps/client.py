@@ -136,16 +136,19 @@ class ShardClient:
 
     def __init__(self, uri: str, token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
                  tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None,
-                 rpc_timeout: float = RPC_TIMEOUT_SECONDS):
+                 rpc_timeout: float = RPC_TIMEOUT_SECONDS, client_cert: Optional[Tuple[bytes, bytes]] = None):
         self.uri = uri
         self.rpc_timeout = float(rpc_timeout)
         self.lost: Optional[str] = None  # why the shard is taken for lost (it missed a deadline)
         self.silent_since: Optional[float] = None  # the first heartbeat it missed since its last answer
         self.chunk_bytes = chunk_bytes
         if uri.startswith("grpc+tls://"):
-            # the shards' certificate (or its CA) must be trusted: no unverified TLS
-            self._client = flight.FlightClient(uri, tls_root_certs=tls_root_certs) if tls_root_certs \
-                else flight.FlightClient(uri)
+            # the shards' certificate (or its CA) must be trusted: no unverified TLS; and the shards
+            # ask for the run's client certificate (mutual TLS, pystrads.ps.tls.client_identity)
+            kwargs: Dict[str, Any] = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
+            if client_cert:
+                kwargs.update(cert_chain=client_cert[0], private_key=client_cert[1])
+            self._client = flight.FlightClient(uri, **kwargs)
         else:
             self._client = flight.FlightClient(uri)
         self._token = token  # travels in every request header (see pystrads.ps.server)
@@ -159,12 +162,14 @@ class ShardClient:
     @classmethod
     def cached(cls, uri: str, token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
                tls_root_certs: Optional[bytes] = None, admin_token: Optional[str] = None,
-               rpc_timeout: float = RPC_TIMEOUT_SECONDS) -> "ShardClient":
-        key = (uri, token, admin_token, tls_root_certs, float(rpc_timeout))
+               rpc_timeout: float = RPC_TIMEOUT_SECONDS,
+               client_cert: Optional[Tuple[bytes, bytes]] = None) -> "ShardClient":
+        key = (uri, token, admin_token, tls_root_certs, float(rpc_timeout), client_cert)
         with _CONNECTIONS_LOCK:
             client = _CONNECTIONS.get(key)
             if client is None:
-                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes, tls_root_certs, admin_token, rpc_timeout)
+                client = _CONNECTIONS[key] = cls(uri, token, chunk_bytes, tls_root_certs, admin_token, rpc_timeout,
+                                                 client_cert)
             return client
 
     def _call(self, what: str, extra_seconds: float = 0.0):
@@ -198,7 +203,7 @@ class ShardClient:
             wait = body.get("timeout", 0.0)
             extra = (BULK_ACTIONS.get(action_type, 1) - 1) * self.rpc_timeout
             options, limit = self._call(what, extra + (float(wait) if isinstance(wait, (int, float)) else 0.0))
-        body = dict(body, token=self._token)
+        body = {"token": self._token, **body}  # first: see protocol.encode_header
         if self._admin:
             body["admin"] = self._admin
         payload = json.dumps(body, separators=(",", ":")).encode()
@@ -618,14 +623,16 @@ class _RoundStream:
 
 
 class ShardGroup:
-    """The shards of one run: addresses plus the run token. Small and picklable.
+    """The shards of one run: addresses plus the run token (and, for TLS shards, the run's
+    client certificate and key: ``client_cert``). Small and picklable.
 
     ``admin_token`` (the driver's credential for program payloads) stays in the process that
     made the group: it is dropped when the group is pickled into tasks."""
 
     def __init__(self, shards: Sequence[ShardInfo], token: str, chunk_bytes: int = protocol.CHUNK_BYTES,
                  max_keys: int = 262144, tls_root_certs: Optional[bytes] = None,
-                 admin_token: Optional[str] = None, rpc_timeout: float = RPC_TIMEOUT_SECONDS):
+                 admin_token: Optional[str] = None, rpc_timeout: float = RPC_TIMEOUT_SECONDS,
+                 client_cert: Optional[Tuple[bytes, bytes]] = None):
         self.shards = tuple(shards)
         self.rpc_timeout = float(rpc_timeout)  # a control call's deadline (ShardClient)
         self.token = token
@@ -633,6 +640,7 @@ class ShardGroup:
         self.max_keys = max_keys
         self.tls_root_certs = tls_root_certs  # PEM the clients trust for grpc+tls shards
         self.admin_token = admin_token
+        self.client_cert = client_cert
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -645,7 +653,7 @@ class ShardGroup:
     def client(self, index: int) -> ShardClient:
         return ShardClient.cached(self.shards[index].uri, self.token, self.chunk_bytes,
                                   getattr(self, "tls_root_certs", None), getattr(self, "admin_token", None),
-                                  getattr(self, "rpc_timeout", RPC_TIMEOUT_SECONDS))
+                                  getattr(self, "rpc_timeout", RPC_TIMEOUT_SECONDS), getattr(self, "client_cert", None))
 
     def stream_rounds(self, on: bool) -> None:
         """:meth:`ShardClient.stream_rounds` on every shard's client in this process."""

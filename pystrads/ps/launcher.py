@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 from ..daemon import SHARD_MODULE, fork_shard, work_base
 from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
 from .client import ShardGroup, ShardInfo
-from .server import ADMIN_TOKEN_ENV, TOKEN_ENV
+from .server import ADMIN_TOKEN_ENV, CLIENT_CERT_ENV, TOKEN_ENV
 from .tls import trust_bundle
 
 log = logging.getLogger(__name__)
@@ -229,12 +229,13 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
                        tls_key: str = "", advertise: str = "", port: int = 0,
                        port_range: int = 1, tls_auto: bool = False, admin_token: str = "",
                        jvm_pid: Optional[int] = None, extra_env: Optional[Dict[str, str]] = None,
-                       fork: bool = True, tls_lifetime: float = 0.0) -> List[Dict[str, Any]]:
+                       fork: bool = True, tls_lifetime: float = 0.0,
+                       client_cert: Optional[bytes] = None) -> List[Dict[str, Any]]:
     """Start ``count`` shards for ``run_id`` on this executor unless already running
     (listening on ``bind_host``, dialled at ``advertise``; ports ``port`` ..
     ``port + port_range - 1``, or any free port when ``port`` is 0).  TLS with the
-    operator's ``tls_cert`` / ``tls_key``, or with ``tls_auto`` each shard's own key pair.
-    Called in a Python worker, the executor is the JVM it serves; called elsewhere (the
+    operator's ``tls_cert`` / ``tls_key``, or with ``tls_auto`` each shard's own key pair; a
+    TLS shard serves only clients that present ``client_cert`` (the run's, PEM).  Called in a Python worker, the executor is the JVM it serves; called elsewhere (the
     driver of a local-mode application), ``jvm_pid`` names it.  ``extra_env``: variables the
     shards get beside this process's (the executors' ``spark.executorEnv.*``).  ``fork``: ask
     the executor's pystrads daemon to fork the shards (:func:`pystrads.daemon.fork_shard`: no
@@ -256,6 +257,8 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
         env[TOKEN_ENV] = token
         if admin_token:
             env[ADMIN_TOKEN_ENV] = admin_token
+        if client_cert:
+            env[CLIENT_CERT_ENV] = client_cert.decode()  # a certificate, public: the key stays with the clients
         # Spark's Python worker adds --py-files / addPyFile entries to sys.path, not to
         # PYTHONPATH: hand the worker's import path on so the shard finds the same pystrads.
         inherited = [str(p) for p in sys.path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -396,13 +399,24 @@ class ShardManager:
         admin_token = self.admin_token
         fork = cfg["shard.fork"]
         lifetime = cfg["shard.tls.lifetimeSeconds"]
+        # the run's client certificate for shards that serve TLS (mutual TLS): made here, when
+        # any shard may serve TLS (in local mode that is known here; on a cluster each executor
+        # decides from its own address)
+        may_tls = bool(tls_cert) or (not plaintext and (not local_mode or auto_tls(
+            tls_cert, plaintext, *shard_addresses(local_mode, bind, driver_host))))
+        client_cert = None
+        if may_tls:
+            from .tls import client_identity
+
+            client_cert = client_identity(lifetime)
+        client_pem = client_cert[0] if client_cert else None
 
         def launch(_index, jvm_pid=None, extra_env=None):
             host, advertise = shard_addresses(local_mode, bind, driver_host)
             auto = auto_tls(tls_cert, plaintext, host, advertise)
             infos = start_local_shards(run_id, token, count, host, lease, work_dir, start_timeout,
                                        malloc_retain, tls_cert, tls_key, advertise, port, port_range, auto,
-                                       admin_token, jvm_pid, extra_env, fork, lifetime)
+                                       admin_token, jvm_pid, extra_env, fork, lifetime, client_pem)
             return [(i, sys.version_info[:2]) for i in infos]
 
         found: Dict[str, Dict[str, Any]] = {}
@@ -442,13 +456,16 @@ class ShardManager:
             log.warning("shards on %s serve plaintext gRPC off the loopback (spark.pystrads.shard.tls.plaintext="
                         "true): the run token and program payloads cross the network in clear; anyone who "
                         "reads them can run code on the executors", ", ".join(exposed))
-        if any(i.get("cert") for i in shards):  # their own certificates, made just now
+        if any(i.get("cert") for i in shards) or any(i.get("mutual") for i in shards):
+            # their own certificates, or the run's client certificate, made just now
             self.renew_at = time.time() + lifetime / 2
+        tls_used = any(i.get("tls") for i in shards)
         self.group = ShardGroup(
             [ShardInfo(i["host"], int(i["port"]), int(i["pid"]), i["executor"], i["shard"], i.get("python", ""),
                        bool(i.get("tls")))
              for i in shards], token, cfg["rpc.chunkBytes"], cfg["rpc.maxKeysPerRequest"],
-            trust_bundle([i.get("cert") for i in shards], tls_roots), admin_token, cfg["rpc.timeoutSeconds"])
+            trust_bundle([i.get("cert") for i in shards], tls_roots), admin_token, cfg["rpc.timeoutSeconds"],
+            client_cert if tls_used else None)
         if self.reachable:
             # The first heartbeat also proves every shard is reachable from the driver.
             self._beat(raise_errors=True)
@@ -521,8 +538,8 @@ class ShardManager:
                 log.exception("heartbeat failed")
 
     def renewal_due(self) -> bool:
-        """The shards' own certificates are past half their life
-        (``spark.pystrads.shard.tls.lifetimeSeconds``): a new fit gets a new group, so it starts
+        """The shards' own certificates, or the run's client certificate, are past half their
+        life (``spark.pystrads.shard.tls.lifetimeSeconds``): a new fit gets a new group, so it starts
         with at least half the lifetime ahead."""
         return self.renew_at is not None and time.time() >= self.renew_at
 

@@ -291,8 +291,17 @@ def iter_chunks(keys: np.ndarray, values: np.ndarray, chunk_rows: int) -> Iterat
 
 
 def encode_header(header: Dict[str, Any], payload: bytes = b"") -> bytes:
-    head = json.dumps(header, separators=(",", ":")).encode()
+    """A request header as JSON (its ``token`` first: a shard reads no more of a long request
+    than its start until the token there checks out), then ``payload`` after a NUL byte."""
+    head = json.dumps(token_first(header), separators=(",", ":")).encode()
     return head + b"\0" + payload if payload else head
+
+
+def token_first(body: Dict[str, Any]) -> Dict[str, Any]:
+    """``body`` with its ``token`` field first (JSON keeps the order)."""
+    if "token" not in body:
+        return body
+    return {"token": body["token"], **{k: v for k, v in body.items() if k != "token"}}
 
 
 def decode_header(raw: bytes) -> Tuple[Dict[str, Any], bytes]:

@@ -2,7 +2,11 @@
 
 Every call carries the run's token in its header (ticket, put descriptor or
 action body), checked in constant time before anything else
-(:func:`decode_request`, :func:`decode_action`); program payloads (pickles)
+(:func:`decode_request`, :func:`decode_action`).  A request longer than
+:data:`MAX_UNCHECKED_BYTES` must start with its token (clients write it first,
+:func:`~pystrads.ps.protocol.token_first`): only that start is read before the
+check, so a peer without the token cannot make a shard copy or parse a large
+request; program payloads (pickles)
 need the driver's admin token besides (:func:`authorize_payload`).  A decoded
 header is a :class:`_Request`, whose typed getters turn a missing or mistyped
 field into a clear error for the caller instead of a crash of the shard.
@@ -15,6 +19,7 @@ import json
 import math
 from typing import Any, Dict, Optional, Tuple
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from . import protocol
@@ -29,6 +34,25 @@ def _refuse_payload() -> None:
     raise flight.FlightUnauthenticatedError(
         "pystrads shard: program payloads are accepted only from the driver that started this shard "
         "(its admin token is missing or wrong)")
+
+
+#: bytes of a request (ticket, put descriptor, exchange metadata, action body) a shard copies
+#: and parses before its token is checked; a longer one must begin ``{"token":"<token>"``
+MAX_UNCHECKED_BYTES = 1 << 20
+
+
+def check_size(raw, token: bytes) -> None:
+    """Refuse a request over :data:`MAX_UNCHECKED_BYTES` that does not start with ``token``
+    (``raw``: bytes or a :class:`pyarrow.Buffer`; only its start is read)."""
+    size = raw.size if isinstance(raw, pa.Buffer) else len(raw)
+    if size <= MAX_UNCHECKED_BYTES:
+        return
+    prefix = b'{"token":"' + token + b'"'
+    head = raw.slice(0, len(prefix)).to_pybytes() if isinstance(raw, pa.Buffer) else bytes(raw[:len(prefix)])
+    if not hmac.compare_digest(head, prefix):
+        raise flight.FlightUnauthenticatedError(
+            f"pystrads shard: a request of {size} bytes (over {MAX_UNCHECKED_BYTES}) that does not start with "
+            "the run token; refused unread")
 
 
 _MISSING = object()
@@ -103,6 +127,7 @@ def authorize_payload(req: _Request, admin: Optional[bytes]) -> None:
 
 def decode_request(raw, token: bytes) -> Tuple[_Request, bytes]:
     """The header of a ticket or put descriptor, once its token is checked, and the bytes after it."""
+    check_size(raw, token)
     try:
         header, payload = protocol.decode_header(raw)
     except ValueError:
@@ -111,8 +136,12 @@ def decode_request(raw, token: bytes) -> Tuple[_Request, bytes]:
     return _Request(header), payload
 
 
-def decode_action(body: bytes, token: bytes) -> _Request:
-    """An action's JSON body (empty: no fields), once its token is checked."""
+def decode_action(body, token: bytes) -> _Request:
+    """An action's JSON body (bytes or a :class:`pyarrow.Buffer`; empty: no fields), once its
+    token is checked."""
+    check_size(body, token)
+    if not isinstance(body, bytes):
+        body = body.to_pybytes()
     try:
         request = json.loads(body.decode()) if body else {}
     except (UnicodeDecodeError, json.JSONDecodeError):

@@ -67,6 +67,8 @@ log = logging.getLogger("pystrads.ps.server")
 TOKEN_ENV = "PYSTRADS_SHARD_TOKEN"
 #: the driver's own credential: program payloads (pickles) are accepted only with it
 ADMIN_TOKEN_ENV = "PYSTRADS_SHARD_ADMIN_TOKEN"
+#: the run's client certificate (PEM; public): a TLS shard serves only clients that present it
+CLIENT_CERT_ENV = "PYSTRADS_SHARD_CLIENT_CERT"
 
 
 #: how many ended fits a shard remembers, so that their late workers end instead of waiting
@@ -88,8 +90,12 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
     steps, the workers' mailbox and checkpoints are in the mixins)."""
 
     def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = "",
-                 tls_certificates: Optional[list] = None, watch_pid: int = 0, admin_token: Optional[str] = None):
-        if tls_certificates:
+                 tls_certificates: Optional[list] = None, watch_pid: int = 0, admin_token: Optional[str] = None,
+                 client_cert: Optional[bytes] = None):
+        if tls_certificates and client_cert:  # mutual TLS: only the run's clients complete a handshake
+            super().__init__(location, tls_certificates=tls_certificates, verify_client=True,
+                             root_certificates=client_cert)
+        elif tls_certificates:
             super().__init__(location, tls_certificates=tls_certificates)
         else:
             super().__init__(location)
@@ -436,14 +442,14 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         return answer
 
     def do_action(self, context, action):
-        body = action.body.to_pybytes() if action.body is not None else b""
-        request = decode_action(body, self._token)
+        body = action.body if action.body is not None else b""
+        request = decode_action(body, self._token)  # (a long body's start only, before its token checks out)
         handler = getattr(self, "_action_" + action.type, None)
         if handler is None:
             raise flight.FlightServerError(
                 f"unknown action {action.type!r}; known: "
                 + ", ".join(n[len("_action_"):] for n in sorted(dir(self)) if n.startswith("_action_")))
-        self._count(requests=1, bytes_in=len(body))
+        self._count(requests=1, bytes_in=body.size if hasattr(body, "size") else len(body))
         answer = handler(request)
         return [json.dumps(answer if answer is not None else {}).encode()]
 
@@ -629,10 +635,11 @@ def _start_time(pid: int) -> Optional[str]:
 
 def _listen(host: str, port: int, port_range: int, token: str, lease_seconds: float, shard_id: str,
             tls: Optional[Tuple[bytes, bytes]], watch_pid: int = 0,
-            admin_token: Optional[str] = None) -> "ShardServer":
+            admin_token: Optional[str] = None, client_cert: Optional[bytes] = None) -> "ShardServer":
     """A server on ``host`` at ``port`` (any free port if 0), or the first free one of
-    ``port .. port + port_range - 1``; ``grpc+tls`` with ``tls = (cert PEM, key PEM)``."""
-    kwargs: Dict[str, Any] = {"watch_pid": watch_pid, "admin_token": admin_token}
+    ``port .. port + port_range - 1``; ``grpc+tls`` with ``tls = (cert PEM, key PEM)``, asking
+    its clients for ``client_cert`` when given."""
+    kwargs: Dict[str, Any] = {"watch_pid": watch_pid, "admin_token": admin_token, "client_cert": client_cert}
     scheme = "grpc"
     if tls:
         kwargs["tls_certificates"] = [flight.CertKeyPair(*tls)]
@@ -651,11 +658,13 @@ def _listen(host: str, port: int, port_range: int, token: str, lease_seconds: fl
 def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Optional[str] = None,
           shard_id: str = "", malloc_retain: int = 0, tls_cert: str = "", tls_key: str = "",
           advertise: str = "", port_range: int = 1, watch_pid: int = 0, tls_auto: bool = False,
-          admin_token: Optional[str] = None, tls_lifetime: Optional[float] = None) -> None:
+          admin_token: Optional[str] = None, tls_lifetime: Optional[float] = None,
+          client_cert: Optional[bytes] = None) -> None:
     """Listen and serve until shutdown. TLS from ``tls_cert`` / ``tls_key`` files, or with
     ``tls_auto`` a key pair made here for the advertised address (:mod:`pystrads.ps.tls`),
     valid ``tls_lifetime`` seconds: its certificate goes into the info file for the driver's
-    trust store, the key nowhere."""
+    trust store, the key nowhere.  With TLS and ``client_cert`` (the run's client
+    certificate), mutual TLS."""
     tuned = tune_malloc(malloc_retain)
     tls: Optional[Tuple[bytes, bytes]] = None
     own_cert = ""
@@ -669,17 +678,19 @@ def serve(host: str, port: int, token: str, lease_seconds: float, info_file: Opt
 
         tls = self_signed(advertise or host, *([tls_lifetime] if tls_lifetime else []))
         own_cert = tls[0].decode()
-    server = _listen(host, port, port_range, token, lease_seconds, shard_id, tls, watch_pid, admin_token)
+    server = _listen(host, port, port_range, token, lease_seconds, shard_id, tls, watch_pid, admin_token,
+                     client_cert if tls else None)
     info = {"host": advertise or host, "bind": host, "port": server.port, "pid": os.getpid(), "shard": shard_id,
             "python": sys.executable, "version": sys.version.split()[0], "tls": tls is not None,
-            "cert": own_cert}
+            "cert": own_cert, "mutual": bool(tls and client_cert)}
     if info_file:
         tmp = info_file + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(info, fh)
         os.replace(tmp, info_file)
-    log.info("shard %s listening on %s:%d (%s; malloc tuned: %s)", shard_id, host, server.port,
-             "TLS, own certificate" if own_cert else "TLS" if tls else "plaintext", tuned)
+    log.info("shard %s listening on %s:%d (%s%s; malloc tuned: %s)", shard_id, host, server.port,
+             "TLS, own certificate" if own_cert else "TLS" if tls else "plaintext",
+             ", clients with the run's certificate only" if tls and client_cert else "", tuned)
     threading.Thread(target=server.warm_up, name="pystrads-warm-up", daemon=True).start()
     server.serve()
 
@@ -715,6 +726,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = os.environ.pop(TOKEN_ENV, "")
     admin = os.environ.pop(ADMIN_TOKEN_ENV, "")  # empty: this shard takes no program payloads
+    client_cert = os.environ.pop(CLIENT_CERT_ENV, "").encode() or None
     if args.secrets_stdin:  # a spawned shard: the tokens never enter its environment (/proc/<pid>/environ)
         try:
             secrets = json.loads(sys.stdin.buffer.readline(1 << 16) or b"{}")
@@ -728,7 +740,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(f"{TOKEN_ENV} is not set, nor --secrets-stdin given: a shard never runs without a run token")
     serve(args.host, args.port, token, args.lease, args.info_file, args.shard_id, args.malloc_retain,
           args.tls_cert, args.tls_key, args.advertise, args.port_range, args.watch_pid, args.tls_auto, admin,
-          args.tls_lifetime or None)
+          args.tls_lifetime or None, client_cert)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,13 @@ the workers inside the run's :class:`~pystrads.ps.client.ShardGroup`.  So:
 * a client that does not hold the run's trust store cannot complete the TLS
   handshake (there is no certificate authority outside the run to trust);
 * no private key ever leaves the host whose shard made it (each certificate
-  is trusted as itself), so there is no CA key to guard or ship.
+  is trusted as itself), so there is no CA key to guard or ship;
+* the shards ask every client for the run's client certificate (mutual TLS,
+  :func:`client_identity`): the driver makes it with the run, its key reaches
+  the run's tasks inside the :class:`~pystrads.ps.client.ShardGroup` beside
+  the run token, and the shards get the certificate only.  A network peer
+  outside the run cannot complete a handshake, so it cannot send a shard a
+  single request.
 
 Each certificate is an end entity (``CA:FALSE``, no ``keyCertSign``): trusted as
 itself, it can sign nothing a client would accept, so one shard's key cannot
@@ -49,6 +55,18 @@ def self_signed(address: str, lifetime: float = LIFETIME_SECONDS) -> Tuple[bytes
     """``(certificate PEM, private key PEM)`` for a server dialled at ``address`` (an IP
     address or a host name, put in the subject alternative name that clients verify), valid
     for ``lifetime`` seconds from now."""
+    return _end_entity(address, address, "server", lifetime)
+
+
+def client_identity(lifetime: float = LIFETIME_SECONDS) -> Tuple[bytes, bytes]:
+    """``(certificate PEM, private key PEM)`` that the run's clients (the driver, the
+    coordinator, the workers) present to its shards: mutual TLS, so a peer outside the run
+    cannot complete a handshake.  An end entity for client authentication, trusted by the
+    shards as itself, valid ``lifetime`` seconds from now."""
+    return _end_entity("pystrads run client", None, "client", lifetime)
+
+
+def _end_entity(common_name: str, address: Optional[str], usage: str, lifetime: float) -> Tuple[bytes, bytes]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -56,27 +74,30 @@ def self_signed(address: str, lifetime: float = LIFETIME_SECONDS) -> Tuple[bytes
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pystrads run"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, address[:64])])
-    try:
-        alt: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(address))
-    except ValueError:
-        alt = x509.DNSName(address)
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder()
-            .subject_name(name).issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(seconds=SKEW_MARGIN_SECONDS))
-            .not_valid_after(now + datetime.timedelta(seconds=float(lifetime)))
-            .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
-            # an end entity, trusted as itself by clients that hold this very certificate: a
+    builder = (x509.CertificateBuilder()
+               .subject_name(name).issuer_name(name)
+               .public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(seconds=SKEW_MARGIN_SECONDS))
+               .not_valid_after(now + datetime.timedelta(seconds=float(lifetime))))
+    if address is not None:
+        try:
+            alt: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(address))
+        except ValueError:
+            alt = x509.DNSName(address)
+        builder = builder.add_extension(x509.SubjectAlternativeName([alt]), critical=False)
+    eku = ExtendedKeyUsageOID.SERVER_AUTH if usage == "server" else ExtendedKeyUsageOID.CLIENT_AUTH
+    cert = (builder
+            # an end entity, trusted as itself by peers that hold this very certificate: a
             # certificate it signed is refused ("invalid CA certificate")
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
                                          content_commitment=False, key_encipherment=False,
                                          data_encipherment=False, key_agreement=False, encipher_only=False,
                                          decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
             .sign(key, hashes.SHA256()))
     return (cert.public_bytes(serialization.Encoding.PEM),
             key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
