@@ -34,6 +34,11 @@ class ShardStartError(ShardUnavailableError):
     which executor and why: port, memory, import error...)."""
 
 
+class PayloadAuthenticationError(PystradsError, RuntimeError):
+    """A payload read from the shards (a stored blob, a posted command) lacks the seal of the
+    role that may write it: refused before it is unpickled.  The message names it."""
+
+
 class ScheduleError(PystradsError, RuntimeError):
     """A program's ``schedule`` returned something the engine cannot run."""
 

@@ -25,6 +25,7 @@ from pystrads.engine.job import WorkerInput, WorkerJob
 from pystrads.engine.journal import Journal, MemoryStore, ShardStore, settle
 from pystrads.engine.loop import StepLoop, TrainingSummary, make_tables, plan_tables
 from pystrads.engine.progress import ProgressReporter
+from pystrads.engine.sealing import Seals
 from pystrads.engine.worker import WorkerSpec, program_hash, run_worker
 from pystrads.errors import ShardUnavailableError, StepFailedError
 from pystrads.ps.client import ShardGroup, ShardInfo
@@ -87,7 +88,7 @@ class ThreadJob(WorkerJob):
         blob = cloudpickle.dumps(program)
         digest = program_hash(blob)
         spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
-                          self.namespace, fingerprint, False, None, 1, None)
+                          self.namespace, fingerprint, False, None, 1, None, self.seals)
         self._posted_program = None if new_shards else digest
         self._fingerprints = None
         cancelled, errors = threading.Event(), []
@@ -131,7 +132,7 @@ class ThreadJob(WorkerJob):
         self._threads = []
 
     def finish(self, last_step: int) -> None:
-        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step},
+        self.group.client(0).action("post", namespace=self.namespace, command=self.finish_command(last_step),
                                     epoch=self.epoch)
         for t in self._threads:
             t.join(30)
@@ -276,15 +277,17 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
         layouts = shards.create(program, namespace)
         checkpoints = Checkpointer.of(cfg, None, program, len(records), seed)
         jobs, epoch = [], 1
+        seals = Seals.new()  # the fit's: a relaunched coordinator reads the journal its predecessor sealed
         while True:
             if epoch > 1:  # a relaunch after the coordinator died: a new program object, as unpickled
                 program = pickle.loads(blob)
                 program.faults, program.job = faults, job_ref
             job = ThreadJob(records, seed, namespace, epoch)
+            job.seals = seals
             job_ref[0] = job
             jobs.append(job)
             owner = (_Owner if location == "driver" else _JobOwner)(shards, layouts, program, job)
-            journal = Journal(MemoryStore() if location == "driver" else ShardStore(shards.group, namespace, epoch))
+            journal = Journal(MemoryStore() if location == "driver" else ShardStore(shards.group, namespace, epoch, seals))
             if location == "job":
                 shards.group.broadcast("claim", namespace=namespace, epoch=epoch)
             loop = owner.loop = StepLoop(owner, program, cfg, len(records), seed, namespace, job, journal,
@@ -298,7 +301,7 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
                 if location != "job" or epoch > max_relaunches:
                     raise
                 epoch += 1  # the client: claim the next epoch, settle the open step by the journal, relaunch
-                settle(shards.group, namespace, epoch, Journal(ShardStore(shards.group, namespace, epoch)).read())
+                settle(shards.group, namespace, epoch, Journal(ShardStore(shards.group, namespace, epoch, seals)).read())
                 job.cancel()
         tables = shards.read(layouts)
         return Result(tables, program, loop.summary, stopped, sum(j.launches for j in jobs), epoch)

@@ -28,10 +28,11 @@ class _FakeJob:
         with open(os.path.join(target, "states"), "w") as fh:
             fh.write(str(step))
         self.saved.append((target, step))
-        return {"bytes": 10, "files": ["t.0-5.npy"]}
+        return {"bytes": 10, "files": ["t.0-5.npy"], "states_key": b"k" * 32}
 
-    def restore_states(self, source, step, files=None):
+    def restore_states(self, source, step, files=None, states_key=None):
         assert files == ["t.0-5.npy"]  # the checkpoint's manifest
+        assert states_key == b"k" * 32  # the key that sealed the saved states travels with them
         with open(os.path.join(source, "states")) as fh:
             assert int(fh.read()) == step
         self.restored.append((source, step))

@@ -1359,7 +1359,9 @@ def test_settling_a_lost_job_holds_the_shards_for_the_relaunched_coordinator(sha
 
     servers, group = shards
     t0 = time.monotonic()
-    assert settle_for_relaunch(group, "fit", 3, hold=630.0) == "none open"
+    from pystrads.engine.sealing import Seals
+
+    assert settle_for_relaunch(group, "fit", 3, Seals.new(), hold=630.0) == "none open"
     for server in servers:
         assert t0 + 630.0 <= server.held_until <= time.monotonic() + 630.0
         assert server.loop_epochs["fit"] == 3

@@ -225,7 +225,8 @@ class Checkpointer:
         driver = {"step": position.step, "rounds_done": position.rounds_done, "rounds_hint": position.rounds_hint,
                   "serial_extra": position.serial_extra,
                   "rows": summary.rows, "iterations": summary.iterations, "data_fingerprints": job.fingerprints(),
-                  "program": program_state(program), "num_workers": self.num_workers, "files": saved["files"]}
+                  "program": program_state(program), "num_workers": self.num_workers, "files": saved["files"],
+                  "states_key": saved.get("states_key")}  # the workers' states are sealed with it
         storage.write_bytes(storage.join(target, "driver.pkl"), cloudpickle.dumps(driver))
         storage.write_atomic(storage.join(self.root, "LATEST"), json.dumps(
             {"dir": name, "step": last, "rounds_done": position.rounds_done, "time": time.time()}).encode())
@@ -256,7 +257,7 @@ class Checkpointer:
             log.warning("checkpoint %s was made from other input data (workers %s differ); not resuming from it",
                         source, differ)
             return None
-        job.restore_states(source, meta["step"], driver.get("files"))
+        job.restore_states(source, meta["step"], driver.get("files"), driver.get("states_key"))
         vars(program).update(driver["program"])
         position = Position(driver["step"], driver["rounds_done"], int(driver.get("rounds_hint", self.num_workers)),
                             int(driver.get("serial_extra", 0)))

@@ -40,6 +40,7 @@ from .job import WorkerJob
 from .journal import Journal, ShardStore, settle
 from .loop import StepLoop, TrainingSummary, make_tables
 from .progress import ProgressReporter
+from .sealing import DRIVER
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class InJobWorkerJob(WorkerJob):
                          spec.export, spec.threads, epoch)
         self.group = spec.group
         self._posted_program = spec.program_hash  # every task unpickled it from the job's closure
+        self.seals = spec.seals  # the fit's keys, as the client made them
         self._abandoned = abandoned
 
     def error(self) -> Optional[BaseException]:
@@ -91,7 +93,7 @@ class InJobWorkerJob(WorkerJob):
         pass
 
     def finish(self, last_step: int) -> None:
-        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step},
+        self.group.client(0).action("post", namespace=self.namespace, command=self.finish_command(last_step),
                                     epoch=self.epoch)
         if self.export is not None:
             self._wait_exports(None)
@@ -142,9 +144,10 @@ class Coordinator:
             group.broadcast("claim", namespace=spec.namespace, epoch=cspec.epoch)
             job = InJobWorkerJob(spec, self.abandoned, cspec.epoch)
             job.group = group  # the coordinator's credential: it posts changed programs
-            loop = StepLoop(_InJobOwner(group, spec.layouts, spec.namespace, cspec.program_name), program,
+            loop = StepLoop(_InJobOwner(group, spec.layouts, spec.namespace, cspec.program_name, spec.seals), program,
                             cspec.config, spec.num_workers, spec.seed, spec.namespace, job,
-                            Journal(ShardStore(group, spec.namespace, cspec.epoch)), summary, cspec.checkpoints)
+                            Journal(ShardStore(group, spec.namespace, cspec.epoch, spec.seals)), summary,
+                            cspec.checkpoints)
             if not cspec.resume:
                 make_tables(group, cspec.tables, spec.namespace, program)
                 summary.fixed["table_create_s"] = time.perf_counter() - t0
@@ -192,9 +195,9 @@ class SharedProgress(ProgressReporter):
     """The coordinator's progress: a log line on the executor, and the latest report left on
     shard 0 for the client's poll (:class:`ProgressPoll`)."""
 
-    def __init__(self, name: str, group: ShardGroup, namespace: str):
+    def __init__(self, name: str, group: ShardGroup, namespace: str, seals):
         super().__init__(name, "log")
-        self.group, self.namespace, self.seq = group, namespace, 0
+        self.group, self.namespace, self.seq, self.seals = group, namespace, 0, seals
         self.report: Optional[Dict[str, Any]] = None
 
     def update(self, done, total, unit="iterations", **shown):
@@ -202,13 +205,14 @@ class SharedProgress(ProgressReporter):
         self.seq += 1
         report = self.report = {"seq": self.seq, "done": done, "total": total, "unit": unit, "shown": shown}
         try:
-            self.group.client(0).put_blob(progress_key(self.namespace), pickle.dumps(report))
+            key = progress_key(self.namespace)
+            self.group.client(0).put_blob(key, self.seals.seal(DRIVER, key, pickle.dumps(report)))
         except Exception as exc:  # noqa: BLE001 -- progress never fails a fit
             log.debug("progress not shared: %s", exc)
         return line
 
 
-def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int, hold: float = 0.0) -> str:
+def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int, seals, hold: float = 0.0) -> str:
     """Before the job is relaunched with a coordinator of ``epoch``: claim that epoch on every
     shard (the lost coordinator, if it still runs somewhere, can change nothing from now on) and
     close the step it left open as its journal decides (:func:`~pystrads.engine.journal.settle`).
@@ -216,7 +220,7 @@ def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int, hold: flo
     until the relaunched job's coordinator runs, and the job may wait that long for its task
     slots.  Returns what it did."""
     group.broadcast("heartbeat", hold=float(hold))
-    entry = Journal(ShardStore(group, namespace, epoch)).read()
+    entry = Journal(ShardStore(group, namespace, epoch, seals)).read()
     return settle(group, namespace, epoch, entry)
 
 
@@ -225,10 +229,11 @@ def fit_error(group: ShardGroup, namespace: str) -> Optional[str]:
     return group.client(0).action("fit_error", namespace=namespace).get("error")
 
 
-def read_progress(group: ShardGroup, namespace: str) -> Optional[Dict[str, Any]]:
+def read_progress(group: ShardGroup, namespace: str, seals) -> Optional[Dict[str, Any]]:
     """The latest progress report of a fit's coordinator (on shard 0), or None."""
-    blob = group.client(0).get_blob(progress_key(namespace))
-    return None if blob is None else pickle.loads(blob)
+    key = progress_key(namespace)
+    blob = group.client(0).get_blob(key)
+    return None if blob is None else pickle.loads(seals.open(DRIVER, key, blob, f"{key!r} on shard 0"))
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -253,15 +258,15 @@ class _InJobOwner:
     fit's shards, progress left on shard 0 for the client, and no recovery here -- a lost task or
     shard fails this task, so the job, and the client relaunches it."""
 
-    def __init__(self, group: ShardGroup, layouts, namespace: str, program_name: str):
+    def __init__(self, group: ShardGroup, layouts, namespace: str, program_name: str, seals):
         self.group, self.layouts = group, dict(layouts)
-        self.namespace, self.program_name = namespace, program_name
+        self.namespace, self.program_name, self.seals = namespace, program_name, seals
 
     def recover(self, exc: BaseException) -> None:
         raise exc  # the client relaunches the job (this coordinator's task goes with it)
 
     def progress_reporter(self) -> ProgressReporter:
-        return SharedProgress(f"{self.program_name} {self.namespace}", self.group, self.namespace)
+        return SharedProgress(f"{self.program_name} {self.namespace}", self.group, self.namespace, self.seals)
 
 
 def _summary_state(summary: TrainingSummary) -> Dict[str, Any]:
@@ -311,7 +316,7 @@ class ProgressPoll:
         engine = self.engine
         while not self._stop.wait(engine.config["progress.pollSeconds"]):
             try:
-                got = through_spark(engine.spark, engine.group, read_progress, engine.namespace)
+                got = through_spark(engine.spark, engine.group, read_progress, engine.namespace, engine.job.seals)
             except Exception as exc:  # noqa: BLE001 -- the fit's own result says what went wrong
                 log.debug("progress poll failed: %s", exc)
                 continue

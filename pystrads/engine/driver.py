@@ -298,7 +298,7 @@ class Engine:
             # the shards wait for the relaunched coordinator as long as its job may wait for slots
             hold = self.config["round.timeoutSeconds"] + self.config["shard.leaseSeconds"]
             log.info("fit %s: %s", self.namespace, through_spark(self.spark, self.group, settle_for_relaunch,
-                                                                self.namespace, epoch, hold))
+                                                                self.namespace, epoch, self.job.seals, hold))
             spec = dataclasses.replace(spec, resume=True, epoch=epoch)
         else:
             self.manager.shutdown()

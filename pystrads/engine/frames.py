@@ -38,8 +38,9 @@ class ShardReader:
     """What an executor task may read from a finished fit: its tables and its workers' exports.
     Small and picklable (addresses, the run token, the table layouts)."""
 
-    def __init__(self, group: ShardGroup, layouts: dict, namespace: str, num_workers: int):
+    def __init__(self, group: ShardGroup, layouts: dict, namespace: str, num_workers: int, seals=None):
         self.group = group
+        self.seals = seals  # the fit's (sealing.py): the workers' exports are sealed with them
         self.layouts = dict(layouts)
         self.namespace = namespace
         self.num_workers = num_workers
@@ -60,7 +61,9 @@ class ShardReader:
         if blob is None:
             raise PystradsError(f"worker {worker}'s export is not on the shards any more: the fit was released "
                                 "before this frame was materialised (keep_frame), or its shard restarted")
-        return pickle.loads(blob)
+        from .sealing import WORKER
+
+        return pickle.loads(self.seals.open(WORKER, export_key(self.namespace, worker), blob))
 
 
 def reader_of(result) -> ShardReader:
@@ -68,7 +71,7 @@ def reader_of(result) -> ShardReader:
     engine = result.engine
     if engine.group is None or not engine.layouts:
         raise PystradsError("this fit has no shards to read from (not started, or released)")
-    return ShardReader(engine.group, engine.layouts, engine.namespace, engine.num_workers)
+    return ShardReader(engine.group, engine.layouts, engine.namespace, engine.num_workers, engine.job.seals)
 
 
 def row_ranges(num_rows: int, num_tasks: int = 0) -> List[Tuple[int, int]]:

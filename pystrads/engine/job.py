@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import json
 import logging
 import pickle
 import secrets
@@ -25,11 +26,12 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from ..errors import ConfigurationError, ProgramError, PystradsError, StepFailedError
+from ..errors import ConfigurationError, PayloadAuthenticationError, ProgramError, PystradsError, StepFailedError
 from ..ps import storage
 from ..ps.client import ShardGroup, fan_out
 from .preflight import _python_cause, to_workers
 from .program import Program, Schedule, StepMetrics
+from .sealing import DRIVER, WORKER, Seals
 from .worker import WorkerSpec, export_key, program_hash, run_worker, run_worker_arrow, states_prefix, summary_key
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,10 @@ class WorkerJob:
         self._traffic_at_commit: List[Dict[str, int]] = []  # every shard's counters as commit_step returned them
         self._exports: Optional[List[Any]] = None
         self._fingerprints: Optional[List[str]] = None
+        self.seals = Seals.new()  # the fit's own keys: what its processes hand each other through the shards
+        # (step, wrapped key) once the workers' states of ``step`` came back from a checkpoint
+        # sealed with another fit's worker key (restore_states)
+        self._restored: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ launch and watch
     def launch(self, program: Program, group: ShardGroup, layouts: Dict[str, Any], fingerprint: bool,
@@ -116,7 +122,8 @@ class WorkerJob:
         blob = cloudpickle.dumps(program)
         digest = program_hash(blob)
         spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
-                          self.namespace, fingerprint, self.keep_states, self.export, self.threads, coordinator)
+                          self.namespace, fingerprint, self.keep_states, self.export, self.threads, coordinator,
+                          self.seals)
         data = self.data
         if data.frame is not None:
             frame = data.frame
@@ -239,7 +246,8 @@ class WorkerJob:
         if any(b is None for b in blobs):
             raise StepFailedError(f"workers {[w for w, b in enumerate(blobs) if b is None]} said hello without "
                                   "leaving their data summary on the shards (was a shard restarted?)")
-        return [pickle.loads(b) for b in blobs]
+        return [pickle.loads(self.seals.open(WORKER, summary_key(self.namespace, w), b))
+                for w, b in enumerate(blobs)]
 
     def fingerprints(self) -> List[str]:
         """Each worker's fingerprint of its loaded data (the job was launched with ``fingerprint``)."""
@@ -261,11 +269,27 @@ class WorkerJob:
                                    "staleness": int(getattr(program, "staleness", 0)), "program_hash": digest}
         if digest != self._posted_program:
             command["program"] = base64.b64encode(blob).decode()
+            command["program_seal"] = self.seals.field(DRIVER, f"{self.namespace}/program/{digest}", command["program"])
         if schedule is None:
             command["init"] = True
         else:
             command["schedule"] = base64.b64encode(cloudpickle.dumps(schedule)).decode()
+            command["schedule_seal"] = self.seals.field(DRIVER, f"{self.namespace}/schedule/{step}",
+                                                        command["schedule"])
+        return self._with_restored(command)
+
+    def _with_restored(self, command: Dict[str, Any]) -> Dict[str, Any]:
+        """``command`` telling the workers, after a resume from a checkpoint, the key that sealed
+        the states it brought back (wrapped: see :mod:`~pystrads.engine.sealing`)."""
+        if self._restored is not None:
+            command["restored"] = dict(self._restored)
+            command["restored_seal"] = self.seals.field(DRIVER, f"{self.namespace}/restored/{command['step']}",
+                                                        json.dumps(self._restored, sort_keys=True))
         return command
+
+    def finish_command(self, last_step: int) -> Dict[str, Any]:
+        """The command that ends the fit after step ``last_step``."""
+        return self._with_restored({"kind": "finish", "step": last_step})
 
     def open_step(self, step: int, round_offset: int) -> None:
         """Open step ``step`` on every shard (no command yet): from here on, the step loop's own
@@ -363,7 +387,7 @@ class WorkerJob:
     def finish(self, last_step: int) -> None:
         """Tell the tasks the fit is over; they leave their exports on the shards and hand their
         (data, state) to Spark's cache (for ``map_states``), and the job ends."""
-        self.group.client(0).action("post", namespace=self.namespace, command={"kind": "finish", "step": last_step},
+        self.group.client(0).action("post", namespace=self.namespace, command=self.finish_command(last_step),
                                     epoch=self.epoch)
         run = self._run
         if self.export is not None:  # left on the shards until asked for (fetch_exports, engine.frames)
@@ -418,7 +442,8 @@ class WorkerJob:
                 blobs = _export_blobs(self.group, self.namespace, self.num_workers)
             if any(b is None for b in blobs):
                 raise PystradsError("the workers' exports are gone from the shards (was the fit released?)")
-            self._exports = [pickle.loads(b) for b in blobs]
+            self._exports = [pickle.loads(self.seals.open(WORKER, export_key(self.namespace, w), b))
+                             for w, b in enumerate(blobs)]
         return self._exports
 
     def release(self) -> None:
@@ -442,11 +467,20 @@ class WorkerJob:
         if saved != list(range(self.num_workers)):
             raise StepFailedError(f"checkpoint {target}: states of workers {saved} were saved, expected "
                                   f"0..{self.num_workers - 1}")
-        return {"bytes": sum(a["bytes"] for a in answers), "files": sorted(f for a in answers for f in a["files"])}
+        return {"bytes": sum(a["bytes"] for a in answers), "files": sorted(f for a in answers for f in a["files"]),
+                "states_key": self.seals.worker}
 
-    def restore_states(self, source: str, step: int, files: Optional[List[str]] = None) -> None:
+    def restore_states(self, source: str, step: int, files: Optional[List[str]] = None,
+                       states_key: Optional[bytes] = None) -> None:
         """The shards read the fit's tables (only ``files``, the checkpoint's manifest, when given)
-        and the workers' snapshots of ``step`` back from ``source``."""
+        and the workers' snapshots of ``step`` back from ``source``; ``states_key``: the worker
+        key they were sealed with (the fit that saved them), told to the workers wrapped in
+        their own key (see :mod:`~pystrads.engine.sealing`)."""
+        if states_key is None:
+            raise PayloadAuthenticationError(
+                f"checkpoint {source} does not say which key sealed its workers' states (made by an older "
+                "pystrads?); remove it to start the fit afresh")
+        self._restored = {"step": int(step), "key": self.seals.wrap(states_key, f"{self.namespace}/restored/{step}")}
         S = len(self.group.shards)
         extra = {} if files is None else {"files": list(files)}
         fan_out([lambda i=i: self.group.client(i).action(

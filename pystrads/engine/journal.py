@@ -108,11 +108,12 @@ class MemoryStore:
 
 class ShardStore:
     """The journal on shard 0 of the fit's group (the coordinator in the fit's job), written
-    under the open step's fence with the loop's epoch; each frozen array is a blob of its own,
-    written once."""
+    under the open step's fence with the loop's epoch and sealed with the fit's driver key
+    (:mod:`~pystrads.engine.sealing`: only the fit's coordinator or driver can write an entry
+    that its successor unpickles); each frozen array is a blob of its own, written once."""
 
-    def __init__(self, group, namespace: str, epoch: int):
-        self.group, self.namespace, self.epoch = group, namespace, int(epoch)
+    def __init__(self, group, namespace: str, epoch: int, seals):
+        self.group, self.namespace, self.epoch, self.seals = group, namespace, int(epoch), seals
         self._frozen: Dict[str, Any] = {}
 
     def _fence(self, open_step: Optional[int]) -> Dict[str, Any]:
@@ -122,22 +123,32 @@ class ShardStore:
         return fence
 
     def write(self, blob: bytes, open_step: Optional[int], frozen: Dict[str, Any]) -> None:
-        for key, array in frozen.items():  # before the entry that refers to them
-            self.group.client(0).put_blob(f"{journal_key(self.namespace)}/{key}",
-                                          pickle.dumps(array, protocol=pickle.HIGHEST_PROTOCOL),
-                                          self._fence(open_step))
-        self.group.client(0).put_blob(journal_key(self.namespace), blob, self._fence(open_step))
+        from .sealing import DRIVER
 
-    def read(self) -> Optional[bytes]:
-        return self.group.client(0).get_blob(journal_key(self.namespace))
+        for key, array in frozen.items():  # before the entry that refers to them
+            name = f"{journal_key(self.namespace)}/{key}"
+            self.group.client(0).put_blob(name, self.seals.seal(DRIVER, name, pickle.dumps(
+                array, protocol=pickle.HIGHEST_PROTOCOL)), self._fence(open_step))
+        name = journal_key(self.namespace)
+        self.group.client(0).put_blob(name, self.seals.seal(DRIVER, name, blob), self._fence(open_step))
+
+    def read(self):
+        from .sealing import DRIVER
+
+        name = journal_key(self.namespace)
+        blob = self.group.client(0).get_blob(name)
+        return None if blob is None else self.seals.open(DRIVER, name, blob, f"{name!r} on shard 0")
 
     def frozen(self, key: str) -> Any:
+        from .sealing import DRIVER
+
         if key not in self._frozen:
-            blob = self.group.client(0).get_blob(f"{journal_key(self.namespace)}/{key}")
+            name = f"{journal_key(self.namespace)}/{key}"
+            blob = self.group.client(0).get_blob(name)
             if blob is None:
                 raise RuntimeError(f"the journal of fit {self.namespace!r} refers to an array that is not on "
                                    f"shard 0 ({key})")
-            self._frozen[key] = pickle.loads(blob)
+            self._frozen[key] = pickle.loads(self.seals.open(DRIVER, name, blob, f"{name!r} on shard 0"))
         return self._frozen[key]
 
     def clear(self) -> None:

@@ -19,9 +19,10 @@ import base64
 import dataclasses
 import hashlib
 import itertools
+import json
 import pickle
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from ..errors import RoundTimeoutError, ShardUnavailableError, StepFailedError
 from ..ps import protocol
 from ..ps.client import fan_out
 from .program import Program, Schedule, WorkerContext
+from .sealing import DRIVER, WORKER, Seals
 
 #: Seconds a ``next`` call waits on the shard before asking again (short enough that a
 #: task notices a lost shard promptly, long enough to cost nothing while it waits).
@@ -52,6 +54,7 @@ class WorkerSpec:
     export: Any = None  # fn(worker, data, state) run at finish; its result goes to the driver via the shards
     threads: int = 1  # threads the worker computes with (WorkerContext.threads)
     coordinator: Any = None  # a CoordinatorSpec: the first task also runs the fit's loop (coordinator.py)
+    seals: Any = None  # the fit's Seals (sealing.py): what the workers write and read through the shards
 
 
 def export_key(namespace: str, worker: int) -> str:
@@ -177,6 +180,10 @@ class _Worker:
         self.program_hash = spec.program_hash
         self.check: Optional[Callable[[], None]] = None  # raises when this task must fail (its coordinator did)
         self.poll_seconds = NEXT_POLL_SECONDS
+        self.seals = spec.seals
+        # (step, Seals) for the states of ``step`` that came back from a checkpoint sealed with
+        # the worker key of the fit that saved them
+        self.restored: Optional[Tuple[int, Any]] = None
 
     # -- commands
     def guarded(self, hook: str, step: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -209,27 +216,41 @@ class _Worker:
                 if self.check is not None:
                     self.check()
                 continue
+            ns = self.spec.namespace
             if cmd.get("program") is not None:
                 from pyspark import cloudpickle  # noqa: F401 -- cloudpickled classes may need it
 
+                self.seals.check_field(DRIVER, f"{ns}/program/{cmd['program_hash']}", cmd["program"],
+                                       cmd.get("program_seal"))
                 self.program = pickle.loads(base64.b64decode(cmd["program"]))
                 self.program_hash = cmd["program_hash"]
+            if cmd.get("restored") is not None:
+                restored, step = cmd["restored"], int(cmd["step"])
+                self.seals.check_field(DRIVER, f"{ns}/restored/{step}", json.dumps(restored, sort_keys=True),
+                                       cmd.get("restored_seal"))
+                key = self.seals.unwrap(restored["key"], f"{ns}/restored/{int(restored['step'])}")
+                self.restored = (int(restored["step"]), Seals(self.seals.driver, key))
             return cmd
 
     def restore(self, step: int) -> Any:
-        blob = self.group.client(self.home).get_blob(state_key(self.spec.namespace, self.worker, step))
+        key = state_key(self.spec.namespace, self.worker, step)
+        blob = self.group.client(self.home).get_blob(key)
         if blob is None:
             raise RuntimeError(
                 f"worker {self.worker}: no state snapshot of step {step} on shard "
                 f"{self.group.shards[self.home].uri}; the fit cannot resume this worker (was the shard restarted?)")
-        return pickle.loads(blob)
+        seals = self.restored[1] if self.restored is not None and self.restored[0] == step else self.seals
+        # sealed as "state/<worker>/<step>": a checkpoint brings it back under another fit's namespace
+        return pickle.loads(seals.open(WORKER, f"state/{self.worker}/{step}", blob,
+                                       f"{key!r} on {self.group.shards[self.home].uri}"))
 
     def snapshot(self, step: int, state: Any, fence: Dict[str, int]) -> int:
         from pyspark import cloudpickle
 
         blob = cloudpickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        key = state_key(self.spec.namespace, self.worker, step)
         self.group.client(self.home).put_blob(
-            state_key(self.spec.namespace, self.worker, step), blob,
+            key, self.seals.seal(WORKER, f"state/{self.worker}/{step}", blob),
             dict(fence, drop_prefix=state_key(self.spec.namespace, self.worker), keep_after=step - 1))
         return len(blob)
 
@@ -305,6 +326,8 @@ class _Worker:
         return state, fence, {}, 0
 
     def run_step(self, cmd, data, state) -> Any:
+        self.seals.check_field(DRIVER, f"{self.spec.namespace}/schedule/{int(cmd['step'])}", cmd["schedule"],
+                               cmd.get("schedule_seal"))
         schedule = pickle.loads(base64.b64decode(cmd["schedule"]))
         ctx, fence = self.open(cmd)
         self.group.stream_rounds(True)  # the step's rounds travel on one stream per shard
@@ -332,8 +355,8 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
     load_s = time.perf_counter() - t0
     if w.program.checks_data():  # before the hello: the driver reads it once every worker said hello
         summary = w.guarded("data_summary", -1, w.program.data_summary, load_ctx, data)
-        w.group.client(w.home).put_blob(summary_key(spec.namespace, worker),
-                                        pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
+        w.group.client(w.home).put_blob(summary_key(spec.namespace, worker), w.seals.seal(
+            WORKER, summary_key(spec.namespace, worker), pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)))
     fingerprint = None
     if spec.fingerprint:
         from .fingerprint import _data_fingerprint
@@ -356,9 +379,9 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
 
                 # the state snapshot before the last step's is no longer needed: dropped before
                 # the export arrives (the last step's stays until the fit is released)
+                exported = cloudpickle.dumps(w.guarded("export", step, spec.export, worker, data, state))
                 w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
-                                                cloudpickle.dumps(w.guarded("export", step, spec.export, worker,
-                                                                            data, state)),
+                                                w.seals.seal(WORKER, export_key(spec.namespace, worker), exported),
                                                 dict(drop_prefix=state_key(spec.namespace, worker), keep_after=step))
             if spec.keep_states:
                 yield data, state

@@ -523,15 +523,17 @@ class ShardClient:
             stream.close()
         return out
 
-    def put_blob(self, key: str, blob: bytes, header: Optional[Dict[str, Any]] = None) -> None:
-        """Store a byte string under ``key`` (in chunks; ``header``: a step fence and
+    def put_blob(self, key: str, blob, header: Optional[Dict[str, Any]] = None) -> None:
+        """Store a byte string under ``key`` (a bytes-like, or a list of them stored one after
+        the other without joining them; in chunks; ``header``: a step fence and
         ``drop_prefix`` / ``keep_after`` to drop the older blobs of a series)."""
         head = dict(header or {}, op="blob", key=key, token=self._token)
         descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
-        view = memoryview(blob)
-        chunks = [view[i:i + protocol.BLOB_CHUNK] for i in range(0, len(view), protocol.BLOB_CHUNK)]
+        views = [memoryview(p).cast("B") for p in (blob if isinstance(blob, (list, tuple)) else [blob])]
+        chunks = [v[i:i + protocol.BLOB_CHUNK] for v in views for i in range(0, len(v), protocol.BLOB_CHUNK)]
+        total = sum(len(v) for v in views)
         what = f"store {key!r}"
-        options, limit = self._call(what, _seconds(len(view)))
+        options, limit = self._call(what, _seconds(total))
         try:
             writer, _ = self._client.do_put(descriptor, protocol.BLOB_SCHEMA, options)
             for i in range(0, len(chunks), 4):

@@ -36,8 +36,9 @@ class ResidentMailbox:
         program = command.get("program")
         if program is not None:  # kept: a restarted task asks for it without knowing its hash
             box["program"], box["program_hash"] = program, command.get("program_hash")
+            box["program_seal"] = command.get("program_seal")
         box["seq"] += 1
-        box["command"] = {k: v for k, v in command.items() if k != "program"}
+        box["command"] = {k: v for k, v in command.items() if k not in ("program", "program_seal")}
         self.cond.notify_all()
 
     def _action_hello(self, req):
@@ -113,6 +114,7 @@ class ResidentMailbox:
                         out = dict(command, seq=box["seq"])
                         if box.get("program_hash") != req.get("program_hash"):
                             out["program"], out["program_hash"] = box.get("program"), box.get("program_hash")
+                            out["program_seal"] = box.get("program_seal")
                         return out
                 left = deadline - time.monotonic()
                 if left <= 0:
