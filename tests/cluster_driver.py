@@ -162,6 +162,8 @@ def main(master, executors, shapes=None):
     manager = next(iter(launcher._MANAGERS.values()))
     out["token"], out["admin_token"] = manager.token, manager.admin_token  # to look for on the wire
     out["trust"] = (manager.group.tls_root_certs or b"").decode()  # the run's certificates (public)
+    # the run's client certificate and key (mutual TLS): the test dials a shard with and without them
+    out["client_cert"] = [c.decode() for c in manager.group.client_cert] if manager.group.client_cert else None
     out["shards"] = [{"executor": s.executor, "host": s.host, "port": s.port, "pid": s.pid, "uri": s.uri,
                       "listen": listen_addresses(s.port, s.pid), "loopback_connects": connects("127.0.0.1", s.port),
                       "host_connects": connects(s.host, s.port)}

@@ -103,6 +103,10 @@ class NetnsHosts:
             _ip("netns", "add", ns)
             self._made_ns.append(ns)
             outer, inner = f"pst{self.tag}{i}a", f"pst{self.tag}{i}b"
+            # a pair an earlier set of hosts of this process left (its namespace outlived ``ip netns
+            # del`` while a killed process in it was not yet reaped) goes first: deleting one end
+            # deletes both
+            subprocess.run(["ip", "link", "del", outer], capture_output=True)
             _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
             _ip("link", "set", outer, "master", self.bridges[self.network[name]])
             _ip("link", "set", outer, "up")

@@ -233,10 +233,14 @@ def test_a_cluster_of_hosts_with_their_own_addresses_fits_as_local_mode(spark):
                     assert line, f"driver failed ({proc.wait()}):\n{open(stderr_path).read()[-5000:]}"
                 out = json.loads(line[len("RESULT "):])
                 # the driver holds its application open. From outside the cluster (this host, over
-                # the bridge): only a client holding the run's certificates gets in
+                # the bridge): only a client holding the run's certificates gets in -- the shards'
+                # (trusted) and the run's client certificate (mutual TLS)
                 shard = next(s for s in out["shards"] if s["host"] == cluster.address["w1"])
-                assert ShardClient(shard["uri"], out["token"], tls_root_certs=out["trust"].encode()).action(
-                    "ping")["pid"] == shard["pid"]
+                identity = tuple(c.encode() for c in out["client_cert"])
+                assert ShardClient(shard["uri"], out["token"], tls_root_certs=out["trust"].encode(),
+                                   client_cert=identity).action("ping")["pid"] == shard["pid"]
+                with pytest.raises(ShardUnavailableError):  # the token and the trust, not the client certificate
+                    ShardClient(shard["uri"], out["token"], tls_root_certs=out["trust"].encode()).action("ping")
                 with pytest.raises(ShardUnavailableError, match="TLS handshake"):
                     ShardClient(shard["uri"], "not-the-token").action("ping")  # the system's CAs
                 with pytest.raises(ShardUnavailableError):
