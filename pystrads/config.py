@@ -64,7 +64,8 @@ _SETTINGS = [
             "PEM certificate the shards serve TLS (grpc+tls) with; the path must exist on every executor; it "
             "must name the shards' addresses (e.g. a SAN per host / IP, or a wildcard). Empty = shards off the "
             "loopback make their own per-run key pair and certificate (the driver trusts exactly those), "
-            "shards on the loopback (local mode) serve plain gRPC"),
+            "shards on the loopback (local mode) serve plain gRPC. Either way TLS shards ask every client for "
+            "the run's own client certificate (mutual TLS)"),
     Setting("shard.tls.keyFile", "", str, "PEM private key of shard.tls.certFile"),
     Setting("shard.tls.caFile", "", str,
             "PEM certificate(s) the driver and workers trust for the shards; empty = certFile itself "
@@ -73,7 +74,8 @@ _SETTINGS = [
             "allow plain gRPC off the loopback when no certificate is configured (logs a warning: the run "
             "token and program payloads then cross the network in clear); false = per-run TLS"),
     Setting("shard.tls.lifetimeSeconds", 7 * 86400.0, float,
-            "seconds the certificate each shard makes for itself is valid (valid from a day before it was made: "
+            "seconds the certificate each shard makes for itself, and the run's client certificate, are valid "
+            "(valid from a day before they were made: "
             "clocks may disagree by up to a day); once half of it has passed, the next fit gets new shards, so "
             "a fit always starts with at least half the lifetime ahead", 10.0),
     Setting("table.sparseRowMaxFill", 0.25, float,
