@@ -1376,6 +1376,7 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.slow  # 300 MB through gRPC: the slow step of .ci/run
 def test_large_requests_without_the_token_are_refused_unread(tmp_path):
     """Requests of 100 MB (actions, tickets, put descriptors) without the token first are refused
     naming their size, unread, and the shard keeps serving; a long request with its token first
@@ -1403,6 +1404,7 @@ def test_large_requests_without_the_token_are_refused_unread(tmp_path):
         assert good.action("ping", padding="y" * (MAX_UNCHECKED_BYTES + 10))["pid"] == proc.pid
 
 
+@pytest.mark.slow  # 200 requests of 100 MB: the slow step of .ci/run
 def test_a_peer_without_the_runs_certificate_cannot_make_a_tls_shard_receive_anything(tmp_path):
     """200 requests of 100 MB each from a client that trusts the shard but holds neither the
     token nor the run's client certificate: no handshake completes, the shard keeps serving the
