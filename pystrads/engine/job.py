@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from ..errors import ConfigurationError, PayloadAuthenticationError, ProgramError, PystradsError, StepFailedError
 from ..ps import storage
 from ..ps.client import ShardGroup, fan_out
-from .preflight import _python_cause, to_workers
+from .preflight import _python_cause, frame_to_workers, to_workers
 from .program import Program, Schedule, StepMetrics
 from .sealing import DRIVER, WORKER, Seals
 from .worker import WorkerSpec, export_key, program_hash, run_worker, run_worker_arrow, states_prefix, summary_key
@@ -127,9 +127,8 @@ class WorkerJob:
         data = self.data
         if data.frame is not None:
             frame = data.frame
-            if not data.prepartitioned and not (self.sc is not None  # classic: partitions known without a job
-                                                and frame.rdd.getNumPartitions() == self.num_workers):
-                frame = frame.repartition(self.num_workers)
+            if not data.prepartitioned:
+                frame = frame_to_workers(frame, self.num_workers, classic=self.sc is not None)
             # a barrier result stage: Spark does not retry it, the driver relaunches the job (from
             # the snapshots) as it does for any failed worker job
             decode, decode_batch = data.decode, data.decode_batch

@@ -110,19 +110,52 @@ def default_num_workers(data, requested: Optional[int] = None, handle: Optional[
     return max(1, min(parts, slots) if slots else parts)  # (an input without partitions: one worker)
 
 
+def barrier_ready(jrdd, num_workers: int) -> bool:
+    """Whether a barrier stage may run over ``jrdd`` (a JVM RDD) as it is, one task per worker:
+    it has ``num_workers`` partitions and so has every RDD it reaches without a shuffle.  Spark
+    refuses a barrier stage whose narrow lineage changes the partition count
+    (``BarrierJobUnsupportedRDDChainException``: a ``coalesce``, a ``union``, a ``limit`` under
+    some plans), so an input that fails this is shuffled to the workers first.  Walks the
+    lineage in the JVM; runs no job."""
+    seen, todo = set(), [jrdd]
+    while todo:
+        r = todo.pop()
+        if r.id() in seen:
+            continue
+        seen.add(r.id())
+        if r.getNumPartitions() != num_workers:
+            return False
+        deps = r.dependencies().iterator()
+        while deps.hasNext():
+            dep = deps.next()
+            if dep.getClass().getName() != "org.apache.spark.ShuffleDependency":  # else another stage
+                todo.append(dep.rdd())
+    return True
+
+
 def to_workers(rdd, num_workers: int):
-    """``rdd`` with ``num_workers`` partitions.  More partitions are merged whole (partition i goes
-    to worker ``i mod U``), so records a program needs together -- e.g. a user's ratings,
-    partitioned by user -- stay in one worker; fewer are spread by ``repartition``.  Both
-    shuffle: Spark refuses a barrier stage over a ``coalesce``."""
+    """``rdd`` with ``num_workers`` partitions that a barrier stage can run over.  More partitions
+    are merged whole (partition i goes to worker ``i mod U``), so records a program needs
+    together -- e.g. a user's ratings, partitioned by user -- stay in one worker; fewer are
+    spread by ``repartition``.  Both shuffle; an RDD that :func:`barrier_ready` passes is not
+    shuffled again."""
     parts = rdd.getNumPartitions()
-    if parts == num_workers:
-        return rdd
     if parts < num_workers:
         return rdd.repartition(num_workers)
+    if parts == num_workers and barrier_ready(rdd._jrdd.rdd(), num_workers):
+        return rdd
     U = int(num_workers)
     keyed = rdd.mapPartitionsWithIndex(lambda index, records: ((index % U, r) for r in records))
     return keyed.partitionBy(U, lambda worker: worker).values()
+
+
+def frame_to_workers(frame, num_workers: int, classic: bool):
+    """``frame`` with ``num_workers`` partitions that a barrier stage can run over: as it is if
+    :func:`barrier_ready` passes its plan's RDD (classic sessions), else ``repartition``-ed
+    (always under Spark Connect, where the plan's RDDs are out of reach)."""
+    if classic and barrier_ready(frame._jdf.queryExecution().toRdd(), num_workers):
+        return frame
+    return frame.repartition(num_workers)
 
 
 def _python_cause(exc: BaseException) -> str:

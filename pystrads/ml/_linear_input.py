@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 from pyspark.sql import functions as F
 
+from ..engine.preflight import frame_to_workers
 from ..errors import InputError
 from ..spark import handle_of
 from ..programs._rows import RowBlock
@@ -182,10 +183,8 @@ def _block_error(b, fcol, lcol, wcol, class_labels):
 def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int,
                 vcol: Optional[str] = None):
     sel = _selected(dataset, fcol, lcol, wcol, vcol)
-    # row-wise, in the JVM (blocks would balance badly); under Spark Connect the partitions are
-    # unknown without a job, so always
-    if handle_of(dataset).connect or sel.rdd.getNumPartitions() != num_workers:
-        sel = sel.repartition(num_workers)
+    # row-wise, in the JVM (blocks would balance badly), unless the barrier job can run over it
+    sel = frame_to_workers(sel, num_workers, classic=not handle_of(dataset).connect)
 
     def check(batches):
         stats = _empty_stats()
