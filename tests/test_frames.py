@@ -1,4 +1,4 @@
-"""engine.frames: a fit's tables and exports as DataFrames made by executor tasks (issue 17),
+"""engine.frames: a fit's tables and exports as DataFrames made by executor tasks,
 on a program that is not MF (the engine knows no algorithm)."""
 
 import numpy as np

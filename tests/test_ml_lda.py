@@ -287,7 +287,7 @@ def test_the_prior_per_topic_saves_and_loads_and_old_scalar_models_load(spark):
     assert loaded.estimatedDocConcentration().toArray().tolist() == [0.3, 1.7, 0.02]
     docs = vectors_df(spark, [Vectors.sparse(12, [0, 5], [2.0, 1.0])], size=12)
     assert model.logPerplexity(docs) == loaded.logPerplexity(docs)
-    # a model saved before issue 19 has one alpha in its metadata (25.0, k = 2): the symmetric prior
+    # a model saved before the per-topic prior has one alpha in its metadata (25.0, k = 2): the symmetric prior
     old = StradsLDAModel.load(os.path.join(os.path.dirname(__file__), "data", "saved_models", "lda"))
     assert old.estimatedDocConcentration().toArray().tolist() == [25.0, 25.0]
 

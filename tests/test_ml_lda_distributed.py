@@ -1,4 +1,4 @@
-"""StradsLDAModel without V x K on the driver (issue 17): the word-topic counts stay a DataFrame on
+"""StradsLDAModel without V x K on the driver: the word-topic counts stay a DataFrame on
 the executors; describeTopics, transform, logLikelihood and save / load give what the driver-side
 model gave, and the Python driver's allocations stay far below the model's size."""
 

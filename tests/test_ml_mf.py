@@ -289,16 +289,14 @@ def test_close_frees_the_models_blocks_and_closed_models_say_so(spark, ratings, 
         lda.describeTopics(3)
 
 
-MOVIELENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                         "movielens-latest-small", "ratings.csv.gz")
-
-
 @pytest.fixture(scope="module")
 def movielens_split(spark):
-    """MovieLens latest-small with a fixed 20 % of its ratings marked for validation."""
-    import pandas as pd
+    """~99 k ratings of 610 users on 9,000 items (MovieLens latest-small's shape: a long tail of
+    items with a handful of ratings, so a rank-50 model overfits) with a fixed 20 % of them
+    marked for validation."""
+    from pystrads.datasets.synthetic import low_rank_ratings
 
-    frame = pd.read_csv(MOVIELENS)
+    frame = low_rank_ratings(610, 9000, rank=8, density=0.018, noise=0.8)
     frame["validation"] = np.random.default_rng(0).random(len(frame)) < 0.2
     return spark.createDataFrame(frame[["userId", "movieId", "rating", "validation"]]).repartition(2).cache()
 

@@ -1,20 +1,17 @@
-"""StradsMFModel keeps its factors off the driver, as ALSModel does (issue 17): the factors are
+"""StradsMFModel keeps its factors off the driver, as ALSModel does: the factors are
 DataFrames made by the executors from the shards, ``transform`` joins, ``recommendFor*`` is a
 blocked distributed top-k, save / load go through Parquet -- and the results are those of a
-brute-force computation over the factors.  MovieLens latest-small (non-commercial data, read
-from ../shared/data, never shipped) when present."""
+brute-force computation over the factors.  The ratings are synthetic in MovieLens latest-small's
+shape (610 users, 9,000 items, ~99 k ratings)."""
 
 import os
 
 import numpy as np
-import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
 from pystrads.ml import StradsMF, StradsMFModel
 
-MOVIELENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                         "movielens-latest-small", "ratings.csv.gz")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,9 +28,9 @@ def distributed_path():
 
 @pytest.fixture(scope="module")
 def movielens(spark):
-    if not os.path.exists(MOVIELENS):
-        pytest.skip(f"MovieLens latest-small not found at {MOVIELENS}")
-    ratings = pd.read_csv(MOVIELENS)[["userId", "movieId", "rating"]]
+    from pystrads.datasets.synthetic import low_rank_ratings
+
+    ratings = low_rank_ratings(610, 9000, rank=8, density=0.018, noise=0.8)  # MovieLens latest-small's shape
     return spark.createDataFrame(ratings).repartition(2).cache()
 
 
