@@ -47,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--beta", type=float, default=None, help="topic concentration (default 0.1)")
     p.add_argument("--vocab-size", type=int, default=50000, help="CountVectorizer vocabSize")
     p.add_argument("--min-df", type=float, default=2.0, help="CountVectorizer minDF")
-    p.add_argument("--workers", type=int, default=0, help="parallel workers (0 = one per task slot)")
+    p.add_argument("--workers", type=int, default=0, help="parallel workers (0 = one per executor, with its cores)")
     p.add_argument("--sampler", default="auto", help="auto, dense, sparse, fplus or mh")
     p.add_argument("--log-likelihood-every", type=int, default=1,
                    help="training log-likelihood every this many iterations, for the convergence table and "

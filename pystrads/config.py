@@ -95,8 +95,9 @@ _SETTINGS = [
             "keys sent in one get request; larger key sets are split", 1),
     Setting("worker.threads", 0, int,
             "threads each worker (one barrier task) computes with, sharing its data and its block of the "
-            "model in memory; 0 = spark.task.cpus, so one task with every core of an executor is one worker "
-            "that talks to the shards once per round for all of them", 0),
+            "model in memory; 0 = the executor's cores when the fit picks its workers (one per executor), else "
+            "spark.task.cpus, so one task with every core of an executor is one worker that talks to the "
+            "shards once per round for all of them", 0),
     Setting("round.timeoutSeconds", 600.0, float,
             "seconds a worker waits for the others to finish a round before failing the step", 1.0),
     Setting("step.targetSeconds", 5.0, float,

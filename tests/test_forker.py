@@ -153,6 +153,7 @@ def test_the_forker_answers_only_its_own_user(fake_daemon, tmp):
     os.chmod(os.path.dirname(path), 0o755)
     os.chmod(tmp, 0o755)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip(), out  # (no answer at all: the client's error is in out.stderr)
     assert json.loads(out.stdout) == {"error": "this forker serves its own user only"}, out
 
 

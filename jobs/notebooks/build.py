@@ -6,24 +6,21 @@
 The Databricks source (``# Databricks notebook source``, cells separated by
 ``# COMMAND ----------``, markdown as ``# MAGIC %md`` lines) is the one file
 edited by hand; the ``.ipynb`` is generated from it (a test checks they
-agree).  ``--execute`` needs no Jupyter: code cells run in order in one
-namespace (like one kernel), printed output and matplotlib figures
-(``plt.show()``) become the cells' outputs, and the first failing cell stops
-the run with its traceback.  ``--master`` sets the Spark master of the
-session the notebook creates when no ``spark`` exists (default ``local[2]``).
+agree).  ``--execute`` runs the code cells in a Jupyter kernel (nbclient) that
+has ``spark`` before the first cell, as on Databricks: ``--session classic``
+(the default) or ``connect`` on ``--master`` (default ``local[2]``; for
+Connect a remote ``sc://host:port`` or a local Connect server), or ``none``
+(the notebook creates its own); printed output and figures become the
+cells' outputs, and the first failing cell stops the run with its error.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
-import io
 import json
 import os
 import sys
-import time
-import traceback
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,77 +60,74 @@ def to_ipynb(cells: List[Dict[str, str]]) -> Dict:
         return [p + "\n" for p in parts[:-1]] + [parts[-1]]
 
     out = []
-    for c in cells:
+    for n, c in enumerate(cells, 1):  # nbformat 4.5: every cell has an id (stable: its position)
         if c["type"] == "markdown":
-            out.append({"cell_type": "markdown", "metadata": {}, "source": lines(c["source"])})
+            out.append({"cell_type": "markdown", "id": f"cell-{n:02d}", "metadata": {}, "source": lines(c["source"])})
         else:
-            out.append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                        "source": lines(c["source"])})
+            out.append({"cell_type": "code", "execution_count": None, "id": f"cell-{n:02d}", "metadata": {},
+                        "outputs": [], "source": lines(c["source"])})
     return {"cells": out, "nbformat": 4, "nbformat_minor": 5,
             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                          "language_info": {"name": "python"}}}
 
 
-def execute(nb: Dict, master: str = "local[2]") -> Dict:
-    """Run the code cells of ``nb`` in order (in this process); returns ``nb`` with outputs."""
-    import matplotlib
+#: the code that gives the kernel its ``spark`` before the notebook's first cell, as Databricks does
+SESSIONS = {
+    "classic": ("import os, sys\n"
+                "os.environ.setdefault('PYSPARK_PYTHON', sys.executable)\n"
+                "from pystrads.session import spark_session\n"
+                "spark = spark_session({master!r}, 'pystrads-notebook', {{'spark.ui.enabled': 'false'}})"),
+    "connect": ("import os, sys\n"
+                "os.environ.setdefault('PYSPARK_PYTHON', sys.executable)\n"
+                "from pyspark.sql import SparkSession\n"
+                "spark = SparkSession.builder.remote({master!r}).config('spark.ui.enabled', 'false').getOrCreate()"),
+}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    outputs: List[Dict] = []
+def execute(nb: Dict, session: str = "classic", master: str = "local[2]", timeout: float = 600) -> Dict:
+    """Run the code cells of ``nb`` in order in a Jupyter kernel (nbclient, ipykernel's
+    ``python3``); returns ``nb`` with the kernel's outputs (streams, figures as PNG, errors).
+    Before the first cell the kernel gets ``spark`` as Databricks gives it: a classic session
+    (``session="classic"``, on ``master``), a Spark Connect session (``"connect"``: ``master`` is
+    the remote, ``sc://host:port``, or ``local[N]`` for a local Connect server), or none (``""``:
+    the notebook makes its own).  The first failing cell stops the run: ``RuntimeError`` naming
+    it (``cell N``, counting code cells) and its error."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
-    def show(*_args, **_kwargs):
-        for num in plt.get_fignums():
-            buf = io.BytesIO()
-            plt.figure(num).savefig(buf, format="png", dpi=80)
-            outputs.append({"output_type": "display_data", "metadata": {},
-                            "data": {"image/png": base64.b64encode(buf.getvalue()).decode(),
-                                     "text/plain": ["<Figure>"]}})
-        plt.close("all")
-
-    original_show, plt.show = plt.show, show
-    namespace: Dict = {"__name__": "__main__"}
+    run = nbformat.reads(json.dumps(nb), as_version=4)  # (joins each source's lines)
+    setup = [nbformat.v4.new_code_cell(SESSIONS[session].format(master=master))] if session else []
+    run.cells = setup + run.cells
+    client = NotebookClient(run, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": HERE}})
+    failure = None
     try:
-        return _run_cells(nb, namespace, master, lambda: outputs)
-    finally:
-        plt.show = original_show
-
-
-def _run_cells(nb: Dict, namespace: Dict, master: str, figures) -> Dict:
-    if master:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from pystrads.session import spark_session
-
-        namespace["spark"] = spark_session(master, "pystrads-notebook", {"spark.ui.enabled": "false"})
-    count = 0
-    for cell in nb["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        count += 1
-        figures().clear()
-        stdout = io.StringIO()
-        t0 = time.perf_counter()
-        try:
-            with contextlib.redirect_stdout(stdout):
-                exec(compile("".join(cell["source"]), f"<cell {count}>", "exec"), namespace)
-        except Exception as exc:
-            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": stdout.getvalue()},
-                               {"output_type": "error", "ename": type(exc).__name__, "evalue": str(exc),
-                                "traceback": traceback.format_exc().splitlines()}]
-            raise RuntimeError(f"cell {count} failed: {type(exc).__name__}: {exc}\n{stdout.getvalue()[-2000:]}") \
-                from exc
-        text = stdout.getvalue()
-        cell["outputs"] = ([{"output_type": "stream", "name": "stdout", "text": text}] if text else []) + list(figures())
-        cell["execution_count"] = count
-        cell["metadata"]["seconds"] = round(time.perf_counter() - t0, 1)
+        client.execute()
+    except CellExecutionError as exc:
+        failure = exc
+    cells = run.cells[len(setup):]
+    if setup and any(o.get("output_type") == "error" for o in run.cells[0].get("outputs", [])):
+        raise RuntimeError(f"the kernel's spark session ({session}, {master}) failed: {failure}")
+    for cell, done in zip(nb["cells"], cells):
+        if cell["cell_type"] == "code":
+            cell["outputs"] = [dict(o) for o in done.get("outputs", [])]
+            cell["execution_count"] = done.get("execution_count")
+    if failure is not None:
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        count = next((i + 1 for i, c in enumerate(code) if any(o["output_type"] == "error" for o in c["outputs"])), 0)
+        error = next((o for c in code for o in c["outputs"] if o["output_type"] == "error"), {})
+        text = "".join(o.get("text", "") for o in (code[count - 1]["outputs"] if count else []))
+        raise RuntimeError(f"cell {count} failed: {error.get('ename')}: {error.get('evalue')}\n{text[-2000:]}") \
+            from failure
     return nb
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--execute", metavar="OUT", help="run the notebook and write it with outputs to OUT")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--session", choices=["classic", "connect", "none"], default="classic",
+                        help="the kernel's spark before the first cell (none: the notebook makes its own)")
+    parser.add_argument("--master", default="local[2]", help="its master (connect: sc://host:port or local[N])")
     parser.add_argument("--figures", metavar="DIR", help="with --execute: also write the figures as PNG files")
     parser.add_argument("--check", action="store_true", help="fail if the .ipynb is not the build of the source")
     args = parser.parse_args(argv)
@@ -147,7 +141,7 @@ def main(argv=None) -> int:
                 return 1
         return 0
     if args.execute:
-        executed = execute(nb, args.master)
+        executed = execute(nb, "" if args.session == "none" else args.session, args.master)
         with open(args.execute, "w") as fh:
             json.dump(executed, fh, indent=1)
         if args.figures:

@@ -7,8 +7,8 @@
 # MAGIC synthetic ratings with a known low-rank structure, and **StradsLogisticRegression** /
 # MAGIC **StradsLasso** (L1) on the Debian words and on the STRADS paper's synthetic Lasso problem.
 # MAGIC
-# MAGIC It uses the notebook's existing `spark` session (Databricks, or a Jupyter kernel started with
-# MAGIC pyspark) and creates a local one only when there is none. The executors need pystrads installed
+# MAGIC It uses the notebook's existing `spark` session (Databricks, classic or Spark Connect -- serverless
+# MAGIC included --, or a Jupyter kernel started with pyspark) and creates a local one only when there is none. The executors need pystrads installed
 # MAGIC (a cluster library) -- see docs/deployment.md (*Installing* and *Databricks*).
 # MAGIC This file is the source of `pystrads_tour.ipynb` (`python jobs/notebooks/build.py` regenerates it).
 
@@ -25,7 +25,11 @@ import numpy as np
 
 import pystrads
 
-print(f"pystrads {pystrads.__version__} on Spark {spark.version}, master {spark.sparkContext.master}")
+try:
+    where = spark.conf.get("spark.master")  # classic and Spark Connect sessions alike
+except Exception:  # noqa: BLE001 -- a Connect service that does not expose it
+    where = "a Spark Connect service"
+print(f"pystrads {pystrads.__version__} on Spark {spark.version}, master {where}")
 
 # COMMAND ----------
 
@@ -100,7 +104,7 @@ from pyspark.ml.evaluation import BinaryClassificationEvaluator
 from pystrads.ml import StradsLogisticRegression
 
 labelled = lda_pipeline.transform(docs).withColumn("label", F.col("package").startswith("lib").cast("double"))
-clf = StradsLogisticRegression(regParam=0.01, maxIter=50, tol=1e-4, seed=1).fit(labelled)
+clf = StradsLogisticRegression(regParam=0.01, elasticNetParam=1.0, maxIter=50, tol=1e-4, seed=1).fit(labelled)
 coef = clf.coefficients.toArray()
 order = np.argsort(coef)
 print(f"{int(np.count_nonzero(coef))} of {len(coef)} words have a non-zero coefficient; "

@@ -112,7 +112,7 @@ class Engine:
         if decode is not None and decode_batch is not None:
             raise ConfigurationError("give decode= (per row) or decode_batch= (per Arrow batch), not both")
         if setup is None:
-            setup = preflight(rdd, num_workers, config, check=False)
+            setup = preflight(rdd, num_workers, config, check=False, per_executor=program.multithreaded)
         self.setup = setup
         self.program = program
         self.spark = setup.spark
@@ -149,7 +149,8 @@ class Engine:
                            decode=decode, decode_batch=decode_batch)
         self.threads = setup.threads
         self.job = WorkerJob(self.spark, data, self.num_workers, self.seed, self.namespace,
-                             self.config["round.timeoutSeconds"], bool(keep_states), export, self.threads)
+                             self.config["round.timeoutSeconds"], bool(keep_states), export, self.threads,
+                             task_cpus=setup.task_cpus)
         self.checkpoints: Optional[Checkpointer] = None
         self.loop: Optional[StepLoop] = None  # the step loop of a fit whose scheduler is this process
         self.progress: Optional[ProgressReporter] = None
@@ -243,6 +244,7 @@ class Engine:
         log.info("fit %s: program %r, %d workers x %d threads, seed %d, settings %s", self.namespace,
                  self.program, self.num_workers, self.threads, self.seed, dict(self.config))
         self.summary.fixed["threads"] = self.threads
+        self.summary.fixed["workers"] = self.num_workers
         self.checkpoints = Checkpointer.of(self.config, self.sc, self.program, self.num_workers, self.seed)
         if self.checkpoints is not None:
             check_checkpoint_storage(self.checkpoints.root, self.spark.hosts())

@@ -76,19 +76,23 @@ class WorkerJob:
         ``fn(worker, data, state)`` every worker runs when the fit ends.
     threads : int
         Threads each worker computes with (:attr:`WorkerContext.threads`).
+    task_cpus : int, optional
+        Cores each task asks for through a stage-level task resource profile (None: the
+        application's ``spark.task.cpus``).
     epoch : int
         The step loop's epoch, sent with every step action (see :mod:`pystrads.ps.steps`).
     """
 
     def __init__(self, spark, data: WorkerInput, num_workers: int, seed: int, namespace: str, timeout: float,
                  keep_states: bool, export: Optional[Callable[[int, Any, Any], Any]], threads: int = 1,
-                 epoch: int = 1):
+                 epoch: int = 1, task_cpus: Optional[int] = None):
         self.spark = spark
         self.sc = None if spark is None or spark.connect else getattr(spark, "sc", None)
         self.data, self.num_workers, self.seed = data, num_workers, seed
         self.namespace, self.timeout = namespace, timeout
         self.keep_states, self.export = keep_states, export
         self.threads = int(threads)
+        self.task_cpus = task_cpus
         self.epoch = int(epoch)
         self.group: Optional[ShardGroup] = None  # the shards the running job's tasks talk to
         self.job_groups: List[str] = []  # Spark job groups (tags) of every launch, in order
@@ -132,10 +136,13 @@ class WorkerJob:
             # a barrier result stage: Spark does not retry it, the driver relaunches the job (from
             # the snapshots) as it does for any failed worker job
             decode, decode_batch = data.decode, data.decode_batch
+            profile = {"profile": self._profile()} if self.task_cpus else {}
             out = frame.mapInArrow(lambda batches: run_worker_arrow(spec, batches, decode, decode_batch),
-                                   "result binary", barrier=True)
+                                   "result binary", barrier=True, **profile)
         else:
             out = to_workers(data.rdd, self.num_workers).barrier().mapPartitions(lambda it: run_worker(spec, it))
+            if self.task_cpus:
+                out = out.withResources(self._profile())
             if self.keep_states:  # the finished tasks' (data, state), read by map_states
                 out.persist(StorageLevel.MEMORY_AND_DISK)
         self._posted_program = None if new_shards else digest
@@ -144,6 +151,12 @@ class WorkerJob:
         self.job_groups.append(self._run.group_id)
         self._run.start()
         return time.perf_counter() - t0
+
+    def _profile(self):
+        """The stage-level resource profile whose tasks each ask for ``task_cpus`` cores."""
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        return ResourceProfileBuilder().require(TaskResourceRequests().cpus(int(self.task_cpus))).build
 
     def cancel(self) -> None:
         """Cancel the running launch, if any (its tasks end; the shards keep their state)."""

@@ -33,33 +33,99 @@ log = logging.getLogger(__name__)
 class FitSetup:
     """What a fit needs from its Spark application: the handle, the resolved settings and the
     number of workers; ``checked``: :func:`check_cluster` passed for them; ``threads``: the
-    threads each worker computes with (``worker.threads``, else ``spark.task.cpus``)."""
+    threads each worker computes with; ``task_cpus``: the cores each worker's task asks for
+    through a stage-level task resource profile (None: the application's ``spark.task.cpus``)."""
 
     spark: SparkHandle
     config: Config
     num_workers: int
     checked: bool
     threads: int = 1
+    task_cpus: Optional[int] = None
 
 
 def preflight(data, num_workers: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
-              check: bool = True) -> FitSetup:
+              check: bool = True, workers_param: str = "num_workers", per_executor: bool = False) -> FitSetup:
     """The fit's pre-flight step over ``data`` (an RDD or a DataFrame, or a session): the Spark
-    handle, the settings (the application's ``spark.pystrads.*`` keys, then ``config``), the
-    workers (``num_workers``, else :func:`default_num_workers`; one in serial mode,
-    ``debug.serial``) and, with ``check``, the
-    cluster's checks (:func:`check_cluster`); no Spark job runs."""
+    handle (built here once, then passed on), the settings (the application's ``spark.pystrads.*``
+    keys, then ``config``), the workers and their threads (:func:`worker_shape`; one worker in
+    serial mode, ``debug.serial``) and, with ``check``, the cluster's checks
+    (:func:`check_cluster`); no Spark job runs.  ``workers_param``: how errors name
+    ``num_workers`` (an estimator's ``numWorkers``); ``per_executor``: the program computes with
+    its workers' threads (:attr:`~pystrads.engine.Program.multithreaded`)."""
     h = handle_of(data)
     resolved = Config.from_spark(h, config)
-    workers = default_num_workers(data, num_workers, h)
+    slots = _slots(h)
+    workers, threads, task_cpus = worker_shape(h, resolved, data, num_workers, slots, per_executor)
     if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers < 1:
         raise ConfigurationError(f"num_workers={workers!r} must be a positive integer")
     if resolved["debug.serial"] and workers != 1:  # serial mode: one worker holds all the data
         log.info("spark.pystrads.debug.serial: one worker instead of %d", workers)
-        workers = 1
+        workers, threads, task_cpus = 1, worker_threads(h, resolved), None
+    if num_workers is not None and slots is not None and num_workers > slots:
+        raise _too_few_slots(num_workers, slots, workers_param)
     if check:
-        check_cluster(h, int(workers), resolved)
-    return FitSetup(h, resolved, int(workers), check, worker_threads(h, resolved))
+        check_cluster(h, int(workers), resolved, slots=slots if task_cpus is None else None)
+    return FitSetup(h, resolved, int(workers), check, threads, task_cpus)
+
+
+def worker_shape(h: SparkHandle, config: Config, data, requested: Optional[int], slots: Optional[int],
+                 per_executor: bool = True):
+    """``(workers, threads per worker, task cpus or None)`` for a fit over ``data``.
+
+    By default (``per_executor``: a program that computes with its workers' threads) one worker
+    per executor computes with all of that executor's cores: in local mode
+    one worker with the local cores; on a cluster (standalone, YARN, Kubernetes, Connect) one
+    worker per executor whose barrier task asks for the executor's cores through a stage-level
+    task resource profile, where this Spark offers one for the input's kind (DataFrames need
+    pyspark 4), else one single-threaded worker per task slot, logged with the setting that
+    would change it.  An explicit ``requested`` worker count, ``spark.task.cpus`` or
+    ``spark.pystrads.worker.threads`` keeps the application's slots: the workers are
+    ``requested`` (else :func:`default_num_workers`), each with :func:`worker_threads`."""
+    if not per_executor or requested is not None or h.conf("spark.task.cpus") or int(config["worker.threads"]):
+        return default_num_workers(data, requested, h, slots), worker_threads(h, config), None
+    master = h.master or ""
+    if master == "local" or master.startswith("local["):
+        return 1, slots_from_master(master, 1), None  # one executor: its cores in one worker
+    executors, cores = executor_shape(h)
+    if executors and cores and cores > 1:
+        if _profiles_run(h, data):
+            return executors, cores, cores
+        log.info("one single-threaded worker per task slot: this Spark cannot give a %s's barrier job a task "
+                 "resource profile; set spark.task.cpus=%d to run one worker per executor with %d threads",
+                 "DataFrame" if is_dataframe(data) else "input", cores, cores)
+    return default_num_workers(data, None, h, slots), 1, None
+
+
+def executor_shape(h: SparkHandle):
+    """``(executors, cores per executor)`` as far as known without a job (None where not)."""
+    master = h.master or ""
+    m = re.match(r"local-cluster\[(\d+),\s*(\d+),", master)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    cores = h.conf("spark.executor.cores")
+    if h.connect:
+        instances = h.conf("spark.executor.instances")
+        return (int(instances) if instances else None), (int(cores) if cores else None)
+    executors = expected_executors(h)
+    if cores:
+        return executors, int(cores)
+    if h.conf("spark.default.parallelism"):
+        return executors, None  # the executors' cores are not what defaultParallelism says then
+    return executors, max(1, h.sc.defaultParallelism // executors)  # standalone: every core of a worker
+
+
+def _profiles_run(h: SparkHandle, data) -> bool:
+    """Whether the fit's barrier job can carry a task resource profile: dynamic allocation off
+    (check_cluster refuses it anyway), and for a DataFrame input ``mapInArrow(profile=)``
+    (pyspark 4)."""
+    import inspect
+
+    if (h.conf("spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
+        return False
+    if is_dataframe(data):
+        return "profile" in inspect.signature(type(data).mapInArrow).parameters
+    return not h.connect
 
 
 def worker_threads(spark, config: Config) -> int:
@@ -93,13 +159,15 @@ def free_slots(spark, num_workers: int) -> Optional[int]:
     return None if slots is None else slots - num_workers
 
 
-def default_num_workers(data, requested: Optional[int] = None, handle: Optional[SparkHandle] = None) -> int:
-    """Workers an :class:`Engine` over ``data`` (an RDD or a DataFrame) uses: ``requested``,
-    else its partitions capped by the task slots known without a job."""
+def default_num_workers(data, requested: Optional[int] = None, handle: Optional[SparkHandle] = None,
+                        slots: Optional[int] = -1) -> int:
+    """Workers an :class:`Engine` over ``data`` (an RDD or a DataFrame) uses with one task slot
+    each: ``requested``, else its partitions capped by the task slots known without a job
+    (``slots``, when the caller has them)."""
     if requested is not None:
         return requested
     h = handle or handle_of(data)
-    slots = _slots(h)
+    slots = _slots(h) if slots == -1 else slots
     if h.connect:  # a Connect DataFrame's partitions are only known by running a job
         if slots:
             return slots
@@ -207,9 +275,12 @@ def expected_executors(spark) -> int:
     return max(1, launcher._count_executors(h.sc))
 
 
-def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] = None) -> None:
+def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] = None,
+                  slots: Optional[int] = -1) -> None:
     """Pre-flight checks of the cluster for ``num_workers`` barrier tasks (no Spark job):
-    dynamic allocation off, enough task slots, executors' Python; each error says what to change."""
+    dynamic allocation off, enough task slots (``slots``: known to the caller, None where only
+    the running application can tell, e.g. tasks of a resource profile), executors' Python;
+    each error says what to change."""
     h = handle_of(spark)
     config = config if isinstance(config, Config) else Config.from_spark(h, config)
     U = num_workers
@@ -217,7 +288,8 @@ def check_cluster(spark, num_workers: int, config: Optional[Mapping[str, Any]] =
         raise ConfigurationError(
             "spark.dynamicAllocation.enabled=true: pystrads runs barrier stages whose tasks must all "
             "run at once on fixed executors; set spark.dynamicAllocation.enabled=false")
-    slots = _slots(h)
+    if slots == -1:
+        slots = _slots(h)
     if h.connect:
         # no executor registry and no default parallelism through Connect: the slots known from
         # the master or spark.executor.instances/cores are checked; otherwise Spark's own barrier
@@ -288,8 +360,8 @@ def check_checkpoint_storage(directory: Optional[str], hosts: Optional[set]) -> 
         "as file:///that/path (the scheme says it is shared)")
 
 
-def _too_few_slots(U: int, slots: int) -> ConfigurationError:
+def _too_few_slots(U: int, slots: int, name: str = "num_workers") -> ConfigurationError:
     return ConfigurationError(
-        f"num_workers={U} needs {U} task slots running at once (barrier mode) but the cluster "
-        f"offers {slots}; lower num_workers to {max(1, slots)} or give Spark more executor cores "
-        "(spark.executor.cores / spark.executor.instances, or local[N] with N >= num_workers)")
+        f"{name}={U} needs {U} task slots running at once (barrier mode) but the cluster "
+        f"offers {slots}; lower {name} to {max(1, slots)} (or leave it unset: one worker per executor) or give "
+        f"Spark more executor cores (spark.executor.cores / spark.executor.instances, or local[N] with N >= {name})")

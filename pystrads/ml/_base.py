@@ -39,7 +39,6 @@ from ..engine.preflight import FitSetup, preflight
 from ._params import _StradsParams, add_accessor
 from ._persistence import PersistentModel
 from ._summary import HasTrainingSummary
-from ._validation import check_num_workers
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +94,10 @@ class _StradsEstimator(Estimator, _StradsParams, DefaultParamsReadable, DefaultP
         self._check_params()
         self._check_columns(dataset, *self._fit_columns)
         requested = self.getOrDefault("numWorkers")
-        check_num_workers(dataset, requested)
         config = {"checkpoint.interval": max(0, self.getOrDefault("checkpointInterval"))} \
             if self.hasParam("checkpointInterval") else None  # MLlib's rule, when a checkpoint directory is set
-        fit.setup = preflight(dataset, requested or None, config)  # the cluster's checks, before any job
+        fit.setup = preflight(dataset, requested or None, config, workers_param="numWorkers",  # before any job
+                              per_executor=self._multithreaded())
         fit.workers = fit.setup.num_workers
         fit.seed = int(self.getOrDefault("seed"))  # HasSeed always has a default
         fit.records, fit.stats = self._scan(fit)
@@ -114,6 +113,12 @@ class _StradsEstimator(Estimator, _StradsParams, DefaultParamsReadable, DefaultP
         return self._copyValues(model)
 
     # -- the hooks
+    def _multithreaded(self) -> bool:
+        """Whether this fit's program computes with its workers' threads
+        (:attr:`~pystrads.engine.Program.multithreaded`): then, without settings, one worker per
+        executor with all of its cores."""
+        return True
+
     def _scan(self, fit: Fit) -> Tuple[Any, Dict[str, Any]]:
         raise NotImplementedError
 

@@ -197,15 +197,15 @@ def topic_word_prob(counts: np.ndarray, topic_totals: np.ndarray, vocab_size: in
     return (counts.astype(np.float64) + beta) / (topic_totals.astype(np.float64) + vocab_size * beta)
 
 
-def fitted_topics(spark, result, vocab_size: int, k: int) -> WordTopics:
+def fitted_topics(spark, result, vocab_size: int, k: int, config: Config) -> WordTopics:
     """The :class:`WordTopics` of a finished fit.  A model of at most
     ``spark.pystrads.lda.localModelBytes`` as int32 is read onto the driver (one read of the
     shards, no Spark job: what transform would collect anyway).  A larger one is made by executor
     tasks that read the non-zero ``word_topic`` rows in ranges (each shard filters its part),
     materialised before the fit is released (:func:`~pystrads.engine.frames.keep_frame`); the
-    topic totals (K numbers) come to the driver."""
+    topic totals (K numbers) come to the driver.  ``config``: the fit's settings."""
     totals = np.asarray(result.read_table("topic_totals")[0], dtype=np.int64)
-    if vocab_size * k * 4 <= Config.from_spark(spark)["lda.localModelBytes"]:
+    if vocab_size * k * 4 <= config["lda.localModelBytes"]:
         dense = np.ascontiguousarray(result.read_table("word_topic"), dtype=np.int32)
         return WordTopics(None, totals, int(vocab_size), dense)
     # rows per request: READ_BYTES of entries at ~1/8 fill (a request is at most 8x that, all rows full);

@@ -175,7 +175,8 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStop
         fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
         wcol = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
         vcol = self._validation_col()
-        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self._class_labels, fit.workers, vcol)
+        records, stats = scan_input(fit.dataset, fcol, lcol, wcol, self._class_labels, fit.workers, vcol,
+                                    connect=fit.setup.spark.connect)
         if stats["rows"] == 0 and stats["validation_rows"]:
             raise InputError(f"validationIndicatorCol {vcol!r} marks every row ({stats['validation_rows']}) for "
                              "validation; fit needs training rows: mark some false")

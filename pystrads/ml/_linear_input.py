@@ -13,7 +13,6 @@ from typing import Any, Dict, Optional
 import numpy as np
 from pyspark.sql import functions as F
 
-from ..engine.preflight import frame_to_workers
 from ..errors import InputError
 from ..spark import handle_of
 from ..programs._rows import RowBlock
@@ -181,10 +180,12 @@ def _block_error(b, fcol, lcol, wcol, class_labels):
 
 
 def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int,
-                vcol: Optional[str] = None):
+                vcol: Optional[str], connect: bool):
     sel = _selected(dataset, fcol, lcol, wcol, vcol)
+    from ..engine.preflight import frame_to_workers  # the driver's side (this module is the workers' too)
+
     # row-wise, in the JVM (blocks would balance badly), unless the barrier job can run over it
-    sel = frame_to_workers(sel, num_workers, classic=not handle_of(dataset).connect)
+    sel = frame_to_workers(sel, num_workers, classic=not connect)
 
     def check(batches):
         stats = _empty_stats()
@@ -209,7 +210,7 @@ def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels
 
 
 def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int = 0,
-               vcol: Optional[str] = None):
+               vcol: Optional[str] = None, connect: Optional[bool] = None):
     """One pass over the input: records for the engine, counts, the first bad row.
 
     Returns ``(records, stats)``; ``stats`` has ``rows``, ``nnz`` and ``wsum`` of the training
@@ -228,7 +229,8 @@ def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels:
     """
     if num_workers > 0 and _arrow_scan_ok:
         try:
-            return _scan_arrow(dataset, fcol, lcol, wcol, class_labels, num_workers, vcol)
+            return _scan_arrow(dataset, fcol, lcol, wcol, class_labels, num_workers, vcol,
+                               handle_of(dataset).connect if connect is None else connect)
         except Exception as exc:  # noqa: BLE001 - e.g. a Spark without Arrow support for UDT columns
             if isinstance(exc, (KeyboardInterrupt, InputError)):
                 raise

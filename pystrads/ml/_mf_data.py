@@ -182,7 +182,7 @@ def _features(column, rows: int) -> np.ndarray:
     return values.reshape(rows, -1) if rows else np.zeros((0, 0), np.float32)
 
 
-def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray, rank: int):
+def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray, rank: int, config):
     """``(userFactors, itemFactors)`` of a finished fit.  A model of at most
     ``spark.pystrads.mf.localModelBytes`` is read onto the driver (the workers' exports and the
     ``item_factors`` table: one read, no Spark job, which a small fit would otherwise pay as two
@@ -190,10 +190,8 @@ def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray,
     worker's users from its export, the items in ranges of the ``item_factors`` table
     (``program.item_rows``), both materialised before the fit is released
     (:func:`~pystrads.engine.frames.keep_frames`); only the ids (already on the driver) travel
-    in the tasks' closures."""
-    from ..config import Config
-
-    if (len(users) + len(items)) * rank * 8 <= Config.from_spark(spark)["mf.localModelBytes"]:
+    in the tasks' closures.  ``config``: the fit's settings."""
+    if (len(users) + len(items)) * rank * 8 <= config["mf.localModelBytes"]:
         w = np.zeros((len(users), rank))
         for positions, rows in result.exports:
             w[positions] = rows

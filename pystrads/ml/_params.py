@@ -131,7 +131,7 @@ def one_of(*choices: Any, note: str = "") -> Rule:
 #: the MLlib params every pystrads estimator means the same by (applied where a class has them)
 COMMON_RULES: Dict[str, Rule] = {
     "maxIter": at_least(1),
-    "numWorkers": at_least(0, note="0 = one per task slot"),
+    "numWorkers": at_least(0, note="0 = one worker per executor, with its cores"),
     "checkpointInterval": Rule(lambda v, p: v == -1 or v >= 1,
                                "must be >= 1, or -1 to disable checkpoints (MLlib's rule)"),
     "regParam": at_least(0, finite=True),
@@ -236,7 +236,8 @@ class HasNumWorkers(_StradsParams):
     numWorkers: "Param[int]" = Param(
         Params._dummy(), "numWorkers",
         "data partitions (workers) updating the model in parallel; they must all run at once (barrier "
-        "mode). 0 = one per Spark task slot.", typeConverter=TypeConverters.toInt)
+        "mode). 0 = one worker per executor computing with that executor's cores (in local mode one "
+        "worker with the local cores).", typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)

@@ -4,29 +4,9 @@ names the param or column, the offending value and the fix."""
 from __future__ import annotations
 
 import math
-from typing import Optional
-
-from ..errors import ConfigurationError, InputError
+from ..errors import InputError
 
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
-
-
-def check_num_workers(sc, requested: Optional[int]) -> None:
-    """``numWorkers`` against the task slots known without a job (local masters); no Spark job.
-
-    Clusters whose slots are only known once executors register are checked
-    later by :func:`~pystrads.engine.preflight.check_cluster`.
-    """
-    if not requested:
-        return
-    from ..engine.preflight import _slots  # the driver's side: the workers unpickle this module's checks
-
-    slots = _slots(sc)
-    if slots is not None and requested > slots:
-        raise ConfigurationError(
-            f"numWorkers={requested} needs {requested} task slots running at once (barrier mode) but the cluster "
-            f"offers {slots}; lower numWorkers to {max(1, slots)} (or 0 = one per task slot) or give Spark more "
-            "executor cores (spark.executor.cores / spark.executor.instances, or local[N] with N >= numWorkers)")
 
 
 def _fmt(x, integral: bool = True) -> str:

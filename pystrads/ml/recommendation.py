@@ -234,6 +234,9 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
         return read_ratings(fit.dataset, self.getUserCol(), self.getItemCol(), self.getRatingCol(), fit.workers,
                             self._validation_col())
 
+    def _multithreaded(self) -> bool:
+        return self.getAlgorithm() != "sgd"  # SGD writes a user's and an item's row per rating: one thread
+
     def _program(self, fit: Fit):
         users, items, item_counts = fit.stats["users"], fit.stats["items"], fit.stats["item_counts"]
         self._warn_ignored("pystrads' own partitioning (numWorkers workers, the factors on the shards)",
@@ -266,7 +269,7 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     def _read_model(self, result, fit: Fit) -> "StradsMFModel":
         # executors read the factors from the shards into DataFrames; none reach the driver
         users, items = fitted_factors(fit.dataset.sparkSession, result, fit.program, fit.stats["users"],
-                                      fit.stats["items"], self.getRank())
+                                      fit.stats["items"], self.getRank(), fit.setup.config)
         return StradsMFModel(self.getRank(), users, items)
 
 

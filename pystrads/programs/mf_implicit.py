@@ -97,6 +97,9 @@ def percentile_ranks(program: "ImplicitMFProgram", table, data: _MFData, w: np.n
         a, b = np.searchsorted(train_item, [lo, hi])
         scores[train_row[a:b], train_item[a:b] - lo] = -np.inf
         above += (scores[pair_row] > target[:, None]).sum(axis=1)
+        # a pair's own item is no candidate above it, though its score here may round above target
+        own = np.flatnonzero((items >= lo) & (items < hi))
+        above[own] -= scores[pair_row[own], items[own] - lo] > target[own]
     return above / np.maximum(candidates[pair_row] - 1, 1), weights
 
 
