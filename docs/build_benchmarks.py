@@ -68,6 +68,7 @@ def _mtok(x):
 # -- LDA (jobs/bench_lda.py) -------------------------------------------------------------------
 
 LDA_NAMES = {
+    "pystrads default": "pystrads, a default session (`local[2]`, no settings)",
     "pystrads 1 worker x 2 threads": "pystrads, 1 worker × 2 threads",
     "pystrads 2 workers": "pystrads, 2 workers × 1 thread",
     "pystrads 1 worker": "pystrads, 1 worker × 1 thread",
@@ -98,6 +99,20 @@ def lda_table(data, systems=None):
             out.append(f"| {LDA_NAMES.get(ladder[0]['system'], ladder[0]['system'])} (ladder) | "
                        f"{' / '.join(str(x['iterations']) for x in ladder)} | {ladder[0]['runs']} | "
                        f"{join('prep_s')} | {join('train_s')} | {join('wall_s')} | | {join('heldout_perplexity')} |")
+    return out
+
+
+def lda_shapes_table(data):
+    """A default session's StradsLDA against the explicit shapes and tomotopy, one run."""
+    out = lda_table(data, {"pystrads default", "pystrads 1 worker x 2 threads", "pystrads 2 workers",
+                           "pystrads 1 worker", "tomotopy 2 threads"})
+    s, default = data.get("summary", {}), next((r for r in data["table"] if r["system"] == "pystrads default"), None)
+    if default is not None and s.get("default_vs_best_shape_wall") is not None:
+        out += ["", f"The default session ran {default['workers']} worker × {default['threads']} threads: "
+                f"{s['default_vs_best_shape_wall']:.3f}× the wall time of the fastest explicit shape "
+                f"({LDA_NAMES.get(s['best_explicit_shape'], s['best_explicit_shape'])}); "
+                f"{s['default_throughput_vs_tomotopy']:.2f}× tomotopy's speed, held-out perplexity "
+                f"{100 * s['default_perplexity_vs_tomotopy']:+.2f} % against tomotopy's."]
     return out
 
 

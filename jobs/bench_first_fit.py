@@ -1,6 +1,7 @@
 """Benchmark: what the first StradsLDA fit of an application costs beyond a warm one.
 
     python3 jobs/bench_first_fit.py --repeats 3      # the bundled sample, K = 20, 100 iterations
+    python3 jobs/bench_first_fit.py --notebook       # the notebook case: the fit is the first Python work
 
 Each repeat is a fresh Python process, as a second run of the quick start is: it starts a Spark
 session (local[2]), turns the bundled Debian sample into term counts (its rows come from Python:
@@ -14,6 +15,10 @@ imports and load, the kernels' loading -- and the model's read), and the CPU sec
 cost the Spark JVM, the Python daemon and workers, the shards and the driver (from /proc: on
 2 cores a first fit is bound by CPU, so this says where its extra time goes). One more process
 runs with an empty numba cache (``NUMBA_CACHE_DIR``), as a fresh clone's first run does, kernels compiling.
+``--notebook``: the corpus is read by the JVM (``spark.read.json`` of the bundled file) and
+turned into term counts by MLlib's JVM stages, as a notebook does it, so the first fit is the
+session's first Python work (Spark's Python daemon and workers start inside it); the JSON records
+the Python workers' CPU before the first fit (0 in that case).
 Medians over the repeats; the table and JSON (``--out``; ``docs/bench-data/first_fit.json``
 feeds docs/benchmarks.md).  ``--compare KEY=VALUE`` (repeatable) runs, after each process, one
 more with those Spark settings (e.g. ``spark.pystrads.shard.fork=false``), and reports its
@@ -90,9 +95,9 @@ def _spent(before: dict, after: dict) -> dict:
     return {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in PROCESSES}
 
 
-def child(k: int, iterations: int, pairs: int, conf=None) -> dict:
+def child(k: int, iterations: int, pairs: int, conf=None, notebook: bool = False) -> dict:
     """One fresh process's measurements (printed as JSON by ``--child``), its session with the
-    Spark settings ``conf`` besides the defaults."""
+    Spark settings ``conf`` besides the defaults; ``notebook``: the corpus comes from the JVM."""
     t0 = time.perf_counter()
     from pyspark.ml import Pipeline
     from pyspark.ml.feature import CountVectorizer, RegexTokenizer, StopWordsRemover
@@ -104,12 +109,19 @@ def child(k: int, iterations: int, pairs: int, conf=None) -> dict:
     imports = time.perf_counter() - t0
     spark = spark_session("local[2]", "pystrads-bench-first-fit", {"spark.ui.enabled": "false", **(conf or {})})
     spark.sparkContext.setLogLevel("ERROR")
-    df = load_debian_sample(spark)
+    if notebook:
+        import pystrads.datasets
+
+        path = os.path.join(os.path.dirname(pystrads.datasets.__file__), "data", "debian_sample.jsonl.gz")
+        df = spark.read.json(path)
+    else:
+        df = load_debian_sample(spark)
     stages = [RegexTokenizer(inputCol="text", outputCol="tokens", pattern="[^a-z0-9+]+", toLowercase=True),
               StopWordsRemover(inputCol="tokens", outputCol="words"),
               CountVectorizer(inputCol="words", outputCol="features", vocabSize=50000, minDF=2.0)]
     features = Pipeline(stages=stages).fit(df).transform(df).select("features").cache()
     docs = features.count()
+    python_before = cpu_seconds()["python_workers"]  # 0: the first fit starts Spark's Python workers
 
     def fit(n):
         cpu = cpu_seconds()
@@ -124,15 +136,16 @@ def child(k: int, iterations: int, pairs: int, conf=None) -> dict:
         double.append(fit(2 * iterations)[0])
     mid = sorted(warm, key=lambda w: w[0])[len(warm) // 2]  # the median warm fit
     spark.stop()
-    return {"docs": docs, "imports_s": imports, "first_s": first, "warm_s": mid[0],
+    return {"docs": docs, "imports_s": imports, "python_before_first_fit_s": python_before, "first_s": first, "warm_s": mid[0],
             "double_s": float(np.median(double)), "warm_runs_s": [w[0] for w in warm], "double_runs_s": double,
             "first_phases": {p: first_phases.get(p, 0.0) for p in PHASES},
             "warm_phases": {p: mid[1].get(p, 0.0) for p in PHASES},
             "first_cpu_s": first_cpu, "warm_cpu_s": mid[2]}
 
 
-def run_child(k: int, iterations: int, pairs: int, env=None, conf=None) -> dict:
+def run_child(k: int, iterations: int, pairs: int, env=None, conf=None, notebook: bool = False) -> dict:
     settings = [a for key, value in (conf or {}).items() for a in ("--conf", f"{key}={value}")]
+    settings += ["--notebook"] if notebook else []
     # the executors run this interpreter, as the quick start's do: a PYSPARK_PYTHON naming another
     # path to it (a pyenv shim, say) would start every Python daemon through that wrapper and the
     # shards through a Spark job instead of from the driver
@@ -161,29 +174,33 @@ def main(argv=None):
                    help="warm fits of --iterations and of twice as many per process, interleaved (medians)")
     p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE",
                    help="also run each process with these Spark settings, alternating (repeatable)")
+    p.add_argument("--notebook", action="store_true",
+                   help="the notebook case: the corpus read and counted by the JVM, the fit the first Python work")
     p.add_argument("--conf", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", default="out/bench_first_fit.json")
+    p.add_argument("--out", default=None, help="default out/bench_first_fit[_notebook].json")
     args = p.parse_args(argv)
     for setting in args.compare + args.conf:
         if "=" not in setting:
             p.error(f"--compare / --conf take KEY=VALUE, not {setting!r} (e.g. spark.pystrads.shard.fork=false)")
     if args.child:
-        print(json.dumps(child(args.k, args.iterations, args.pairs, dict(a.split("=", 1) for a in args.conf))))
+        print(json.dumps(child(args.k, args.iterations, args.pairs, dict(a.split("=", 1) for a in args.conf),
+                               args.notebook)))
         return None
 
+    args.out = args.out or f"out/bench_first_fit{'_notebook' if args.notebook else ''}.json"
     compare = dict(a.split("=", 1) for a in args.compare)
     runs, alternate = [], []
     for rep in range(args.repeats):
         for conf, into, label in [({}, runs, "")] + ([(compare, alternate, " (compared)")] if compare else []):
-            r = run_child(args.k, args.iterations, args.pairs, conf=conf)
+            r = run_child(args.k, args.iterations, args.pairs, conf=conf, notebook=args.notebook)
             r["ratio"] = r["first_s"] / r["warm_s"]
             r["one_off_s"] = 2 * r["warm_s"] - r["double_s"]
             into.append(r)
             print(f"  process {rep + 1}{label}: first fit {r['first_s']:.2f} s, warm {r['warm_s']:.2f} s "
                   f"(x{r['ratio']:.2f}), one-off {r['one_off_s']:.2f} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="pystrads-numba-") as cache:
-        cold = run_child(args.k, args.iterations, 1, dict(os.environ, NUMBA_CACHE_DIR=cache))
+        cold = run_child(args.k, args.iterations, 1, dict(os.environ, NUMBA_CACHE_DIR=cache), notebook=args.notebook)
     cold["ratio"] = cold["first_s"] / cold["warm_s"]
     print(f"  kernels compiling (empty numba cache): first fit {cold['first_s']:.2f} s, warm {cold['warm_s']:.2f} s")
 
@@ -213,7 +230,8 @@ def main(argv=None):
               f"warm fit {m['warm_s']:.2f} s, ratio {m['ratio']:.2f}, one-off {m['one_off_s']:.2f} s")
     return record("jobs/bench_first_fit.py", argv_of(argv), args.out, {
         "problem": {"corpus": "bundled Debian sample", "docs": runs[0]["docs"], "k": args.k,
-                    "iterations": args.iterations},
+                    "iterations": args.iterations,
+                    "case": "notebook: read and counted by the JVM" if args.notebook else "rows from Python"},
         "runs": runs, "median": summary, "phases": phases, "cpu_s": cpu, "empty_kernel_cache": cold,
         **({"compared": compared} if compared else {})})
 

@@ -229,9 +229,11 @@ def em_map_topics(expected_counts, beta):
 #: the rows of the systems that learn alpha carry this suffix
 LEARNED = ", learned alpha"
 
-# table order: StradsLDA (1 worker x 2 threads, 2 workers, 1 worker, the ladder), tomotopy, the learned-alpha rows, MLlib online, MLlib EM
+# table order: StradsLDA (a default session's shape, 1 worker x 2 threads, 2 workers, 1 worker, the ladder),
+# tomotopy, the learned-alpha rows, MLlib online, MLlib EM
+DEFAULT = "pystrads default"
 THREADED = "pystrads 1 worker x 2 threads"
-SYSTEM_ORDER = [THREADED, "pystrads 2 workers", "pystrads 1 worker", "pystrads 2 workers (ladder)", "tomotopy 2 threads",
+SYSTEM_ORDER = [DEFAULT, THREADED, "pystrads 2 workers", "pystrads 1 worker", "pystrads 2 workers (ladder)", "tomotopy 2 threads",
                 "pystrads 2 workers" + LEARNED, "tomotopy 2 threads" + LEARNED, "MLlib online", "MLlib EM"]
 
 
@@ -252,6 +254,8 @@ def median_table(results, tokens):
                "prep_s": med(rs, "prep_s"), "train_s": med(rs, "train_s"), "wall_s": wall,
                "tokens_per_s": round(tokens * iters / wall) if wall else None,
                "heldout_perplexity": round(med(rs, "heldout_perplexity"), 1)}
+        if rs[0].get("workers") is not None:  # the fit's shape (the default row: the one pystrads picked)
+            row["workers"], row["threads"] = rs[0]["workers"], rs[0]["threads"]
         if system == "MLlib EM":
             row["heldout_perplexity_raw_counts"] = round(med(rs, "heldout_perplexity_raw_counts"), 1)
         if rs[0].get("learned_alpha") is not None:  # the run of median perplexity: its alpha
@@ -305,10 +309,12 @@ def main(argv=None):
 
     from pystrads.session import spark_session
 
-    def session(task_cpus=1):
-        spark = spark_session("local[2]", "pystrads-bench-lda", {"spark.ui.enabled": "false",
-                                                                 "spark.driver.memory": "8g",
-                                                                 "spark.task.cpus": str(task_cpus)})
+    def session(task_cpus=None):
+        """local[2]; ``task_cpus`` set explicitly (else Spark's default, as a user's session has it)."""
+        conf = {"spark.ui.enabled": "false", "spark.driver.memory": "8g"}
+        if task_cpus:
+            conf["spark.task.cpus"] = str(task_cpus)
+        spark = spark_session("local[2]", "pystrads-bench-lda", conf)
         spark.sparkContext.setLogLevel("ERROR")
         return spark
 
@@ -356,10 +362,12 @@ def main(argv=None):
         phi, wall, prep, s, own = run_strads(df, args.k, alpha, args.beta, iters, seed, workers,
                                              args.optimize_interval if learned else 0, args.optimize_burn_in)
         name = f"pystrads {workers} worker{'s' if workers > 1 else ''}" + (LEARNED if learned else "")
-        if threads > 1:
+        if not workers:  # numWorkers unset in a session without settings: the shape pystrads picks
+            name = DEFAULT
+        elif threads > 1:
             assert s.fixed["threads"] == threads, s.fixed
             name = f"pystrads {workers} worker x {threads} threads"
-        info = {"sampler": s.sampler, "threads": threads, "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
+        info = {"sampler": s.sampler, "threads": s.fixed["threads"], "workers": s.fixed["workers"], "fixed_s": {k: round(v, 3) for k, v in s.fixed.items()},
                 "steps": len(s.steps), "outside_rounds_s": round(float(s.steps["outside_rounds_s"].sum()), 2),
                 "steps_s": round(float(s.steps["seconds"].sum()), 2),
                 # the engine's fit outside the workers' rounds (shard set-up, job launch, data load,
@@ -419,6 +427,7 @@ def main(argv=None):
     # timed runs: interleaved rounds, then the ladder, then MLlib EM (last: its cached graph stays behind)
     for rep in range(args.repeats):
         if not args.skip_fixed:
+            strads(0, args.iters, rep + 1, {"repeat": rep})
             strads(2, args.iters, rep + 1, {"repeat": rep})
             tomotopy(args.iters, rep + 1, {"repeat": rep})
             strads(1, args.iters, rep + 1, {"repeat": rep})
@@ -466,6 +475,16 @@ def main(argv=None):
         summary["threads_perplexity_vs_tomotopy"] = threaded["heldout_perplexity"] / tt["heldout_perplexity"] - 1
     if threaded and s2:
         summary["threads_vs_two_workers_wall"] = threaded["wall_s"] / s2["wall_s"]
+    default = main_row(DEFAULT)
+    shapes = [r for r in (threaded, s2, s1) if r]
+    if default and shapes:  # a default session against the best explicit shape of the same run
+        best = min(shapes, key=lambda r: r["wall_s"])
+        summary["default_shape"] = f"{default['workers']} worker(s) x {default['threads']} threads"
+        summary["best_explicit_shape"] = best["system"]
+        summary["default_vs_best_shape_wall"] = default["wall_s"] / best["wall_s"]
+    if default and tt:
+        summary["default_throughput_vs_tomotopy"] = tt["wall_s"] / default["wall_s"]
+        summary["default_perplexity_vs_tomotopy"] = default["heldout_perplexity"] / tt["heldout_perplexity"] - 1
     s2l, ttl = main_row("pystrads 2 workers" + LEARNED), main_row("tomotopy 2 threads" + LEARNED)
     if s2l and ttl:  # learned alpha: perplexity and wall time against tomotopy's learned alpha
         summary["learned_perplexity_vs_tomotopy_learned"] = s2l["heldout_perplexity"] / ttl["heldout_perplexity"] - 1

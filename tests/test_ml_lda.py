@@ -340,7 +340,8 @@ def test_early_stopping_on_the_held_out_perplexity(debian_split):
     from pystrads.engine.stopping import EarlyStopping
 
     heldout = debian_split.filter("validation")
-    est = StradsLDA(k=20, maxIter=40, seed=3, optimizeDocConcentration=False, validationIndicatorCol="validation")
+    est = StradsLDA(k=20, maxIter=40, seed=3, optimizeDocConcentration=False, validationIndicatorCol="validation",
+                    numWorkers=2)  # the chain of two workers, whose held-out curve flattens inside the run
     model = est.copy({est.earlyStoppingRounds: 0}).fit(debian_split)
     full = model.summary
     curve = full.validationHistory

@@ -410,7 +410,9 @@ def test_cross_validator_runs_its_fits_at_once_with_the_metrics_of_sequential_fi
     grid = ParamGridBuilder().addGrid(StradsMF.regParam, [0.01, 0.05, 0.1, 0.3]).build()
 
     def cv(parallelism):
-        return CrossValidator(estimator=mf(numWorkers=1, coldStartStrategy="drop"), estimatorParamMaps=grid,
+        # 100 iterations: each fit's step loop lasts long enough (~0.4 s) for a pair's to overlap
+        est = mf(numWorkers=1, maxIter=100, coldStartStrategy="drop")
+        return CrossValidator(estimator=est, estimatorParamMaps=grid,
                               evaluator=RegressionEvaluator(labelCol="rating"), numFolds=2, parallelism=parallelism,
                               seed=3).fit(ratings)
 

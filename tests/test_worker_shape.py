@@ -57,16 +57,17 @@ def test_explicit_settings_keep_one_worker_per_task_slot():
     assert _shape(_Handle("local[4]"), requested=2, config={"worker.threads": 2}) == (2, 2, None)
 
 
-def test_a_program_that_computes_on_one_thread_keeps_one_worker_per_task_slot():
-    """A Program without ``multithreaded`` (a user's, or SGD matrix factorisation) would leave
-    every core but one idle in one worker per executor."""
+def test_the_program_api_and_single_threaded_programs_keep_one_worker_per_task_slot(sc):
+    """The Program API's default (a program's schedules give one work item per worker), and SGD
+    matrix factorisation (one thread per worker: one worker per executor would idle the rest)."""
+    from pystrads.engine import Engine
     from pystrads.ml import StradsMF
     from pystrads.programs import examples
-    from pystrads.programs.lda import LDAProgram
 
     assert _shape(_Handle("local[4]"), per_executor=False) == (4, 1, None)
-    assert not examples.RotationSum.multithreaded and LDAProgram.multithreaded
     assert StradsMF()._multithreaded() and not StradsMF(algorithm="sgd")._multithreaded()
+    engine = Engine(examples.RotationSum(10, iterations=1), sc.parallelize(range(10), 2))
+    assert (engine.num_workers, engine.threads) == (2, 1)
 
 
 def test_a_cluster_runs_one_worker_per_executor_asking_for_its_cores(monkeypatch):
@@ -106,3 +107,44 @@ def test_one_estimator_fit_builds_one_spark_handle_and_reads_the_slots_once(spar
     monkeypatch.setattr(pf, "_slots", lambda h: (slot_reads.append(h), slots(h))[1])
     StradsLasso(regParam=0.01, maxIter=5).fit(df)
     assert len(built) == 1 and len(slot_reads) == 1
+
+
+CLUSTER_FIT = """
+import json, sys
+from pystrads.session import spark_session
+from pystrads.testing import _lda_data, _linear_data
+from pystrads.ml import StradsLDA, StradsLasso
+
+spark = spark_session("local-cluster[2,2,1024]", "pystrads-shape", {"spark.ui.enabled": "false"})
+spark.sparkContext.setLogLevel("ERROR")
+out = {}
+for name, est, df in (("lda", StradsLDA(k=2, maxIter=10, seed=1), _lda_data(spark)),
+                      ("lasso", StradsLasso(regParam=0.01, maxIter=50), _linear_data(spark, False))):
+    model = est.fit(df)
+    out[name] = {"workers": model.summary.fixed["workers"], "threads": model.summary.fixed["threads"]}
+    if name == "lasso":
+        out[name]["coefficients"] = model.coefficients.toArray().tolist()
+print(json.dumps(out))
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_a_default_fit_on_two_two_core_executors_runs_one_two_threaded_worker_on_each(spark):
+    """A standalone cluster (``local-cluster``: a master and two workers of 2 cores): the barrier
+    task asks for 2 cores through a task resource profile, so each executor holds one worker
+    computing with 2 threads; the model is the one of local mode."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    proc = subprocess.run([sys.executable, "-c", CLUSTER_FIT], capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, proc.stderr[-4000:]
+    got = json.loads(lines[-1])
+    for name in ("lda", "lasso"):
+        assert (got[name]["workers"], got[name]["threads"]) == (2, 2), got
+    local = StradsLasso(regParam=0.01, maxIter=50, numWorkers=2).fit(_linear_data(spark, False))
+    np.testing.assert_allclose(got["lasso"]["coefficients"], local.coefficients.toArray(), atol=1e-9)

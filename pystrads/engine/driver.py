@@ -112,7 +112,7 @@ class Engine:
         if decode is not None and decode_batch is not None:
             raise ConfigurationError("give decode= (per row) or decode_batch= (per Arrow batch), not both")
         if setup is None:
-            setup = preflight(rdd, num_workers, config, check=False, per_executor=program.multithreaded)
+            setup = preflight(rdd, num_workers, config, check=False)
         self.setup = setup
         self.program = program
         self.spark = setup.spark

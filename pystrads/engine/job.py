@@ -136,13 +136,15 @@ class WorkerJob:
             # a barrier result stage: Spark does not retry it, the driver relaunches the job (from
             # the snapshots) as it does for any failed worker job
             decode, decode_batch = data.decode, data.decode_batch
-            profile = {"profile": self._profile()} if self.task_cpus else {}
+            profile = self._profile()
+            profile = {"profile": profile} if profile is not None else {}
             out = frame.mapInArrow(lambda batches: run_worker_arrow(spec, batches, decode, decode_batch),
                                    "result binary", barrier=True, **profile)
         else:
             out = to_workers(data.rdd, self.num_workers).barrier().mapPartitions(lambda it: run_worker(spec, it))
-            if self.task_cpus:
-                out = out.withResources(self._profile())
+            profile = self._profile()
+            if profile is not None:
+                out = out.withResources(profile)
             if self.keep_states:  # the finished tasks' (data, state), read by map_states
                 out.persist(StorageLevel.MEMORY_AND_DISK)
         self._posted_program = None if new_shards else digest
@@ -153,10 +155,20 @@ class WorkerJob:
         return time.perf_counter() - t0
 
     def _profile(self):
-        """The stage-level resource profile whose tasks each ask for ``task_cpus`` cores."""
+        """The stage-level resource profile whose tasks each ask for ``task_cpus`` cores (None
+        without ``task_cpus``, or where this Spark refuses to build one: the job then runs on
+        the application's slots, its workers' threads sharing them, logged)."""
+        if not self.task_cpus:
+            return None
         from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
-        return ResourceProfileBuilder().require(TaskResourceRequests().cpus(int(self.task_cpus))).build
+        try:
+            return ResourceProfileBuilder().require(TaskResourceRequests().cpus(int(self.task_cpus))).build
+        except Exception as exc:  # noqa: BLE001 -- e.g. a Connect server without stage-level scheduling
+            log.warning("the fit's barrier job runs without a task resource profile (%s): each worker's %d "
+                        "threads share one task slot; set spark.task.cpus=%d to reserve them", exc,
+                        self.threads, self.task_cpus)
+            return None
 
     def cancel(self) -> None:
         """Cancel the running launch, if any (its tasks end; the shards keep their state)."""

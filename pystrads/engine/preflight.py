@@ -51,8 +51,10 @@ def preflight(data, num_workers: Optional[int] = None, config: Optional[Mapping[
     keys, then ``config``), the workers and their threads (:func:`worker_shape`; one worker in
     serial mode, ``debug.serial``) and, with ``check``, the cluster's checks
     (:func:`check_cluster`); no Spark job runs.  ``workers_param``: how errors name
-    ``num_workers`` (an estimator's ``numWorkers``); ``per_executor``: the program computes with
-    its workers' threads (:attr:`~pystrads.engine.Program.multithreaded`)."""
+    ``num_workers`` (an estimator's ``numWorkers``); ``per_executor``: without an explicit shape,
+    one worker per executor with its cores (:func:`worker_shape`; the estimators, whose programs
+    compute with their workers' threads), else one worker per task slot (the Program API's
+    default: a program's ``num_workers`` and its schedules' work items follow the slots)."""
     h = handle_of(data)
     resolved = Config.from_spark(h, config)
     slots = _slots(h)
@@ -62,7 +64,7 @@ def preflight(data, num_workers: Optional[int] = None, config: Optional[Mapping[
     if resolved["debug.serial"] and workers != 1:  # serial mode: one worker holds all the data
         log.info("spark.pystrads.debug.serial: one worker instead of %d", workers)
         workers, threads, task_cpus = 1, worker_threads(h, resolved), None
-    if num_workers is not None and slots is not None and num_workers > slots:
+    if check and num_workers is not None and slots is not None and num_workers > slots:
         raise _too_few_slots(num_workers, slots, workers_param)
     if check:
         check_cluster(h, int(workers), resolved, slots=slots if task_cpus is None else None)
@@ -73,8 +75,8 @@ def worker_shape(h: SparkHandle, config: Config, data, requested: Optional[int],
                  per_executor: bool = True):
     """``(workers, threads per worker, task cpus or None)`` for a fit over ``data``.
 
-    By default (``per_executor``: a program that computes with its workers' threads) one worker
-    per executor computes with all of that executor's cores: in local mode
+    By default (``per_executor``: an estimator's fit, whose program computes with its workers'
+    threads) one worker per executor computes with all of that executor's cores: in local mode
     one worker with the local cores; on a cluster (standalone, YARN, Kubernetes, Connect) one
     worker per executor whose barrier task asks for the executor's cores through a stage-level
     task resource profile, where this Spark offers one for the input's kind (DataFrames need

@@ -211,11 +211,6 @@ class Program:
     #: driver-side hooks may keep state in it (saved with each checkpoint).
     checkpoint_ignore: Sequence[str] = ()
 
-    #: The hooks compute with the worker's threads (:meth:`WorkerContext.parallel`): a fit that
-    #: picks its own workers then runs one per executor with all of that executor's cores,
-    #: instead of one single-threaded worker per task slot.
-    multithreaded: bool = False
-
     def tables(self) -> Sequence[Table]:
         return []
 

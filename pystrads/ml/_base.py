@@ -114,9 +114,8 @@ class _StradsEstimator(Estimator, _StradsParams, DefaultParamsReadable, DefaultP
 
     # -- the hooks
     def _multithreaded(self) -> bool:
-        """Whether this fit's program computes with its workers' threads
-        (:attr:`~pystrads.engine.Program.multithreaded`): then, without settings, one worker per
-        executor with all of its cores."""
+        """Whether this fit's program computes with its workers' threads (``ctx.parallel``):
+        then, without settings, one worker per executor with all of its cores."""
         return True
 
     def _scan(self, fit: Fit) -> Tuple[Any, Dict[str, Any]]:

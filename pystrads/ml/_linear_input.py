@@ -181,11 +181,9 @@ def _block_error(b, fcol, lcol, wcol, class_labels):
 
 def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int,
                 vcol: Optional[str], connect: bool):
-    sel = _selected(dataset, fcol, lcol, wcol, vcol)
     from ..engine.preflight import frame_to_workers  # the driver's side (this module is the workers' too)
 
-    # row-wise, in the JVM (blocks would balance badly), unless the barrier job can run over it
-    sel = frame_to_workers(sel, num_workers, classic=not connect)
+    sel = _selected(dataset, fcol, lcol, wcol, vcol)
 
     def check(batches):
         stats = _empty_stats()
@@ -206,7 +204,11 @@ def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels
 
     from ._arrow import collect_per_partition
 
-    return sel, _merge_stats(collect_per_partition(sel, check))
+    # the check reads the input as it is (one job, no shuffle, the refusal before any other); the
+    # workers' records are shuffled row-wise in the JVM (blocks would balance badly) as the fit's
+    # barrier job reads them, unless that job can run over the input as it is
+    stats = _merge_stats(collect_per_partition(sel, check))
+    return frame_to_workers(sel, num_workers, classic=not connect), stats
 
 
 def scan_input(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int = 0,

@@ -141,8 +141,6 @@ class LassoProgram(WorkingSetSolver, Program):
         problem 1.8 reaches a 1e-6 gap in about half the rounds of 1.
     """
 
-    multithreaded = True  # its hooks split their work over ctx.parallel
-
     loss_name = "squared"
     #: how a parallel round's steps are kept from overshooting (``damping``)
     dampings = ("eso", "none")

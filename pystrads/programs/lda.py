@@ -364,8 +364,6 @@ class LDAProgram(Program):
         Gibbs sweeps of that fold-in.
     """
 
-    multithreaded = True  # its hooks split their work over ctx.parallel
-
     def __init__(self, num_topics: int, vocab_size: int, num_workers: int, block_bounds, alpha,
                  beta: float, max_iter: int, sampler: str = "fplus", seed: int = 0,
                  word_weights: Optional[np.ndarray] = None, log_likelihood_every: int = 1,

@@ -229,8 +229,6 @@ class MFProgram(Program):
         iteration, recorded as ``validation_rmse``.
     """
 
-    multithreaded = True  # its hooks split their work over ctx.parallel
-
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
                  max_iter: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0,
                  block_size: int = 1, early_stopping: Optional[EarlyStopping] = None):
