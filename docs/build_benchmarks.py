@@ -435,7 +435,8 @@ _RUNTIME = "python3 jobs/bench_runtime.py --repeats 3"
 def cv_table(data):
     """jobs/bench_cv.py: CrossValidator over StradsMF, parallelism 2 (one worker per fit) against 1."""
     med, runs = data["median_s"], data["seconds"]
-    rows = [("sequential", "1", "default (2: every slot)"), ("parallel", "2", "1")]
+    shape = data.get("default_shape") or "2: every slot"
+    rows = [("sequential", "1", f"default ({shape})"), ("parallel", "2", "1")]
     out = ["| CrossValidator | parallelism | numWorkers per fit | median | runs | avgMetrics (RMSE) |",
            "|---|---:|---|---:|---|---|"]
     for name, parallelism, workers in rows:
@@ -505,13 +506,14 @@ def first_fit_table(data):
     out.append(f"A fresh clone's first run (empty numba cache, kernels compiling): first fit "
                f"{_f(cold['first_s'], 2)} s, warm fit {_f(cold['warm_s'], 2)} s. Problem: "
                f"{data['problem']['corpus']}, {data['problem']['docs']:,} documents, K = {data['problem']['k']}, "
-               f"{data['problem']['iterations']} iterations, fixed α.")
+               f"{data['problem']['iterations']} iterations, fixed α"
+               + (f"; {data['problem']['case']}." if data['problem'].get('case') else "."))
     return out
 
 
 #: every table of docs/benchmarks.md, by the name in its marker
 TABLES = {
-    "lda_reuters": Table(lda_table, _LDA.format(corpus="", repeats=3), "2026-11-26"),
+    "lda_reuters": Table(lda_shapes_table, _LDA.format(corpus="", repeats=3), "2026-11-29"),
     "lda_reuters_mllib": Table(lda_mllib_table, "python3 jobs/bench_lda.py --repeats 1 --em-repeats 1 --ladder 25,50",
                                "2026-11-24"),
     "lda_reuters_learned_alpha": Table(lda_learned_alpha_table,
@@ -539,6 +541,7 @@ TABLES = {
     "cv": Table(cv_table),
     "multinomial": Table(multinomial_table),
     "first_fit": Table(first_fit_table),
+    "first_fit_notebook": Table(first_fit_table),
 }
 
 

@@ -6,7 +6,7 @@ MovieLens latest-small (read from ``../shared/data``, never shipped), 4 param ma
 ``RegressionEvaluator`` RMSE with cold starts dropped, on ``local[2]``:
 
 - **sequential**: ``CrossValidator(parallelism=1)`` with ``numWorkers`` at its default (one worker
-  per task slot: each fit's barrier job takes both slots);
+  computing with both cores);
 - **parallel**: ``CrossValidator(parallelism=2)`` with ``numWorkers=1``: two fits at once, each
   with one worker, stepping side by side on the same shards.
 
@@ -67,6 +67,8 @@ def main(argv=None):
                                 seed=7).fit(ratings)
         return time.perf_counter() - t0, [float(m) for m in fitted.avgMetrics]
 
+    fixed = est.fit(ratings).summary.fixed  # the shape a fit without numWorkers gets
+    default_shape = f"{fixed['workers']} worker{'s' if fixed['workers'] > 1 else ''} × {fixed['threads']} threads"
     setups = {"sequential": (1, 0), "parallel": (2, 1)}
     for parallelism, workers in setups.values():  # warm-up: shards, kernels, Python workers
         cv(parallelism, workers)
@@ -86,6 +88,7 @@ def main(argv=None):
           f"parallel metrics equal sequential fits of its settings: {same}")
     result = record("jobs/bench_cv.py", argv_of(argv), args.out, {
         "rank": args.rank, "iters": args.iters, "folds": args.folds, "regs": args.regs, "repeats": args.repeats,
+        "default_shape": default_shape,
         "seconds": times, "median_s": median, "ratio": ratio, "avg_metrics": metrics,
         "reference_metrics": reference, "metrics_equal": same})
     spark.stop()
