@@ -639,3 +639,16 @@ def test_early_stopping_on_the_validation_loss(overfitting_problem, estimator):
 def test_every_row_marked_for_validation_is_refused(overfitting_problem):
     with pytest.raises(InputError, match=r"validationIndicatorCol 'validation' marks every row \(\d+\) for validation"):
         StradsLasso(labelCol="y", validationIndicatorCol="validation").fit(overfitting_problem.filter("validation"))
+
+
+def test_a_model_carries_its_estimators_uid(spark):
+    """As MLlib's models do (pyspark's JavaModel takes the Java model's uid, the estimator's):
+    tools key fitted stages on it, and the model's params belong to that uid."""
+    from pystrads.ml import StradsLDA
+    from pystrads.testing import _lda_data, _linear_data
+
+    for est, df in ((StradsLasso(regParam=0.01, maxIter=5), _linear_data(spark, False)),
+                    (StradsLDA(k=2, maxIter=3, seed=1), _lda_data(spark))):
+        model = est.fit(df)
+        assert model.uid == est.uid, type(est).__name__
+        assert all(p.parent == est.uid for p in model.params)

@@ -110,6 +110,7 @@ class _StradsEstimator(Estimator, _StradsParams, DefaultParamsReadable, DefaultP
             model = self._read_model(result, fit)
             fit.timings["read_model_s"] = time.perf_counter() - t0
             model._summary = self._summary_class(result, fit)
+        model._resetUid(self.uid)  # as MLlib's: a model carries its estimator's uid (tools key on it)
         return self._copyValues(model)
 
     # -- the hooks
