@@ -36,6 +36,9 @@ from .worker import WorkerSpec, export_key, program_hash, run_worker, run_worker
 
 log = logging.getLogger(__name__)
 
+#: a job's resource profile before its first launch builds it
+_UNBUILT = object()
+
 #: after this long without every worker's task running, the driver checks for (and warns about)
 #: a barrier job waiting for task slots
 SLOT_WAIT_WARN_SECONDS = 30.0
@@ -93,6 +96,7 @@ class WorkerJob:
         self.keep_states, self.export = keep_states, export
         self.threads = int(threads)
         self.task_cpus = task_cpus
+        self._resource_profile: Any = _UNBUILT  # built on the first launch, reused by relaunches
         self.epoch = int(epoch)
         self.group: Optional[ShardGroup] = None  # the shards the running job's tasks talk to
         self.job_groups: List[str] = []  # Spark job groups (tags) of every launch, in order
@@ -157,18 +161,22 @@ class WorkerJob:
     def _profile(self):
         """The stage-level resource profile whose tasks each ask for ``task_cpus`` cores (None
         without ``task_cpus``, or where this Spark refuses to build one: the job then runs on
-        the application's slots, its workers' threads sharing them, logged)."""
-        if not self.task_cpus:
-            return None
-        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+        the application's slots, its workers' threads sharing them, logged).  Built once per fit:
+        a relaunch reuses it rather than registering another profile with Spark."""
+        if self._resource_profile is not _UNBUILT:
+            return self._resource_profile
+        self._resource_profile = None
+        if self.task_cpus:
+            from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
-        try:
-            return ResourceProfileBuilder().require(TaskResourceRequests().cpus(int(self.task_cpus))).build
-        except Exception as exc:  # noqa: BLE001 -- e.g. a Connect server without stage-level scheduling
-            log.warning("the fit's barrier job runs without a task resource profile (%s): each worker's %d "
-                        "threads share one task slot; set spark.task.cpus=%d to reserve them", exc,
-                        self.threads, self.task_cpus)
-            return None
+            try:
+                self._resource_profile = ResourceProfileBuilder().require(
+                    TaskResourceRequests().cpus(int(self.task_cpus))).build
+            except Exception as exc:  # noqa: BLE001 -- e.g. a Connect server without stage-level scheduling
+                log.warning("the fit's barrier job runs without a task resource profile (%s): each worker's %d "
+                            "threads share one task slot; set spark.task.cpus=%d to reserve them", exc,
+                            self.threads, self.task_cpus)
+        return self._resource_profile
 
     def cancel(self) -> None:
         """Cancel the running launch, if any (its tasks end; the shards keep their state)."""
