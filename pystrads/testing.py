@@ -19,7 +19,10 @@ The checks (``CHECKS``):
     every param has a doc, a getter ``get<Name>`` and a setter ``set<Name>``,
     and a default unless the MLlib counterpart has none either; params shared
     with the counterpart have its default (exceptions must be listed with
-    their reason in the spec); ``explainParams`` names every param.
+    their reason in the spec); ``explainParams`` names every param; every
+    param of the counterpart exists (one the estimator does not honour is
+    declared in its ``_mllib_only``: a warning, or a refusal naming the
+    alternative).
 ``invalid_params``
     every invalid value in the spec is refused -- by the setter (the type
     converter), or by ``fit`` within seconds, naming the param, before any
@@ -62,6 +65,21 @@ import tempfile
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+#: pyspark.ml's own doctests of the four MLlib classes that fail on the pystrads drop-ins on
+#: purpose, each a documented difference from MLlib: (MLlib class, the example's source) -> why.
+#: ``tests/test_pyspark_doctests.py`` runs the doctests and fails on any other failing example,
+#: and on a listed one that passes; docs/user-guide.md's table of differences shows this list.
+DOCTEST_GAPS = {
+    ("LDA", "model.setSeed(1)"):
+        "a StradsLDAModel is MLlib's local model kind (LocalLDAModel): the fit keeps no training corpus, so "
+        "no DistributedLDAModel, even where MLlib's EM optimizer would make one",
+    ("LDA", "model.isDistributed()"):
+        "False: a StradsLDAModel is MLlib's local model kind (toLocal() returns a copy)",
+    ("LDA", "model.describeTopics().show()"):
+        "the same columns, other weights: Gibbs sampling is not MLlib's EM, and show() pads the columns to the "
+        "numbers",
+}
 
 CHECKS = ("params", "invalid_params", "copy", "fit_param_maps", "pipeline_persistence", "tuning",
           "output_schema", "model_setters")
@@ -182,6 +200,12 @@ class Conformance:
                     problems.append(f"{p.name}: default {fresh.getOrDefault(p)!r}, MLlib's "
                                     f"{mllib_fresh.getOrDefault(mp)!r} (list it in default_exceptions with "
                                     "the reason, or align it)")
+        if mllib_fresh is not None:
+            ours = {p.name for p in fresh.params}
+            missing = sorted(p.name for p in mllib_fresh.params if p.name not in ours)
+            if missing:
+                problems.append(f"MLlib's params {missing} are missing: take each one with MLlib's default "
+                                "(honoured, or declared in _mllib_only: warned about or refused)")
         for name, why in self.spec.default_exceptions.items():
             if mllib_fresh is not None and mllib_fresh.hasParam(name) and fresh.hasParam(name):
                 mp = mllib_fresh.getParam(name)
@@ -494,12 +518,11 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
             "StradsLDA", lambda: StradsLDA(k=2, maxIter=5, seed=3),
             _lda_data, lambda: LDA(k=2, maxIter=5, seed=3), _MeanTopicEntropy.make,
             grid={"k": [2, 3]},
-            invalid=[("k", 1), ("k", "ten"), ("maxIter", 0), ("topicConcentration", -0.5),
+            invalid=[("k", 1), ("k", "ten"), ("maxIter", -1), ("topicConcentration", -0.5),
                      ("docConcentration", [0.1, 0.2, 0.3]), ("sampler", "gibbs"), ("numWorkers", -1),
                      ("checkpointInterval", -5), ("featuresCol", "nope"), ("optimizeInterval", 0),
                      ("optimizeBurnIn", -1)],
-            output_param="topicDistributionCol", key_col="id",
-            default_exceptions={"optimizer": "pystrads has one optimizer (Gibbs)"}),
+            output_param="topicDistributionCol", key_col="id"),
         EstimatorSpec(
             "StradsMF", lambda: StradsMF(rank=3, maxIter=4, regParam=0.05, seed=1, coldStartStrategy="drop",
                                          **mf_cols),
@@ -507,7 +530,7 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
                                        **mf_cols),
             lambda: RegressionEvaluator(metricName="rmse", labelCol="rating"),
             grid={"regParam": [0.05, 0.2]},
-            invalid=[("rank", 0), ("maxIter", 0), ("regParam", -1.0), ("coldStartStrategy", "ignore"), ("featureBlockSize", -2),
+            invalid=[("rank", 0), ("maxIter", -1), ("regParam", -1.0), ("coldStartStrategy", "ignore"), ("featureBlockSize", -2),
                      ("alpha", -1.0), ("numWorkers", -1), ("userCol", "nope"), ("ratingCol", "nope")],
             output_param="predictionCol", key_col="id"),
         EstimatorSpec(
@@ -516,7 +539,7 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
             lambda: LinearRegression(regParam=0.05, elasticNetParam=1.0, maxIter=20),
             lambda: RegressionEvaluator(metricName="rmse"),
             grid={"regParam": [0.05, 0.3]},
-            invalid=[("regParam", -0.1), ("elasticNetParam", 1.5), ("maxIter", 0), ("tol", 0.0),
+            invalid=[("regParam", -0.1), ("elasticNetParam", 1.5), ("maxIter", -1), ("tol", 0.0),
                      ("schedule", "random"), ("coordinatesPerRound", 0), ("correlationThreshold", 1.5),
                      ("numWorkers", -1), ("featuresCol", "nope"), ("labelCol", "nope"), ("weightCol", "nope")],
             output_param="predictionCol", key_col="id",
@@ -530,7 +553,7 @@ def builtin_specs() -> Dict[str, EstimatorSpec]:
             lambda: BinaryClassificationEvaluator(),
             grid={"regParam": [0.02, 0.1]},
             invalid=[("regParam", -0.1), ("elasticNetParam", -0.5), ("threshold", 1.5), ("family", "gaussian"),
-                     ("maxIter", 0), ("featuresCol", "nope"), ("labelCol", "nope")],
+                     ("maxIter", -1), ("featuresCol", "nope"), ("labelCol", "nope")],
             output_param="predictionCol", key_col="id"),
     ]
     return {s.name: s for s in specs}

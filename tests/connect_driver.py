@@ -116,6 +116,13 @@ def lasso(spark):
         out["mllib_error"] = str(exc).splitlines()[0][:500]
     pred = ours.transform(df).select("prediction").collect()
     out["rmse"] = float(np.sqrt(np.mean((np.array([r[0] for r in pred]) - y) ** 2)))
+    from pyspark.ml.regression import LinearRegressionSummary, LinearRegressionTrainingSummary
+
+    evaluation = ours.evaluate(df)  # MLlib's own summary on a classic session, LassoEvaluation under Connect
+    out.update(evaluation_is_mllib=isinstance(evaluation, LinearRegressionSummary), r2=evaluation.r2,
+               eval_rmse=evaluation.rootMeanSquaredError, deviance=evaluation.devianceResiduals,
+               summary_is_mllib=isinstance(ours.summary, LinearRegressionTrainingSummary),
+               summary_r2=ours.summary.r2, summary_rows=ours.summary.numInstances)
     path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/lasso"
     ours.write().overwrite().save(path)
     loaded = StradsLassoModel.load(path)
@@ -308,9 +315,16 @@ def logistic(spark):
     path = tempfile.mkdtemp(prefix="pystrads-connect-") + "/logistic"
     model.write().overwrite().save(path)
     loaded = StradsLogisticRegressionModel.load(path)
+    from pyspark.ml.classification import BinaryLogisticRegressionSummary, BinaryLogisticRegressionTrainingSummary
+
+    evaluation = model.evaluate(df)
     return {"coef": model.coefficients.toArray().tolist(), "intercept": model.intercept,
             "accuracy": float((pred == y).mean()), "loaded_equal": loaded.coefficients.toArray().tolist()
-            == model.coefficients.toArray().tolist()}
+            == model.coefficients.toArray().tolist(),
+            "evaluation_is_mllib": isinstance(evaluation, BinaryLogisticRegressionSummary),
+            "eval_accuracy": evaluation.accuracy, "auc": evaluation.areaUnderROC,
+            "summary_is_mllib": isinstance(model.summary, BinaryLogisticRegressionTrainingSummary),
+            "summary_accuracy": model.summary.accuracy}
 
 
 def tuning(spark):

@@ -43,6 +43,10 @@ def test_a_broken_estimator_fails_the_checks(spark):
     class Sloppy(StradsLasso):
         setTol = None  # no setter
 
+        @property
+        def params(self):  # one of MLlib's params missing
+            return [p for p in super().params if p.name != "epsilon"]
+
         def _fit(self, dataset):  # no validation: trains whatever it is given
             model = super()._fit(dataset)
             model.__class__ = SloppyModel
@@ -62,5 +66,6 @@ def test_a_broken_estimator_fails_the_checks(spark):
     assert "features_moved" in failed["model_setters"] or "featuresCol" in failed["model_setters"], \
         failed["model_setters"]
     assert "tol: no setter setTol" in failed["params"] and "maxIter: listed as a default exception" in failed["params"]
+    assert "MLlib's params ['epsilon'] are missing" in failed["params"]
     assert failed["invalid_params"].startswith("regParam=-0.1")
     assert "other" in failed["output_schema"]

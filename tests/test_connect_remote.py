@@ -182,6 +182,12 @@ def test_strads_lasso_from_the_remote_client_equals_local_mode(remote, local):
     assert diff < 1e-3, (got["ours"], got["mllib"])
     assert [i for i, c in enumerate(got["ours"]) if c != 0] == [1, 4, 7]
     assert got["rmse"] < 0.2 and got["loaded_equal"]
+    # evaluate() and the training summary: MLlib's types and values through Connect as on a classic session
+    assert got["evaluation_is_mllib"] and got["summary_is_mllib"] and ref["evaluation_is_mllib"]
+    for key in ("r2", "eval_rmse", "summary_r2"):
+        assert got[key] == pytest.approx(ref[key], abs=1e-9), key
+    assert got["deviance"] == pytest.approx(ref["deviance"], abs=1e-9) and got["summary_rows"] == 400
+    assert got["eval_rmse"] == pytest.approx(got["rmse"], rel=1e-9)
 
 
 def test_strads_mf_from_the_remote_client_equals_local_mode(remote, local):
@@ -206,6 +212,9 @@ def test_logistic_regression_from_the_remote_client_equals_local_mode(remote, lo
     np.testing.assert_allclose(got["coef"], ref["coef"], atol=1e-7)
     assert got["intercept"] == pytest.approx(ref["intercept"], abs=1e-7)
     assert got["accuracy"] > 0.9 and got["loaded_equal"]
+    assert got["evaluation_is_mllib"] and got["summary_is_mllib"] and ref["evaluation_is_mllib"]
+    assert got["eval_accuracy"] == got["summary_accuracy"] == got["accuracy"] == ref["eval_accuracy"]
+    assert got["auc"] == pytest.approx(ref["auc"], abs=0.01) and got["auc"] > 0.9
 
 
 def test_a_pipeline_and_a_cross_validator_from_the_remote_client(remote, local):

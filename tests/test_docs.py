@@ -255,6 +255,17 @@ def test_configuration_reference_is_the_build_of_the_conf_file():
 
 
 
+def test_differences_from_mllib_are_the_build_of_the_estimators_declarations():
+    build = _load_script("build_differences")
+    assert build.main(["--check"]) == 0, "docs/user-guide.md is stale: run python docs/build_differences.py"
+    table = build.table()
+    for name, counterpart, param, kind, _ in build.rows():
+        assert f"| `{name}` | `{counterpart}.{param}` | {kind} |" in table
+    assert ("StradsLasso", "LinearRegression", "loss", "refused") in [r[:4] for r in build.rows()]
+    with pytest.raises(ValueError, match="no <!-- differences-table -->"):
+        build.build("# a page without the block\n")
+
+
 def test_configuration_build_refuses_a_conf_file_that_misses_a_key(tmp_path, monkeypatch):
     build = _load_script("build_configuration")
     text = open(build.CONF, encoding="utf-8").read()

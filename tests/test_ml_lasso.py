@@ -404,7 +404,7 @@ def test_logistic_matches_sklearn(problem):
     ({"regParam": -1.0}, "regParam=-1.0"),
     ({"elasticNetParam": -0.1}, "elasticNetParam=-0.1"),
     ({"schedule": "random"}, "schedule='random'"),
-    ({"maxIter": 0}, "maxIter=0"),
+    ({"maxIter": -1}, "maxIter=-1"),
     ({"tol": 0.0}, "tol=0.0"),
     ({"coordinatesPerRound": 8, "candidatesPerRound": 4}, "candidatesPerRound=4"),
     ({"coordinatesPerRound": 0}, "coordinatesPerRound=0 must be 'auto' or >= 1"),

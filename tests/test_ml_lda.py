@@ -164,7 +164,7 @@ def vectors_df(spark, rows, size=4):
 
 @pytest.mark.parametrize("params, message", [
     ({"k": 1}, r"k=1 must be >= 2 \(LDA needs at least 2 topics\)"),
-    ({"maxIter": 0}, r"maxIter=0 must be >= 1"),
+    ({"maxIter": -1}, r"maxIter=-1 must be >= 0"),
     ({"docConcentration": [0.1, 0.2]}, r"docConcentration=\[0.1, 0.2\] must be one value .* or 10 values, one per topic"),
     ({"docConcentration": [-1.0]}, r"docConcentration=\[-1.0\] must be finite numbers > 0"),
     ({"k": 3, "docConcentration": [0.1, float("nan"), 0.3]}, r"docConcentration=\[0.1, nan, 0.3\] must be finite numbers > 0"),

@@ -68,7 +68,9 @@ def _set_params_like(init):
     @keyword_only
     def setParams(self, **kwargs):
         signature.bind(self, **kwargs)  # an unknown name is a TypeError, as with a written-out signature
-        return self._set(**kwargs)
+        self._set(**kwargs)
+        self._check_set_params()
+        return self
 
     setParams.__signature__ = signature
     setParams.__doc__ = "Sets params for this estimator (the keyword arguments of its constructor)."
@@ -93,6 +95,7 @@ class _StradsEstimator(Estimator, _StradsParams, DefaultParamsReadable, DefaultP
         fit = Fit(dataset, time.perf_counter())
         self._check_params()
         self._check_columns(dataset, *self._fit_columns)
+        self._warn_mllib_only()
         requested = self.getOrDefault("numWorkers")
         config = {"checkpoint.interval": max(0, self.getOrDefault("checkpointInterval"))} \
             if self.hasParam("checkpointInterval") else None  # MLlib's rule, when a checkpoint directory is set
@@ -140,6 +143,17 @@ class _StradsModel(HasTrainingSummary, Model, _StradsParams, PersistentModel):
     _setters: ClassVar[Tuple[str, ...]] = ()
     _summary: Optional[Any] = None
     _closed: bool = False
+
+    def _repr_fields(self) -> Dict[str, Any]:
+        """What ``repr`` shows after the uid, as MLlib's models' ``toString`` (``numFeatures``, ...)."""
+        return {}
+
+    def __repr__(self) -> str:
+        try:
+            fields = "".join(f", {name}={value}" for name, value in self._repr_fields().items())
+        except Exception:  # noqa: BLE001 -- a repr never raises (a closed model, say)
+            fields = ""
+        return f"{type(self).__name__}: uid={self.uid}{fields}"
 
     # -- the DataFrames a model keeps on the executors, and freeing them
     def _kept_frames(self) -> list:

@@ -252,7 +252,8 @@ def topics_matrix(topics: WordTopics, spark):
     if v * k > LARGE_MODEL_CELLS:
         warnings.warn(f"topicsMatrix() collects a {v} x {k} dense matrix ({v * k * 8 / 1e9:.1f} GB as doubles) on the "
                       "driver; use describeTopics() for the top terms", stacklevel=3)
-    return DenseMatrix(v, k, dense_counts(topics, spark).astype(np.float64).ravel(order="F"))
+    # isTransposed as MLlib's matrices arrive from the JVM: 0, by columns
+    return DenseMatrix(v, k, dense_counts(topics, spark).astype(np.float64).ravel(order="F"), 0)
 
 
 def save_topics(write, topics: WordTopics, alpha: np.ndarray, beta: float, spark) -> dict:

@@ -27,8 +27,8 @@ from ..errors import InputError
 from ..programs.lasso import PRIORITIES, SCHEDULES
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._linear_input import batch_blocks, scan_input
-from ._params import (NUMBERS, VECTORS, HasEarlyStopping, HasNumWorkers, at_least, at_least_or_auto, int_or_auto,
-                      one_of, within)
+from ._params import (NUMBERS, VECTORS, HasEarlyStopping, HasNumWorkers, MLlibOnly, at_least, at_least_or_auto,
+                      int_or_auto, one_of, within)
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,21 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
         "non-zeros and the worst KKT violators is solved on the driver; beyond, parallel rounds",
         typeConverter=TypeConverters.toInt)
 
-    _param_rules = {"elasticNetParam": within(0, 1, note="1 is the lasso, 0 ridge"),
+    aggregationDepth: Param[int] = Param(
+        Params._dummy(), "aggregationDepth",
+        "suggested depth for treeAggregate (>= 2; MLlib's, accepted and ignored: the workers' partial sums meet "
+        "on the parameter-server shards)", typeConverter=TypeConverters.toInt)
+    maxBlockSizeInMB: Param[float] = Param(
+        Params._dummy(), "maxBlockSizeInMB",
+        "maximum memory in MB for stacking input data into blocks (>= 0; MLlib's, accepted and ignored: each "
+        "worker keeps its rows as one sparse column store)", typeConverter=TypeConverters.toFloat)
+
+    _mllib_only = {"aggregationDepth": MLlibOnly("pystrads' shards, which sum the workers' partials"),
+                   "maxBlockSizeInMB": MLlibOnly("pystrads' column store (each worker's rows in one block)")}
+
+    _param_rules = {"aggregationDepth": at_least(2, note="MLlib's range"),
+                    "maxBlockSizeInMB": at_least(0, finite=True, note="MLlib's range"),
+                    "elasticNetParam": within(0, 1, note="1 is the lasso, 0 ridge"),
                     "schedule": one_of(*SCHEDULES), "priority": one_of(*PRIORITIES),
                     "coordinatesPerRound": at_least_or_auto(1), "candidatesPerRound": at_least_or_auto("coordinatesPerRound"),
                     "correlationThreshold": within(0, 1, low_open=True), "correlationSampleSize": at_least(1),
@@ -90,7 +104,7 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
                          standardization=True, schedule="dynamic", priority="gradient", coordinatesPerRound="auto",
                          candidatesPerRound="auto", correlationThreshold=0.3, correlationSampleSize=10000,
                          workingSetLimit=4096, featuresCol="features", labelCol="label",
-                         predictionCol="prediction")
+                         predictionCol="prediction", aggregationDepth=2, maxBlockSizeInMB=0.0)
 
 
 class LinearTrainingSummary(FitSummary):
@@ -113,12 +127,15 @@ class LinearTrainingSummary(FitSummary):
         "probabilityCol", "labels", "truePositiveRateByLabel", "falsePositiveRateByLabel", "precisionByLabel",
         "recallByLabel", "fMeasureByLabel", "accuracy", "weightedTruePositiveRate", "weightedFalsePositiveRate",
         "weightedRecall", "weightedPrecision", "weightedFMeasure", "roc", "areaUnderROC", "pr",
-        "fMeasureByThreshold", "precisionByThreshold", "recallByThreshold"))
+        "fMeasureByThreshold", "precisionByThreshold", "recallByThreshold", "scoreCol"))
+
+    #: the subclasses are also MLlib's training-summary types, whose base wraps a JVM object: none here
+    _java_obj = None
 
     def __init__(self, result, fit):
         super().__init__(result, fit)
         self.stopReason = result.stop_reason or "maxIter"
-        self.numInstances = int(fit.stats["rows"])
+        self._num_instances = int(fit.stats["rows"])
         self.numNonZeros = int(fit.stats["nnz"])
         vcol = fit.stats.get("validation_col")
         # the training data, scored on first use of an MLlib field
@@ -127,12 +144,18 @@ class LinearTrainingSummary(FitSummary):
         self._model = None  # set by the model that holds this summary
         self._evaluation = None
 
-    def __getattr__(self, name: str):
-        if name in LinearTrainingSummary.MLLIB_FIELDS and self.__dict__.get("_model") is not None:
-            if self.__dict__.get("_evaluation") is None:
-                self._evaluation = self._model.evaluate(self._dataset)
-            return getattr(self._evaluation, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    @property
+    def numInstances(self) -> int:
+        """The training rows (those of the validation set excluded)."""
+        return self._num_instances
+
+    def _mllib_field(self, name: str):
+        if self._model is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}: MLlib's fields need "
+                                 "the model that holds this summary")
+        if self._evaluation is None:
+            self._evaluation = self._model.evaluate(self._dataset)
+        return getattr(self._evaluation, name)
 
     @property
     def objectiveHistory(self) -> List[float]:
@@ -161,6 +184,11 @@ class LinearTrainingSummary(FitSummary):
             return np.maximum(obj - best, 1e-16 * max(abs(best), 1e-300))
 
         return self._plot(ax, "objective", "objective - final", x=x, log_y=True, values=above_best)
+
+
+for _name in LinearTrainingSummary.MLLIB_FIELDS:  # each one read from the model's evaluation of the training data
+    setattr(LinearTrainingSummary, _name, property(lambda self, _n=_name: self._mllib_field(_n)))
+del _name
 
 
 class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStopping):
@@ -254,6 +282,9 @@ class _SparseLinearModel(_StradsModel):
     @property
     def numFeatures(self) -> int:
         return int(len(self._coef))
+
+    def _repr_fields(self):
+        return {"numFeatures": self.numFeatures}
 
     @property
     def summary(self):

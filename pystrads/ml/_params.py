@@ -13,6 +13,9 @@
   ``get<Name>``, checks the rules of the whole MRO (:meth:`_StradsParams._check_params`, no
   Spark job) and the input columns (:meth:`_StradsParams._check_columns`).  Adding a param
   is its declaration, its default, its ``__init__`` argument and, if it has one, its rule.
+- :class:`MLlibOnly`: an MLlib param a drop-in takes but does not honour (its documented
+  gap), declared in a mixin's ``_mllib_only``: set, a fit logs a warning saying what pystrads
+  does instead, or refuses it before any Spark job, naming the alternative.
 - :class:`HasNumWorkers`: ``numWorkers``, the param pystrads adds to MLlib's shared ones.
 """
 
@@ -54,6 +57,26 @@ def add_accessor(cls: type, prefix: str, param: str) -> None:
 
 # ----------------------------------------------------------------------------- rules
 Bound = Union[float, str]  # a number, or the name of another param whose value is the bound
+
+
+@dataclasses.dataclass(frozen=True)
+class MLlibOnly:
+    """An MLlib param that a drop-in accepts, so that code written for MLlib runs unchanged,
+    but does not honour.  Set to a value outside ``honoured``, a fit logs a warning
+    ``"<Estimator>: name=value is ignored with <instead>"``, or -- ``refused`` -- raises
+    :class:`~pystrads.errors.ConfigurationError` before any Spark job:
+    ``"name=value is not supported: <instead>"`` (which then names the alternative)."""
+
+    instead: str
+    refused: bool = False
+    honoured: tuple = ()
+
+    def applies(self, params: Params, name: str) -> bool:
+        """Whether ``params`` set ``name`` to a value this gap concerns."""
+        if not (params.hasParam(name) and params.isSet(name)):
+            return False
+        value = params.getOrDefault(name)
+        return value is not None and value not in self.honoured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +153,7 @@ def one_of(*choices: Any, note: str = "") -> Rule:
 
 #: the MLlib params every pystrads estimator means the same by (applied where a class has them)
 COMMON_RULES: Dict[str, Rule] = {
-    "maxIter": at_least(1),
+    "maxIter": at_least(0, note="0 returns the initial model, as MLlib"),
     "numWorkers": at_least(0, note="0 = one worker per executor, with its cores"),
     "checkpointInterval": Rule(lambda v, p: v == -1 or v >= 1,
                                "must be >= 1, or -1 to disable checkpoints (MLlib's rule)"),
@@ -189,6 +212,8 @@ class _StradsParams(Params):
     _param_rules: Dict[str, Union[Rule, List[Rule]]] = {}
     #: input-column param name -> ColumnKind, declared likewise
     _column_kinds: Dict[str, ColumnKind] = {}
+    #: MLlib param name -> MLlibOnly: the MLlib params taken but not honoured, declared likewise
+    _mllib_only: Dict[str, MLlibOnly] = {}
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -211,6 +236,20 @@ class _StradsParams(Params):
             if self.hasParam(name) and self.isDefined(name):
                 for one in rule if isinstance(rule, list) else [rule]:
                     one.check(self, name)
+        for name, gap in self._merged("_mllib_only", {}).items():
+            if gap.refused and gap.applies(self, name):
+                raise ConfigurationError(f"{name}={self.getOrDefault(name)!r} is not supported: {gap.instead}")
+
+    def _check_set_params(self) -> None:
+        """The checks MLlib makes as params are set (constructor, ``setParams``) rather than at
+        fit: none by default."""
+
+    def _warn_mllib_only(self) -> None:
+        """Log a warning for each MLlib param set that this class takes but ignores."""
+        for name, gap in self._merged("_mllib_only", {}).items():
+            if not gap.refused and gap.applies(self, name):
+                logging.getLogger(type(self).__module__).warning(
+                    "%s: %s=%r is ignored with %s", type(self).__name__, name, self.getOrDefault(name), gap.instead)
 
     def _warn_ignored(self, mode: str, *params: str) -> None:
         """Log a warning for each of ``params`` the user set (to a non-zero value) that ``mode``
@@ -223,6 +262,10 @@ class _StradsParams(Params):
     def _check_columns(self, dataset, *params: str) -> None:
         """The input columns the ``params`` name exist and have the declared kind (no Spark
         job); a param that is unset or empty (``weightCol=""``) names no column."""
+        from ..spark import is_dataframe
+
+        if not is_dataframe(dataset):  # MLlib's TypeError, before anything reads it
+            raise TypeError(f"dataset must be a DataFrame but got {type(dataset)}.")
         kinds = self._merged("_column_kinds", {})
         for param in params:
             col = self.getOrDefault(param) if self.isDefined(param) else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict
 
-from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import GeneralMLWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 
 def metadata_context(spark):
@@ -26,12 +26,26 @@ def metadata_context(spark):
     return spark if int(pyspark.__version__.split(".")[0]) >= 4 else spark.sparkContext
 
 
-class ModelWriter(MLWriter):
-    """Writes ``instance`` through its ``_save(path, spark)``."""
+class ModelWriter(GeneralMLWriter):
+    """Writes ``instance`` through its ``_save(path, spark)``, or -- ``format(name)``, one of the
+    model's ``_export_formats`` besides ``"internal"`` -- its ``_export(name, path, spark)``."""
 
     def __init__(self, instance):
         super().__init__()
         self.instance = instance
+        self.source = "internal"
+
+    def format(self, source: str) -> "ModelWriter":
+        """The format to save in: ``"internal"`` (MLlib's layout, what ``load`` reads) or an export
+        format the model has (``"pmml"`` for the linear regression model, as MLlib's)."""
+        formats = self.instance._export_formats
+        if not isinstance(source, str) or source.lower() not in formats:
+            from ..errors import ConfigurationError
+
+            raise ConfigurationError(f"format {source!r}: a {type(self.instance).__name__} saves as "
+                                     + " or ".join(map(repr, formats)))
+        self.source = source.lower()
+        return self
 
     def _handleOverwrite(self, path: str) -> None:
         from ..spark import is_connect_session
@@ -46,7 +60,10 @@ class ModelWriter(MLWriter):
         handle_of(self.sparkSession).run_tasks(lambda _index: [_delete_dir(path)], 1)
 
     def saveImpl(self, path: str) -> None:
-        self.instance._save(path, self.sparkSession)
+        if self.source == "internal":
+            self.instance._save(path, self.sparkSession)
+        else:
+            self.instance._export(self.source, path, self.sparkSession)
 
 
 def _delete_dir(path: str) -> bool:
@@ -74,8 +91,15 @@ class PersistentModel(MLReadable, MLWritable):
     """Mixin: MLlib's layout, metadata and uid and params written here, the data by the hooks
     ``_save_data`` / ``_load_data`` (see the module docstring)."""
 
+    #: what ``write().format(...)`` takes: ``"internal"`` and the model's export formats
+    _export_formats = ("internal",)
+
     def write(self) -> MLWriter:
         return ModelWriter(self)
+
+    def _export(self, source: str, path: str, spark) -> None:
+        """Write the model to ``path`` in export format ``source`` (one of ``_export_formats``)."""
+        raise NotImplementedError
 
     @classmethod
     def read(cls) -> MLReader:

@@ -23,8 +23,10 @@ from typing import Any, List, Optional
 import numpy as np
 import pyarrow as pa
 from pyspark import keyword_only
-from pyspark.ml.linalg import DenseMatrix, SparseVector, Vectors, VectorUDT
+from pyspark.ml.linalg import DenseMatrix, Matrix, SparseMatrix, SparseVector, Vector, Vectors, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.classification import (BinaryLogisticRegressionSummary, BinaryLogisticRegressionTrainingSummary,
+                                       LogisticRegressionSummary, LogisticRegressionTrainingSummary)
 from pyspark.ml.param.shared import HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds
 from pyspark.sql import types as T
 
@@ -32,8 +34,8 @@ from ..errors import ConfigurationError, InputError
 from ..programs.logistic import L1LogisticProgram
 from ..programs.multinomial import MultinomialProgram
 from ._arrow import dense_vectors
-from ._linear import _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
-from ._params import one_of, within
+from ._linear import LinearTrainingSummary, _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
+from ._params import MLlibOnly, one_of, within
 
 
 class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds):
@@ -44,6 +46,29 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
                                "label distribution: 'auto' (multinomial for more than two classes), 'binomial' or "
                                "'multinomial', as MLlib", typeConverter=TypeConverters.toString)
 
+    lowerBoundsOnCoefficients: Param[Matrix] = Param(
+        Params._dummy(), "lowerBoundsOnCoefficients",
+        "MLlib's lower bounds on the coefficients (refused: StradsLogisticRegression fits without bounds; use "
+        "pyspark.ml.classification.LogisticRegression for a bound-constrained fit)",
+        typeConverter=TypeConverters.toMatrix)
+    upperBoundsOnCoefficients: Param[Matrix] = Param(
+        Params._dummy(), "upperBoundsOnCoefficients",
+        "MLlib's upper bounds on the coefficients (refused, as lowerBoundsOnCoefficients)",
+        typeConverter=TypeConverters.toMatrix)
+    lowerBoundsOnIntercepts: Param[Vector] = Param(
+        Params._dummy(), "lowerBoundsOnIntercepts",
+        "MLlib's lower bounds on the intercepts (refused, as lowerBoundsOnCoefficients)",
+        typeConverter=TypeConverters.toVector)
+    upperBoundsOnIntercepts: Param[Vector] = Param(
+        Params._dummy(), "upperBoundsOnIntercepts",
+        "MLlib's upper bounds on the intercepts (refused, as lowerBoundsOnCoefficients)",
+        typeConverter=TypeConverters.toVector)
+
+    _mllib_only = {name: MLlibOnly("StradsLogisticRegression fits without bounds; use "
+                                   "pyspark.ml.classification.LogisticRegression for a bound-constrained fit",
+                                   refused=True)
+                   for name in ("lowerBoundsOnCoefficients", "upperBoundsOnCoefficients", "lowerBoundsOnIntercepts",
+                                "upperBoundsOnIntercepts")}
     _param_rules = {"family": one_of("auto", "binomial", "multinomial"), "threshold": within(0, 1)}
 
     def __init__(self, *args):
@@ -79,14 +104,35 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
     def _check_params(self) -> None:
         super()._check_params()
         ts = self._set_thresholds()
-        if ts is not None:
-            if len(ts) < 2 or not all(math.isfinite(t) and t >= 0 for t in ts) or ts.count(0.0) > 1:
-                raise ConfigurationError(f"thresholds={ts!r} must be one finite value >= 0 per class (at least two), "
-                                         "at most one of them 0")
-            if len(ts) == 2 and self.isSet(self.threshold) and \
-                    abs(self.getThreshold() - self.getOrDefault(self.threshold)) > 1e-5:
-                raise ConfigurationError(f"threshold={self.getOrDefault(self.threshold)!r} and thresholds={ts!r} "
-                                         f"disagree (thresholds mean threshold={self.getThreshold()!r}); set one")
+        if ts is not None and (len(ts) < 2 or not all(math.isfinite(t) and t >= 0 for t in ts) or ts.count(0.0) > 1):
+            raise ConfigurationError(f"thresholds={ts!r} must be one finite value >= 0 per class (at least two), "
+                                     "at most one of them 0")
+        self._check_set_params()
+
+    def _check_set_params(self) -> None:
+        """``threshold`` and two ``thresholds`` that disagree are refused when they are set, as
+        MLlib refuses them (a ``ValueError``)."""
+        ts = self._set_thresholds()
+        if ts is not None and len(ts) == 2 and all(math.isfinite(t) and t >= 0 for t in ts) and \
+                self.isSet(self.threshold) and abs(self.getThreshold() - self.getOrDefault(self.threshold)) > 1e-5:
+            raise ConfigurationError(f"threshold={self.getOrDefault(self.threshold)!r} and thresholds={ts!r} "
+                                     f"disagree (thresholds mean threshold={self.getThreshold()!r}); set one")
+
+
+def compressed_matrix(a: np.ndarray) -> Matrix:
+    """``a`` as MLlib's ``Matrix.compressed`` stores it: of dense (by columns), sparse by columns
+    and sparse by rows, the first that takes the fewest bytes (MLlib's estimates: 8 bytes a
+    value, 4 an index or pointer, 12 an array header, 9 the shape and layout)."""
+    rows, cols = a.shape
+    nnz = int(np.count_nonzero(a))
+    dense = 8 * rows * cols + 12 + 9
+    by_cols, by_rows = 12 * nnz + 4 * (cols + 1) + 36 + 9, 12 * nnz + 4 * (rows + 1) + 36 + 9
+    if dense <= min(by_cols, by_rows):
+        return DenseMatrix(rows, cols, a.ravel(order="F").tolist(), 0)  # isTransposed as MLlib's arrive: 0 / 1
+    major = a.T if by_cols <= by_rows else a  # the rows of ``major`` are the stored runs
+    ptrs = np.concatenate([[0], np.cumsum(np.count_nonzero(major, axis=1))])
+    index = np.nonzero(major)
+    return SparseMatrix(rows, cols, ptrs.tolist(), index[1].tolist(), major[index].tolist(), int(by_rows < by_cols))
 
 
 def _sigmoid(margin: np.ndarray) -> np.ndarray:
@@ -178,14 +224,18 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
         return self._intercept
 
     @property
-    def coefficientMatrix(self) -> DenseMatrix:
-        """The coefficients as MLlib's ``(numClasses, numFeatures)`` matrix (one row when binomial)."""
-        rows = self._coef.reshape(-1, self.numFeatures)
-        return DenseMatrix(rows.shape[0], rows.shape[1], rows.ravel().tolist(), True)
+    def coefficientMatrix(self) -> Matrix:
+        """The coefficients as MLlib's ``(numClasses, numFeatures)`` matrix (one row when binomial),
+        stored as MLlib stores it (``Matrix.compressed``): sparse, by columns or by rows, where that
+        takes less memory than dense (an L1 fit's), else dense by columns."""
+        return compressed_matrix(self._coef.reshape(-1, self.numFeatures))
 
     @property
     def interceptVector(self):
         return Vectors.dense(np.atleast_1d(self._intercept))
+
+    def _repr_fields(self):
+        return {"numClasses": self.numClasses, "numFeatures": self.numFeatures}
 
     def _jvm_model_args(self, to_java) -> tuple:
         if not self.isMultinomial:
@@ -303,7 +353,8 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
         mllib = self._mllib_model(dataset)
         if mllib is not None:
             return mllib.evaluate(dataset)
-        return LogisticEvaluation(self.transform(dataset), self.getLabelCol(), self.getPredictionCol(),
+        evaluation = BinaryLogisticEvaluation if self.numClasses <= 2 else LogisticEvaluation
+        return evaluation(self.transform(dataset), self.getLabelCol(), self.getPredictionCol(),
                                   self.getRawPredictionCol(), self.getProbabilityCol(), self.getFeaturesCol(),
                                   self.getOrDefault("weightCol") if self.isDefined("weightCol") else None,
                                   self.numClasses)
@@ -328,23 +379,34 @@ class StradsLogisticRegressionModel(_SparseLinearModel, _LogisticParams):
                    np.asarray(row["interceptVector"], dtype=np.float64))
 
 
-class LogisticEvaluation:
-    """``BinaryLogisticRegressionSummary``'s fields computed with MLlib's evaluators (what
+class LogisticEvaluation(LogisticRegressionSummary):
+    """An MLlib ``LogisticRegressionSummary`` (``BinaryLogisticEvaluation``: a
+    ``BinaryLogisticRegressionSummary``) whose fields are computed with MLlib's evaluators (what
     :meth:`StradsLogisticRegressionModel.evaluate` gives under Spark Connect, where MLlib's own
     summary cannot be made): ``accuracy``, ``labels``, the ``...ByLabel`` lists, the
     ``weighted...`` rates, ``weightedFMeasure()`` / ``fMeasureByLabel()``, ``areaUnderROC``
     (binomial; MLlib's evaluator: 1,000 bins, where MLlib's summary uses 100), ``predictions`` and
     the column names.  The curves (``roc``, ``pr``, ``...ByThreshold``) need a classic session."""
 
+    _java_obj = None  # MLlib's base wraps a JVM summary: none here
+
     def __init__(self, predictions, label_col: str, prediction_col: str, raw_prediction_col: str,
                  probability_col: str, features_col: str = "features", weight_col: Optional[str] = None,
                  num_classes: int = 2):
-        self.predictions = predictions
-        self.labelCol, self.predictionCol, self.probabilityCol = label_col, prediction_col, probability_col
-        self.featuresCol, self.weightCol = features_col, weight_col or None
+        self._predictions = predictions
+        self._cols = {"labelCol": label_col, "predictionCol": prediction_col, "probabilityCol": probability_col,
+                      "featuresCol": features_col, "weightCol": weight_col or None}
         self._raw = raw_prediction_col
         self._num_classes = int(num_classes)
         self._cache = {}
+
+    predictions = property(lambda self: self._predictions)
+    labelCol = property(lambda self: self._cols["labelCol"])
+    predictionCol = property(lambda self: self._cols["predictionCol"])
+    probabilityCol = property(lambda self: self._cols["probabilityCol"])
+    featuresCol = property(lambda self: self._cols["featuresCol"])
+    weightCol = property(lambda self: self._cols["weightCol"])
+    scoreCol = probabilityCol
 
     @property
     def labels(self) -> List[float]:
@@ -408,6 +470,26 @@ class LogisticEvaluation:
     roc = pr = fMeasureByThreshold = precisionByThreshold = recallByThreshold = property(_needs_classic)
 
 
+class BinaryLogisticEvaluation(LogisticEvaluation, BinaryLogisticRegressionSummary):
+    """A binomial model's :class:`LogisticEvaluation`: an MLlib ``BinaryLogisticRegressionSummary``."""
+
+
+class LogisticTrainingSummary(LinearTrainingSummary, LogisticRegressionTrainingSummary):
+    """A multinomial :class:`StradsLogisticRegression` fit's training summary: pystrads' history
+    (:class:`~pystrads.ml._linear.LinearTrainingSummary`) and, as an MLlib
+    ``LogisticRegressionTrainingSummary``, MLlib's fields of the training data."""
+
+
+class BinaryLogisticTrainingSummary(LinearTrainingSummary, BinaryLogisticRegressionTrainingSummary):
+    """A binomial :class:`StradsLogisticRegression` fit's training summary: an MLlib
+    ``BinaryLogisticRegressionTrainingSummary`` (``roc``, ``areaUnderROC`` ... of the training data)."""
+
+
+def _training_summary(result, fit):
+    binary = getattr(fit.program, "num_classes", 2) <= 2  # MLlib's rule: two classes make a binary summary
+    return (BinaryLogisticTrainingSummary if binary else LogisticTrainingSummary)(result, fit)
+
+
 def _label_classes(dataset, lcol: str) -> Optional[int]:
     """The class count the label column's ML attribute declares (StringIndexer writes one), or None."""
     attr = (dataset.schema[lcol].metadata or {}).get("ml_attr") or {}
@@ -431,6 +513,7 @@ class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
 
     _program_class = L1LogisticProgram
     _model_class = StradsLogisticRegressionModel
+    _summary_class = staticmethod(_training_summary)
     _class_labels = True
 
     def _scan(self, fit):
@@ -483,6 +566,9 @@ class StradsLogisticRegression(_SparseLinearEstimator, _LogisticParams):
                  priority: str = "gradient", coordinatesPerRound: Any = "auto", candidatesPerRound: Any = "auto",
                  correlationThreshold: float = 0.3, correlationSampleSize: int = 10000, workingSetLimit: int = 4096,
                  numWorkers: int = 0, validationIndicatorCol: str = "", validationTol: float = 0.0,
-                 earlyStoppingRounds: int = 2):
+                 earlyStoppingRounds: int = 2, aggregationDepth: int = 2, maxBlockSizeInMB: float = 0.0,
+                 lowerBoundsOnCoefficients: Optional[Matrix] = None, upperBoundsOnCoefficients: Optional[Matrix] = None,
+                 lowerBoundsOnIntercepts: Optional[Vector] = None, upperBoundsOnIntercepts: Optional[Vector] = None):
         super().__init__()
         self._set(**self._input_kwargs)
+        self._check_set_params()

@@ -24,7 +24,7 @@ from ..ps.partition import range_bounds
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._lda_data import _doc_records, corpus_blocks
 from ._lda_model import FoldIn, WordTopics, describe, fitted_topics, load_topics, save_topics, topics_matrix
-from ._params import HasEarlyStopping, HasNumWorkers, Rule, above, at_least, one_of, vector_column
+from ._params import HasEarlyStopping, HasNumWorkers, MLlibOnly, Rule, above, at_least, one_of, vector_column
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,40 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         "Gibbs sweeps per document when inferring topic mixtures of new documents (transform, "
         "logLikelihood, logPerplexity); >= 2.", typeConverter=TypeConverters.toInt)
 
-    _param_rules = {"k": at_least(2, note="LDA needs at least 2 topics"),
+    # MLlib's optimizer params, accepted so that pipelines written for MLlib's LDA run unchanged
+    optimizer: Param[str] = Param(
+        Params._dummy(), "optimizer",
+        "MLlib's optimizer: 'online' or 'em' (accepted and ignored: StradsLDA infers by collapsed Gibbs "
+        "sampling; optimizeDocConcentration=False gives the fixed prior of MLlib's 'em')",
+        typeConverter=TypeConverters.toString)
+    learningOffset: Param[float] = Param(
+        Params._dummy(), "learningOffset",
+        "MLlib's online optimizer's learning offset (> 0; accepted and ignored, as optimizer)",
+        typeConverter=TypeConverters.toFloat)
+    learningDecay: Param[float] = Param(
+        Params._dummy(), "learningDecay",
+        "MLlib's online optimizer's learning-rate decay (> 0; accepted and ignored, as optimizer)",
+        typeConverter=TypeConverters.toFloat)
+    subsamplingRate: Param[float] = Param(
+        Params._dummy(), "subsamplingRate",
+        "MLlib's online optimizer's mini-batch fraction, in (0, 1] (accepted and ignored: every iteration "
+        "samples every document)", typeConverter=TypeConverters.toFloat)
+    keepLastCheckpoint: Param[bool] = Param(
+        Params._dummy(), "keepLastCheckpoint",
+        "MLlib's EM optimizer's: keep its last checkpoint (accepted and ignored: pystrads' checkpoints are "
+        "its own, dropped when the fit ends)", typeConverter=TypeConverters.toBoolean)
+
+    _mllib_only = {"optimizer": MLlibOnly("collapsed Gibbs sampling (StradsLDA's one inference algorithm)"),
+                   **{name: MLlibOnly("collapsed Gibbs sampling (it tunes MLlib's online optimizer)")
+                      for name in ("learningOffset", "learningDecay", "subsamplingRate")},
+                   "keepLastCheckpoint": MLlibOnly("pystrads' own checkpoints (dropped when the fit ends)")}
+
+    _param_rules = {"optimizer": Rule(lambda v, p: v.lower() in ("online", "em"),
+                                      "is not one of 'online', 'em' (MLlib's choices)"),
+                    "learningOffset": above(0, finite=True, note="MLlib's range"),
+                    "learningDecay": above(0, finite=True, note="MLlib's range"),
+                    "subsamplingRate": Rule(lambda v, p: 0 < v <= 1, "must be in (0, 1] (MLlib's range)"),
+                    "k": at_least(2, note="LDA needs at least 2 topics"),
                     "docConcentration": [
                         Rule(lambda v, p: all(x > 0 and math.isfinite(x) for x in v),
                              lambda p: f"must be finite numbers > 0 (e.g. [{50.0 / p.getK():.4g}])"),
@@ -114,7 +147,9 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         super().__init__(*args)
         self._setDefault(k=10, maxIter=20, checkpointInterval=10, topicDistributionCol="topicDistribution",
                          sampler="auto", logLikelihoodEvery=10, foldInIterations=20, optimizeDocConcentration=True,
-                         optimizeTopicConcentration=False, optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN)
+                         optimizeTopicConcentration=False, optimizeInterval=10, optimizeBurnIn=OPTIMIZE_BURN_IN,
+                         optimizer="online", learningOffset=1024.0, learningDecay=0.51, subsamplingRate=0.05,
+                         keepLastCheckpoint=True)
 
     # -- resolved hyper-parameters
     def _alpha(self) -> np.ndarray:
@@ -210,7 +245,9 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams, HasEarlyStopping):
                  numWorkers: int = 0, sampler: str = "auto", logLikelihoodEvery: int = 10,
                  foldInIterations: int = 20, optimizeDocConcentration: bool = True, optimizeInterval: int = 10,
                  optimizeBurnIn: int = OPTIMIZE_BURN_IN, optimizeTopicConcentration: bool = False,
-                 validationIndicatorCol: str = "", validationTol: float = 0.0, earlyStoppingRounds: int = 2):
+                 validationIndicatorCol: str = "", validationTol: float = 0.0, earlyStoppingRounds: int = 2,
+                 optimizer: str = "online", learningOffset: float = 1024.0, learningDecay: float = 0.51,
+                 subsamplingRate: float = 0.05, keepLastCheckpoint: bool = True):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -300,12 +337,20 @@ class StradsLDAModel(_StradsModel, _StradsLDAParams):
     def _forget_frames(self) -> None:
         self._word_topics = None
 
+    def _repr_fields(self):
+        return {"k": self._word_topics.k, "numFeatures": self._word_topics.vocab_size}
+
     # -- MLlib LDAModel API
     def vocabSize(self) -> int:
         return self._topics.vocab_size
 
     def isDistributed(self) -> bool:
         return False  # MLlib's LocalLDAModel API: no training-corpus methods (topicDistributions, ...)
+
+    def toLocal(self) -> "StradsLDAModel":
+        """A copy of this model (MLlib's ``DistributedLDAModel.toLocal``, kept so that code written for
+        MLlib's EM optimizer runs: a StradsLDAModel is already a local model)."""
+        return self.copy()
 
     def estimatedDocConcentration(self) -> DenseVector:
         """The document-topic prior the model uses: learned (optimizeDocConcentration) or as given."""

@@ -24,7 +24,8 @@ from ..programs.mf_implicit import ImplicitMFProgram
 from ._base import Fit, _StradsEstimator, _StradsModel
 from ._mf_data import (dense_ids, fitted_factors, load_factors, predictions, read_ratings, recommendations,
                        save_factors, user_factors)
-from ._params import HasEarlyStopping, HasNumWorkers, Rule, _StradsParams, above, at_least, numeric_column, one_of
+from ._params import (HasEarlyStopping, HasNumWorkers, MLlibOnly, Rule, _StradsParams, above, at_least, numeric_column,
+                      one_of)
 from ._summary import FitSummary
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,8 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "StorageLevel for ALS model factors (ALS's; accepted and ignored: see spark.pystrads.model.dir for where "
         "the factors are kept)", typeConverter=TypeConverters.toString)
 
-    #: ALS's params a fit accepts and ignores (a warning names each one set)
-    _als_only = ("numUserBlocks", "numItemBlocks", "intermediateStorageLevel", "finalStorageLevel")
+    _mllib_only = {name: MLlibOnly("pystrads' own partitioning (numWorkers workers, the factors on the shards)")
+                   for name in ("numUserBlocks", "numItemBlocks", "intermediateStorageLevel", "finalStorageLevel")}
 
     _param_rules = {
         "numUserBlocks": at_least(1, note="ALS's range"),
@@ -239,8 +240,6 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
 
     def _program(self, fit: Fit):
         users, items, item_counts = fit.stats["users"], fit.stats["items"], fit.stats["item_counts"]
-        self._warn_ignored("pystrads' own partitioning (numWorkers workers, the factors on the shards)",
-                           *self._als_only)
         if self.getImplicitPrefs():
             self._warn_ignored("implicitPrefs=True (exact block solves)", "innerIterations", "stepSize")
             program = ImplicitMFProgram(len(users), len(items), self.getRank(), self.getRegParam(),
@@ -292,6 +291,9 @@ class StradsMFModel(_StradsModel, _StradsMFModelParams):
     @property
     def rank(self) -> int:
         return self._rank
+
+    def _repr_fields(self):
+        return {"rank": self._rank}
 
     @property
     def userFactors(self):

@@ -17,20 +17,59 @@ coefficient 0, as in MLlib.  Sparse features stay sparse.  The default
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.regression import LinearRegressionSummary, LinearRegressionTrainingSummary
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..programs.lasso import LassoProgram
 from ._linear import LinearTrainingSummary, _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
-from ._params import Rule, _number
+from ._params import MLlibOnly, Rule, _number, above, one_of
 
 
-class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
+class _LassoParams(_SparseLinearParams):
+    """The L1 params plus LinearRegression's ``solver``, ``loss`` and ``epsilon`` (accepted so that
+    code written for MLlib runs: the solver is always coordinate descent, the loss the squared one)."""
+
+    solver: Param[str] = Param(
+        Params._dummy(), "solver",
+        "MLlib's solver: 'auto', 'normal' or 'l-bfgs' (accepted and ignored: StradsLasso always fits by "
+        "scheduled coordinate descent, to the same objective)", typeConverter=TypeConverters.toString)
+    loss: Param[str] = Param(
+        Params._dummy(), "loss",
+        "the loss function: 'squaredError' (MLlib's 'huber' is refused: use "
+        "pyspark.ml.regression.LinearRegression(loss='huber') for a robust fit)", typeConverter=TypeConverters.toString)
+    epsilon: Param[float] = Param(
+        Params._dummy(), "epsilon",
+        "the shape parameter of MLlib's huber loss (> 1; only with loss='huber', which StradsLasso refuses)",
+        typeConverter=TypeConverters.toFloat)
+
+    _mllib_only = {"solver": MLlibOnly("scheduled coordinate descent (StradsLasso's one solver; the objective is "
+                                       "the same)", honoured=("auto",)),
+                   "loss": MLlibOnly("StradsLasso fits the squared loss; for a robust fit use "
+                                     "pyspark.ml.regression.LinearRegression(loss='huber')", refused=True,
+                                     honoured=("squaredError",)),
+                   "epsilon": MLlibOnly("the squared loss (epsilon shapes MLlib's huber loss only)")}
+    _param_rules = {"solver": one_of("auto", "normal", "l-bfgs", note="MLlib's choices"),
+                    "loss": one_of("squaredError", "huber", note="MLlib's choices"),
+                    "epsilon": above(1, finite=True, note="MLlib's range")}
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(solver="auto", loss="squaredError", epsilon=1.35)
+
+
+class LassoTrainingSummary(LinearTrainingSummary, LinearRegressionTrainingSummary):
+    """A :class:`StradsLasso` fit's training summary: pystrads' history
+    (:class:`~pystrads.ml._linear.LinearTrainingSummary`) and, as an MLlib
+    ``LinearRegressionTrainingSummary``, MLlib's fields of the training data."""
+
+
+class StradsLassoModel(_SparseLinearModel, _LassoParams):
     """A fitted :class:`StradsLasso`: ``coefficients``, ``intercept``, ``predict``, ``transform``, ``evaluate``.
 
     On a classic session ``transform`` and ``evaluate`` run MLlib's own
@@ -41,9 +80,24 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
 
     _mllib_class = "ml.regression.LinearRegressionModel"
 
+    @property
+    def scale(self) -> float:
+        """MLlib's: the value by which ``||y - X'w||`` is scaled down with the huber loss; 1.0 for
+        the squared loss, the one StradsLasso fits."""
+        return 1.0
+
     def predict(self, value) -> float:
         """Prediction for one feature vector."""
         return self._margin_udf()(value)
+
+    _export_formats = ("internal", "pmml")
+
+    def _export(self, source: str, path: str, spark) -> None:
+        """``write().format("pmml")``: a PMML 4.2 ``RegressionModel`` in one text file under
+        ``path`` (``sc.textFile(path)`` reads it), laid out as MLlib's export of its linear
+        regression model (fields ``field_0`` ... and ``target``)."""
+        spark.createDataFrame([(pmml_regression(self._coef, self._intercept),)], "value string") \
+            .coalesce(1).write.text(path)
 
     def _transform(self, dataset):
         self._check_columns(dataset, "featuresCol")
@@ -75,7 +129,35 @@ class StradsLassoModel(_SparseLinearModel, _SparseLinearParams):
                                self.getFitIntercept(), self.numFeatures)
 
 
-class StradsLasso(_SparseLinearEstimator):
+def pmml_regression(coefficients, intercept: float) -> str:
+    """A linear regression model as a PMML 4.2 document, in the layout of MLlib's export."""
+    import datetime
+    from xml.etree import ElementTree as ET
+
+    from .. import __version__
+
+    names = [f"field_{j}" for j in range(len(coefficients))]
+    root = ET.Element("PMML", xmlns="http://www.dmg.org/PMML-4_2", version="4.2")
+    header = ET.SubElement(root, "Header", description="linear regression (pystrads StradsLasso, in the layout "
+                                                       "of Apache Spark MLlib's PMML export)")
+    ET.SubElement(header, "Application", name="pystrads", version=__version__)
+    ET.SubElement(header, "Timestamp").text = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    dictionary = ET.SubElement(root, "DataDictionary", numberOfFields=str(len(names) + 1))
+    for name in names + ["target"]:
+        ET.SubElement(dictionary, "DataField", name=name, optype="continuous", dataType="double")
+    model = ET.SubElement(root, "RegressionModel", modelName="linear regression", functionName="regression")
+    schema = ET.SubElement(model, "MiningSchema")
+    for name in names:
+        ET.SubElement(schema, "MiningField", name=name, usageType="active")
+    ET.SubElement(schema, "MiningField", name="target", usageType="target")
+    table = ET.SubElement(model, "RegressionTable", intercept=repr(float(intercept)))
+    for name, value in zip(names, coefficients):
+        ET.SubElement(table, "NumericPredictor", name=name, coefficient=repr(float(value)))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n' + ET.tostring(root, encoding="unicode")
+
+
+class StradsLasso(_SparseLinearEstimator, _LassoParams):
     """Lasso (or elastic-net) regression by STRADS dynamic-schedule parallel coordinate descent.
 
     ``relaxation`` (1.8) over-relaxes the rounds' coordinate steps (SOR); 1 is plain
@@ -90,6 +172,7 @@ class StradsLasso(_SparseLinearEstimator):
 
     _program_class = LassoProgram
     _model_class = StradsLassoModel
+    _summary_class = LassoTrainingSummary
 
     relaxation: Param[float] = Param(
         Params._dummy(), "relaxation",
@@ -108,7 +191,8 @@ class StradsLasso(_SparseLinearEstimator):
                  coordinatesPerRound: Any = "auto", candidatesPerRound: Any = "auto", correlationThreshold: float = 0.3,
                  correlationSampleSize: int = 10000, workingSetLimit: int = 4096, relaxation: float = 1.8,
                  numWorkers: int = 0, validationIndicatorCol: str = "", validationTol: float = 0.0,
-                 earlyStoppingRounds: int = 2):
+                 earlyStoppingRounds: int = 2, solver: str = "auto", loss: str = "squaredError", epsilon: float = 1.35,
+                 aggregationDepth: int = 2, maxBlockSizeInMB: float = 0.0):
         super().__init__()
         self._setDefault(relaxation=1.8)
         self._set(**self._input_kwargs)
@@ -119,24 +203,40 @@ class StradsLasso(_SparseLinearEstimator):
         return program
 
 
-class LassoEvaluation:
-    """``LinearRegressionSummary``'s fields computed with MLlib's evaluators (what
+class LassoEvaluation(LinearRegressionSummary):
+    """An MLlib ``LinearRegressionSummary`` whose fields are computed with MLlib's evaluators (what
     :meth:`StradsLassoModel.evaluate` gives under Spark Connect, where MLlib's own summary
     cannot be made): ``rootMeanSquaredError``, ``meanSquaredError``, ``meanAbsoluteError``,
     ``r2``, ``explainedVariance`` (weighted, through the origin without an intercept, as
-    MLlib's), ``r2adj``, ``residuals``, ``numInstances``, ``degreesOfFreedom``,
-    ``predictions`` and the column names; standard errors raise as MLlib's do for a
-    regularised fit."""
+    MLlib's), ``r2adj``, ``residuals``, ``devianceResiduals``, ``numInstances``,
+    ``degreesOfFreedom``, ``predictions`` and the column names; standard errors raise as
+    MLlib's do for a regularised fit."""
+
+    _java_obj = None  # MLlib's base wraps a JVM summary: none here
 
     def __init__(self, predictions, prediction_col: str, label_col: str, features_col: str = "features",
                  weight_col: Optional[str] = None, fit_intercept: bool = True, num_features: int = 0):
-        self.predictions = predictions
-        self.predictionCol = prediction_col
-        self.labelCol = label_col
-        self.featuresCol = features_col
-        self.weightCol = weight_col or None
+        self._predictions = predictions
+        self._cols = {"predictionCol": prediction_col, "labelCol": label_col, "featuresCol": features_col,
+                      "weightCol": weight_col or None}
         self._fit_intercept, self._num_features = bool(fit_intercept), int(num_features)
         self._cache = {}
+
+    predictions = property(lambda self: self._predictions)
+    predictionCol = property(lambda self: self._cols["predictionCol"])
+    labelCol = property(lambda self: self._cols["labelCol"])
+    featuresCol = property(lambda self: self._cols["featuresCol"])
+    weightCol = property(lambda self: self._cols["weightCol"])
+
+    @property
+    def devianceResiduals(self) -> List[float]:
+        """MLlib's: the smallest and largest weighted residual ``sqrt(w) (label - prediction)``."""
+        if "deviance" not in self._cache:
+            w = F.sqrt(F.col(self.weightCol).cast("double")) if self.weightCol else F.lit(1.0)
+            r = w * (F.col(self.labelCol).cast("double") - F.col(self.predictionCol))
+            row = self.predictions.select(F.min(r).alias("lo"), F.max(r).alias("hi")).first()
+            self._cache["deviance"] = [float(row["lo"]), float(row["hi"])]
+        return self._cache["deviance"]
 
     def _metric(self, name: str) -> float:
         if name not in self._cache:
@@ -198,4 +298,4 @@ class LassoEvaluation:
         return self._metric("var")
 
 
-__all__ = ["StradsLasso", "StradsLassoModel", "LinearTrainingSummary", "LassoEvaluation"]
+__all__ = ["StradsLasso", "StradsLassoModel", "LassoTrainingSummary", "LinearTrainingSummary", "LassoEvaluation"]

@@ -451,6 +451,10 @@ class LassoProgram(WorkingSetSolver, Program):
     def _extra_prepare(self, coef) -> None:
         pass
 
+    def _starting_intercepts(self, ctx) -> None:
+        """Write MLlib's starting intercepts into ``coef`` (the model of a fit with ``maxIter=0``);
+        the squared loss's intercept follows from the means in :meth:`result`."""
+
     def _l2_label_scale(self) -> float:
         """MLlib's ``sigma_y`` (weighted, unbiased; ``|mean y|`` for a constant label, 1 if
         that is 0 too): it fits the standardised label with ``regParam / sigma_y``."""
@@ -589,6 +593,9 @@ class LassoProgram(WorkingSetSolver, Program):
         if "W" not in d:
             self._prepare(ctx)
             if d["W"] <= 0:
+                return None
+            if self.max_iter == 0:  # MLlib's maxIter=0: the model at the starting point
+                self._starting_intercepts(ctx)
                 return None
             if self._uses_working_set():  # straight to the driver's solver when the support may fit
                 live = np.ones(self.num_coords, dtype=bool)

@@ -317,6 +317,18 @@ class MultinomialProgram(L1LogisticProgram):
             tail[:, CURV] = 0.25
             tail[:, MEAN] = 0.0
 
+    def _starting_intercepts(self, ctx) -> None:
+        """MLlib's: ``log(W_k + 1)`` of each class's weight ``W_k``, centred."""
+        if not self.fit_intercept:
+            return
+        coef = ctx.table("coef").read_all()
+        # the intercepts' gradient rows at the zero start are 1 / K - W_k / W
+        weights = np.maximum(1.0 / self.num_classes - self._d["grad_rows"][self.num_penalised:, 0], 0.0) * self._d["W"]
+        logs = np.log1p(weights)
+        tail = coef[self.num_penalised:]
+        tail[:, BETA] = logs - logs.mean()
+        ctx.table("coef").put(range(self.num_penalised, len(coef)), tail)
+
     def _objective0(self) -> float:
         return float(np.log(self.num_classes))
 
