@@ -62,6 +62,7 @@ def test_a_checkpoint_of_other_data_is_not_resumed(sc, ratings):
     assert np.allclose(h, reference, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_two_identical_fits_at_once_checkpoint_apart_and_both_end_right(sc, ratings):
     """Two fits of the same program, data, workers and seed with one checkpoint directory, started
     at once (two threads, as CrossValidator's parallelism runs them): each holds a root of its own

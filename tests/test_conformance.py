@@ -26,6 +26,7 @@ def test_conformance(spark, estimator, check):
     assert result.ok, f"{estimator} / {check}: {result.detail}"
 
 
+@pytest.mark.slow
 def test_a_broken_estimator_fails_the_checks(spark):
     """The suite can fail: an estimator whose setters are missing, whose bad params train
     anyway, whose outputs differ from MLlib's and whose model ignores a setter is caught by the

@@ -37,7 +37,8 @@ ESTIMATORS = {
 }
 
 
-@pytest.mark.parametrize("name", list(ESTIMATORS))
+@pytest.mark.parametrize("name", [  # StradsMF and the logistic model (the slowest) run with the slow ones
+    pytest.param(n, marks=pytest.mark.slow) if n in ("StradsMF", "StradsLogisticRegression") else n for n in ESTIMATORS])
 def test_a_fit_over_any_input_plan_equals_the_fit_over_two_partitions(spark, name):
     make, data, result = ESTIMATORS[name]
     df = data(spark)

@@ -54,7 +54,7 @@ def _parent(pid):
     return parent, open(f"/proc/{parent}/comm").read().strip()
 
 
-@pytest.mark.parametrize("start", ["forked", "spawned"])
+@pytest.mark.parametrize("start", ["forked", pytest.param("spawned", marks=pytest.mark.slow)])
 def test_shards_are_separate_loopback_only_token_protected_and_die_with_the_driver(start):
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "lifecycle_driver.py"), str(LEASE), start],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

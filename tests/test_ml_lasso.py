@@ -115,7 +115,9 @@ def test_elastic_net_objective_equals_mllib_and_sklearn(problem, fit_intercept, 
             assert np.all(coef != 0)
 
 
-@pytest.mark.parametrize("fit_intercept,standardization", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("fit_intercept,standardization", [  # the slowest two (MLlib's fits) run with the slow ones
+    pytest.param(True, True, marks=pytest.mark.slow), (True, False), pytest.param(False, True, marks=pytest.mark.slow),
+    (False, False)])
 def test_logistic_objective_equals_mllib(problem, fit_intercept, standardization):
     """Lasso, elastic net and ridge: the objective at MLlib's optimum (OWL-QN / L-BFGS, converged
     here within 100 iterations), with weights."""
@@ -561,6 +563,7 @@ def test_relaxation_reaches_the_rounds_and_plain_steps_follow_another_path(wide_
     assert paths[None][0] == paths[1.0][0] and paths[None][-1] != pytest.approx(paths[1.0][-1], rel=1e-9), paths
 
 
+@pytest.mark.slow
 def test_logistic_parallel_rounds_reach_sklearns_optimum(wide_problem):
     import sklearn.linear_model as sklearn
     x, _, yb, w, df = wide_problem

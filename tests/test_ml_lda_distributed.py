@@ -52,6 +52,7 @@ def _zipf_documents(spark, vocab, docs, length, seed=0, used=None):
     return spark.createDataFrame(rows + [(docs, Vectors.sparse(vocab, [], []))], ["id", "features"]).repartition(2)
 
 
+@pytest.mark.slow
 def test_the_joined_fold_in_equals_the_fold_in_with_phi_shipped(spark, monkeypatch):
     """The same fitted model applied both ways gives the same topic mixtures bit for bit and the
     same log-likelihood: each task then gets only the model rows its documents use (new documents

@@ -399,6 +399,7 @@ def test_implicit_feedback_stops_on_the_held_out_mean_percentile_rank(interactio
     assert stopped.validationHistory == pytest.approx(curve[:2], rel=1e-3)  # sums arrive in any order: near-ties
 
 
+@pytest.mark.slow
 def test_cross_validator_runs_its_fits_at_once_with_the_metrics_of_sequential_fits(ratings):
     """Fits of one application step at the same time (a step per fit on the shards): with
     parallelism 2 and one worker each, two fits run side by side and every metric equals the

@@ -57,7 +57,9 @@ def objective(x, y, w, matrix, intercepts, lam, alpha, standardization):
     return loss + lam * (alpha * (np.abs(matrix) * s).sum() + (1 - alpha) / 2 * ((matrix * s) ** 2).sum())
 
 
-@pytest.mark.parametrize("fit_intercept,standardization", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("fit_intercept,standardization", [  # one in the quick run, the rest with the slow ones
+    pytest.param(True, True, marks=pytest.mark.slow), (True, False), pytest.param(False, True, marks=pytest.mark.slow),
+    pytest.param(False, False, marks=pytest.mark.slow)])
 def test_objective_equals_mllib_converged_optimum(problem, fit_intercept, standardization):
     """Ridge, elastic net and lasso over 10 classes, with weights: the objective at MLlib's optimum
     (L-BFGS / OWL-QN run to tol 1e-12) within 1e-6, and MLlib's conventions for the result."""
