@@ -42,9 +42,13 @@ setup(
         # with its stack instead of stalling the whole run; pyspark[connect]: the Spark Connect
         # tests start a local Connect server (grpcio and friends); scikit-learn: the Lasso tests
         # compare with its coordinate descent; nbclient, ipykernel and nbformat: the example notebook
-        # runs in a real Jupyter kernel, as a notebook user's does, and is validated as nbformat
+        # runs in a real Jupyter kernel, as a notebook user's does, and is validated as nbformat;
+        # sphinx, numpydoc and myst-parser: the API reference site is built and checked
         "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "pyspark[connect]>=3.5",
-                 "scikit-learn>=1.3", "nbclient>=0.7", "ipykernel>=6.0", "nbformat>=5.7"],
+                 "scikit-learn>=1.3", "nbclient>=0.7", "ipykernel>=6.0", "nbformat>=5.7", "sphinx>=7",
+                 "numpydoc>=1.6", "myst-parser>=2"],
+        # the documentation site (docs/conf.py): what pyspark and scikit-learn build theirs with
+        "docs": ["sphinx>=7", "numpydoc>=1.6", "myst-parser>=2"],
         "plot": ["matplotlib>=3.6"],
         # peers the benchmarks compare against (not needed by pystrads itself)
         "bench": ["matplotlib>=3.6", "scikit-learn>=1.3", "scipy>=1.9", "tomotopy>=0.12", "celer>=0.7",

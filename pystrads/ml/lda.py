@@ -225,8 +225,8 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams, HasEarlyStopping):
     sampled once per iteration. The word-topic table lives on parameter-server
     shards on the executors, never on the driver during training.
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyspark.ml.feature import CountVectorizer
     >>> from pystrads.ml import StradsLDA
     >>> docs = spark.createDataFrame([(["apple", "pie"],), (["spark", "cluster"],)], ["words"])

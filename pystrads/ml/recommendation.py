@@ -207,8 +207,8 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
     ``innerIterations``: coordinate descent): a fit logs a warning naming any
     of them that is set and ignored.
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pystrads.ml import StradsMF
     >>> ratings = spark.createDataFrame([(0, 0, 4.0), (0, 1, 2.0), (1, 1, 3.0)], ["user", "item", "rating"])
     >>> model = StradsMF(rank=2, maxIter=5, seed=1).fit(ratings)

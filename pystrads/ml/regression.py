@@ -163,8 +163,8 @@ class StradsLasso(_SparseLinearEstimator, _LassoParams):
     ``relaxation`` (1.8) over-relaxes the rounds' coordinate steps (SOR); 1 is plain
     coordinate descent (see :class:`~pystrads.programs.lasso.LassoProgram`).
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pystrads.ml import StradsLasso
     >>> model = StradsLasso(regParam=0.01).fit(df)        # df: (label double, features vector)
     >>> model.coefficients, model.intercept, model.summary.objectiveHistory[-1]   # doctest: +SKIP
