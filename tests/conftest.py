@@ -13,11 +13,22 @@ from pystrads.errors import ConfigurationError
 TEST_TIMEOUT_SECONDS = 900
 
 
+#: test modules that start Spark without the session fixtures (subprocess drivers, clusters, a
+#: kernel): all their tests count as ``spark``
+SPARK_MODULES = {"test_checkpoints", "test_cluster", "test_connect_remote", "test_faults", "test_freeze",
+                 "test_jobs", "test_lda_scan_memory", "test_lifecycle", "test_loop_faults", "test_notebook",
+                 "test_phases", "test_tls", "test_worker_shape"}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a scenario of a minute or more (fault injection, clusters, jobs, conformance); the README's test command leaves them to the second step of .ci/run, `pytest -m slow`")
+    config.addinivalue_line("markers", "spark: the test starts Spark (set on every test that uses the spark or sc fixture, and on the modules in conftest.SPARK_MODULES); `pytest -m 'not spark and not slow'` is the quick tier for day-to-day work")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if {"spark", "sc"} & set(getattr(item, "fixturenames", ())) or item.module.__name__ in SPARK_MODULES:
+            item.add_marker(pytest.mark.spark)
     if not config.pluginmanager.hasplugin("timeout"):
         return
     for item in items:
@@ -97,9 +108,15 @@ def pytest_sessionstart(session):
     os.environ[key] = value  # before any Spark process: see _of_this_session
     os.environ["TMPDIR"] = SESSION_TMP
     tempfile.tempdir = None  # this process's tempfile reads TMPDIR again
-    from jvm_archive import share_spark_classes
 
-    share_spark_classes()  # before any Spark process too: they all inherit the options
+
+def pytest_collection_finish(session):
+    """The Spark JVMs' shared class-data archive, built when a selected test starts Spark (the
+    quick tier starts none), before any Spark process: they all inherit the options."""
+    if any(item.get_closest_marker("spark") for item in session.items):
+        from jvm_archive import share_spark_classes
+
+        share_spark_classes()
 
 
 @pytest.fixture(scope="session")

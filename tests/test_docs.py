@@ -244,6 +244,33 @@ def test_relative_links_and_anchors_resolve():
     assert not broken, "\n".join(broken)
 
 
+#: what names a document outside the repository: the sibling folder the development machine has
+OUTSIDE_WORDS = re.compile(r"\.\./shared\b|\bdesign\.md\b|\bshared/(papers|data|design)\b|the design document")
+
+
+def outside_references(page_path, text):
+    """The references of a page to documents outside the repository: relative links that leave
+    it, and names of the development machine's documents."""
+    found = [m.group(0) for m in OUTSIDE_WORDS.finditer(text)]
+    for target in re.findall(r"\]\(([^)\s#]+)", text):
+        if re.match(r"^[a-z]+:", target):
+            continue  # a URL
+        path = os.path.normpath(os.path.join(os.path.dirname(page_path), target))
+        if not path.startswith(ROOT + os.sep):
+            found.append(target)
+    return found
+
+
+def test_docs_name_no_document_outside_the_repository():
+    found = {page: outside_references(os.path.join(ROOT, page), open(os.path.join(ROOT, page), encoding="utf-8").read())
+             for page in PAGES}
+    assert not any(found.values()), {page: refs for page, refs in found.items() if refs}
+    page = os.path.join(ROOT, "docs", "x.md")
+    assert outside_references(page, "see [the design](../../shared/design.md) and ../shared/data") == \
+        ["../shared", "design.md", "../shared", "../../shared/design.md"]
+    assert outside_references(page, "[ok](lda.md#priors) [ok](../README.md) [url](https://x.org/a.md)") == []
+
+
 def test_configuration_reference_is_the_build_of_the_conf_file():
     build = _load_script("build_configuration")
     assert build.main(["--check"]) == 0, "docs/configuration.md is stale: run python docs/build_configuration.py"

@@ -389,11 +389,9 @@ def test_case_ids_are_unique():
 ], ids=["lasso-maxIter-fractional", "logreg-fitIntercept-string", "lda-k-fractional",
         "lda-docConcentration-string", "mf-rank-string", "mf-maxIter-fractional"])
 def test_wrongly_typed_params_are_refused_at_set_time(make, param, value):
-    t0 = time.monotonic()
-    with pytest.raises(TypeError) as info:
+    with pytest.raises(TypeError) as info:  # by the setter itself: no fit, so no Spark job
         make()
     assert f'param "{param}"' in str(info.value) and value in str(info.value), str(info.value)
-    assert time.monotonic() - t0 < 1.0
 
 
 # ----------------------------------------------------------------------------- accepted on purpose

@@ -566,8 +566,10 @@ def test_a_schedule_planned_while_the_step_before_runs_hides_its_time_and_change
         assert program.calls == [("schedule", 1), ("schedule", 2), ("after", 1), ("schedule", 3), ("after", 2),
                                  ("schedule", 4), ("after", 3)]
         assert [r["planned_ahead"] for r in rows] == [False, True, True]
-        assert all(r["schedule_s"] >= 0.3 and r["schedule_wait_s"] < 0.15 for r in rows[1:]), rows
-        assert fixed["schedule_wait_s"] < fixed["schedule_s"] - 0.4
+        # each planned-ahead schedule (0.3 s of sleep) ran during a step (0.75 s of pushes): the
+        # loop waited for at most half of it (a 2x margin on a loaded machine)
+        assert all(r["schedule_s"] >= 0.3 and r["schedule_wait_s"] < 0.5 * r["schedule_s"] for r in rows[1:]), rows
+        assert fixed["schedule_wait_s"] < 0.5 * fixed["schedule_s"], fixed
     else:
         assert program.calls == [("schedule", 1), ("after", 1), ("schedule", 2), ("after", 2), ("schedule", 3),
                                  ("after", 3)]
