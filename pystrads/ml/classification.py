@@ -115,8 +115,10 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
         ts = self._set_thresholds()
         if ts is not None and len(ts) == 2 and all(math.isfinite(t) and t >= 0 for t in ts) and \
                 self.isSet(self.threshold) and abs(self.getThreshold() - self.getOrDefault(self.threshold)) > 1e-5:
-            raise ConfigurationError(f"threshold={self.getOrDefault(self.threshold)!r} and thresholds={ts!r} "
-                                     f"disagree (thresholds mean threshold={self.getThreshold()!r}); set one")
+            raise ConfigurationError(  # MLlib's words first: code matches on them
+                f"Logistic Regression getThreshold found inconsistent values for threshold="
+                f"{self.getOrDefault(self.threshold)!r} and thresholds={ts!r} (which mean threshold="
+                f"{self.getThreshold()!r}): set one of them")
 
 
 def compressed_matrix(a: np.ndarray) -> Matrix:
