@@ -261,6 +261,11 @@ def outside_references(page_path, text):
     return found
 
 
+def test_the_architecture_page_stays_a_read_of_at_most_400_lines():
+    lines = open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read().splitlines()
+    assert len(lines) <= 400, f"docs/architecture.md has {len(lines)} lines: keep its records short"
+
+
 def test_docs_name_no_document_outside_the_repository():
     found = {page: outside_references(os.path.join(ROOT, page), open(os.path.join(ROOT, page), encoding="utf-8").read())
              for page in PAGES}
