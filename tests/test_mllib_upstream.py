@@ -68,6 +68,8 @@ def test_exact_regression_through_the_origin_as_test_training_summary(spark):
     assert s.explainedVariance == pytest.approx(0.25) and s.degreesOfFreedom == 1 and s.numInstances == 2
     assert s.predictionCol == "prediction" and s.labelCol == "label" and s.featuresCol == "features"
     assert s.residuals.columns == ["residuals"] and s.residuals.count() == 2
+    assert isinstance(s.coefficientStandardErrors, list) and s.coefficientStandardErrors == pytest.approx([0.0])
+    assert isinstance(s.tValues, list) and isinstance(s.pValues, list) and len(s.pValues) == 1
     assert not isinstance(model.evaluate(df), type(s))  # evaluate gives a plain summary
 
 
@@ -82,6 +84,15 @@ def test_weighted_regression_reaches_mllibs_unregularised_answer(spark, tmp_path
     assert model.intercept == pytest.approx(-0.35, abs=1e-4)
     np.testing.assert_allclose(model.coefficients.toArray(), [0.65, 0.1125], atol=1e-4)
     assert model.predict(Vectors.dense(0.0, 5.0)) == pytest.approx(0.2125, abs=1e-4)
+    # least squares' inference, as MLlib's normal solver gives it (upstream's figures, and MLlib's own)
+    from pyspark.ml.regression import LinearRegression
+
+    s, ref = model.summary, LinearRegression(regParam=0.0, solver="normal", weightCol="weight").fit(df).summary
+    np.testing.assert_allclose(s.coefficientStandardErrors, [1.2860, 0.6249, 3.1645], atol=1e-4)
+    for name in ("coefficientStandardErrors", "tValues", "pValues"):
+        np.testing.assert_allclose(getattr(s, name), getattr(ref, name), rtol=1e-6, err_msg=name)
+    with pytest.raises(NotImplementedError, match="regularised fit .regParam > 0. has none"):
+        StradsLasso(regParam=0.1, weightCol="weight").fit(df).summary.pValues
     path = str(tmp_path / "lr")
     lr.save(path)
     model.write().overwrite().save(path)

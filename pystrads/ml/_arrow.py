@@ -73,17 +73,11 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts - before, lengths)
 
 
-def row_dots(column, coef: np.ndarray, name: str = "features") -> Tuple[np.ndarray, np.ndarray]:
-    """Per row of an Arrow vector column, ``x . coef`` and whether the row is not null: the whole
-    batch in a few numpy calls (sparse and dense rows alike).  ``coef`` of shape ``(features, K)``
-    gives ``(rows, K)`` dots.  A vector whose size is not ``len(coef)`` raises ValueError naming
-    the column ``name``."""
-    if hasattr(column, "chunks"):  # a ChunkedArray
-        parts = [row_dots(chunk, coef, name) for chunk in column.chunks]
-        if not parts:
-            return np.zeros((0,) + coef.shape[1:]), np.zeros(0, dtype=bool)
-        return np.concatenate([d for d, _ in parts]), np.concatenate([v for _, v in parts])
-    n = len(column)
+def row_entries(column, num_features: int, name: str = "features"):
+    """The non-zero entries of an Arrow vector column (one chunk): ``(valid, of_row, cols,
+    values)`` -- whether each row is not null, and each entry's row, column and value -- in a
+    few numpy calls, sparse and dense rows alike.  A vector whose size is not ``num_features``
+    raises ValueError naming the column ``name``."""
     fields = dict(zip((f.name for f in column.type), column.flatten()))
     valid = numpy_of(column.is_valid())
     kind = numpy_filled(fields["type"], 1)
@@ -96,15 +90,29 @@ def row_dots(column, coef: np.ndarray, name: str = "features") -> Tuple[np.ndarr
     lengths = val_off[rows + 1] - val_off[rows]
     sparse = kind[rows] == 0
     dims = np.where(sparse, size[rows], lengths)
-    bad = np.flatnonzero(dims != len(coef))
+    bad = np.flatnonzero(dims != num_features)
     if len(bad):
         raise ValueError(f"column {name!r} has a vector of size {int(dims[bad[0]])} where the model has "
-                         f"{len(coef)} features: score vectors of the size the model was fitted on")
+                         f"{num_features} features: score vectors of the size the model was fitted on")
     cols = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     # (a dense row's element: its position in the row)
     srows = rows[sparse]
     cols[np.repeat(sparse, lengths)] = ind_all[_ranges(ind_off[srows], ind_off[srows + 1] - ind_off[srows])]
-    values, of_row = val_all[_ranges(val_off[rows], lengths)], np.repeat(rows, lengths)
+    return valid, np.repeat(rows, lengths), cols, val_all[_ranges(val_off[rows], lengths)]
+
+
+def row_dots(column, coef: np.ndarray, name: str = "features") -> Tuple[np.ndarray, np.ndarray]:
+    """Per row of an Arrow vector column, ``x . coef`` and whether the row is not null: the whole
+    batch in a few numpy calls (sparse and dense rows alike).  ``coef`` of shape ``(features, K)``
+    gives ``(rows, K)`` dots.  A vector whose size is not ``len(coef)`` raises ValueError naming
+    the column ``name``."""
+    if hasattr(column, "chunks"):  # a ChunkedArray
+        parts = [row_dots(chunk, coef, name) for chunk in column.chunks]
+        if not parts:
+            return np.zeros((0,) + coef.shape[1:]), np.zeros(0, dtype=bool)
+        return np.concatenate([d for d, _ in parts]), np.concatenate([v for _, v in parts])
+    n = len(column)
+    valid, of_row, cols, values = row_entries(column, len(coef), name)
     if coef.ndim == 1:
         return np.bincount(of_row, weights=values * coef[cols], minlength=n)[:n], valid
     out = np.empty((n, coef.shape[1]))

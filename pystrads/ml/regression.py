@@ -63,10 +63,156 @@ class _LassoParams(_SparseLinearParams):
         self._setDefault(solver="auto", loss="squaredError", epsilon=1.35)
 
 
+#: the most features whose least-squares standard errors a summary computes (MLlib's normal
+#: solver, which gives them, covers as many; a (p + 1)^2 Gram matrix is summed on the driver)
+INFERENCE_MAX_FEATURES = 4096
+
+
 class LassoTrainingSummary(LinearTrainingSummary, LinearRegressionTrainingSummary):
     """A :class:`StradsLasso` fit's training summary: pystrads' history
     (:class:`~pystrads.ml._linear.LinearTrainingSummary`) and, as an MLlib
-    ``LinearRegressionTrainingSummary``, MLlib's fields of the training data."""
+    ``LinearRegressionTrainingSummary``, MLlib's fields of the training data.
+
+    An unregularised fit (``regParam=0``: least squares) has MLlib's ``coefficientStandardErrors``,
+    ``tValues`` and ``pValues`` (the coefficients', then the intercept's), from one pass over the
+    training data that sums ``X'WX``; a regularised fit has none, as MLlib's."""
+
+    def __init__(self, result, fit):
+        super().__init__(result, fit)
+        self._penalised = fit.program.reg_param > 0
+        self._inference = None
+
+    def _least_squares(self):
+        if self._penalised:
+            raise NotImplementedError("No Std. Error of coefficients available for this model: a regularised fit "
+                                      "(regParam > 0) has none, as MLlib's; fit with regParam=0 (least squares) "
+                                      "for standard errors, t-values and p-values")
+        model = self._model
+        if model.numFeatures > INFERENCE_MAX_FEATURES:
+            raise NotImplementedError(f"No Std. Error of coefficients available for {model.numFeatures} features: "
+                                      f"as MLlib's normal solver, a summary computes them for at most "
+                                      f"{INFERENCE_MAX_FEATURES}")
+        if self._inference is None:
+            wcol = model.getOrDefault("weightCol") if model.isDefined("weightCol") else None
+            self._inference = least_squares_inference(
+                self._dataset, model.getFeaturesCol(), model.getLabelCol(), wcol or None, model._coef,
+                model.intercept, model.getFitIntercept())
+        return self._inference
+
+    @property
+    def coefficientStandardErrors(self) -> List[float]:
+        return self._least_squares()["se"]
+
+    @property
+    def tValues(self) -> List[float]:
+        return self._least_squares()["t"]
+
+    @property
+    def pValues(self) -> List[float]:
+        return self._least_squares()["p"]
+
+
+def least_squares_inference(frame, fcol: str, lcol: str, wcol: Optional[str], coef, intercept: float,
+                            fit_intercept: bool) -> dict:
+    """MLlib's inference for a least-squares fit (``LinearRegressionSummary``'s definitions):
+    standard errors ``sqrt(diag((A'WA)^-1) * rss / dof)`` -- ``A`` the features with a column of
+    ones last when there is an intercept, ``rss`` the weighted sum of squared residuals, ``dof``
+    the rows less the coefficients -- and their t-values and two-sided p-values, for the
+    coefficients and then the intercept.  One Spark job over ``frame`` (any session kind)."""
+    import numpy as np
+
+    from ._arrow import collect_per_partition, row_entries
+
+    coef = np.asarray(coef, dtype=np.float64)
+    J, extra = len(coef), 1 if fit_intercept else 0
+    columns = [fcol, lcol] + ([wcol] if wcol else [])
+
+    def partial(batches):
+        gram, rss, rows = np.zeros((J + extra, J + extra)), 0.0, 0
+        for batch in batches:
+            features = batch.column(0)
+            chunks = features.chunks if hasattr(features, "chunks") else [features]
+            y = np.asarray(batch.column(1).to_numpy(zero_copy_only=False), dtype=np.float64)
+            w = np.asarray(batch.column(2).to_numpy(zero_copy_only=False), dtype=np.float64) if wcol else \
+                np.ones(len(y))
+            start = 0
+            for chunk in chunks:
+                valid, of_row, cols, values = row_entries(chunk, J, fcol)
+                for lo in range(0, len(chunk), 1024):  # dense blocks of 1,024 rows
+                    hi = min(lo + 1024, len(chunk))
+                    a, b = np.searchsorted(of_row, [lo, hi])
+                    x = np.zeros((hi - lo, J + extra))
+                    x[of_row[a:b] - lo, cols[a:b]] = values[a:b]
+                    if extra:
+                        x[:, J] = 1.0
+                    keep = valid[lo:hi]
+                    x, yy, ww = x[keep], y[start + lo:start + hi][keep], w[start + lo:start + hi][keep]
+                    r = yy - x[:, :J] @ coef - intercept
+                    rss += float(ww @ (r * r))
+                    gram += x.T @ (ww[:, None] * x)
+                    rows += len(yy)
+                start += len(chunk)
+        return gram, rss, rows
+
+    parts = collect_per_partition(frame.select(*columns), partial)
+    gram = sum(p[0] for p in parts)
+    rss, rows = sum(p[1] for p in parts), sum(p[2] for p in parts)
+    try:
+        diag = np.diag(np.linalg.inv(gram))
+    except np.linalg.LinAlgError:
+        raise NotImplementedError("No Std. Error of coefficients available: X'WX is singular (a constant or "
+                                  "collinear feature), as MLlib's normal solver finds it") from None
+    dof = rows - J - extra
+    se = np.sqrt(np.maximum(diag, 0.0) * rss / dof) if dof > 0 else np.full(J + extra, np.nan)
+    estimates = np.concatenate([coef, [intercept]]) if extra else coef
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = estimates / se
+    p = [student_t_two_sided(float(v), dof) for v in t]
+    return {"se": se.tolist(), "t": t.tolist(), "p": p}
+
+
+def student_t_two_sided(t: float, dof: int) -> float:
+    """``P(|T| > |t|)`` for Student's t with ``dof`` degrees of freedom: the regularised incomplete
+    beta function ``I_x(dof / 2, 1 / 2)`` at ``x = dof / (dof + t^2)`` (a continued fraction)."""
+    import math
+
+    if dof <= 0 or math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0
+    return _incomplete_beta(dof / 2.0, 0.5, dof / (dof + t * t))
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    import math
+
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
 
 
 class StradsLassoModel(_SparseLinearModel, _LassoParams):
