@@ -205,3 +205,25 @@ def test_als_on_upstreams_ratings_and_a_self_join_of_its_factors(spark, tmp_path
             assert loaded.transform(pairs).count() == 2 * 3
         finally:
             spark.conf.unset("spark.sql.analyzer.failAmbiguousSelfJoin")
+
+
+def test_bound_params_save_and_load_as_test_classification(spark, tmp_path):
+    """test_logistic_regression: an estimator with MLlib's bounds set saves and loads them (alone
+    and in a Pipeline), though a fit refuses them (docs/user-guide.md's differences)."""
+    from pyspark.ml import Pipeline
+    from pyspark.ml.linalg import Matrices
+
+    bounds = dict(lowerBoundsOnIntercepts=Vectors.dense([1.0, 2.0]),
+                  upperBoundsOnIntercepts=Vectors.sparse(2, [1], [5.0]),
+                  lowerBoundsOnCoefficients=Matrices.dense(3, 2, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
+                  upperBoundsOnCoefficients=Matrices.sparse(3, 2, [0, 1, 2], [0, 1], [5.0, 6.0]))
+    lr = StradsLogisticRegression(maxIter=1, **bounds)
+    path = str(tmp_path / "lr")
+    lr.save(path)
+    back = StradsLogisticRegression.load(path)
+    for name, value in bounds.items():
+        got = back.getOrDefault(name)
+        assert type(got) is type(value) and np.array_equal(got.toArray(), value.toArray()), name
+    Pipeline(stages=[lr]).write().overwrite().save(path + "_pipeline")
+    stage = Pipeline.load(path + "_pipeline").getStages()[0]
+    assert stage.getUpperBoundsOnCoefficients().toArray().tolist() == bounds["upperBoundsOnCoefficients"].toArray().tolist()

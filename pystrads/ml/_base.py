@@ -37,7 +37,7 @@ from ..engine import Engine
 from ..errors import PystradsError
 from ..engine.preflight import FitSetup, preflight
 from ._params import _StradsParams, add_accessor
-from ._persistence import PersistentModel
+from ._persistence import ParamsWriter, PersistentModel
 from ._summary import HasTrainingSummary
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,10 @@ class _StradsEstimator(Estimator, _StradsParams, DefaultParamsReadable, DefaultP
                 add_accessor(cls, "set", name)
         if "__init__" in vars(cls) and "setParams" not in vars(cls):
             cls.setParams = _set_params_like(cls.__init__)
+
+    def write(self):
+        """pyspark's params writer, with vector and matrix params (MLlib's bounds) in MLlib's JSON form."""
+        return ParamsWriter(self)
 
     def _fit(self, dataset):
         fit = Fit(dataset, time.perf_counter())

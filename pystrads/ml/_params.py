@@ -140,6 +140,29 @@ def at_least_or_auto(low: Bound) -> Rule:
                 lambda p: f"must be 'auto' or >= {_shown(low, p)}")
 
 
+def vector_or_json(value: Any) -> Any:
+    """A vector param's type converter that also reads MLlib's JSON form of a vector (what a saved
+    estimator's metadata holds)."""
+    from pyspark.ml.linalg import Vectors
+
+    if isinstance(value, dict) and "values" in value:
+        return Vectors.sparse(value["size"], value["indices"], value["values"]) if value.get("type") == 0 \
+            else Vectors.dense(value["values"])
+    return TypeConverters.toVector(value)
+
+
+def matrix_or_json(value: Any) -> Any:
+    """A matrix param's type converter that also reads MLlib's JSON form of a matrix."""
+    from pyspark.ml.linalg import DenseMatrix, SparseMatrix
+
+    if isinstance(value, dict) and "values" in value:
+        if value.get("type") == 0:
+            return SparseMatrix(value["numRows"], value["numCols"], value["colPtrs"], value["rowIndices"],
+                                value["values"], value.get("isTransposed", False))
+        return DenseMatrix(value["numRows"], value["numCols"], value["values"], value.get("isTransposed", False))
+    return TypeConverters.toMatrix(value)
+
+
 def int_or_auto(value: Any) -> Any:
     """Type converter of a param that takes an int or ``"auto"``."""
     if isinstance(value, str) and value.strip().lower() == "auto":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict
 
-from pyspark.ml.util import GeneralMLWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import DefaultParamsWriter, GeneralMLWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 
 def metadata_context(spark):
@@ -24,6 +24,39 @@ def metadata_context(spark):
     import pyspark
 
     return spark if int(pyspark.__version__.split(".")[0]) >= 4 else spark.sparkContext
+
+
+def json_param_map(instance) -> Dict[str, Any]:
+    """The params set on ``instance``, as the metadata's JSON holds them: vectors and matrices
+    (MLlib's bound params) in MLlib's JSON form, which the params' type converters read back."""
+    return {param.name: _json_value(value) for param, value in instance._paramMap.items()}
+
+
+def _json_value(value):
+    from pyspark.ml.linalg import DenseMatrix, DenseVector, SparseMatrix, SparseVector
+
+    if isinstance(value, SparseVector):
+        return {"type": 0, "size": int(value.size), "indices": value.indices.tolist(),
+                "values": value.values.tolist()}
+    if isinstance(value, DenseVector):
+        return {"type": 1, "values": value.toArray().tolist()}
+    if isinstance(value, SparseMatrix):
+        return {"class": "matrix", "type": 0, "numRows": value.numRows, "numCols": value.numCols,
+                "colPtrs": value.colPtrs.tolist(), "rowIndices": value.rowIndices.tolist(),
+                "values": value.values.tolist(), "isTransposed": bool(value.isTransposed)}
+    if isinstance(value, DenseMatrix):
+        return {"class": "matrix", "type": 1, "numRows": value.numRows, "numCols": value.numCols,
+                "values": value.values.tolist(), "isTransposed": bool(value.isTransposed)}
+    return value
+
+
+class ParamsWriter(DefaultParamsWriter):
+    """pyspark's writer of an estimator's params (``DefaultParamsWriter``), with vector and matrix
+    params saved in MLlib's JSON form (pyspark's would fail on them)."""
+
+    def saveImpl(self, path: str) -> None:
+        DefaultParamsWriter.saveMetadata(self.instance, path, metadata_context(self.sparkSession),
+                                         paramMap=json_param_map(self.instance))
 
 
 class ModelWriter(GeneralMLWriter):
@@ -113,8 +146,6 @@ class PersistentModel(MLReadable, MLWritable):
         raise NotImplementedError
 
     def _save(self, path: str, spark) -> None:
-        from pyspark.ml.util import DefaultParamsWriter
-
         from ..spark import is_dataframe
 
         def write(name: str, schema, rows) -> None:
@@ -122,7 +153,8 @@ class PersistentModel(MLReadable, MLWritable):
             frame.write.parquet(os.path.join(path, name))
 
         extra = self._save_data(write)
-        DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark), extraMetadata=extra)
+        DefaultParamsWriter.saveMetadata(self, path, metadata_context(spark), extraMetadata=extra,
+                                         paramMap=json_param_map(self))
 
     @classmethod
     def _load(cls, path: str, spark):

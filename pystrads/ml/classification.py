@@ -35,7 +35,7 @@ from ..programs.logistic import L1LogisticProgram
 from ..programs.multinomial import MultinomialProgram
 from ._arrow import dense_vectors
 from ._linear import LinearTrainingSummary, _SparseLinearEstimator, _SparseLinearModel, _SparseLinearParams
-from ._params import MLlibOnly, one_of, within
+from ._params import MLlibOnly, matrix_or_json, one_of, vector_or_json, within
 
 
 class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCol, HasThreshold, HasThresholds):
@@ -50,19 +50,19 @@ class _LogisticParams(_SparseLinearParams, HasProbabilityCol, HasRawPredictionCo
         Params._dummy(), "lowerBoundsOnCoefficients",
         "MLlib's lower bounds on the coefficients (refused: StradsLogisticRegression fits without bounds; use "
         "pyspark.ml.classification.LogisticRegression for a bound-constrained fit)",
-        typeConverter=TypeConverters.toMatrix)
+        typeConverter=matrix_or_json)
     upperBoundsOnCoefficients: Param[Matrix] = Param(
         Params._dummy(), "upperBoundsOnCoefficients",
         "MLlib's upper bounds on the coefficients (refused, as lowerBoundsOnCoefficients)",
-        typeConverter=TypeConverters.toMatrix)
+        typeConverter=matrix_or_json)
     lowerBoundsOnIntercepts: Param[Vector] = Param(
         Params._dummy(), "lowerBoundsOnIntercepts",
         "MLlib's lower bounds on the intercepts (refused, as lowerBoundsOnCoefficients)",
-        typeConverter=TypeConverters.toVector)
+        typeConverter=vector_or_json)
     upperBoundsOnIntercepts: Param[Vector] = Param(
         Params._dummy(), "upperBoundsOnIntercepts",
         "MLlib's upper bounds on the intercepts (refused, as lowerBoundsOnCoefficients)",
-        typeConverter=TypeConverters.toVector)
+        typeConverter=vector_or_json)
 
     _mllib_only = {name: MLlibOnly("StradsLogisticRegression fits without bounds; use "
                                    "pyspark.ml.classification.LogisticRegression for a bound-constrained fit",
