@@ -176,10 +176,7 @@ class Engine:
 
     def _start_shards(self) -> None:
         t0 = time.perf_counter()
-        for key, manager in list(launcher._MANAGERS.items()):
-            if not manager.spark.alive():  # its SparkContext or session was stopped
-                manager.shutdown()
-                launcher._MANAGERS.pop(key, None)
+        launcher.drop_stopped()
         if self.manager is not None:  # its shards were found gone: let go of them first
             launcher.release_shards(self.manager, self)
             self.manager = None

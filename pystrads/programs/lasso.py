@@ -620,7 +620,7 @@ class LassoProgram(WorkingSetSolver, Program):
         max_rounds = self._round_budget(min(ctx.rounds_hint, 1 << 16))
         rho = self.rho
         if self.schedule_name == "dynamic":
-            stream = self._dynamic_stream(rng, live, L, max_rounds)
+            stream = self._dynamic_stream(rng, live, L)
         else:
             rho = 0.0
             ids = np.flatnonzero(live)
@@ -679,7 +679,7 @@ class LassoProgram(WorkingSetSolver, Program):
         (the step must stay within ``step.maxRounds``, which caps the hint)."""
         return max(1, hint - 1)
 
-    def _dynamic_stream(self, rng, live, L, max_rounds) -> np.ndarray:
+    def _dynamic_stream(self, rng, live, L) -> np.ndarray:
         d = self._d
         J = self.num_units
         live_coef = np.repeat(live, self.unit_width)  # per coefficient

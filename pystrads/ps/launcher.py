@@ -649,6 +649,15 @@ def get_shards(spark, config, expected_executors: int, holder: Any = None) -> Sh
         return manager
 
 
+def drop_stopped() -> None:
+    """Stop and forget the shard managers whose SparkContext or session was stopped."""
+    with _LOCK:
+        for key, manager in list(_MANAGERS.items()):
+            if not manager.spark.alive():
+                manager.shutdown()
+                del _MANAGERS[key]
+
+
 def release_shards(manager: ShardManager, holder: Any) -> None:
     """``holder`` no longer uses ``manager``'s shards: a replaced group stops with its last holder."""
     with _LOCK:

@@ -98,7 +98,7 @@ class TableSnapshots:
                     a, b = max(lo, t.row_start), min(hi, t.row_stop)
                     if a >= b:
                         continue
-                    part = _read_part(storage, storage.join(source, fname), ext, hi - lo, t.width, t.dtype)
+                    part = _read_part(storage, storage.join(source, fname), ext, hi - lo, t.width)
                     with t.lock:
                         _restore_rows(t, part, a - lo, b - lo, slice(a - t.row_start, b - t.row_start))
                     covered[a - t.row_start:b - t.row_start] = True
@@ -119,7 +119,7 @@ class TableSnapshots:
         return {"rows": restored, "states": loaded}
 
 
-def _read_part(storage, uri: str, ext: str, n_rows: int, width: int, dtype: str):
+def _read_part(storage, uri: str, ext: str, n_rows: int, width: int):
     """A snapshot file's rows: a dense block (``.npy``) or ``(offsets, cols, vals)`` (``.npz``),
     checked against the table's shape."""
     if ext == "npy":

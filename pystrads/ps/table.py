@@ -296,7 +296,7 @@ class SparseShardTable(ShardTable):
         cols = np.asarray(cols, dtype=np.int32)
         vals = np.asarray(vals, dtype=self.np_dtype)
         if (len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1]))) or not csr_is_canonical(offsets, cols):
-            rows, offsets, cols, vals = _canonical(rows, offsets, cols, vals, replace)
+            rows, offsets, cols, vals = _canonical(rows, offsets, cols, vals)
         if not len(rows):
             return
         pool, dense = room_needed(self.slot, self.nnz, self.cap, rows, offsets, replace, self.max_pairs)
@@ -355,7 +355,7 @@ def _grown_copy(array: np.ndarray, size: int, used: int) -> np.ndarray:
     return out
 
 
-def _canonical(rows, offsets, cols, vals, replace):
+def _canonical(rows, offsets, cols, vals):
     """A write's entries with each row once (ascending) and each row's columns ascending and
     distinct, repeated ones summed (a put whose row comes twice: the rows add up, as for a
     dense table)."""
