@@ -8,18 +8,21 @@ Minimises, like ALS with explicit ratings::
 (``n_i``, ``m_j``: ratings of user i, item j -- ALS's regularisation scaling).
 
 Data: ratings partitioned by user, so each worker owns whole users and its
-rows of W stay local (state); H lives on the shards as a column-major table
-``item_factors`` (row ``k * num_items + j`` holds h_jk), so one feature of
-all items is a contiguous range.
+rows of W stay local (state); H lives on the shards as a block-major table
+``item_factors`` (``num_blocks * num_items`` rows of ``block_size`` features:
+row ``c * num_items + j`` holds item j's features of block c), so one block
+of features of all items is a contiguous range.
 
-Schedule (shared, ``rank * inner_iterations`` rounds per iteration): round
-(k, t) updates feature k.  ``push``: every worker sums, over its ratings of
-each item, ``rhat_ij * w_ik`` and ``w_ik^2`` and contributes them; the
-shard's ``pull`` sets ``h_jk = num / (lambda m_j + den)`` next to the rows
-(the supplement's aggregation of partial sums -- exact, no parallelisation
-error, since items are independent given W).  ``apply``: with the committed
-h_k each worker updates its users' ``w_ik`` locally (exact for the same
-reason) and, after the last inner iteration, its residuals.
+Schedule (shared, ``num_blocks * inner_iterations`` rounds per iteration):
+round (c, t) updates feature block c (``block_size`` 1 is CCD++'s one
+feature).  ``push``: every worker sums, over its ratings of each item, the
+block's normal equations (``b * b + b`` numbers per item) and contributes
+them; the shard's ``pull`` solves each item's block system with ALS's
+regularisation next to the rows (the supplement's aggregation of partial
+sums -- exact, no parallelisation error, since items are independent given
+W).  ``apply``: with the committed block of H each worker solves its users'
+block locally (exact for the same reason) and, after the block's last inner
+iteration, its residuals.
 """
 
 from __future__ import annotations
