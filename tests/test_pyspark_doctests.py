@@ -43,8 +43,11 @@ CASES = {
     ("pyspark.ml.recommendation", "ALS"): {"ALS": "StradsMF", "ALSModel": "StradsMFModel"},
 }
 
-#: relative tolerance of the numbers of a class whose objective is MLlib's (None: not compared)
-TOLERANCE = {"LinearRegression": 1e-3, "LogisticRegression": 2e-3, "LDA": None, "ALS": None}
+#: relative tolerance of the numbers of a class whose objective is MLlib's (None: not compared).
+#: The examples fit with tol=1e-6 on the objective, where both optimizers stop: on the flat L1
+#: multinomial example the two stopping points lie 5e-7 apart in objective and up to ~3 % apart
+#: in a coefficient (measured: -0.5036 MLlib, -0.5096 / -0.5174 pystrads, by partitioning)
+TOLERANCE = {"LinearRegression": 1e-3, "LogisticRegression": 5e-2, "LDA": None, "ALS": None}
 
 #: (MLlib class, the failing example's source, stripped) -> why it fails: the documented gaps
 GAPS = DOCTEST_GAPS
