@@ -113,7 +113,7 @@ def pytest_sessionstart(session):
 def pytest_collection_finish(session):
     """The Spark JVMs' shared class-data archive, built when a selected test starts Spark (the
     quick tier starts none), before any Spark process: they all inherit the options."""
-    if any(item.get_closest_marker("spark") for item in session.items):
+    if not session.config.option.collectonly and any(item.get_closest_marker("spark") for item in session.items):
         from jvm_archive import share_spark_classes
 
         share_spark_classes()
