@@ -154,7 +154,9 @@ def least_squares_inference(frame, fcol: str, lcol: str, wcol: Optional[str], co
                 start += len(chunk)
         return gram, rss, rows
 
-    parts = collect_per_partition(frame.select(*columns), partial)
+    # each partition's (J + 1)^2 partial reaches the driver: at most ~1 GiB of them at once
+    gram_bytes = 8 * (J + extra) ** 2 + 1024
+    parts = collect_per_partition(frame.select(*columns).coalesce(max(1, (1 << 30) // gram_bytes)), partial)
     gram = sum(p[0] for p in parts)
     rss, rows = sum(p[1] for p in parts), sum(p[2] for p in parts)
     try:
