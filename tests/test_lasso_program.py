@@ -467,6 +467,21 @@ def test_logistic_program_reaches_the_reference_optimum(sc):
     assert b0 != 0.0 and np.count_nonzero(beta) > 0
 
 
+@pytest.mark.parametrize("seed", [0, 21, 30])  # 21 and 30: the priorities' order puts the intercept first
+def test_a_step_of_three_rounds_moves_a_feature_as_well_as_the_intercept(sc, seed):
+    """With ``step.maxRounds=3`` (a first step sized after a slow start runs as few rounds) the
+    logistic step is the intercept's round, one feature round and the sweep: the feature round
+    (one coordinate wide here, as the automatic width makes it for one feature) is never spent
+    on the intercept, so one iteration moves the one feature (as MLlib's first
+    L-BFGS iteration does), whatever the priorities' random order."""
+    rows = [(float(i % 7 > 3), 1.0, np.array([0]), np.array([float(i % 7) - 3.0])) for i in range(28)]
+    rdd = sc.parallelize(rows, 2)
+    prog = L1LogisticProgram(1, 0.0, fit_intercept=True, max_iter=1, coords_per_round=1, sample=ColumnSample([r[2:] for r in rows], 1))
+    with Engine(prog, rdd, num_workers=2, seed=seed, config={"step.maxRounds": 3}).fit() as res:
+        beta, b0 = prog.result(res.read_table("coef"))
+    assert beta[0] > 0.5 and b0 != 0.0
+
+
 def test_the_working_set_takes_the_worst_violators():
     """The working set's padding is the ``count`` candidates with the largest violation: the same
     set a full sort gives (ties aside), all of them when fewer, none for a count of 0."""

@@ -631,6 +631,8 @@ class LassoProgram(WorkingSetSolver, Program):
                 pos = (d["cursor"] + np.arange(budget)) % max(len(ids), 1)
                 stream = ids[pos] if len(ids) else ids
                 d["cursor"] = int((d["cursor"] + budget) % max(len(ids), 1))
+        if J > self.num_features:  # the intercepts have rounds of their own (_with_intercept_rounds): a
+            stream = stream[stream < self.num_features]  # feature round they took would be lost
         if "sample_parts" in d:
             d["sample"] = ColumnSample.from_columns(d.pop("sample_parts"))
         sample = d["sample"]
