@@ -146,7 +146,12 @@ CHECKS = {
 }
 
 
-@pytest.mark.parametrize("page", RUNNABLE)
+#: the pages whose examples fit models for tens of seconds: they run with the slow scenarios
+SLOW_PAGES = ("README.md", "docs/lda.md", "docs/lasso.md", "docs/mf.md")
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES else p
+                                  for p in RUNNABLE])
 def test_page_examples_run(spark, page):
     ns, outputs = run_page(page, spark)
     if page in CHECKS:

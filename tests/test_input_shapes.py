@@ -37,8 +37,8 @@ ESTIMATORS = {
 }
 
 
-@pytest.mark.parametrize("name", [  # StradsMF and the logistic model (the slowest) run with the slow ones
-    pytest.param(n, marks=pytest.mark.slow) if n in ("StradsMF", "StradsLogisticRegression") else n for n in ESTIMATORS])
+@pytest.mark.slow  # the input plans themselves are the LDA test's below, in the README's run
+@pytest.mark.parametrize("name", list(ESTIMATORS))
 def test_a_fit_over_any_input_plan_equals_the_fit_over_two_partitions(spark, name):
     make, data, result = ESTIMATORS[name]
     df = data(spark)

@@ -371,9 +371,9 @@ def test_the_logistic_program_takes_no_relaxation():
 class GramSpy(LassoProgram):
     """Keeps every Gram matrix the driver read off the shards, with its working set."""
 
-    def _working_set_step(self, ctx, step, objective, clearing):
+    def _working_set(self, ctx, step, objective):
         fresh, gram_set = "gram_rows" in self._d, self._d.get("gram_set")
-        super()._working_set_step(ctx, step, objective, clearing)
+        super()._working_set(ctx, step, objective)
         if fresh and "gram" in self._d:
             self.grams.append((gram_set.copy(), self._d["gram"]))
 
@@ -398,6 +398,7 @@ def test_each_working_set_gets_its_own_gram_matrix(small):
         np.testing.assert_allclose(got, x[:, gs].T @ x[:, gs] / len(p.y), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_dependency_check_matters_on_correlated_columns(sc):
     """Groups of 4 near-identical columns: updated together they overshoot (priority
     only, no check), while the dynamic schedule with the check converges."""

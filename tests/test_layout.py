@@ -175,3 +175,46 @@ def test_the_engines_worker_side_imports_nothing_of_its_driver_side():
             f"print(sorted(m for m in sys.modules if m in {DRIVER_SIDE!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+#: the packages whose classes compose their parts instead of mixing them in (``ml/`` keeps
+#: pyspark's Param mixins, which drop-in estimators need)
+NO_MIXINS = ("ps", "engine", "programs")
+
+
+def _own_bases(cls) -> list:
+    """The bases of ``cls`` that are pystrads' own classes."""
+    return [b.__name__ for b in cls.__bases__ if b.__module__.split(".")[0] == "pystrads"]
+
+
+def _mixed(module) -> dict:
+    """The classes defined in ``module`` that inherit more than one of pystrads' own classes."""
+    import inspect
+
+    return {name: _own_bases(cls) for name, cls in vars(module).items()
+            if inspect.isclass(cls) and cls.__module__ == module.__name__ and len(_own_bases(cls)) > 1}
+
+
+@pytest.mark.parametrize("package", NO_MIXINS)
+def test_no_class_mixes_in_more_than_one_of_pystrads_classes(package):
+    """A class of ``ps/``, ``engine/`` or ``programs/`` inherits at most one of pystrads' own
+    classes: a part with state of its own is an object the class holds."""
+    import importlib
+
+    mixed = {}
+    for module_name, _, _ in _modules(os.path.join(ROOT, package), "pystrads"):
+        module = importlib.import_module("pystrads." + module_name)
+        mixed.update({f"{module.__name__}.{k}": v for k, v in _mixed(module).items()})
+    assert not mixed, mixed
+
+
+def test_the_mixin_check_sees_a_mixin():
+    import types
+
+    from pystrads.engine.program import Program
+    from pystrads.ps.state import ShardState
+
+    module = types.ModuleType("pystrads.fake")
+    module.Mixed = type("Mixed", (ShardState, Program), {"__module__": "pystrads.fake"})
+    module.Single = type("Single", (Program, object), {"__module__": "pystrads.fake"})
+    assert _mixed(module) == {"Mixed": ["ShardState", "Program"]}

@@ -301,7 +301,7 @@ def movielens_split(spark):
     return spark.createDataFrame(frame[["userId", "movieId", "rating", "validation"]]).repartition(2).cache()
 
 
-@pytest.mark.parametrize("algorithm", ["cd", "sgd"])
+@pytest.mark.parametrize("algorithm", [pytest.param("cd", marks=pytest.mark.slow), "sgd"])
 def test_early_stopping_stops_two_iterations_after_the_validation_minimum(movielens_split, algorithm):
     """Rank 50 with a small regParam overfits: the validation RMSE falls to a minimum inside the run
     and rises after it.  With earlyStoppingRounds=2 the fit ends exactly 2 iterations after that

@@ -140,6 +140,7 @@ def test_train_validation_split_over_max_iter_zero_and_one(spark, tmp_path):
     assert back.bestModel.coefficients == model.bestModel.coefficients
 
 
+@pytest.mark.slow
 def test_one_vs_rest_trains_the_drop_in_per_class(spark, tmp_path):
     """test_algorithms' OneVsRestTests: OneVsRest of the binomial drop-in (its label columns
     are named mc2b$<i>), with weights, copies of the classifier's params, the same sub-models

@@ -139,10 +139,10 @@ def test_nonzero_reads_send_only_the_nonzero_rows_across_shards_and_chunks(shard
     values = rng.random((len(keys), 2))
     values[::7, 0] = 0.0  # a row with one zero value still counts as non-zero
     table.put(keys, values)
-    before = sum(s.counters["rows_out"] for s in servers)
+    before = sum(s.state.counters()["rows_out"] for s in servers)
     got_keys, got_rows = table.get_nonzero(0, 20000)
     assert np.array_equal(got_keys, keys) and np.array_equal(got_rows, values)
-    assert sum(s.counters["rows_out"] for s in servers) - before == len(keys)  # not 20000 rows
+    assert sum(s.state.counters()["rows_out"] for s in servers) - before == len(keys)  # not 20000 rows
     sub = (keys >= 5000) & (keys < 15000)  # a range across the two shards' bounds
     got_keys, got_rows = table.get_nonzero(5000, 15000)
     assert np.array_equal(got_keys, keys[sub]) and np.array_equal(got_rows, values[sub])
@@ -264,9 +264,9 @@ def test_sparse_reads_and_writes_carry_the_same_rows_in_fewer_bytes(shards, dtyp
     table.put(np.arange(300), base, sparse=True)  # a put replaces whole rows
     assert np.array_equal(table.read_all(), base)
     keys = rng.permutation(300)[:120]
-    before = sum(s.counters["bytes_out"] for s in servers)
+    before = sum(s.state.counters()["bytes_out"] for s in servers)
     got = table.get(keys, sparse=True)
-    sparse_bytes = sum(s.counters["bytes_out"] for s in servers) - before
+    sparse_bytes = sum(s.state.counters()["bytes_out"] for s in servers) - before
     assert got.dtype == table.get(keys).dtype and np.array_equal(got, base[keys])
     assert sparse_bytes < 0.3 * base[keys].astype(got.dtype).nbytes, sparse_bytes
     assert np.array_equal(table.get(np.arange(100, 180), sparse=True), base[100:180])  # a range
@@ -510,7 +510,7 @@ def test_a_rounds_contributions_sum_exactly_whatever_their_keys(shards, spread, 
              (np.arange(5 * spread, 19 * spread, spread), rng.random((14, 2))),
              (np.array([3, 3, 0, 3, 7]) * spread + 1, rng.random((5, 2))),
              (np.array([9, 2, 4]) * spread, rng.random((3, 2)))]
-    servers[0]._apply_pull("fit/t", parts)
+    servers[0].fences.apply_pull("fit/t", parts)
     want = np.full((1000, 2), np.nan)
     for keys, vals in parts:
         want[keys] = 0.0
@@ -914,7 +914,7 @@ def test_a_sparse_tables_memory_follows_its_non_zeros(shards):
     block[:400] = 1  # 400 full rows: stored dense
     table.inc(keys, block, sparse=True)
     nnz = int(np.count_nonzero(block))
-    stats = [s._action_stats(None)["tables"]["fit/t"] for s in servers]
+    stats = [s.action_stats(None)["tables"]["fit/t"] for s in servers]
     assert sum(t["nonzeros"] for t in stats) == nnz
     assert sum(t["dense_rows"] for t in stats) == 400
     held = sum(t["bytes"] for t in stats)
@@ -927,7 +927,7 @@ def test_a_sparse_tables_memory_follows_its_non_zeros(shards):
     minus[:, 0] = 0
     table.fenced(**fence).inc(keys[:400], minus, sparse=True)
     group.broadcast("commit_step", step=1)
-    stats = [s._action_stats(None)["tables"]["fit/t"] for s in servers]
+    stats = [s.action_stats(None)["tables"]["fit/t"] for s in servers]
     assert sum(t["dense_rows"] for t in stats) == 0
     assert sum(t["bytes"] for t in stats) < held - 400 * width * 4
     block[:400] += minus
@@ -958,9 +958,9 @@ def test_entries_travel_across_shards_and_a_blocks_delta_is_exact(shards, storag
     block[changed, rng.integers(0, 40, 100)] += 10  # every one of them differs from before
     rows, offsets, cols, vals = csr_delta(block, *entries)
     assert np.array_equal(rows, np.sort(changed))
-    before = sum(s.counters["rows_in"] for s in servers)
+    before = sum(s.state.counters()["rows_in"] for s in servers)
     table.inc_entries(keys[rows], offsets, cols, vals)
-    assert sum(s.counters["rows_in"] for s in servers) - before == 100
+    assert sum(s.state.counters()["rows_in"] for s in servers) - before == 100
     want = base.copy()
     want[keys] = block
     assert np.array_equal(table.read_all(), want)
@@ -1055,7 +1055,7 @@ def test_blobs_round_trip_exactly_and_a_snapshot_series_holds_two_at_most(shards
     for step in range(4):
         client.put_blob(f"fit/state/0/{step}", bytes([step]) * size,
                         dict(drop_prefix="fit/state/0/", keep_after=step - 1))
-    assert sorted(k for k in servers[0].blobs if k.startswith("fit/state/")) == ["fit/state/0/2", "fit/state/0/3"]
+    assert sorted(k for k in servers[0].state.blobs if k.startswith("fit/state/")) == ["fit/state/0/2", "fit/state/0/3"]
     assert client.get_blob("fit/state/0/2") == bytes([2]) * size
     stats = client.action("stats")
     assert stats["blob_bytes"] == before + 2 * size
@@ -1322,15 +1322,15 @@ def test_a_shard_that_misses_its_deadline_is_lost_and_delays_no_other_heartbeat(
 
     servers, _ = shards
     frozen = threading.Event()
-    original = ShardServer._action_heartbeat
+    original = ShardServer.action_heartbeat
 
     def heartbeat(self, req):
         if self is servers[1] and frozen.is_set():
             time.sleep(5)
         return original(self, req)
 
-    monkeypatch.setattr(ShardServer, "_action_heartbeat", heartbeat)
-    monkeypatch.setattr(ShardServer, "_action_ping", lambda self, req: (time.sleep(5) if self is servers[1]
+    monkeypatch.setattr(ShardServer, "action_heartbeat", heartbeat)
+    monkeypatch.setattr(ShardServer, "action_ping", lambda self, req: (time.sleep(5) if self is servers[1]
                                                                           and frozen.is_set() else None) or {})
     group = ShardGroup([ShardInfo("127.0.0.1", s.port, 0, "exec", f"s{i}") for i, s in enumerate(servers)],
                        TOKEN, chunk_bytes=4096, rpc_timeout=1.0)
@@ -1364,7 +1364,7 @@ def test_settling_a_lost_job_holds_the_shards_for_the_relaunched_coordinator(sha
     assert settle_for_relaunch(group, "fit", 3, Seals.new(), hold=630.0) == "none open"
     for server in servers:
         assert t0 + 630.0 <= server.held_until <= time.monotonic() + 630.0
-        assert server.loop_epochs["fit"] == 3
+        assert server.fences.loop_epochs["fit"] == 3
 
 
 def _peak_rss(pid: int) -> int:

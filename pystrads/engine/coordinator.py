@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import ShardUnavailableError, StepFailedError
 from ..ps.client import ShardGroup
 from ..ps.partition import TableLayout
+from ..ps.protocol import Action
 from .checkpoints import program_state
 from .job import WorkerJob
 from .journal import Journal, ShardStore, settle
@@ -93,7 +94,7 @@ class InJobWorkerJob(WorkerJob):
         pass
 
     def finish(self, last_step: int) -> None:
-        self.group.client(0).action("post", namespace=self.namespace, command=self.finish_command(last_step),
+        self.group.client(0).action(Action.POST, namespace=self.namespace, command=self.finish_command(last_step),
                                     epoch=self.epoch)
         if self.export is not None:
             self._wait_exports(None)
@@ -141,7 +142,7 @@ class Coordinator:
             program = pickle.loads(spec.program)
             group = self._group()
             # from here on no coordinator of an older epoch (one whose job was lost) changes the fit
-            group.broadcast("claim", namespace=spec.namespace, epoch=cspec.epoch)
+            group.broadcast(Action.CLAIM, namespace=spec.namespace, epoch=cspec.epoch)
             job = InJobWorkerJob(spec, self.abandoned, cspec.epoch)
             job.group = group  # the coordinator's credential: it posts changed programs
             loop = StepLoop(_InJobOwner(group, spec.layouts, spec.namespace, cspec.program_name, spec.seals), program,
@@ -154,7 +155,7 @@ class Coordinator:
             stopped = loop.drive(cspec.max_steps)
             self.result = {"stopped": stopped, "summary": _summary_state(summary),
                            "program": program_state(program), "position": dataclasses.asdict(loop.position),
-                           "shards": group.broadcast("stats"), "progress": loop.progress.report}
+                           "shards": group.broadcast(Action.STATS), "progress": loop.progress.report}
         except BaseException as exc:  # noqa: BLE001 -- handed to the client through the job
             log.warning("fit %s: the coordinator stopped on %r", self.spec.namespace, exc)
             if isinstance(exc, (StepFailedError, ShardUnavailableError)):
@@ -164,7 +165,7 @@ class Coordinator:
             else:  # the fit ends here: its error goes to the client as the job's result
                 self.result = {"error": _picklable(exc), "summary": _summary_state(summary)}
                 try:  # workers waiting for a command read "closed" and end their tasks
-                    self.spec.group.broadcast("drop_tables", prefix=self.spec.namespace + "/")
+                    self.spec.group.broadcast(Action.DROP_TABLES, prefix=self.spec.namespace + "/")
                 except Exception:  # noqa: BLE001 -- the job fails instead
                     pass
         finally:
@@ -219,14 +220,14 @@ def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int, seals, ho
     The shards then wait ``hold`` seconds for a heartbeat, whatever their lease: nobody beats
     until the relaunched job's coordinator runs, and the job may wait that long for its task
     slots.  Returns what it did."""
-    group.broadcast("heartbeat", hold=float(hold))
+    group.broadcast(Action.HEARTBEAT, hold=float(hold))
     entry = Journal(ShardStore(group, namespace, epoch, seals)).read()
     return settle(group, namespace, epoch, entry)
 
 
 def fit_error(group: ShardGroup, namespace: str) -> Optional[str]:
     """The program error a worker of the fit reported (its hook, worker and traceback), or None."""
-    return group.client(0).action("fit_error", namespace=namespace).get("error")
+    return group.client(0).action(Action.FIT_ERROR, namespace=namespace).get("error")
 
 
 def read_progress(group: ShardGroup, namespace: str, seals) -> Optional[Dict[str, Any]]:

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import ConfigurationError, ProgramError, PystradsError, ShardUnavailableError, StepFailedError
 from ..ps import launcher
 from ..ps.partition import TableLayout
-from ..ps.protocol import check_dtype
+from ..ps.protocol import Action, check_dtype
 from ..spark import is_dataframe
 from .checkpoints import Checkpointer, Position, program_attributes
 from .job import WorkerInput, WorkerJob
@@ -259,7 +259,7 @@ class Engine:
             stopped = self.loop.drive(max_steps)
             self._position = self.loop.position
             self.summary.fixed["total_s"] = time.perf_counter() - t_fit
-            self.summary.shards = self.group.broadcast("stats")  # memory and traffic per shard
+            self.summary.shards = self.group.broadcast(Action.STATS)  # memory and traffic per shard
             return FitResult(self, stopped)
         except BaseException:
             self.release()
@@ -436,7 +436,7 @@ class Engine:
             return
         if self.group is not None:
             try:
-                self.group.broadcast("drop_tables", prefix=self.namespace + "/")
+                self.group.broadcast(Action.DROP_TABLES, prefix=self.namespace + "/")
             except PystradsError:
                 pass
         if self.manager is not None:

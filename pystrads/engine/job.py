@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from ..errors import ConfigurationError, PayloadAuthenticationError, ProgramError, PystradsError, StepFailedError
 from ..ps import storage
 from ..ps.client import ShardGroup, fan_out
+from ..ps.protocol import Action
 from .preflight import _python_cause, frame_to_workers, to_workers
 from .program import Program, Schedule, StepMetrics
 from .sealing import DRIVER, WORKER, Seals
@@ -239,7 +240,7 @@ class WorkerJob:
     def hellos(self) -> Dict[int, Dict[str, Any]]:
         """Wait until every worker's task said hello (data loaded); their hellos by worker."""
         while True:
-            answer = self.group.client(0).action("wait_hellos", namespace=self.namespace,
+            answer = self.group.client(0).action(Action.WAIT_HELLOS, namespace=self.namespace,
                                                  num_workers=self.num_workers, timeout=1.0)
             if answer.get("program_error"):
                 raise ProgramError(answer["program_error"])
@@ -259,7 +260,7 @@ class WorkerJob:
         """Raise the program error a worker reported before its task failed, if one did (the job's
         failure is then the program's, not a lost task's)."""
         try:
-            reported = self.group.client(0).action("fit_error", namespace=self.namespace).get("error")
+            reported = self.group.client(0).action(Action.FIT_ERROR, namespace=self.namespace).get("error")
         except PystradsError:
             return
         if reported:
@@ -327,7 +328,7 @@ class WorkerJob:
         """Open step ``step`` on every shard (no command yet): from here on, the step loop's own
         writes (``schedule``, ``after_step``) and the workers' belong to the step and are rolled
         back with it."""
-        self.group.broadcast("begin_step", step=step, num_workers=self.num_workers, namespace=self.namespace,
+        self.group.broadcast(Action.BEGIN_STEP, step=step, num_workers=self.num_workers, namespace=self.namespace,
                              round_offset=round_offset, epoch=self.epoch)
 
     def run_step(self, step: int, round_offset: int, command: Dict[str, Any],
@@ -348,13 +349,13 @@ class WorkerJob:
         group = self.group
         try:
             if "program" in command:  # the shards run the program's pull and shard_metrics: the same program
-                group.broadcast("register_program", namespace=self.namespace, payload=command["program"])
-            group.client(0).action("post", namespace=self.namespace, command=command, epoch=self.epoch)
+                group.broadcast(Action.REGISTER_PROGRAM, namespace=self.namespace, payload=command["program"])
+            group.client(0).action(Action.POST, namespace=self.namespace, command=command, epoch=self.epoch)
             if "program" in command:
                 self._posted_program = command["program_hash"]
             stall = _StallWatch(self.timeout, self.num_workers)
             while True:
-                answer = group.client(0).action("wait_step", step=step, namespace=self.namespace, timeout=1.0)
+                answer = group.client(0).action(Action.WAIT_STEP, step=step, namespace=self.namespace, timeout=1.0)
                 if answer["done"]:
                     break
                 if answer.get("error"):
@@ -381,13 +382,13 @@ class WorkerJob:
 
     def commit_step(self, step: int) -> None:
         """Close step ``step`` on every shard, keeping its writes (a no-op where it is closed)."""
-        self._traffic_at_commit = self.group.broadcast("commit_step", step=step, namespace=self.namespace,
+        self._traffic_at_commit = self.group.broadcast(Action.COMMIT_STEP, step=step, namespace=self.namespace,
                                                        epoch=self.epoch)
 
     def abort_step(self, step: int) -> None:
         """Roll step ``step`` back on every shard that can be reached (a no-op where it is closed)."""
         try:
-            self.group.broadcast("abort_step", step=step, namespace=self.namespace, epoch=self.epoch)
+            self.group.broadcast(Action.ABORT_STEP, step=step, namespace=self.namespace, epoch=self.epoch)
         except PystradsError as abort_exc:
             log.warning("step %d: could not roll back every shard: %s", step, abort_exc)
 
@@ -397,7 +398,7 @@ class WorkerJob:
         merged: Dict[int, Dict[str, float]] = {}
         if getattr(program, "shard_metrics_every", 0):
             for i in range(len(self.group.shards)):
-                for key, values in self.group.client(i).action("metrics", namespace=self.namespace).get("rounds", {}).items():
+                for key, values in self.group.client(i).action(Action.METRICS, namespace=self.namespace).get("rounds", {}).items():
                     bucket = merged.setdefault(int(key), {})
                     for name, value in values.items():
                         bucket[name] = bucket.get(name, 0.0) + value
@@ -419,7 +420,7 @@ class WorkerJob:
     def finish(self, last_step: int) -> None:
         """Tell the tasks the fit is over; they leave their exports on the shards and hand their
         (data, state) to Spark's cache (for ``map_states``), and the job ends."""
-        self.group.client(0).action("post", namespace=self.namespace, command=self.finish_command(last_step),
+        self.group.client(0).action(Action.POST, namespace=self.namespace, command=self.finish_command(last_step),
                                     epoch=self.epoch)
         run = self._run
         if self.export is not None:  # left on the shards until asked for (fetch_exports, engine.frames)
@@ -444,7 +445,7 @@ class WorkerJob:
         keys = {w: export_key(self.namespace, w) for w in range(self.num_workers)}
         while True:
             missing = sum((self.group.client(i).action(
-                "wait_blobs", keys=[k for w, k in keys.items() if w % S == i], timeout=1.0)["missing"]
+                Action.WAIT_BLOBS, keys=[k for w, k in keys.items() if w % S == i], timeout=1.0)["missing"]
                 for i in range(S)), [])
             if not missing:
                 break
@@ -492,7 +493,7 @@ class WorkerJob:
     def save_states(self, target: str, step: int) -> Dict[str, Any]:
         """The shards write the fit's tables and the workers' state snapshots of ``step`` under
         ``target``; returns ``{"bytes": written, "files": the table files, the manifest}``."""
-        answers = self.group.broadcast("snapshot", prefix=self.namespace + "/", dir=storage.join(target, "tables"),
+        answers = self.group.broadcast(Action.SNAPSHOT, prefix=self.namespace + "/", dir=storage.join(target, "tables"),
                                        states_prefix=states_prefix(self.namespace), states_step=step,
                                        states_dir=target)
         saved = sorted(w for a in answers for w in a.get("states", []))
@@ -516,7 +517,7 @@ class WorkerJob:
         S = len(self.group.shards)
         extra = {} if files is None else {"files": list(files)}
         fan_out([lambda i=i: self.group.client(i).action(
-            "restore", prefix=self.namespace + "/", dir=storage.join(source, "tables"),
+            Action.RESTORE, prefix=self.namespace + "/", dir=storage.join(source, "tables"),
             states_prefix=states_prefix(self.namespace), states_step=step, states_dir=source,
             states_workers=[w for w in range(self.num_workers) if w % S == i], **extra)
             for i in range(S)])

@@ -30,6 +30,8 @@ import logging
 import pickle
 from typing import Any, Dict, List, Optional
 
+from ..ps.protocol import Action
+
 log = logging.getLogger(__name__)
 
 
@@ -218,13 +220,13 @@ def settle(group, namespace: str, epoch: int, entry: Optional[JournalEntry]) -> 
     """Close the step a lost loop or job left open, as ``entry`` (the journal's last) decides:
     commit it everywhere when the journal holds it, else roll it back.  Claims ``epoch`` on every
     shard first, so a loop of an older epoch can change nothing afterwards.  Returns what it did."""
-    status = group.broadcast("claim", namespace=namespace, epoch=int(epoch))
+    status = group.broadcast(Action.CLAIM, namespace=namespace, epoch=int(epoch))
     steps: List[int] = [s["step"] for s in status if s["open"]]
     if not steps:
         return "none open"
     step = max(steps)
     if entry is not None and entry.step == step:
-        group.broadcast("commit_step", step=step, namespace=namespace, epoch=int(epoch))
+        group.broadcast(Action.COMMIT_STEP, step=step, namespace=namespace, epoch=int(epoch))
         return f"committed step {step} (its journal entry was written)"
-    group.broadcast("abort_step", step=step, namespace=namespace, epoch=int(epoch))
+    group.broadcast(Action.ABORT_STEP, step=step, namespace=namespace, epoch=int(epoch))
     return f"rolled back step {step}"

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Protocol
 import numpy as np
 
 from ..errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
+from ..ps.protocol import Action
 from .checkpoints import Position, program_state
 from .journal import JournalEntry
 from .program import Program, Schedule, ScheduleContext, serial_schedule
@@ -119,8 +120,8 @@ def make_tables(group, creations: List[tuple], namespace: str, program: Program)
     from pyspark import cloudpickle
 
     for shard, kwargs in creations:
-        group.client(shard).action("create_table", **kwargs)
-    group.broadcast("register_program", namespace=namespace,
+        group.client(shard).action(Action.CREATE_TABLE, **kwargs)
+    group.broadcast(Action.REGISTER_PROGRAM, namespace=namespace,
                     payload=base64.b64encode(cloudpickle.dumps(program)).decode())
 
 class LoopOwner(Protocol):

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import RoundTimeoutError, ShardUnavailableError, StepFailedError
 from ..ps import protocol
+from ..ps.protocol import Action
 from ..ps.client import fan_out
 from .program import Program, Schedule, WorkerContext
 from .sealing import DRIVER, WORKER, Seals
@@ -201,7 +202,7 @@ class _Worker:
                 text = (f"{type(self.program).__name__}.{hook} raised in worker {self.worker} (task {self.task}, "
                         f"step {step}): {exc!r}\n" + "".join(traceback.format_exception(exc)).rstrip())
                 try:
-                    self.group.client(0).action("worker_error", namespace=self.spec.namespace, worker=self.worker,
+                    self.group.client(0).action(Action.WORKER_ERROR, namespace=self.spec.namespace, worker=self.worker,
                                                 task=self.task, error=text[-20000:])
                 except Exception:  # noqa: BLE001 -- the task's own failure still ends the job
                     pass
@@ -210,7 +211,7 @@ class _Worker:
     def next_command(self, done_step: int) -> Dict[str, Any]:
         while True:
             cmd = self.group.client(0).action(
-                "next", namespace=self.spec.namespace, worker=self.worker, task=self.task, done_step=done_step,
+                Action.NEXT, namespace=self.spec.namespace, worker=self.worker, task=self.task, done_step=done_step,
                 program_hash=self.program_hash, timeout=self.poll_seconds)
             if cmd.get("kind") == "wait":
                 if self.check is not None:
@@ -258,7 +259,7 @@ class _Worker:
     def open(self, cmd: Dict[str, Any]):
         spec = self.spec
         fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task, "namespace": spec.namespace}
-        fan_out([lambda i=i: self.group.client(i).action("enter", **fence) for i in self.shards])
+        fan_out([lambda i=i: self.group.client(i).action(Action.ENTER, **fence) for i in self.shards])
         handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
         ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,
                             int(cmd["round_offset"]), spec.seed, spec.threads)
@@ -282,7 +283,7 @@ class _Worker:
             client = self.group.client(i)
             mine = sorted(parts[i], key=lambda p: not p[3])  # a read-back part rides the exchange
             if not mine:
-                client.action("tick", **head)
+                client.action(Action.TICK, **head)
                 return []
             for handle, keys, rows, _, _ in mine[1:]:  # more than one table this round: sent first
                 if isinstance(keys, range):
@@ -362,7 +363,7 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
         from .fingerprint import _data_fingerprint
 
         fingerprint = _data_fingerprint(data)
-    w.group.client(0).action("hello", namespace=spec.namespace, worker=worker, task=task, fingerprint=fingerprint,
+    w.group.client(0).action(Action.HELLO, namespace=spec.namespace, worker=worker, task=task, fingerprint=fingerprint,
                              load_s=load_s)
     state, have = None, None  # ``have``: the step whose resulting state this task holds
     done_step = -1
@@ -395,7 +396,7 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
         t_snap = time.perf_counter()
         size = w.snapshot(step, state, fence)
         late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
-        w.group.client(0).action("step_done", **fence, late=late, late_round=last)
+        w.group.client(0).action(Action.STEP_DONE, **fence, late=late, late_round=last)
         have = done_step = step
 
 

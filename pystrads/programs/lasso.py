@@ -69,7 +69,7 @@ from ..engine.stopping import EarlyStopping
 from ..kernels import cd as K
 from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, eso_factor, soft_step, stepped
 from ._rows import ColumnSample, canonical_order, rows_to_arrays
-from ._working_set import WorkingSetSolver
+from ._working_set import working_set_step
 
 SCHEDULES = ("dynamic", "shotgun", "roundrobin")
 #: a round's column dots are split over the worker's threads from this many coordinates on (a
@@ -93,7 +93,7 @@ def _read_only(value):
     return value
 
 
-class LassoProgram(WorkingSetSolver, Program):
+class LassoProgram(Program):
     """Lasso (squared loss) by STRADS's dynamic, prioritised, dependency-checked parallel CD.
 
     Parameters
@@ -680,6 +680,13 @@ class LassoProgram(WorkingSetSolver, Program):
         """Coefficient rounds that fit in a step of ``hint`` rounds with the closing sweep
         (the step must stay within ``step.maxRounds``, which caps the hint)."""
         return max(1, hint - 1)
+
+    def _uses_working_set(self) -> bool:
+        return bool(self.gram_limit) and self.schedule_name == "dynamic" and self.priority == "gradient"
+
+    def _working_set(self, ctx, step, objective) -> None:
+        """The driver's working-set solver's part of the step (:func:`._working_set.working_set_step`)."""
+        working_set_step(self, ctx, step, objective)
 
     def _dynamic_stream(self, rng, live, L) -> np.ndarray:
         d = self._d

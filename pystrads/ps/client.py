@@ -28,6 +28,7 @@ import pyarrow.flight as flight
 
 from ..errors import PystradsError, RoundTimeoutError, ShardUnavailableError
 from . import protocol
+from .protocol import Action
 from .partition import TableLayout
 
 #: the deadline of a control call when nothing says otherwise (``spark.pystrads.rpc.timeoutSeconds``)
@@ -47,8 +48,8 @@ BLOB_READ_BOUND_BYTES = 1 << 32
 
 #: actions whose work on the shard grows with the data (writing or reading a checkpoint, creating
 #: or dropping large tables): a deadline of this many control deadlines
-BULK_ACTIONS = {"create_table": 60, "drop_tables": 60, "snapshot": 60, "restore": 60, "register_program": 6,
-                "stats": 6}
+BULK_ACTIONS = {Action.CREATE_TABLE: 60, Action.DROP_TABLES: 60, Action.SNAPSHOT: 60, Action.RESTORE: 60,
+                Action.REGISTER_PROGRAM: 6, Action.STATS: 6}
 
 _CONNECTIONS: Dict[Tuple[Any, ...], "ShardClient"] = {}
 _CONNECTIONS_LOCK = threading.Lock()
@@ -189,12 +190,14 @@ class ShardClient:
             self.lost = f"it missed a deadline of {deadline:.0f} s"
         return error
 
-    def action(self, action_type: str, deadline: Optional[float] = None, **body: Any) -> Dict[str, Any]:
-        """Run action ``action_type`` with ``body``; its deadline is a control call's (more for the
+    def action(self, action_type: "Action | str", deadline: Optional[float] = None, **body: Any) -> Dict[str, Any]:
+        """Run action ``action_type`` (an :class:`~pystrads.ps.protocol.Action`; a name that is not
+        one is a ``ValueError``) with ``body``; its deadline is a control call's (more for the
         actions in :data:`BULK_ACTIONS`, plus the ``timeout`` a long poll asks for), or
         ``deadline`` seconds -- a call that misses a given shorter ``deadline`` (a heartbeat)
         does not mark the shard lost."""
-        what = f"action {action_type!r}"
+        action_type = Action.of(action_type)
+        what = f"action {action_type.value!r}"
         if deadline is not None:
             if self.lost is not None:
                 raise ShardUnavailableError(f"{what}: shard {self.uri} is lost ({self.lost})")
@@ -208,7 +211,7 @@ class ShardClient:
             body["admin"] = self._admin
         payload = json.dumps(body, separators=(",", ":")).encode()
         try:
-            results = list(self._client.do_action(flight.Action(action_type, payload), options))
+            results = list(self._client.do_action(flight.Action(action_type.value, payload), options))
         except flight.FlightError as exc:
             raise self._failed(exc, what, limit) from None
         return json.loads(results[0].body.to_pybytes()) if results else {}
@@ -662,7 +665,7 @@ class ShardGroup:
         for i in range(len(self.shards)):
             self.client(i).stream_rounds(on)
 
-    def broadcast(self, action_type: str, **body: Any) -> List[Dict[str, Any]]:
+    def broadcast(self, action_type: "Action | str", **body: Any) -> List[Dict[str, Any]]:
         """Send one action to every shard at once; return their answers in shard order."""
         return fan_out([lambda i=i: self.client(i).action(action_type, **body) for i in range(len(self.shards))])
 
@@ -674,7 +677,7 @@ class ShardGroup:
         def beat(i):
             client = self.client(i)
             try:
-                client.action("heartbeat", deadline=deadline)
+                client.action(Action.HEARTBEAT, deadline=deadline)
                 client.silent_since = None
                 return None
             except PystradsError:  # unreachable, or it missed the beat's deadline
@@ -696,7 +699,7 @@ class ShardGroup:
             wait = backoff
             for attempt in range(attempts):
                 try:
-                    client.action("ping")
+                    client.action(Action.PING)
                     return None
                 except ShardUnavailableError:
                     if client.lost is not None or attempt == attempts - 1:

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional
 from ..daemon import SHARD_MODULE, fork_shard, work_base
 from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
 from .client import ShardGroup, ShardInfo
+from .protocol import Action
 from .server import ADMIN_TOKEN_ENV, CLIENT_CERT_ENV, TOKEN_ENV
 from .tls import trust_bundle
 
@@ -511,7 +512,7 @@ class ShardManager:
         """Renew every shard's lease, all at once, each call bounded by a heartbeat period (so a
         shard that does not answer never makes the others' leases lapse)."""
         if raise_errors:  # the first beat proves every shard is reachable: a control call's deadline
-            self.group.broadcast("heartbeat")
+            self.group.broadcast(Action.HEARTBEAT)
             return
         missed = self.group.heartbeat(max(0.5, float(self.config["shard.heartbeatSeconds"])))
         if missed:
@@ -573,7 +574,7 @@ class ShardManager:
             return
         for i in range(len(self.group.shards)):
             try:
-                self.group.client(i).action("shutdown")
+                self.group.client(i).action(Action.SHUTDOWN)
             except ShardUnavailableError:
                 pass
         self.group = None
@@ -586,7 +587,7 @@ def _all_alive(group: ShardGroup) -> bool:
 def _shutdown_all(group: ShardGroup) -> None:
     for i in range(len(group.shards)):
         try:
-            group.client(i).action("shutdown")
+            group.client(i).action(Action.SHUTDOWN)
         except ShardUnavailableError:
             pass
 

@@ -1,7 +1,7 @@
 """A shard's mailbox for the workers (one long task per worker for a whole fit).
 
-:class:`ResidentMailbox` is the part of :class:`~pystrads.ps.server.ShardServer`
-that serves them: per fit namespace, the command the driver posted last
+:class:`Mailbox` serves them (composed by :class:`~pystrads.ps.server.ShardServer`, beside
+its :class:`~pystrads.ps.steps.StepFences`, on its :class:`~pystrads.ps.state.ShardState`): per fit namespace, the command the driver posted last
 (``post``, or with ``begin_step``), the workers' ``hello`` (a newer task id
 retires the worker's older ones), ``next`` (a worker waits for a command it has
 not carried out), and the driver's waits ``wait_hellos`` and ``wait_blobs``.
@@ -10,102 +10,119 @@ not carried out), and the driver's waits ``wait_hellos`` and ``wait_blobs``.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 import pyarrow.flight as flight
 
+if TYPE_CHECKING:
+    from .steps import StepFences
+    from .state import ShardState
 
-class ResidentMailbox:
-    """Resident workers' actions of :class:`~pystrads.ps.server.ShardServer` (a mixin: it
-    uses the server's ``cond``, ``steps``, ``mailbox``, ``hellos``, ``closed``, ``newest_task``,
-    ``blobs``, ``step`` and ``shard_id``)."""
 
-    def _is_closed(self, namespace: str) -> bool:
-        return namespace in self.closed  # a fit's mailbox is keyed by its namespace, dropped as "<ns>/"
+class Mailbox:
+    """The resident workers' commands and hellos, per fit namespace: the command the driver
+    posted last (with the fit's program, kept for a restarted task) and the workers' hellos.
+    Its methods named ``action_<name>`` serve the shard's actions of that name; it reads the
+    fits' steps, epochs, task ids and errors from ``fences``."""
 
-    def _action_post(self, req):
+    def __init__(self, state: "ShardState", fences: "StepFences"):
+        self.state = state
+        self.fences = fences
+        self.boxes: Dict[str, Dict[str, Any]] = {}
+        self.hellos: Dict[str, Dict[int, Dict[str, Any]]] = {}
+
+    def forget_fit(self, fit: str) -> None:
+        """With the state's ``cond`` held: the fit ``fit`` ended; its boxes and hellos go."""
+        for ns in [n for n in list(self.boxes) + list(self.hellos) if n == fit or n.startswith(fit + "/")]:
+            self.boxes.pop(ns, None)
+            self.hellos.pop(ns, None)
+
+    def action_post(self, req):
         """The driver leaves a command for a fit's workers (``begin_step`` can carry
         one too, so a step's schedule costs no extra call)."""
-        with self.cond:
-            self._check_epoch(req.str("namespace"), req.get("epoch"), "a post")
-            self._post(req.str("namespace"), req.dict("command"))
+        with self.state.cond:
+            self.fences.check_epoch(req.str("namespace"), req.get("epoch"), "a post")
+            self.post(req.str("namespace"), req.dict("command"))
         return {}
 
-    def _post(self, namespace: str, command: Dict[str, Any]) -> None:
-        box = self.mailbox.setdefault(namespace, {"seq": 0})
-        program = command.get("program")
-        if program is not None:  # kept: a restarted task asks for it without knowing its hash
-            box["program"], box["program_hash"] = program, command.get("program_hash")
-            box["program_seal"] = command.get("program_seal")
-        box["seq"] += 1
-        box["command"] = {k: v for k, v in command.items() if k not in ("program", "program_seal")}
-        self.cond.notify_all()
+    def post(self, namespace: str, command: Dict[str, Any]) -> None:
+        """Leave ``command`` for fit ``namespace``'s workers (its ``program``, when it carries
+        one, is kept for a restarted task) and wake those waiting in ``next``."""
+        with self.state.cond:
+            box = self.boxes.setdefault(namespace, {"seq": 0})
+            program = command.get("program")
+            if program is not None:  # kept: a restarted task asks for it without knowing its hash
+                box["program"], box["program_hash"] = program, command.get("program_hash")
+                box["program_seal"] = command.get("program_seal")
+            box["seq"] += 1
+            box["command"] = {k: v for k, v in command.items() if k not in ("program", "program_seal")}
+            self.state.cond.notify_all()
 
-    def _action_hello(self, req):
+    def action_hello(self, req):
         """A worker's task started (a newer task id retires the worker's older ones)."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
-        with self.cond:
+        with self.state.cond:
             key = (namespace, worker)
-            if task < self.newest_task.get(key, -1):
+            if task < self.fences.newest_task.get(key, -1):
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: task {task} of worker {worker} is older than task "
-                    f"{self.newest_task[key]}; refusing a zombie task")
-            if self._is_closed(namespace):
+                    f"shard {self.state.shard_id}: task {task} of worker {worker} is older than task "
+                    f"{self.fences.newest_task[key]}; refusing a zombie task")
+            if self.fences.is_closed(namespace):
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: fit {namespace!r} has ended (its tables were dropped); "
+                    f"shard {self.state.shard_id}: fit {namespace!r} has ended (its tables were dropped); "
                     f"task {task} of worker {worker} has nothing to do")
-            self.newest_task[key] = task
+            self.fences.newest_task[key] = task
             self.hellos.setdefault(namespace, {})[worker] = {"task": task, "fingerprint": req.get("fingerprint"),
                                                              "load_s": req.get("load_s"), "time": time.time()}
-            self.cond.notify_all()
+            self.state.cond.notify_all()
         return {}
 
-    def _action_wait_hellos(self, req):
+    def action_wait_hellos(self, req):
         """Block until ``num_workers`` workers of a fit said hello (or ``timeout``); their hellos."""
         namespace, n = req.str("namespace"), req.int("num_workers")
         deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
+        with self.state.cond:
             while len(self.hellos.get(namespace, {})) < n and time.monotonic() < deadline \
-                    and namespace not in self.fit_errors:
-                self.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+                    and namespace not in self.fences.fit_errors:
+                self.state.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
             hellos = self.hellos.get(namespace, {})
             return {"hellos": {str(w): h for w, h in hellos.items()}, "complete": len(hellos) >= n,
-                    "program_error": self.fit_errors.get(namespace)}
+                    "program_error": self.fences.fit_errors.get(namespace)}
 
-    def _action_wait_blobs(self, req):
+    def action_wait_blobs(self, req):
         """Block until every blob of ``keys`` is stored here (or ``timeout``); the ones still missing."""
         keys = req.get("keys")
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise flight.FlightServerError("malformed request: field 'keys' must be a list of strings")
         deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
+        with self.state.cond:
             while True:
-                missing = [k for k in keys if k not in self.blobs]
+                missing = [k for k in keys if k not in self.state.blobs]
                 left = deadline - time.monotonic()
                 if not missing or left <= 0:
                     return {"missing": missing}
-                self.cond.wait(min(left, 1.0))
+                self.state.cond.wait(min(left, 1.0))
 
-    def _action_next(self, req):
+    def action_next(self, req):
         """A worker waits (up to ``timeout``) for a command it has not carried out:
         the open step when it is newer than ``done_step``, or ``finish``.  The program's bytes
         come along unless the worker already has them (``program_hash``)."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
         done_step = req.int("done_step", -1)
         deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
+        with self.state.cond:
             while True:
-                if task < self.newest_task.get((namespace, worker), -1):
+                if task < self.fences.newest_task.get((namespace, worker), -1):
                     raise flight.FlightServerError(
-                        f"shard {self.shard_id}: task {task} of worker {worker} was replaced by a newer "
+                        f"shard {self.state.shard_id}: task {task} of worker {worker} was replaced by a newer "
                         "attempt; refusing a zombie task")
-                if self._is_closed(namespace):  # released before this worker read ``finish``
+                if self.fences.is_closed(namespace):  # released before this worker read ``finish``
                     return {"kind": "closed"}
-                box = self.mailbox.get(namespace)
+                box = self.boxes.get(namespace)
                 command = box.get("command") if box else None
                 if command is not None:
                     kind = command.get("kind")
-                    st = self._step_of(namespace)
+                    st = self.fences.step_of(namespace)
                     actionable = kind == "finish" or (
                         kind == "step" and st.open and st.namespace == namespace
                         and st.step == command.get("step") and command.get("step") > done_step
@@ -119,4 +136,4 @@ class ResidentMailbox:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return {"kind": "wait"}
-                self.cond.wait(min(left, 1.0))
+                self.state.cond.wait(min(left, 1.0))

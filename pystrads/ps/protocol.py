@@ -27,11 +27,59 @@ cost their non-zeros, not their width; the encoding is numba
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any, Dict, Iterator, Tuple
 
 import numpy as np
 import pyarrow as pa
+
+class Action(str, enum.Enum):
+    """Every action a shard serves, declared here once: the server serves each by one of its
+    parts' ``action_<name>`` methods (and no other), the client sends no other (an unknown name
+    is a ``ValueError`` before any call).  A member is its name as a string."""
+
+    # the shard: liveness, lease, tables, programs, stats
+    PING = "ping"
+    HEARTBEAT = "heartbeat"
+    CREATE_TABLE = "create_table"
+    DROP_TABLES = "drop_tables"
+    REGISTER_PROGRAM = "register_program"
+    STATS = "stats"
+    SHUTDOWN = "shutdown"
+    # a fit's steps (ps.steps): loop epochs, fences, round clocks, commit and abort
+    CLAIM = "claim"
+    BEGIN_STEP = "begin_step"
+    ENTER = "enter"
+    TICK = "tick"
+    STEP_DONE = "step_done"
+    WAIT_STEP = "wait_step"
+    COMMIT_STEP = "commit_step"
+    ABORT_STEP = "abort_step"
+    METRICS = "metrics"
+    WORKER_ERROR = "worker_error"
+    FIT_ERROR = "fit_error"
+    # the workers' mailbox (ps.mailbox)
+    POST = "post"
+    HELLO = "hello"
+    WAIT_HELLOS = "wait_hellos"
+    WAIT_BLOBS = "wait_blobs"
+    NEXT = "next"
+    # checkpoints (ps.snapshots)
+    SNAPSHOT = "snapshot"
+    RESTORE = "restore"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, name: Any) -> "Action":
+        """The action ``name`` (a member or its string), or a ``ValueError`` naming the known ones."""
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"unknown shard action {name!r}; known: {', '.join(a.value for a in cls)}") from None
+
 
 DTYPES = {
     "float64": (np.float64, pa.float64()),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .client import ShardGroup
+from .protocol import Action
 
 
 def through_spark(spark, group: ShardGroup, fn: Callable[..., Any], *args: Any) -> Any:
@@ -23,7 +24,7 @@ def through_spark(spark, group: ShardGroup, fn: Callable[..., Any], *args: Any) 
     def task(_index):
         for i in range(len(group.shards)):
             try:
-                group.client(i).action("heartbeat")
+                group.client(i).action(Action.HEARTBEAT)
             except Exception:  # noqa: BLE001 -- fn says what a lost shard means
                 pass
         return [fn(group, *args)]

@@ -29,18 +29,19 @@ token comes from the environment variable ``PYSTRADS_SHARD_TOKEN``.
 
 This module holds :class:`ShardServer` (reads, writes, table management,
 lease and stats) and the process around it (:func:`serve`, :func:`main`).
-The rest of a shard: :mod:`~pystrads.ps.table` (a table slice and its undo
-log), :mod:`~pystrads.ps.steps` (step state, fences, round clocks),
-:mod:`~pystrads.ps.mailbox` (the workers' commands), :mod:`~pystrads.ps.snapshots`
-(checkpoints), :mod:`~pystrads.ps.request` (token checks and request
-decoding) and :mod:`~pystrads.ps.memory` (available memory, malloc tuning).
+The server composes the rest of a shard: :mod:`~pystrads.ps.state` (what it
+holds: tables, programs, blobs, counters, the one condition variable),
+:mod:`~pystrads.ps.steps` (step state, fences, round clocks),
+:mod:`~pystrads.ps.mailbox` (the workers' commands) and :mod:`~pystrads.ps.snapshots`
+(checkpoints); besides them :mod:`~pystrads.ps.table` (a table slice and its undo
+log), :mod:`~pystrads.ps.request` (token checks and request decoding) and
+:mod:`~pystrads.ps.memory` (available memory, malloc tuning).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import collections
 import json
 import logging
 import os
@@ -55,11 +56,12 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from . import protocol
-from .mailbox import ResidentMailbox
+from .mailbox import Mailbox
 from .memory import _mem_available, _peak_rss_bytes, _rss_bytes, release_free_memory, tune_malloc
 from .request import _refuse, _Request, authorize_payload, decode_action, decode_request
 from .snapshots import TableSnapshots
-from .steps import StepFences, _own, _StepState, namespace_of
+from .steps import StepFences, _own, namespace_of
+from .state import ShardState
 from .table import KINDS, SPARSE_ROW_MAX_FILL, ShardTable, SparseShardTable
 
 log = logging.getLogger("pystrads.ps.server")
@@ -71,8 +73,6 @@ ADMIN_TOKEN_ENV = "PYSTRADS_SHARD_ADMIN_TOKEN"
 CLIENT_CERT_ENV = "PYSTRADS_SHARD_CLIENT_CERT"
 
 
-#: how many ended fits a shard remembers, so that their late workers end instead of waiting
-CLOSED_FITS_KEPT = 4096
 #: the longest a heartbeat's ``hold`` keeps a shard without heartbeats (a day)
 MAX_HOLD_SECONDS = 86400.0
 
@@ -80,14 +80,11 @@ MAX_HOLD_SECONDS = 86400.0
 RELEASE_FREE_BYTES = 64 << 20
 
 
-def _in_fit(name: str, fit: str) -> bool:
-    """Whether a namespace (or key) belongs to the fit ``fit``."""
-    return name == fit or name.startswith(fit + "/")
-
-
-class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServerBase):
-    """One shard: tables, reads and writes, and the actions (see the module docstring;
-    steps, the workers' mailbox and checkpoints are in the mixins)."""
+class ShardServer(flight.FlightServerBase):
+    """One shard (see the module docstring): reads, writes, table management, lease and stats
+    here; what it holds in ``state``, steps in ``fences``, the workers' commands in ``mailbox``
+    and checkpoints in ``snapshots``.  An action ``<name>`` is served by the part's method
+    ``action_<name>`` (each name declared by exactly one part)."""
 
     def __init__(self, location: str, token: str, lease_seconds: float, shard_id: str = "",
                  tls_certificates: Optional[list] = None, watch_pid: int = 0, admin_token: Optional[str] = None,
@@ -104,54 +101,24 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         # "": no payloads at all; else only with this driver-held token (launched shards)
         self._admin = None if admin_token is None else admin_token.encode()
         self.shard_id = shard_id
-        self.tables: Dict[str, ShardTable] = {}
-        self.programs: Dict[str, Any] = {}
-        self.cond = threading.Condition()
-        self.steps: Dict[str, _StepState] = {}  # per fit namespace: its open (or last) step
-        # the workers (one long task per worker for a whole fit): per fit namespace, the
-        # command the driver posted last, the workers' hellos, and the newest task id seen per
-        # worker (older ids are zombies of a failed attempt, refused from then on)
-        self.mailbox: Dict[str, Dict[str, Any]] = {}
-        self.hellos: Dict[str, Dict[int, Dict[str, Any]]] = {}
-        # fits whose tables were dropped (newest last, bounded): their workers' ``next`` is told
-        # to end instead of waiting for commands that will never come
-        self.closed: "collections.OrderedDict[str, None]" = collections.OrderedDict()
-        self.newest_task: Dict[Tuple[str, int], int] = {}
-        self.loop_epochs: Dict[str, int] = {}  # per fit namespace: the newest step loop's epoch
-        self.fit_errors: Dict[str, str] = {}  # per fit namespace: the first program error its workers reported
-        self.blobs: Dict[str, protocol.Blob] = {}  # opaque byte strings by key (worker state snapshots)
-        self.peak_blob_bytes = 0  # the most the blobs held at once
+        self.state = ShardState(shard_id)
+        self.fences = StepFences(self.state)
+        self.mailbox = Mailbox(self.state, self.fences)
+        self.snapshots = TableSnapshots(self.state, self.fences)
+        self._handlers = _handlers(self.fences, self.mailbox, self.snapshots)
+        own = _handlers(self)
+        twice = sorted(set(own) & set(self._handlers))
+        if twice:
+            raise TypeError(f"shard actions declared twice: {twice}")
         self.lease_seconds = lease_seconds
         self.last_heartbeat = time.monotonic()
         self.held_until = 0.0  # a heartbeat's ``hold``: no exit for want of heartbeats before then
         self.started = time.time()
         self.kernels_ready_s: Optional[float] = None  # the kernel warm-up's seconds, once done
-        self.counters = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "rows_in": 0, "rows_out": 0,
-                         "round_streams": 0, "open_round_streams": 0}
-        self.timers: Dict[str, float] = {}  # seconds spent in handlers (stats)
-        self._counter_lock = threading.Lock()
         self._stopping = False
         self.watch_pid = int(watch_pid)
         self._watch_start = _start_time(self.watch_pid) if self.watch_pid else None
         threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
-
-    # ------------------------------------------------------------------ helpers
-    def _count(self, **deltas: int) -> None:
-        with self._counter_lock:
-            for key, value in deltas.items():
-                self.counters[key] += value
-
-    def _count_time(self, key: str, seconds: float) -> None:
-        with self._counter_lock:
-            self.timers[key] = self.timers.get(key, 0.0) + seconds
-
-    def _table(self, name: str) -> ShardTable:
-        table = self.tables.get(name)
-        if table is None:
-            raise flight.FlightServerError(
-                f"shard {self.shard_id}: no table {name!r} (tables: {sorted(self.tables)[:10]}); "
-                "was it dropped, or did the shard restart?")
-        return table
 
     def _watchdog(self) -> None:
         while not self._stopping:
@@ -172,13 +139,13 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
     def do_get(self, context, ticket):
         header, payload = decode_request(ticket.ticket, self._token)
         if "blob" in header:  # a stored byte string (no chunks: none stored under that key)
-            with self.cond:
-                blob = self.blobs.get(header.str("blob"))
+            with self.state.cond:
+                blob = self.state.blobs.get(header.str("blob"))
             parts = [] if blob is None else (blob.parts or [pa.py_buffer(b"")])
-            self._count(requests=1, bytes_out=0 if blob is None else blob.nbytes)
+            self.state.count(requests=1, bytes_out=0 if blob is None else blob.nbytes)
             return flight.RecordBatchStream(pa.Table.from_batches(protocol.blob_batches(parts),
                                                                   schema=protocol.BLOB_SCHEMA))
-        table = self._table(header.str("table", ""))
+        table = self.state.table(header.str("table", ""))
         chunk_bytes = header.int("chunk", protocol.CHUNK_BYTES)
         nonzero = bool(header.get("nonzero"))
         entries = None
@@ -209,11 +176,11 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         if entries is not None:
             schema = protocol.sparse_schema(table.dtype, with_keys=nonzero)
             batches = protocol.entry_batches(*entries, schema, max(1, chunk_bytes), keys=keys if nonzero else None)
-            self._count(requests=1, bytes_out=sum(b.nbytes for b in batches), rows_out=len(entries[0]) - 1)
+            self.state.count(requests=1, bytes_out=sum(b.nbytes for b in batches), rows_out=len(entries[0]) - 1)
             return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
         chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
         schema = protocol.value_schema(table.dtype, table.width, with_keys=nonzero)
-        self._count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
+        self.state.count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
         # One zero-copy table of chunk-sized batches, streamed by C++ (no Python per batch).
         batches = [pa.record_batch(([protocol.numbers(keys[start:start + chunk])] if nonzero else [])
                                    + [protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
@@ -227,14 +194,14 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         op = header.get("op")
         if op == "blob":
             self._put_blob(header, reader)
-            self._count_time("put_s", time.perf_counter() - t_start)
+            self.state.count_time("put_s", time.perf_counter() - t_start)
             return
         if op not in ("put", "inc", "contribute"):
             raise flight.FlightServerError(f"unknown write op {op!r}; expected put, inc or contribute")
-        table = self._table(header.str("table", ""))
+        table = self.state.table(header.str("table", ""))
         nbytes, nrows = self._receive_rows(header, table, op, reader)
-        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
-        self._count_time("put_s", time.perf_counter() - t_start)
+        self.state.count(requests=1, bytes_in=nbytes, rows_in=nrows)
+        self.state.count_time("put_s", time.perf_counter() - t_start)
 
     def _receive_rows(self, header, table, op: str, reader, keys_seen: Optional[list] = None) -> Tuple[int, int]:
         """Apply (``put`` / ``inc``) or queue (``contribute``) the rows a write stream carries,
@@ -264,8 +231,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                     raise flight.FlightServerError(f"table {table.name!r}: {exc}") from None
                 nbytes += keys.nbytes + cols.nbytes + vals.nbytes
                 nrows += len(keys)
-                with self.cond:
-                    st = self._check_fence(header, namespace=namespace_of(table.name))
+                with self.state.cond:
+                    st = self.fences.check_fence(header, namespace=namespace_of(table.name))
                     with table.lock:
                         index = table.local(keys)
                         if st.open:
@@ -289,8 +256,8 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             nrows += len(rows)
             # The fence check and the write happen under one lock, so a retried step's
             # rollback can never be followed by a zombie's write.
-            with self.cond:
-                st = self._check_fence(header, namespace=namespace_of(table.name))
+            with self.state.cond:
+                st = self.fences.check_fence(header, namespace=namespace_of(table.name))
                 if op == "contribute":
                     if isinstance(keys, slice):
                         keys = np.arange(keys.start, keys.stop, dtype=np.int64)
@@ -320,22 +287,20 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         if not reader.schema.equals(protocol.BLOB_SCHEMA):
             raise flight.FlightServerError("a blob stream has one binary column, chunk")
         prefix, keep_after = header.get("drop_prefix"), header.get("keep_after")
-        with self.cond:
+        with self.state.cond:
             if "step" in header:
-                self._check_fence(header, namespace=namespace_of(key))
+                self.fences.check_fence(header, namespace=namespace_of(key))
             if isinstance(prefix, str) and isinstance(keep_after, int):
-                for old in [k for k in self.blobs if k.startswith(prefix)]:
+                for old in [k for k in self.state.blobs if k.startswith(prefix)]:
                     tail = old[len(prefix):]
                     if tail.isdigit() and int(tail) < keep_after:
-                        del self.blobs[old]
+                        del self.state.blobs[old]
         blob = protocol.Blob([protocol.binary_parts(chunk.data) for chunk in reader])
-        with self.cond:
+        with self.state.cond:
             if "step" in header:
-                self._check_fence(header, namespace=namespace_of(key))
-            self.blobs[key] = blob
-            self.peak_blob_bytes = max(self.peak_blob_bytes, sum(b.nbytes for b in self.blobs.values()))
-            self.cond.notify_all()
-        self._count(requests=1, bytes_in=len(blob))
+                self.fences.check_fence(header, namespace=namespace_of(key))
+            self.state.put_blob(key, blob)
+        self.state.count(requests=1, bytes_in=len(blob))
 
     # ------------------------------------------------------------------ actions
     def list_actions(self, context):
@@ -379,11 +344,11 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         token checked).  The answer is metadata-only messages: the read-back rows' bytes (C
         order, the table's dtype; none without ``read_back``) in chunks of at most ``chunk``
         bytes, each after a flag byte, 1 on the round's last.  An error ends the stream."""
-        self._count(round_streams=1, open_round_streams=1)
+        self.state.count(round_streams=1, open_round_streams=1)
         try:
             self._serve_rounds(reader, writer)
         finally:
-            self._count(open_round_streams=-1)
+            self.state.count(open_round_streams=-1)
 
     def _serve_rounds(self, reader, writer) -> None:
         pending: List[Any] = []
@@ -419,10 +384,10 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         keys_seen: List[Any] = []
         table = None
         if contrib is not None:
-            table = self._table(_Request(contrib).str("table"))
+            table = self.state.table(_Request(contrib).str("table"))
             fields = {k: header[k] for k in ("step", "worker", "task", "round") if k in header}
             nbytes, nrows = self._receive_rows(_Request(fields, **contrib), table, "contribute", reader, keys_seen)
-        self._action_tick(header)
+        self.fences.action_tick(header)
         answer = None
         columns = header.get("read_back")
         if columns and table is not None:
@@ -436,29 +401,28 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 index = table.local(keys)
                 rows = table.read(index)
                 rows = _own(rows, index) if columns is True else np.take(rows, columns, axis=1)
-            self._count(bytes_out=rows.nbytes, rows_out=len(rows))
+            self.state.count(bytes_out=rows.nbytes, rows_out=len(rows))
             answer = (rows, table)
-        self._count(requests=1, bytes_in=nbytes, rows_in=nrows)
+        self.state.count(requests=1, bytes_in=nbytes, rows_in=nrows)
         return answer
 
     def do_action(self, context, action):
         body = action.body if action.body is not None else b""
         request = decode_action(body, self._token)  # (a long body's start only, before its token checks out)
-        handler = getattr(self, "_action_" + action.type, None)
+        handler = self._handlers.get(action.type) or getattr(self, "action_" + action.type, None)
         if handler is None:
             raise flight.FlightServerError(
-                f"unknown action {action.type!r}; known: "
-                + ", ".join(n[len("_action_"):] for n in sorted(dir(self)) if n.startswith("_action_")))
-        self._count(requests=1, bytes_in=body.size if hasattr(body, "size") else len(body))
+                f"unknown action {action.type!r}; known: " + ", ".join(sorted({**self._handlers, **_handlers(self)})))
+        self.state.count(requests=1, bytes_in=body.size if hasattr(body, "size") else len(body))
         answer = handler(request)
         return [json.dumps(answer if answer is not None else {}).encode()]
 
-    def _action_ping(self, req):
+    def action_ping(self, req):
         """Liveness and identity."""
-        return {"pid": os.getpid(), "shard": self.shard_id, "tables": len(self.tables),
+        return {"pid": os.getpid(), "shard": self.shard_id, "tables": len(self.state.tables),
                 "python": sys.version.split()[0], "uptime": time.time() - self.started}
 
-    def _action_heartbeat(self, req):
+    def action_heartbeat(self, req):
         """Renew the driver's lease; ``hold``: seconds during which the shard waits for the next
         heartbeat however long the lease (while a relaunched job's coordinator, which beats from
         then on, waits for its task slots), at most :data:`MAX_HOLD_SECONDS`."""
@@ -470,7 +434,16 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
         self.held_until = max(self.held_until, now + hold)
         return {}
 
-    def _action_create_table(self, req):
+    def action_begin_step(self, req):
+        """Open a fit's step (:meth:`StepFences.begin_step`) and post its ``command``, when
+        given, to the fit's mailbox, in one call: a step's schedule costs no extra call."""
+        with self.state.cond:
+            answer = self.fences.begin_step(req)
+            if req.get("command") is not None:
+                self.mailbox.post(req.str("namespace"), req.dict("command"))
+        return answer
+
+    def action_create_table(self, req):
         """Create (or replace) this shard's slice of a table."""
         name = req.str("name")
         start, stop, width = req.int("row_start"), req.int("row_stop"), req.int("width")
@@ -513,58 +486,47 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
                 del values
         else:
             table = ShardTable(name, start, stop, width, dtype, values, req.int("contrib_width", width))
-        with self.cond:
-            self.tables[name] = table
+        with self.state.cond:
+            self.state.tables[name] = table
         return {"rows": stop - start, "bytes": table.nbytes}
 
-    def _action_drop_tables(self, req):
+    def action_drop_tables(self, req):
         """Drop every table whose name starts with ``prefix`` (and its program)."""
         prefix = req.str("prefix")
-        with self.cond:
-            names = [n for n in self.tables if n.startswith(prefix)]
-            freed = sum(self.tables[n].nbytes for n in names) + sum(
-                b.nbytes for k, b in self.blobs.items() if k.startswith(prefix))
+        with self.state.cond:
+            names = [n for n in self.state.tables if n.startswith(prefix)]
+            freed = sum(self.state.tables[n].nbytes for n in names) + sum(
+                b.nbytes for k, b in self.state.blobs.items() if k.startswith(prefix))
             for n in names:
-                del self.tables[n]
-            self.programs.pop(prefix.rstrip("/"), None)
-            for key in [k for k in self.blobs if k.startswith(prefix)]:
-                del self.blobs[key]
+                del self.state.tables[n]
+            self.state.programs.pop(prefix.rstrip("/"), None)
+            for key in [k for k in self.state.blobs if k.startswith(prefix)]:
+                del self.state.blobs[key]
             fit = prefix.rstrip("/")
-            for ns in [n for n in list(self.mailbox) + list(self.hellos) if _in_fit(n, fit)]:
-                self.mailbox.pop(ns, None)
-                self.hellos.pop(ns, None)
-            for ns in [n for n in self.steps if n and _in_fit(n, fit)]:
-                del self.steps[ns]
-            for ns in [n for n in self.loop_epochs if _in_fit(n, fit)]:
-                del self.loop_epochs[ns]
-            errors = [self.fit_errors.pop(ns) for ns in [n for n in self.fit_errors if _in_fit(n, fit)]]
-            self.closed[fit] = errors[0] if errors else None  # its program error, read after the end
-            while len(self.closed) > CLOSED_FITS_KEPT:
-                self.closed.popitem(last=False)
-            self.cond.notify_all()  # wake the fit's workers waiting in ``next``
+            self.mailbox.forget_fit(fit)
+            self.fences.forget_fit(fit)
+            self.state.cond.notify_all()  # wake the fit's workers waiting in ``next``
         if freed >= RELEASE_FREE_BYTES:
             release_free_memory()
         return {"dropped": names}
 
-    def _action_register_program(self, req):
+    def action_register_program(self, req):
         """Install a fit's program object; its ``pull`` runs here."""
         authorize_payload(req, self._admin)
         program = pickle.loads(base64.b64decode(req.str("payload")))
-        with self.cond:
-            self.programs[req.str("namespace")] = program
+        with self.state.cond:
+            self.state.programs[req.str("namespace")] = program
         return {}
 
-    def _action_stats(self, req):
+    def action_stats(self, req):
         """Rows, bytes and requests served, and resident memory."""
-        with self._counter_lock:
-            out = dict(self.counters)
-            out["handler_seconds"] = dict(self.timers)
+        out = self.state.counters(with_timers=True)
         out.update({
             "pid": os.getpid(), "shard": self.shard_id,
-            "tables": {n: _table_stats(t) for n, t in list(self.tables.items())},
-            "table_bytes": int(sum(t.nbytes for t in list(self.tables.values()))),
-            "blob_bytes": int(sum(b.nbytes for b in list(self.blobs.values()))),
-            "peak_blob_bytes": int(self.peak_blob_bytes),
+            "tables": {n: _table_stats(t) for n, t in list(self.state.tables.items())},
+            "table_bytes": int(sum(t.nbytes for t in list(self.state.tables.values()))),
+            "blob_bytes": int(sum(b.nbytes for b in list(self.state.blobs.values()))),
+            "peak_blob_bytes": int(self.state.peak_blob_bytes),
             "rss_bytes": _rss_bytes(),
             "peak_rss_bytes": _peak_rss_bytes(),
             "kernels_ready_s": self.kernels_ready_s,
@@ -585,7 +547,7 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
             return
         self.kernels_ready_s = time.perf_counter() - t0
 
-    def _action_shutdown(self, req):
+    def action_shutdown(self, req):
         """Stop serving and exit."""
         self._stopping = True
 
@@ -600,6 +562,19 @@ class ShardServer(StepFences, ResidentMailbox, TableSnapshots, flight.FlightServ
 
         threading.Thread(target=stop, daemon=True).start()
         return {}
+
+
+def _handlers(*parts: Any) -> Dict[str, Any]:
+    """The actions ``parts`` serve: ``{name: bound method action_<name>}``."""
+    out: Dict[str, Any] = {}
+    for part in parts:
+        for attr in dir(part):
+            if attr.startswith("action_"):
+                name = attr[len("action_"):]
+                if name in out:
+                    raise TypeError(f"shard action {name!r} declared twice")
+                out[name] = getattr(part, attr)
+    return out
 
 
 class _Received:

@@ -1,7 +1,7 @@
 """A shard's checkpoints: writing its rows of a fit's tables to storage, and reading them back.
 
-:class:`TableSnapshots` is the part of :class:`~pystrads.ps.server.ShardServer`
-that serves the actions ``snapshot`` (between steps: one
+:class:`TableSnapshots` (composed by :class:`~pystrads.ps.server.ShardServer`, on its
+:class:`~pystrads.ps.state.ShardState`) serves the actions ``snapshot`` (between steps: one
 ``<table>.<row_start>-<row_stop>.npy`` per dense table, ``.npz`` with the rows' entries
 (``offsets``, ``cols``, ``vals``) per sparse table, and the workers' state snapshots) and ``restore`` (from the files of any number of shards that
 overlap this shard's rows), through :mod:`pystrads.ps.storage`.
@@ -9,32 +9,40 @@ overlap this shard's rows), through :mod:`pystrads.ps.storage`.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import TYPE_CHECKING, Dict
 
 import numpy as np
 import pyarrow.flight as flight
 
 from .protocol import Blob
 
+if TYPE_CHECKING:
+    from .steps import StepFences
+    from .state import ShardState
+
 
 class TableSnapshots:
-    """Checkpoint actions of :class:`~pystrads.ps.server.ShardServer` (a mixin: it uses
-    the server's ``cond``, ``steps``, ``tables``, ``blobs`` and ``shard_id``)."""
+    """A shard's checkpoint actions (``action_snapshot``, ``action_restore``): taken and
+    restored between steps only, which ``fences`` tells."""
 
-    def _action_snapshot(self, req):
+    def __init__(self, state: "ShardState", fences: "StepFences"):
+        self.state = state
+        self.fences = fences
+
+    def action_snapshot(self, req):
         """Write this shard's rows of every table under ``prefix`` to ``dir`` (between steps):
         one ``<table>.<row_start>-<row_stop>.npy`` per table, named by the part after the prefix."""
         from . import storage
 
         prefix, target = req.str("prefix"), req.str("dir")
         written, files = {}, []
-        with self.cond:
-            st = self._step_of(prefix.rstrip("/"))
+        with self.state.cond:
+            st = self.fences.step_of(prefix.rstrip("/"))
             if st.open:
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: snapshot while step {st.step} is open; snapshots are taken "
+                    f"shard {self.state.shard_id}: snapshot while step {st.step} is open; snapshots are taken "
                     "between steps")
-            tables = [t for n, t in self.tables.items() if n.startswith(prefix)]
+            tables = [t for n, t in self.state.tables.items() if n.startswith(prefix)]
             for t in tables:
                 short = t.name[len(prefix):]
                 with t.lock:
@@ -56,20 +64,20 @@ class TableSnapshots:
                 "files": files}
 
     def _state_blobs(self, req) -> Dict[int, Blob]:
-        """With ``self.cond`` held: the state snapshots of step ``states_step`` kept here under
+        """With ``self.state.cond`` held: the state snapshots of step ``states_step`` kept here under
         ``states_prefix`` (``<prefix><worker>/<step>``), by worker."""
         prefix, step = req.get("states_prefix"), req.get("states_step")
         if not isinstance(prefix, str) or not isinstance(step, int):
             return {}
         out = {}
-        for key, blob in self.blobs.items():
+        for key, blob in self.state.blobs.items():
             if key.startswith(prefix):
                 worker, _, at = key[len(prefix):].partition("/")
                 if worker.isdigit() and at == str(step):
                     out[int(worker)] = blob
         return out
 
-    def _action_restore(self, req):
+    def action_restore(self, req):
         """Fill this shard's rows of every table under ``prefix`` from a snapshot in ``dir``
         (written by any number of shards: the files overlapping this shard's rows are read --
         only those ``files`` names, the checkpoint's manifest, when it is given)."""
@@ -81,12 +89,12 @@ class TableSnapshots:
             raise flight.FlightServerError("malformed request: field 'files' must be a list of strings")
         names = files if files is not None else storage.list_names(source)
         restored = {}
-        with self.cond:
-            st = self._step_of(prefix.rstrip("/"))
+        with self.state.cond:
+            st = self.fences.step_of(prefix.rstrip("/"))
             if st.open:
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: restore while step {st.step} is open")
-            for t in [t for n, t in self.tables.items() if n.startswith(prefix)]:
+                    f"shard {self.state.shard_id}: restore while step {st.step} is open")
+            for t in [t for n, t in self.state.tables.items() if n.startswith(prefix)]:
                 short = t.name[len(prefix):]
                 covered = np.zeros(t.row_stop - t.row_start, dtype=bool)
                 for fname in names:
@@ -113,8 +121,8 @@ class TableSnapshots:
         if isinstance(prefix, str) and isinstance(step, int):  # the workers' state snapshots
             for worker in req.get("states_workers") or []:
                 blob = storage.read_bytes(storage.join(req.str("states_dir", source), f"state-{int(worker):05d}.pkl"))
-                with self.cond:
-                    self.blobs[f"{prefix}{int(worker)}/{step}"] = Blob([blob])
+                with self.state.cond:
+                    self.state.put_blob(f"{prefix}{int(worker)}/{step}", Blob([blob]))
                 loaded.append(int(worker))
         return {"rows": restored, "states": loaded}
 

@@ -2,8 +2,8 @@
 
 :class:`_StepState` is the open step (its workers, their task ids and round
 clocks, the pending contributions and the per-round metrics);
-:class:`StepFences` is the part of :class:`~pystrads.ps.server.ShardServer`
-that runs it: the fence that admits only the workers' current tasks (a newer
+:class:`StepFences` runs the steps of a shard's fits (composed by
+:class:`~pystrads.ps.server.ShardServer`, on its :class:`~pystrads.ps.state.ShardState`): the fence that admits only the workers' current tasks (a newer
 attempt rolls the step back), the commit of a round's contributions through
 the program's ``pull``, and the actions ``claim``, ``begin_step``, ``enter``, ``tick``,
 ``step_done``, ``wait_step``, ``commit_step``, ``abort_step`` and ``metrics``.
@@ -19,14 +19,21 @@ back with it.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow.flight as flight
 
+if TYPE_CHECKING:
+    from .state import ShardState
+
 log = logging.getLogger("pystrads.ps.server")
+
+#: how many ended fits a shard remembers, so that their late workers end instead of waiting
+CLOSED_FITS_KEPT = 4096
 
 
 class _StepState:
@@ -55,6 +62,11 @@ def namespace_of(name: str) -> str:
     return name.partition("/")[0] if "/" in name else ""
 
 
+def _in_fit(name: str, fit: str) -> bool:
+    """Whether a namespace (or key) belongs to the fit ``fit``."""
+    return name == fit or name.startswith(fit + "/")
+
+
 def _own(rows: np.ndarray, index: Any) -> np.ndarray:
     """``rows`` read at ``index`` as an array of their own: a slice's view is copied, a
     gather's fresh array is kept."""
@@ -62,16 +74,45 @@ def _own(rows: np.ndarray, index: Any) -> np.ndarray:
 
 
 class StepFences:
-    """Steps and rounds of :class:`~pystrads.ps.server.ShardServer` (a mixin: it uses the
-    server's ``cond``, ``steps``, ``tables``, ``programs``, ``newest_task``, ``shard_id``,
-    ``_table`` and ``_counter_lock`` / ``counters``, and the mailbox's ``_post``).
+    """The steps and rounds of a shard's fits, on the shard's :class:`~pystrads.ps.state.ShardState`.
 
     Each fit (namespace) has a step state of its own, so fits of one application step at
     the same time: a request names its fit (``namespace``: the workers' fences and the
     driver's step actions carry it; a write's table or a blob's key names it too); a
-    request that names none belongs to the one open step."""
+    request that names none belongs to the one open step.
 
-    def _step_of(self, namespace: str = "") -> _StepState:
+    Besides the step states it keeps, per fit, the newest step loop's epoch, the first
+    program error its workers reported, the newest task id seen per worker (older ids are
+    zombies of a failed attempt, refused from then on), and which fits have ended (newest
+    last, bounded: their late workers are told to end instead of waiting).  Its methods named
+    ``action_<name>`` serve the shard's actions of that name; the others are called with the
+    state's ``cond`` held."""
+
+    def __init__(self, state: "ShardState"):
+        self.state = state
+        self.steps: Dict[str, _StepState] = {}  # per fit namespace: its open (or last) step
+        self.loop_epochs: Dict[str, int] = {}  # per fit namespace: the newest step loop's epoch
+        self.fit_errors: Dict[str, str] = {}  # per fit namespace: the first program error its workers reported
+        self.newest_task: Dict[Tuple[str, int], int] = {}  # per (fit namespace, worker)
+        # fits that ended (their tables were dropped) -> their program error, if any
+        self.closed: "collections.OrderedDict[str, Optional[str]]" = collections.OrderedDict()
+
+    def is_closed(self, namespace: str) -> bool:
+        return namespace in self.closed
+
+    def forget_fit(self, fit: str) -> None:
+        """The fit ``fit`` ended (its tables are dropped): its step states, epochs and task ids
+        go; it is remembered as ended, with its program error."""
+        for ns in [n for n in self.steps if n and _in_fit(n, fit)]:
+            del self.steps[ns]
+        for ns in [n for n in self.loop_epochs if _in_fit(n, fit)]:
+            del self.loop_epochs[ns]
+        errors = [self.fit_errors.pop(ns) for ns in [n for n in self.fit_errors if _in_fit(n, fit)]]
+        self.closed[fit] = errors[0] if errors else None  # its program error, read after the end
+        while len(self.closed) > CLOSED_FITS_KEPT:
+            self.closed.popitem(last=False)
+
+    def step_of(self, namespace: str = "") -> _StepState:
         """The step state of fit ``namespace`` (a closed one if it has none); without a
         namespace, the one open step (or, with none open, the step begun last)."""
         if namespace:
@@ -82,17 +123,12 @@ class StepFences:
             return open_steps[0]
         if open_steps:
             raise flight.FlightServerError(
-                f"shard {self.shard_id}: {len(open_steps)} fits have a step open; the request must name its "
+                f"shard {self.state.shard_id}: {len(open_steps)} fits have a step open; the request must name its "
                 "namespace")
         return next(reversed(self.steps.values())) if self.steps else _StepState()
 
-    def _fit_tables(self, namespace: str):
-        """The tables of fit ``namespace`` (every table when it is empty)."""
-        prefix = namespace + "/"
-        return [t for n, t in self.tables.items() if not namespace or n.startswith(prefix)]
-
-    def _check_epoch(self, namespace: str, epoch: Any, what: str) -> None:
-        """Called with ``self.cond`` held: refuse a request of a step loop older than the newest
+    def check_epoch(self, namespace: str, epoch: Any, what: str) -> None:
+        """Called with ``self.state.cond`` held: refuse a request of a step loop older than the newest
         that claimed fit ``namespace`` (``epoch`` None: a request from outside any loop)."""
         if epoch is None:
             return
@@ -101,23 +137,23 @@ class StepFences:
         newest = self.loop_epochs.get(namespace, 0)
         if epoch < newest:
             raise flight.FlightServerError(
-                f"shard {self.shard_id}: {what} of fit {namespace!r} from loop epoch {epoch} refused: epoch "
+                f"shard {self.state.shard_id}: {what} of fit {namespace!r} from loop epoch {epoch} refused: epoch "
                 f"{newest} has taken the fit over (a coordinator or driver that lost its job)")
         if epoch > newest:
             self.loop_epochs[namespace] = epoch
 
-    def _action_claim(self, req):
+    def action_claim(self, req):
         """A step loop of fit ``namespace`` starts with ``epoch``: from now on requests of
         older epochs are refused (an older or equal epoch claiming again is refused / a no-op)."""
         namespace = req.str("namespace")
-        with self.cond:
-            self._check_epoch(namespace, req.int("epoch"), "a claim")
+        with self.state.cond:
+            self.check_epoch(namespace, req.int("epoch"), "a claim")
             st = self.steps.get(namespace)
             return {"epoch": self.loop_epochs.get(namespace, 0),
                     "step": st.step if st is not None else -1, "open": bool(st is not None and st.open),
                     "kept": bool(st is not None and st.kept)}
 
-    def _check_fence(self, header: Dict[str, Any], entering: bool = False, namespace: str = "") -> _StepState:
+    def check_fence(self, header: Dict[str, Any], entering: bool = False, namespace: str = "") -> _StepState:
         """Writes during a step must come from the worker's current task.
 
         Python tasks cannot see Spark's stage attempt number, so attempts are
@@ -128,26 +164,26 @@ class StepFences:
         Returns the fit's step state (``namespace``: the fit a write's table or
         key belongs to, when the header names none).
         """
-        st = self._step_of(header.get("namespace") or namespace)
+        st = self.step_of(header.get("namespace") or namespace)
         step = header.get("step")
         if "epoch" in header and "worker" not in header:  # the step loop's own write
-            self._check_epoch(st.namespace or namespace, header.get("epoch"), "a write")
+            self.check_epoch(st.namespace or namespace, header.get("epoch"), "a write")
             if step is not None and (not st.open or step != st.step):
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: the step loop wrote for step {step} but the open step is "
+                    f"shard {self.state.shard_id}: the step loop wrote for step {step} but the open step is "
                     f"{st.step if st.open else 'none'}")
             if step is None and st.open:
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: unfenced write while step {st.step} is open")
+                    f"shard {self.state.shard_id}: unfenced write while step {st.step} is open")
             return st
         if step is None:
             if st.open:
                 raise flight.FlightServerError(
-                    f"shard {self.shard_id}: unfenced write while step {st.step} is open")
+                    f"shard {self.state.shard_id}: unfenced write while step {st.step} is open")
             return st
         if not st.open or step != st.step:
             raise flight.FlightServerError(
-                f"shard {self.shard_id}: request for step {step} but the open step is "
+                f"shard {self.state.shard_id}: request for step {step} but the open step is "
                 f"{st.step if st.open else 'none'} (a task from a finished step?)")
         worker, task = header.int("worker", -1), header.int("task", -1)
         if not 0 <= worker < st.num_workers:
@@ -158,11 +194,11 @@ class StepFences:
         newest = self.newest_task.get((st.namespace, worker), -1)
         if task <= st.retired or (current is not None and task < current) or task < newest:
             raise flight.FlightServerError(
-                f"shard {self.shard_id}: task {task} of worker {worker} belongs to a failed attempt of "
+                f"shard {self.state.shard_id}: task {task} of worker {worker} belongs to a failed attempt of "
                 f"step {step}; refusing a zombie task's request")
         if not entering:
             raise flight.FlightServerError(
-                f"shard {self.shard_id}: task {task} of worker {worker} did not enter step {step}")
+                f"shard {self.state.shard_id}: task {task} of worker {worker} did not enter step {step}")
         if current is not None:  # the same worker again with a newer task: the stage was retried
             self._new_epoch(st)
         st.registered[worker] = task
@@ -170,13 +206,13 @@ class StepFences:
         return st
 
     def _new_epoch(self, st: _StepState) -> None:
-        """Called with ``self.cond`` held: roll the fit's tables back to the pre-step state."""
+        """Called with ``self.state.cond`` held: roll the fit's tables back to the pre-step state."""
         restored = 0
-        for table in self._fit_tables(st.namespace):
+        for table in self.state.fit_tables(st.namespace):
             with table.lock:
                 restored += table.rollback()
         log.warning("shard %s: step %d was retried (epoch %d); rolled back %d rows",
-                    self.shard_id, st.step, st.epoch + 1, restored)
+                    self.state.shard_id, st.step, st.epoch + 1, restored)
         st.retired = max([st.retired] + list(st.registered.values()))
         st.registered = {}
         st.epoch += 1
@@ -187,20 +223,20 @@ class StepFences:
         st.done.clear()
         st.error = None
         st.program_error = False
-        self.cond.notify_all()
+        self.state.cond.notify_all()
 
     def _commit_rounds(self, st: _StepState, upto: int) -> None:
-        """With ``self.cond`` held: apply the contributions of rounds up to ``upto``."""
+        """With ``self.state.cond`` held: apply the contributions of rounds up to ``upto``."""
         while st.committed < upto:
             rnd = st.committed + 1
             for (name, r) in sorted(k for k in st.contrib if k[1] == rnd):
                 parts = st.contrib.pop((name, r))
                 try:
-                    self._apply_pull(name, parts, st)
+                    self.apply_pull(name, parts, st)
                 except Exception as exc:  # the program's pull failed: fail the round for all
                     st.error = f"pull of table {name!r} in round {rnd} failed: {exc!r}"
                     st.program_error = True
-                    log.exception("shard %s: %s", self.shard_id, st.error)
+                    log.exception("shard %s: %s", self.state.shard_id, st.error)
             self._shard_metrics(st, rnd)
             st.committed = rnd
 
@@ -208,7 +244,7 @@ class StepFences:
         """The program's ``shard_metrics`` over this shard's rows, at the rounds its
         ``shard_metrics_due`` names: a consistent snapshot, since no worker
         passes the round's clock until this returns."""
-        program = self.programs.get(st.namespace)
+        program = self.state.programs.get(st.namespace)
         if program is None or not getattr(program, "shard_metrics_every", 0):
             return
         due = getattr(program, "shard_metrics_due", None)  # (a Program subclass always has it)
@@ -217,7 +253,7 @@ class StepFences:
             return
         bucket = st.metrics.setdefault(rnd, {})
         prefix = st.namespace + "/"
-        for name, table in list(self.tables.items()):
+        for name, table in list(self.state.tables.items()):
             if not name.startswith(prefix) or table.row_stop == table.row_start:
                 continue
             try:
@@ -226,17 +262,17 @@ class StepFences:
             except Exception as exc:
                 st.error = f"shard_metrics of table {name!r} in round {rnd} failed: {exc!r}"
                 st.program_error = True
-                log.exception("shard %s: %s", self.shard_id, st.error)
+                log.exception("shard %s: %s", self.state.shard_id, st.error)
                 return
             for key, value in values.items():
                 bucket[key] = bucket.get(key, 0.0) + float(value)
 
-    def _apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]],
+    def apply_pull(self, name: str, parts: List[Tuple[np.ndarray, np.ndarray]],
                     st: Optional[_StepState] = None) -> None:
         """The program's ``pull`` of a round's summed contributions to table ``name`` (``st``: its
         fit's step, whose undo log keeps the rows' pre-step values; by default the table's fit's)."""
-        st = st if st is not None else self._step_of(namespace_of(name))
-        table = self._table(name)
+        st = st if st is not None else self.step_of(namespace_of(name))
+        table = self.state.table(name)
         parts = [(k, v) for k, v in parts if len(k)]
         if not parts:
             return
@@ -268,7 +304,7 @@ class StepFences:
             uniq = keys[starts]
             sums = np.add.reduceat(vals, starts, axis=0)
         namespace, _, short = name.partition("/")
-        program = self.programs.get(namespace)
+        program = self.state.programs.get(namespace)
         if program is None:
             raise RuntimeError(f"no program registered for {namespace!r}")
         with table.lock:
@@ -281,41 +317,39 @@ class StepFences:
                 table.remember(index)
             table.write(index, new)
 
-    def _action_begin_step(self, req):
-        """Open a step: clocks reset, writes from now on are undoable (``command``: the
-        workers' command for this step, posted to the fit's mailbox)."""
+    def begin_step(self, req):
+        """Open a step: clocks reset, writes from now on are undoable (the server's
+        ``begin_step`` action, which also posts the step's command to the fit's mailbox)."""
         namespace = req.str("namespace", "")
-        with self.cond:
-            self._check_epoch(namespace, req.get("epoch"), f"begin_step {req.get('step')}")
+        with self.state.cond:
+            self.check_epoch(namespace, req.get("epoch"), f"begin_step {req.get('step')}")
             current = self.steps.get(namespace, _StepState())
             if current.open:
                 raise flight.FlightServerError(
                     f"step {current.step} of fit {namespace!r} is still open; commit or abort it first")
-            for table in self._fit_tables(namespace):
+            for table in self.state.fit_tables(namespace):
                 table.forget()
             num_workers = req.int("num_workers")
             if not 1 <= num_workers <= 1 << 20:
                 raise flight.FlightServerError(f"malformed request: num_workers={num_workers} out of range")
             self.steps.pop(namespace, None)  # re-inserted: the dict's last step is the one begun last
             self.steps[namespace] = _StepState(req.int("step"), num_workers, namespace, req.int("round_offset", 0))
-            if req.get("command") is not None:
-                self._post(req.str("namespace"), req.dict("command"))
         return {}
 
-    def _action_enter(self, req):
+    def action_enter(self, req):
         """A worker task starts an attempt of the open step (a newer attempt rolls back)."""
-        with self.cond:
-            st = self._check_fence(req, entering=True)
+        with self.state.cond:
+            st = self.check_fence(req, entering=True)
         return {"epoch": st.epoch}
 
-    def _action_tick(self, req):
+    def action_tick(self, req):
         """Advance a worker's round clock, then wait until every worker reached ``wait_for``."""
         worker, rnd = req.int("worker"), req.int("round")
         wait_for = req.int("wait_for", rnd)
         timeout = req.num("timeout", 600.0)
         deadline = time.monotonic() + timeout
-        with self.cond:
-            st = self._check_fence(req)
+        with self.state.cond:
+            st = self.check_fence(req)
             epoch = st.epoch
             if rnd > st.clocks[worker]:
                 st.clocks[worker] = rnd
@@ -329,7 +363,7 @@ class StepFences:
             low = int(st.clocks.min())
             if low > st.committed:
                 self._commit_rounds(st, low)
-                self.cond.notify_all()
+                self.state.cond.notify_all()
             while True:
                 if st is not self.steps.get(st.namespace) or st.epoch != epoch or not st.open:
                     raise flight.FlightServerError(
@@ -345,33 +379,33 @@ class StepFences:
                         f"round timeout: worker {worker} waited {timeout:.0f} s for round {wait_for}; "
                         f"workers {lagging} did not finish it. Raise spark.pystrads.round.timeoutSeconds "
                         "if rounds are legitimately this slow")
-                self.cond.wait(min(left, 1.0))
+                self.state.cond.wait(min(left, 1.0))
 
-    def _action_step_done(self, req):
+    def action_step_done(self, req):
         """A worker finished its part of the open step (fenced; ``late``: metrics of
         its last round reported after that round's tick)."""
         worker = req.int("worker")
-        with self.cond:
-            st = self._check_fence(req)
+        with self.state.cond:
+            st = self.check_fence(req)
             if req.get("late"):
                 bucket = st.metrics.setdefault(req.int("late_round"), {})
                 for key, value in req.dict("late").items():
                     bucket[key] = bucket.get(key, 0.0) + float(value)
             st.done[worker] = req.int("task")
-            self.cond.notify_all()
+            self.state.cond.notify_all()
         return {}
 
-    def _action_wait_step(self, req):
+    def action_wait_step(self, req):
         """The driver waits (up to ``timeout``) until every worker finished the open step;
         the answer carries the step's per-round metrics when it did."""
         step = req.int("step")
         deadline = time.monotonic() + req.num("timeout", 1.0)
-        with self.cond:
+        with self.state.cond:
             while True:
-                st = self._step_of(req.str("namespace", ""))
+                st = self.step_of(req.str("namespace", ""))
                 if not st.open or st.step != step:
                     raise flight.FlightServerError(
-                        f"shard {self.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
+                        f"shard {self.state.shard_id}: step {step} is not open (open: {st.step if st.open else 'none'})")
                 if st.error:
                     return {"done": False, "error": st.error, "program_error": st.program_error, "epoch": st.epoch}
                 if self.fit_errors.get(st.namespace):
@@ -384,44 +418,43 @@ class StepFences:
                 if left <= 0:
                     return {"done": False, "epoch": st.epoch, "finished": sorted(st.done),
                             "clocks": st.clocks.tolist(), "entered": len(st.registered)}
-                self.cond.wait(min(left, 1.0))
+                self.state.cond.wait(min(left, 1.0))
 
-    def _action_commit_step(self, req):
+    def action_commit_step(self, req):
         """Close the step and keep its writes."""
-        with self.cond:
-            self._check_epoch(req.str("namespace", ""), req.get("epoch"), f"commit_step {req.get('step')}")
-            st = self._step_of(req.str("namespace", ""))
+        with self.state.cond:
+            self.check_epoch(req.str("namespace", ""), req.get("epoch"), f"commit_step {req.get('step')}")
+            st = self.step_of(req.str("namespace", ""))
             if st.open and st.step == req.int("step"):
-                for table in self._fit_tables(st.namespace):
+                for table in self.state.fit_tables(st.namespace):
                     with table.lock:
                         table.forget()
                         table.settle()
                 st.open = False
                 st.kept = True
-                self.cond.notify_all()
-        with self._counter_lock:
-            return dict(self.counters)
+                self.state.cond.notify_all()
+        return self.state.counters()
 
-    def _action_abort_step(self, req):
+    def action_abort_step(self, req):
         """Close the step and roll back every write it made."""
         restored = 0
-        with self.cond:
-            self._check_epoch(req.str("namespace", ""), req.get("epoch"), f"abort_step {req.get('step')}")
-            st = self._step_of(req.str("namespace", ""))
+        with self.state.cond:
+            self.check_epoch(req.str("namespace", ""), req.get("epoch"), f"abort_step {req.get('step')}")
+            st = self.step_of(req.str("namespace", ""))
             if st.open and st.step == req.int("step"):
-                for table in self._fit_tables(st.namespace):
+                for table in self.state.fit_tables(st.namespace):
                     with table.lock:
                         restored += table.rollback()
                 st.open = False  # fences out any straggler
-                self.cond.notify_all()
+                self.state.cond.notify_all()
         return {"restored_rows": restored}
 
-    def _action_worker_error(self, req):
+    def action_worker_error(self, req):
         """A worker's program code raised (``error``: the hook, the worker and the traceback): the
         fit ends with it -- the open step fails for every worker, and the driver's waits report it
         as the program's error, not as a lost task."""
         namespace, worker = req.str("namespace"), req.int("worker")
-        with self.cond:
+        with self.state.cond:
             if req.int("task") < self.newest_task.get((namespace, worker), -1):
                 return {}  # a zombie's: its attempt was already replaced
             text = req.str("error")[:20000]
@@ -429,19 +462,19 @@ class StepFences:
             st = self.steps.get(namespace)
             if st is not None and st.open and not st.error:
                 st.error, st.program_error = text, True
-            self.cond.notify_all()
+            self.state.cond.notify_all()
         return {}
 
-    def _action_fit_error(self, req):
+    def action_fit_error(self, req):
         """The program error a worker of fit ``namespace`` reported, if any (``error``: None)."""
         namespace = req.str("namespace")
-        with self.cond:
+        with self.state.cond:
             return {"error": self.fit_errors.get(namespace) or self.closed.get(namespace)}
 
-    def _action_metrics(self, req):
+    def action_metrics(self, req):
         """Per-round metric sums reported by the workers of the current step."""
-        with self.cond:
-            st = self._step_of(req.str("namespace", ""))
+        with self.state.cond:
+            st = self.step_of(req.str("namespace", ""))
             return {"step": st.step, "open": st.open, "kept": st.kept, "epoch": st.epoch,
                     "rounds": {str(k): v for k, v in sorted(st.metrics.items())},
                     "clocks": st.clocks.tolist()}
