@@ -1,9 +1,11 @@
 """The shard server and client in-process, without Spark."""
 
 import contextlib
+import json
 import threading
 
 import numpy as np
+import pyarrow.flight as flight
 import pytest
 
 from pystrads.errors import ShardUnavailableError
@@ -66,7 +68,6 @@ def test_refuses_calls_without_the_token(shards):
             client.get_rows("fit/t", 1, "float64", start=0, stop=1)
         with pytest.raises(ShardUnavailableError, match="token"):
             client.write_rows("put", "fit/t", np.array([0]), np.ones((1, 1)), "float64")
-    import pyarrow.flight as flight
 
     raw = flight.FlightClient(uri)  # every Flight method, without a token
     calls = [lambda: list(raw.do_action(flight.Action("ping", b""))),
@@ -560,14 +561,16 @@ def test_concurrent_clients_add_up(shards):
 def test_malformed_requests_get_clear_errors(shards):
     servers, group = shards
     client = group.client(0)
-    with pytest.raises(ShardUnavailableError, match="unknown action"):
-        client.action("no_such_action")
+    with pytest.raises(ValueError, match="unknown shard action 'no_such_action'"):
+        client.action("no_such_action")  # refused before any call ...
+    body = json.dumps({"token": TOKEN}).encode()
+    with pytest.raises(flight.FlightServerError, match="unknown action 'no_such_action'; known: abort_step"):
+        list(client._client.do_action(flight.Action("no_such_action", body)))  # ... and by the shard
     with pytest.raises(ShardUnavailableError, match="no table"):
         client.get_rows("fit/missing", 1, "float64", start=0, stop=1)
     make_table(group, rows=10, width=1)
     with pytest.raises(ShardUnavailableError, match="outside this shard"):
         client.get_rows("fit/t", 1, "float64", start=0, stop=10)  # shard 0 holds rows 0..4
-    import pyarrow.flight as flight
 
     raw = flight.FlightClient(f"grpc://127.0.0.1:{servers[0].port}")
     bad = b'{"token": "%s", "table": 5}' % TOKEN.encode()
@@ -594,7 +597,6 @@ def test_fuzzed_requests_get_deliberate_errors_and_never_crash_or_hang(shards):
     import random
 
     import pyarrow as pa
-    import pyarrow.flight as flight
 
     servers, group = shards
     make_table(group, name="fit/t", rows=200, width=3)
@@ -694,7 +696,6 @@ def certificates(tmp_path_factory):
 
 
 def test_tls_shard_serves_trusting_clients_only(certificates):
-    import pyarrow.flight as flight
 
     cert, key = (certificates / "shard.pem").read_bytes(), (certificates / "shard.key").read_bytes()
     server = ShardServer("grpc+tls://127.0.0.1:0", TOKEN, 1e9, "tls",
@@ -720,7 +721,6 @@ def test_tls_shard_serves_trusting_clients_only(certificates):
 def test_a_mutual_tls_shard_serves_only_clients_with_the_runs_certificate(certificates):
     """Mutual TLS: a client that trusts the shard but lacks the run's client certificate (or holds
     another) cannot complete a handshake, token or not; the run's clients are served."""
-    import pyarrow.flight as flight
 
     from pystrads.ps.tls import client_identity
 
@@ -1199,6 +1199,7 @@ def test_arrays_built_and_read_through_their_buffers_equal_pyarrows_own():
 _WORKER_SIDE_WITHOUT_PANDAS = r'''
 import sys
 import numpy as np
+import pyarrow.flight as flight
 import pyarrow as pa
 from pystrads.ps.client import ShardClient
 from pystrads.ps import protocol
@@ -1383,7 +1384,6 @@ def test_large_requests_without_the_token_are_refused_unread(tmp_path):
     is served.  (gRPC receives a whole message before any handler runs: see the mutual-TLS test
     below for what keeps a peer outside the run from sending one at all.)"""
     import pyarrow as pa
-    import pyarrow.flight as flight
 
     from pystrads.ps.request import MAX_UNCHECKED_BYTES
 
@@ -1410,7 +1410,6 @@ def test_a_peer_without_the_runs_certificate_cannot_make_a_tls_shard_receive_any
     token nor the run's client certificate: no handshake completes, the shard keeps serving the
     run, and its peak resident memory stays under its idle peak + 2 x 100 MB."""
     import pyarrow as pa
-    import pyarrow.flight as flight
 
     from pystrads.ps.server import CLIENT_CERT_ENV
     from pystrads.ps.tls import client_identity

@@ -122,3 +122,17 @@ def test_every_declared_action_is_served_and_no_other_is_sent():
         assert server.state.counters()["requests"] == 2  # the refused name never reached the shard
     finally:
         server.shutdown()
+
+
+def test_row_entries_join_in_one_place():
+    """protocol.concat_entries: the rows of several CSR parts, in order, offsets shifted by the
+    entries before them; no parts is no rows of the given value type."""
+    from pystrads.ps.protocol import concat_entries
+
+    a = (np.array([0, 2, 2, 3]), np.array([1, 4, 0], np.int32), np.array([1.0, 2.0, 3.0]))
+    b = (np.array([0, 1]), np.array([7], np.int32), np.array([9.0]))
+    offsets, cols, vals = concat_entries([a, b, (np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0))])
+    assert offsets.tolist() == [0, 2, 2, 3, 4] and offsets.dtype == np.int64
+    assert cols.tolist() == [1, 4, 0, 7] and vals.tolist() == [1.0, 2.0, 3.0, 9.0]
+    offsets, cols, vals = concat_entries([], np.int32)
+    assert offsets.tolist() == [0] and len(cols) == 0 and vals.dtype == np.int32

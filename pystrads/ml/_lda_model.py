@@ -39,6 +39,7 @@ from ..errors import ConfigurationError, InputError
 from ..kernels.rows import csr_gather_into
 from ..kernels.sets import unique
 from ..engine.frames import keep_frame, row_ranges, shard_frame
+from ..ps.protocol import concat_entries
 from ._arrow import collect_binary, collect_per_partition, vectors
 from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
 
@@ -125,9 +126,7 @@ def _rows_entries(parts):
     if not parts:
         return np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
     terms = np.concatenate([p[0] for p in parts])
-    shift = np.cumsum([0] + [p[1][-1] for p in parts[:-1]])
-    offsets = np.concatenate([np.zeros(1, np.int64)] + [p[1][1:] + s for p, s in zip(parts, shift)])
-    topics, counts = np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])
+    offsets, topics, counts = concat_entries([p[1:] for p in parts], np.int32)
     if len(terms) > 1 and not bool(np.all(terms[1:] > terms[:-1])):  # rows in term order
         order = np.argsort(terms, kind="stable")
         lengths = np.diff(offsets)[order]

@@ -310,7 +310,7 @@ class ShardClient:
         as their entries (CSR); the shard filters, and only the entries travel."""
         header = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "start": int(start),
                   "stop": int(stop), "nonzero": True, "sparse": True}
-        keys, offsets, cols, vals, base = [np.zeros(0, np.int64)], [np.zeros(1, np.int64)], [], [], 0
+        keys, parts = [np.zeros(0, np.int64)], []
         what = f"get from table {table!r}"
         options, limit = self._call(what, _seconds(BLOB_READ_BOUND_BYTES))  # entries: no size known in advance
         try:
@@ -319,16 +319,10 @@ class ShardClient:
                 if not batch.num_rows:
                     continue
                 keys.append(protocol.numpy_of(batch.column(0)).astype(np.int64, copy=False))
-                o, c, v = protocol.sparse_entries(batch.column(1), batch.column(2), dtype, 1 << 30)
-                offsets.append(o[1:] + base)
-                cols.append(c)
-                vals.append(v)
-                base += len(c)
+                parts.append(protocol.sparse_entries(batch.column(1), batch.column(2), dtype, 1 << 30))
         except flight.FlightError as exc:
             raise self._failed(exc, what, limit) from None
-        return (np.concatenate(keys), np.concatenate(offsets),
-                np.concatenate(cols) if cols else np.zeros(0, np.int32),
-                np.concatenate(vals) if vals else np.zeros(0, protocol.DTYPES[dtype][0]))
+        return (np.concatenate(keys), *protocol.concat_entries(parts, protocol.DTYPES[dtype][0]))
 
     def write_rows(self, op: str, table: str, keys: Optional[np.ndarray], values: np.ndarray, dtype: str,
                    header: Optional[Dict[str, Any]] = None, start: Optional[int] = None,
@@ -397,15 +391,8 @@ class ShardClient:
         n = sum(b.num_rows for b in parts)
         if n != len(keys):
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {n} rows, expected {len(keys)}")
-        offsets, cols, vals, base = [np.zeros(1, np.int64)], [], [], 0
-        for batch in parts:
-            o, c, v = protocol.sparse_entries(batch.column(0), batch.column(1), dtype, 1 << 30)
-            offsets.append(o[1:] + base)
-            cols.append(c)
-            vals.append(v)
-            base += len(c)
-        return (np.concatenate(offsets), np.concatenate(cols) if cols else np.zeros(0, np.int32),
-                np.concatenate(vals) if vals else np.zeros(0, protocol.DTYPES[dtype][0]))
+        return protocol.concat_entries([protocol.sparse_entries(b.column(0), b.column(1), dtype, 1 << 30)
+                                        for b in parts], protocol.DTYPES[dtype][0])
 
     def _write_batches(self, writer, schema, keys, values: np.ndarray, contiguous: bool, dtype: str) -> None:
         """``values`` (with their ``keys`` unless ``contiguous``) as record batches of at most
@@ -868,13 +855,9 @@ class TableHandle:
             client = self.group.client(self.layout.shards[part])
             for a in range(lo, hi, step):
                 parts.append(client.get_entries(self.layout.name, self.layout.dtype, keys[a:min(hi, a + step)]))
-        if not parts:
-            return np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, protocol.DTYPES[self.layout.dtype][0])
         if len(parts) == 1:
             return parts[0]
-        shift = np.cumsum([0] + [len(p[1]) for p in parts[:-1]])
-        return (np.concatenate([np.zeros(1, np.int64)] + [p[0][1:] + s for p, s in zip(parts, shift)]),
-                np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
+        return protocol.concat_entries(parts, protocol.DTYPES[self.layout.dtype][0])
 
     def get_range(self, start: int, stop: int, out: Optional[np.ndarray] = None,
                   copy: bool = True) -> np.ndarray:
@@ -922,13 +905,8 @@ class TableHandle:
         self._check_range(start, stop)
         parts = [self.group.client(shard).get_nonzero_entries(self.layout.name, self.layout.dtype, lo, hi)
                  for shard, lo, hi in self._range_parts(start, stop)]
-        if not parts:
-            return (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32),
-                    np.zeros(0, protocol.DTYPES[self.layout.dtype][0]))
-        shift = np.cumsum([0] + [len(p[2]) for p in parts[:-1]])
-        return (np.concatenate([p[0] for p in parts]),
-                np.concatenate([np.zeros(1, np.int64)] + [p[1][1:] + s for p, s in zip(parts, shift)]),
-                np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
+        return (np.concatenate([np.zeros(0, np.int64)] + [p[0] for p in parts]),
+                *protocol.concat_entries([p[1:] for p in parts], protocol.DTYPES[self.layout.dtype][0]))
 
     def read_all(self, copy: bool = True) -> np.ndarray:
         """The whole table on the caller: mind the memory for large models

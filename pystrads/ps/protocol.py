@@ -322,6 +322,21 @@ def sparse_entries(cols, vals, dtype: str, width: int) -> Tuple[np.ndarray, np.n
     return offsets, c.astype(np.int32, copy=False), v
 
 
+def concat_entries(parts, vals_dtype: Any = np.float64) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One CSR ``(offsets int64[n + 1], cols int32, vals)`` of the rows of ``parts``, in order:
+    each part an ``(offsets, cols, vals)`` of its rows, its offsets from 0 into its own ``cols``.
+    No parts: no rows, with values of ``vals_dtype``.  Every place that joins row entries (a
+    shard's chunks, the shards' parts of a read, a model's batches) joins them here."""
+    if not parts:
+        return np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, vals_dtype)
+    offsets, base = [np.zeros(1, np.int64)], 0
+    for o, c, _ in parts:
+        offsets.append(np.asarray(o[1:], dtype=np.int64) + base)
+        base += len(c)
+    return (np.concatenate(offsets), np.concatenate([np.asarray(c, dtype=np.int32) for _, c, _ in parts]),
+            np.concatenate([v for _, _, v in parts]))
+
+
 def sparse_rows_per_chunk(width: int, dtype: str, chunk_bytes: int) -> int:
     """Rows per batch of a sparse stream: every entry non-zero at worst (int32 index + value)."""
     itemsize = np.dtype(DTYPES[dtype][0]).itemsize
