@@ -97,7 +97,7 @@ def test_the_server_serves_each_action_from_exactly_one_part():
     server = ShardServer("grpc://127.0.0.1:0", "t", 1e9, "s0")
     try:
         own = {n[len("action_"):] for n in dir(server) if n.startswith("action_")}
-        parted = set(server._handlers)
+        parted = set(server._parts)
         assert {"begin_step", "stats", "heartbeat"} <= own and not own & parted
         assert {"tick", "commit_step", "hello", "next", "snapshot", "restore"} <= parted
         assert "begin_step" not in parted  # the fences' begin_step is the server's, with its post
@@ -114,7 +114,7 @@ def test_every_declared_action_is_served_and_no_other_is_sent():
     server = ShardServer("grpc://127.0.0.1:0", "t", 1e9, "s0")
     try:
         own = {n[len("action_"):] for n in dir(server) if n.startswith("action_")}
-        assert own | set(server._handlers) == {a.value for a in Action}
+        assert own | set(server._parts) == {a.value for a in Action}
         client = ShardClient(f"grpc://127.0.0.1:{server.port}", "t")
         assert client.action(Action.PING)["shard"] == "s0" and client.action("ping")["shard"] == "s0"
         with pytest.raises(ValueError, match="unknown shard action 'pong'; known: ping, heartbeat"):

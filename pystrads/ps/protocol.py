@@ -34,6 +34,7 @@ from typing import Any, Dict, Iterator, Tuple
 import numpy as np
 import pyarrow as pa
 
+
 class Action(str, enum.Enum):
     """Every action a shard serves, declared here once: the server serves each by one of its
     parts' ``action_<name>`` methods (and no other), the client sends no other (an unknown name

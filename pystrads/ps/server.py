@@ -105,9 +105,11 @@ class ShardServer(flight.FlightServerBase):
         self.fences = StepFences(self.state)
         self.mailbox = Mailbox(self.state, self.fences)
         self.snapshots = TableSnapshots(self.state, self.fences)
-        self._handlers = _handlers(self.fences, self.mailbox, self.snapshots)
+        # each action's part (its method is looked up per call, so a patched method is the one served)
+        self._parts = {name: method.__self__ for name, method in
+                       _handlers(self.fences, self.mailbox, self.snapshots).items()}
         own = _handlers(self)
-        twice = sorted(set(own) & set(self._handlers))
+        twice = sorted(set(own) & set(self._parts))
         if twice:
             raise TypeError(f"shard actions declared twice: {twice}")
         self.lease_seconds = lease_seconds
@@ -409,10 +411,11 @@ class ShardServer(flight.FlightServerBase):
     def do_action(self, context, action):
         body = action.body if action.body is not None else b""
         request = decode_action(body, self._token)  # (a long body's start only, before its token checks out)
-        handler = self._handlers.get(action.type) or getattr(self, "action_" + action.type, None)
+        part = self._parts.get(action.type, self)
+        handler = getattr(part, "action_" + action.type, None)
         if handler is None:
             raise flight.FlightServerError(
-                f"unknown action {action.type!r}; known: " + ", ".join(sorted({**self._handlers, **_handlers(self)})))
+                f"unknown action {action.type!r}; known: " + ", ".join(sorted({**self._parts, **_handlers(self)})))
         self.state.count(requests=1, bytes_in=body.size if hasattr(body, "size") else len(body))
         answer = handler(request)
         return [json.dumps(answer if answer is not None else {}).encode()]

@@ -3,10 +3,13 @@
 :class:`_StepState` is the open step (its workers, their task ids and round
 clocks, the pending contributions and the per-round metrics);
 :class:`StepFences` runs the steps of a shard's fits (composed by
-:class:`~pystrads.ps.server.ShardServer`, on its :class:`~pystrads.ps.state.ShardState`): the fence that admits only the workers' current tasks (a newer
-attempt rolls the step back), the commit of a round's contributions through
-the program's ``pull``, and the actions ``claim``, ``begin_step``, ``enter``, ``tick``,
-``step_done``, ``wait_step``, ``commit_step``, ``abort_step`` and ``metrics``.
+:class:`~pystrads.ps.server.ShardServer`, on its :class:`~pystrads.ps.state.ShardState`):
+the fence that admits only the workers' current tasks (a newer attempt rolls
+the step back), the commit of a round's contributions through the program's
+``pull``, the opening of a step (the server's ``begin_step``, which also posts
+the step's command), and the actions ``claim``, ``enter``, ``tick``,
+``step_done``, ``wait_step``, ``commit_step``, ``abort_step``, ``metrics``,
+``worker_error`` and ``fit_error``.
 
 Loop epochs fence the step loop's incarnations: every request of a fit's loop (the driver, or
 the coordinator in the fit's job) carries its ``epoch``; a shard remembers the newest epoch it
