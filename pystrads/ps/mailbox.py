@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Dict
 
 import pyarrow.flight as flight
 
+from .state import in_fit
+
 if TYPE_CHECKING:
     from .steps import StepFences
     from .state import ShardState
@@ -33,7 +35,7 @@ class Mailbox:
 
     def forget_fit(self, fit: str) -> None:
         """With the state's ``cond`` held: the fit ``fit`` ended; its boxes and hellos go."""
-        for ns in [n for n in list(self.boxes) + list(self.hellos) if n == fit or n.startswith(fit + "/")]:
+        for ns in [n for n in list(self.boxes) + list(self.hellos) if in_fit(n, fit)]:
             self.boxes.pop(ns, None)
             self.hellos.pop(ns, None)
 

@@ -21,6 +21,11 @@ from .table import ShardTable
 COUNTERS = ("requests", "bytes_in", "bytes_out", "rows_in", "rows_out", "round_streams", "open_round_streams")
 
 
+def in_fit(name: str, fit: str) -> bool:
+    """Whether a namespace (or a table's name, a blob's key) belongs to the fit ``fit``."""
+    return name == fit or name.startswith(fit + "/")
+
+
 class ShardState:
     """A shard's tables, programs and blobs, its counters, and the condition ``cond`` (a
     re-entrant lock) that every change of them and of the parts' own state happens under."""

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow.flight as flight
 
+from .state import in_fit
+
 if TYPE_CHECKING:
     from .state import ShardState
 
@@ -63,11 +65,6 @@ def namespace_of(name: str) -> str:
     """The fit namespace of a table name or blob key (``<namespace>/<rest>``; "" for a name
     without one)."""
     return name.partition("/")[0] if "/" in name else ""
-
-
-def _in_fit(name: str, fit: str) -> bool:
-    """Whether a namespace (or key) belongs to the fit ``fit``."""
-    return name == fit or name.startswith(fit + "/")
 
 
 def _own(rows: np.ndarray, index: Any) -> np.ndarray:
@@ -106,11 +103,11 @@ class StepFences:
     def forget_fit(self, fit: str) -> None:
         """The fit ``fit`` ended (its tables are dropped): its step states, epochs and task ids
         go; it is remembered as ended, with its program error."""
-        for ns in [n for n in self.steps if n and _in_fit(n, fit)]:
+        for ns in [n for n in self.steps if n and in_fit(n, fit)]:
             del self.steps[ns]
-        for ns in [n for n in self.loop_epochs if _in_fit(n, fit)]:
+        for ns in [n for n in self.loop_epochs if in_fit(n, fit)]:
             del self.loop_epochs[ns]
-        errors = [self.fit_errors.pop(ns) for ns in [n for n in self.fit_errors if _in_fit(n, fit)]]
+        errors = [self.fit_errors.pop(ns) for ns in [n for n in self.fit_errors if in_fit(n, fit)]]
         self.closed[fit] = errors[0] if errors else None  # its program error, read after the end
         while len(self.closed) > CLOSED_FITS_KEPT:
             self.closed.popitem(last=False)
