@@ -10,7 +10,7 @@ shard-client throughput vs raw Arrow Flight.
    ``local[2]`` (steps of 500 rounds, the job's launch included), median of
    ``--repeats`` fits.
 2. Get / put throughput of a row block of 1-64 MiB through the pystrads
-   shard client (``TableHandle.get_range`` / ``put`` against a shard
+   shard client (``TableHandle.read`` / ``write`` against a shard
    process) and through raw ``pyarrow.flight`` (a minimal server process that
    streams a prebuilt table / discards or stores what it receives),
    interleaved in the same run; each sample moves at least 256 MiB (a loop of
@@ -119,7 +119,7 @@ def throughput(sizes_mib, repeats):
             times = {k: [] for k in ("client_get", "client_get_view", "client_get_out", "raw_get",
                                      "client_put", "raw_put", "raw_put_store")}
             buffer = np.empty_like(block)
-            table.put(range(0, len(block)), block)  # warm up both paths
+            table.write(range(0, len(block)), block)  # warm up both paths
             raw_client.do_get(flight.Ticket(str(rows).encode())).read_all()
             calls = max(1, 256 // mib)  # each sample moves >= 256 MiB, so small blocks are not all noise
 
@@ -138,13 +138,13 @@ def throughput(sizes_mib, repeats):
                 writer.close()
 
             for _ in range(repeats):  # interleaved, so drifting load hits every path alike
-                seconds, got = timed(lambda: table.get_range(0, rows))
+                seconds, got = timed(lambda: table.read(range(0, rows)))
                 times["client_get"].append(seconds)
-                seconds, view = timed(lambda: table.get_range(0, rows, copy=False))
+                seconds, view = timed(lambda: table.read(range(0, rows), copy=False))
                 times["client_get_view"].append(seconds)
-                times["client_get_out"].append(timed(lambda: table.get_range(0, rows, out=buffer))[0])
+                times["client_get_out"].append(timed(lambda: table.read(range(0, rows), out=buffer))[0])
                 times["raw_get"].append(timed(raw_get)[0])
-                times["client_put"].append(timed(lambda: table.put(range(0, len(block)), block))[0])
+                times["client_put"].append(timed(lambda: table.write(range(0, len(block)), block))[0])
                 times["raw_put"].append(timed(raw_put)[0])
                 times["raw_put_store"].append(timed(lambda: raw_put(b"store"))[0])
             assert np.array_equal(got, block) and np.array_equal(buffer, block) and np.array_equal(view, block)

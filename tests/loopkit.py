@@ -63,7 +63,7 @@ class LocalShards:
         return layouts
 
     def read(self, layouts) -> Dict[str, Any]:
-        return {name: self.group.table(layout).read_all() for name, layout in layouts.items()}
+        return {name: self.group.table(layout).read() for name, layout in layouts.items()}
 
     def close(self) -> None:
         for s in self.servers:

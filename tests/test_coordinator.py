@@ -71,11 +71,11 @@ class SideEffects(FailOnce):
         schedule = super().schedule(ctx)
         if schedule is not None:
             self.schedules += 1
-            ctx.table("counts").inc([1], [[1.0]])
+            ctx.table("counts").add([1], [[1.0]])
         return schedule
 
     def after_step(self, ctx, metrics):
-        ctx.table("counts").inc([0], [[1.0]])
+        ctx.table("counts").add([0], [[1.0]])
         self.after_steps += 1
         ctx.record(after_steps=self.after_steps, schedules=self.schedules)
         if self.where == "after_write" and ctx.rounds_done + len(metrics.rounds) >= self.at_round:

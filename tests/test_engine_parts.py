@@ -135,15 +135,15 @@ def test_restore_reads_only_the_files_of_the_checkpoints_manifest(tmp_path):
         group = ShardGroup([ShardInfo("127.0.0.1", server.port, 0, "e", "s0")], "t")
         layout = TableLayout("fit/x", 6, 1, "float64", (0, 6), (0,), 1)
         group.client(0).action("create_table", name="fit/x", row_start=0, row_stop=6, width=1, dtype="float64")
-        group.table(layout).put(np.arange(6), np.arange(6.0).reshape(6, 1))
+        group.table(layout).write(np.arange(6), np.arange(6.0).reshape(6, 1))
         answer = group.client(0).action("snapshot", prefix="fit/", dir=str(tmp_path))
         assert answer["files"] == ["x.0-6.npy"]
         np.save(tmp_path / "x.0-3.npy", np.full((3, 1), -1.0))  # stale: another layout's rows 0-3
-        group.table(layout).put(np.arange(6), np.zeros((6, 1)))
+        group.table(layout).write(np.arange(6), np.zeros((6, 1)))
         group.client(0).action("restore", prefix="fit/", dir=str(tmp_path), files=answer["files"])
-        np.testing.assert_array_equal(group.table(layout).read_all()[:, 0], np.arange(6.0))
+        np.testing.assert_array_equal(group.table(layout).read()[:, 0], np.arange(6.0))
         group.client(0).action("restore", prefix="fit/", dir=str(tmp_path))  # without a manifest: every file
-        assert group.table(layout).read_all()[0, 0] in (-1.0, 0.0)
+        assert group.table(layout).read()[0, 0] in (-1.0, 0.0)
     finally:
         server.shutdown()
 

@@ -28,7 +28,7 @@ def _readers():
 
     def read_sums(reader, task):
         lo, hi = task
-        yield batch(np.arange(lo, hi), reader.table("sums").get_range(lo, hi)[:, 0])
+        yield batch(np.arange(lo, hi), reader.table("sums").read(range(lo, hi))[:, 0])
 
     def read_export(reader, worker):
         yield batch([worker], [reader.export(worker)])

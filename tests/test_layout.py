@@ -218,3 +218,18 @@ def test_the_mixin_check_sees_a_mixin():
     module.Mixed = type("Mixed", (ShardState, Program), {"__module__": "pystrads.fake"})
     module.Single = type("Single", (Program, object), {"__module__": "pystrads.fake"})
     assert _mixed(module) == {"Mixed": ["ShardState", "Program"]}
+
+
+def test_a_table_handle_has_six_calls():
+    """``TableHandle`` is as narrow as ps-lite's worker: reads and writes name rows by ``where``
+    and take dense or sparse data by its type, not by a method name or a flag."""
+    import inspect
+
+    from pystrads.ps.client import TableHandle
+
+    calls = {n for n, v in vars(TableHandle).items() if not n.startswith("_") and inspect.isfunction(v)}
+    assert calls == {"read", "read_entries", "write", "add", "contribute", "fenced"}, sorted(calls)
+    for name in calls:
+        flags = [p for p in inspect.signature(getattr(TableHandle, name)).parameters
+                 if p in ("sparse", "dense", "entries", "nonzero", "as_type", "format")]
+        assert not flags, (name, flags)

@@ -222,9 +222,9 @@ class _TotalsReadsCounted:
             def __getattr__(self, attr):
                 return getattr(table, attr)
 
-            def get_range(self, *args, **kw):
+            def read(self, *args, **kw):
                 outer.reads += 1
-                return table.get_range(*args, **kw)
+                return table.read(*args, **kw)
 
         return Counted()
 

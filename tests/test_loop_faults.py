@@ -41,11 +41,11 @@ class SideEffects(ex.RotationSum):
         if not n:
             return None
         self.schedules += 1
-        ctx.table("counts").inc([1], [[1.0]])
+        ctx.table("counts").add([1], [[1.0]])
         return ex.Schedule.per_worker([[(p + r) % U for p in range(U)] for r in range(n)])
 
     def after_step(self, ctx, metrics):
-        ctx.table("counts").inc([0], [[1.0]])
+        ctx.table("counts").add([0], [[1.0]])
         self.after_steps += 1
         super().after_step(ctx, metrics)
 

@@ -152,17 +152,17 @@ def test_the_factors_never_reach_the_driver(spark, monkeypatch):
     from pystrads.ps import client
 
     reads = []
-    get_range, fetch = client.TableHandle.get_range, job.WorkerJob.fetch_exports
+    read, fetch = client.TableHandle.read, job.WorkerJob.fetch_exports
 
-    def spy_get_range(self, start, stop, *a, **k):
+    def spy_read(self, *a, **k):
         reads.append(self.layout.short_name)
-        return get_range(self, start, stop, *a, **k)
+        return read(self, *a, **k)
 
     def spy_fetch(self):
         reads.append("exports")
         return fetch(self)
 
-    monkeypatch.setattr(client.TableHandle, "get_range", spy_get_range)
+    monkeypatch.setattr(client.TableHandle, "read", spy_read)
     monkeypatch.setattr(job.WorkerJob, "fetch_exports", spy_fetch)
     ratings = spark.range(0, 20000).select((F.col("id") % 4000).alias("user"), (F.col("id") % 97).alias("item"),
                                           (F.col("id") % 5 + 1).cast("double").alias("rating"))

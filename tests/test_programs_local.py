@@ -502,7 +502,7 @@ class _ReadBackProgram(Program):
         keys = self.keys(ctx.worker, work)
         state["fused"] += int("x" in ctx._pulled)  # there before apply asked: came with the tick
         back = ctx.pulled("x")
-        state["mismatch"] += int(not np.array_equal(back, ctx.table("x").get(keys)))
+        state["mismatch"] += int(not np.array_equal(back, ctx.table("x").read(keys)))
         state["post"] += int(back[:, 1].min() >= 1)  # every key went through this round's pull
         return state
 

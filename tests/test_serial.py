@@ -64,7 +64,7 @@ class JacobiLeastSquares(Program):
         return current + (partials[:, 0] / partials[:, 1])[:, None]
 
     def apply(self, ctx, data, state, cols):
-        new = ctx.table("x").get(cols)[:, 0]
+        new = ctx.table("x").read(cols)[:, 0]
         state["residual"] -= data["a"][:, cols] @ (new - state["x"][cols])
         state["x"][cols] = new
         return state

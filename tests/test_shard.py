@@ -12,6 +12,7 @@ from pystrads.errors import ShardUnavailableError
 from pystrads.ps.client import ShardClient, ShardGroup, ShardInfo
 from pystrads.ps.partition import TableLayout, range_bounds
 from pystrads.ps.server import ShardServer
+from pystrads.ps.table import RowEntries
 
 TOKEN = "test-token"
 
@@ -84,24 +85,24 @@ def test_refuses_calls_without_the_token(shards):
         with pytest.raises(pa.ArrowException, match="missing or wrong run token"):
             call()
     assert group.client(0).action("ping")["shard"] == "s0"
-    assert group.table(group_layout(group)).get([3])[0, 0] == 0.0
+    assert group.table(group_layout(group)).read([3])[0, 0] == 0.0
 
 
 def test_get_put_inc_round_trip_across_shards(shards, storage):
     _, group = shards
     table = make_table(group, storage=storage)
     values = np.arange(3000, dtype=np.float64).reshape(1000, 3)
-    table.put(np.arange(1000), values)
-    assert np.array_equal(table.read_all(), values)
+    table.write(np.arange(1000), values)
+    assert np.array_equal(table.read(), values)
     keys = np.array([999, 0, 500, 499, 3])
-    assert np.array_equal(table.get(keys), values[keys])
-    table.inc([5, 5, 700], np.ones((3, 3)))  # duplicate keys add up
-    got = table.get([5, 700])
+    assert np.array_equal(table.read(keys), values[keys])
+    table.add([5, 5, 700], np.ones((3, 3)))  # duplicate keys add up
+    got = table.read([5, 700])
     assert np.array_equal(got, values[[5, 700]] + np.array([[2.0], [1.0]]))
     with pytest.raises(IndexError, match="outside"):
-        table.get([1000])
+        table.read([1000])
     with pytest.raises(ValueError, match="shape"):
-        table.put([1, 2], np.ones((2, 4)))
+        table.write([1, 2], np.ones((2, 4)))
 
 
 @pytest.mark.parametrize("keys", [[3, 9, 40], [3, 3, 9, 40, 40], [40, 3, 9], [9, 3, 9, 40, 9], [7], []])
@@ -126,10 +127,10 @@ def test_chunked_transfers_are_exact(shards, storage):
     _, group = shards  # chunk_bytes=4096 -> many batches per request
     table = make_table(group, rows=20000, width=5, storage=storage)
     values = np.random.default_rng(0).random((20000, 5))
-    table.put(range(0, len(values)), values)
-    assert np.array_equal(table.get_range(0, 20000), values)
+    table.write(range(0, len(values)), values)
+    assert np.array_equal(table.read(range(0, 20000)), values)
     keys = np.random.default_rng(1).permutation(20000)[:7000]
-    assert np.array_equal(table.get(keys), values[keys])
+    assert np.array_equal(table.read(keys), values[keys])
 
 
 def test_nonzero_reads_send_only_the_nonzero_rows_across_shards_and_chunks(shards, storage):
@@ -139,30 +140,37 @@ def test_nonzero_reads_send_only_the_nonzero_rows_across_shards_and_chunks(shard
     keys = np.unique(rng.integers(0, 20000, 3000))
     values = rng.random((len(keys), 2))
     values[::7, 0] = 0.0  # a row with one zero value still counts as non-zero
-    table.put(keys, values)
+    table.write(keys, values)
     before = sum(s.state.counters()["rows_out"] for s in servers)
-    got_keys, got_rows = table.get_nonzero(0, 20000)
-    assert np.array_equal(got_keys, keys) and np.array_equal(got_rows, values)
+    got = table.read_entries(range(0, 20000))
+    assert np.array_equal(got.keys, keys) and np.array_equal(got.toarray(), values)
     assert sum(s.state.counters()["rows_out"] for s in servers) - before == len(keys)  # not 20000 rows
     sub = (keys >= 5000) & (keys < 15000)  # a range across the two shards' bounds
-    got_keys, got_rows = table.get_nonzero(5000, 15000)
-    assert np.array_equal(got_keys, keys[sub]) and np.array_equal(got_rows, values[sub])
-    assert [len(a) for a in table.get_nonzero(0, 0)] == [0, 0]
+    got = table.read_entries(range(5000, 15000))
+    assert np.array_equal(got.keys, keys[sub]) and np.array_equal(got.toarray(), values[sub])
+    assert got.toarray().dtype == values.dtype
+    assert table.read_entries(range(0, 0)).shape == (0, 2) and len(table.read_entries(range(0, 0)).keys) == 0
     with pytest.raises(IndexError, match=r"range \[0, 20001\)"):
-        table.get_nonzero(0, 20001)
+        table.read_entries(range(0, 20001))
+    from pystrads.ps import protocol
+
+    dense_nonzero = protocol.encode_header({"table": table.name, "token": group.token, "start": 0, "stop": 10,
+                                            "nonzero": True})
+    with pytest.raises(flight.FlightError, match="a nonzero read sends the rows' entries"):
+        group.client(0)._client.do_get(flight.Ticket(dense_nonzero)).read_all()
 
 
 def test_uncopied_reads_are_read_only_views_of_one_message(shards, storage):
     _, group = shards  # chunk_bytes=4096: a copied read of shard 0's rows takes many batches
     table = make_table(group, rows=20000, width=5, storage=storage)
     values = np.random.default_rng(0).random((20000, 5))
-    table.put(range(0, len(values)), values)
+    table.write(range(0, len(values)), values)
     requests = group.client(0).action("stats")["requests"]
-    view = table.get_range(100, 9000, copy=False)  # on shard 0 (rows [0, 10000))
+    view = table.read(range(100, 9000), copy=False)  # on shard 0 (rows [0, 10000))
     assert np.array_equal(view, values[100:9000]) and not view.flags.writeable
     assert not view.flags.owndata  # backed by the received Arrow buffer
     assert group.client(0).action("stats")["requests"] == requests + 2  # the get and this stats call
-    both = table.read_all(copy=False)  # spans both shards: assembled into a new array
+    both = table.read(copy=False)  # spans both shards: assembled into a new array
     assert np.array_equal(both, values) and both.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
         view[0, 0] = 1.0
@@ -171,9 +179,9 @@ def test_uncopied_reads_are_read_only_views_of_one_message(shards, storage):
 def test_integer_tables_and_stats(shards, storage):
     _, group = shards
     table = make_table(group, rows=10, width=2, dtype="int32", storage=storage)
-    table.inc(np.arange(10), np.ones((10, 2), dtype=np.int32))
-    assert table.read_all().dtype == np.int32
-    assert table.read_all().sum() == 20
+    table.add(np.arange(10), np.ones((10, 2), dtype=np.int32))
+    assert table.read().dtype == np.int32
+    assert table.read().sum() == 20
     stats = group.client(0).action("stats")
     assert stats["requests"] >= 2 and stats["bytes_in"] > 0 and stats["rss_bytes"] > 0
     assert stats["tables"]["fit/t"]["rows"] == 5
@@ -189,40 +197,40 @@ def _enter(group, step, worker, task):
 def test_retried_step_rolls_back_and_fences_out_zombies(shards, storage):
     _, group = shards
     table = make_table(group, rows=100, width=1, dtype="int64", storage=storage)
-    table.put(np.arange(100), np.arange(100).reshape(-1, 1))
+    table.write(np.arange(100), np.arange(100).reshape(-1, 1))
     group.broadcast("begin_step", step=1, num_workers=2, namespace="fit")
     f0 = _enter(group, 1, 0, task=10)
     _enter(group, 1, 1, task=11)
     old0 = table.fenced(**f0)
-    old0.inc(np.arange(0, 100, 7), np.ones((15, 1), dtype=np.int64))
-    old0.put([99], [[-5]])
+    old0.add(np.arange(0, 100, 7), np.ones((15, 1), dtype=np.int64))
+    old0.write([99], [[-5]])
     # the stage is retried: worker 0 enters again with a newer task id
     f0b = _enter(group, 1, 0, task=12)
     _enter(group, 1, 1, task=13)
-    assert np.array_equal(table.read_all()[:, 0], np.arange(100)), "rollback must restore every row"
+    assert np.array_equal(table.read()[:, 0], np.arange(100)), "rollback must restore every row"
     with pytest.raises(ShardUnavailableError, match="zombie|failed attempt"):
-        old0.inc([1], [[1]])
-    table.fenced(**f0b).inc([1], [[1]])
+        old0.add([1], [[1]])
+    table.fenced(**f0b).add([1], [[1]])
     group.broadcast("commit_step", step=1)
     expected = np.arange(100)
     expected[1] += 1
-    assert np.array_equal(table.read_all()[:, 0], expected)
+    assert np.array_equal(table.read()[:, 0], expected)
 
 
 def test_abort_step_restores_rows(shards, storage):
     _, group = shards
     table = make_table(group, rows=50, width=2, storage=storage)
     base = np.random.default_rng(3).random((50, 2))
-    table.put(range(0, len(base)), base)
+    table.write(range(0, len(base)), base)
     group.broadcast("begin_step", step=4, num_workers=1, namespace="fit")
     fence = _enter(group, 4, 0, task=1)
-    table.fenced(**fence).inc(np.arange(50), np.ones((50, 2)))
-    assert not np.array_equal(table.read_all(), base)
+    table.fenced(**fence).add(np.arange(50), np.ones((50, 2)))
+    assert not np.array_equal(table.read(), base)
     restored = sum(a["restored_rows"] for a in group.broadcast("abort_step", step=4))
     assert restored == 50
-    assert np.array_equal(table.read_all(), base)
+    assert np.array_equal(table.read(), base)
     with pytest.raises(ShardUnavailableError, match="open step"):
-        table.fenced(**fence).inc([0], [[1, 1]])
+        table.fenced(**fence).add([0], [[1, 1]])
 
 
 def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards, storage):
@@ -238,54 +246,59 @@ def test_abort_restores_rows_written_twice_with_repeated_unsorted_keys(shards, s
     _, group = shards
     table = make_table(group, rows=50, width=2, storage=storage)
     base = rng.random((50, 2))
-    table.put(range(0, len(base)), base)
+    table.write(range(0, len(base)), base)
     group.broadcast("begin_step", step=5, num_workers=1, namespace="fit")
     fence = _enter(group, 5, 0, task=1)
     keys = np.array([7, 3, 7, 41, 3, 3, 0, 49])
-    table.fenced(**fence).inc(keys, np.ones((len(keys), 2)))
-    table.fenced(**fence).inc(keys[::-1], np.ones((len(keys), 2)))
+    table.fenced(**fence).add(keys, np.ones((len(keys), 2)))
+    table.fenced(**fence).add(keys[::-1], np.ones((len(keys), 2)))
     after = base.copy()
     np.add.at(after, keys, 2.0)
-    np.testing.assert_allclose(table.read_all(), after)
+    np.testing.assert_allclose(table.read(), after)
     restored = sum(a["restored_rows"] for a in group.broadcast("abort_step", step=5))
     assert restored == 5  # rows 0, 3, 7, 41, 49: each saved once
-    assert np.array_equal(table.read_all(), base)
+    assert np.array_equal(table.read(), base)
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float64"])
 def test_sparse_reads_and_writes_carry_the_same_rows_in_fewer_bytes(shards, dtype, storage):
-    """``sparse=True`` reads and writes send each row's non-zero entries only (a mostly-zero
-    block: about a tenth of the bytes) and give the very same rows as dense ones, across shards
-    and batches, keys in any order and repeated; a step's sparse writes roll back exactly."""
+    """Rows read and written as :class:`RowEntries` send each row's non-zero entries only (a
+    mostly-zero block: about a tenth of the bytes) and give the very same rows as dense ones,
+    across shards and batches; a step's entry writes roll back exactly."""
     servers, group = shards
     table = make_table(group, rows=300, width=40, dtype=dtype, storage=storage)
     rng = np.random.default_rng(3)
     base = (rng.random((300, 40)) < 0.08) * rng.integers(1, 9, (300, 40))
-    table.put(np.arange(300), np.full((300, 40), 7), sparse=True)
-    table.put(np.arange(300), base, sparse=True)  # a put replaces whole rows
-    assert np.array_equal(table.read_all(), base)
-    keys = rng.permutation(300)[:120]
+    table.write(np.arange(300), RowEntries.from_rows(np.full((300, 40), 7)))
+    table.write(range(0, 300), RowEntries.from_rows(base))  # a put replaces whole rows
+    assert np.array_equal(table.read(), base)
+    keys = np.sort(rng.permutation(300)[:120])
     before = sum(s.state.counters()["bytes_out"] for s in servers)
-    got = table.get(keys, sparse=True)
+    got = table.read_entries(keys)
     sparse_bytes = sum(s.state.counters()["bytes_out"] for s in servers) - before
-    assert got.dtype == table.get(keys).dtype and np.array_equal(got, base[keys])
-    assert sparse_bytes < 0.3 * base[keys].astype(got.dtype).nbytes, sparse_bytes
-    assert np.array_equal(table.get(np.arange(100, 180), sparse=True), base[100:180])  # a range
+    assert np.array_equal(got.keys, keys) and got.shape == (120, 40)
+    assert got.vals.dtype == table.read(keys).dtype and np.array_equal(got.toarray(), base[keys])
+    assert sparse_bytes < 0.3 * base[keys].astype(got.vals.dtype).nbytes, sparse_bytes
+    assert np.array_equal(table.read_entries(np.arange(100, 180)).toarray(), base[100:180])  # a run
+    with pytest.raises(ValueError, match="strictly increasing"):
+        table.read_entries(keys[::-1])
     delta = (rng.random((120, 40)) < 0.05) * rng.integers(-3, 4, (120, 40))
     delta[:5] = 0  # rows without a non-zero entry
-    keys2 = np.concatenate([keys[:100], keys[:20]])  # repeated keys add up
-    delta2 = np.concatenate([delta[:100], delta[:20]])
     group.broadcast("begin_step", step=9, num_workers=1, namespace="fit")
     fence = _enter(group, 9, 0, task=1)
-    table.fenced(**fence).inc(keys2, delta2, sparse=True)
+    table.fenced(**fence).add(keys, RowEntries.from_rows(delta))
     want = base.copy()
-    np.add.at(want, keys2, delta2)
-    assert np.array_equal(table.read_all(), want)
+    want[keys] += delta
+    assert np.array_equal(table.read(), want)
     group.broadcast("abort_step", step=9)
-    assert np.array_equal(table.read_all(), base)
+    assert np.array_equal(table.read(), base)
+    with pytest.raises(ValueError, match="121 offsets"):  # entries of another number of rows
+        table.add(keys, RowEntries.from_rows(np.ones((120, 40))[:-1]))
+    with pytest.raises(ValueError, match="width 39"):
+        table.add(keys, RowEntries.from_rows(np.ones((120, 39))))
     with pytest.raises(Exception, match="sparse"):
-        group.client(0).write_rows("contribute", table.layout.name, np.arange(2), np.ones((2, 40)), dtype,
-                                   {"round": 0}, sparse=True)
+        group.client(0).write_entries("contribute", table.layout.name, np.arange(2), np.array([0, 1, 2]),
+                                      np.array([0, 1], np.int32), np.ones(2), dtype, {"round": 0})
 
 
 def test_sparse_entries_refuse_column_indexes_outside_the_row():
@@ -340,7 +353,7 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
                                read_back=True)
                 ctx.contribute("g", range(0, 6), np.ones((6, 1)))
                 runner.tick(fences[w], rnd, rnd, None, ctx=ctx)
-                seen[(w, rnd)] = ("t" in ctx._pulled, ctx.pulled("t").copy(), table.get(keys))
+                seen[(w, rnd)] = ("t" in ctx._pulled, ctx.pulled("t").copy(), table.read(keys))
         except Exception as exc:  # noqa: BLE001 -- reported below
             errors.append(exc)
 
@@ -363,8 +376,8 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
     for w in range(3):
         for rnd in range(4):
             np.add.at(want, keys_of(w, rnd), 1.0)
-    assert np.array_equal(table.read_all()[:, 0], want)
-    assert np.array_equal(other.read_all()[:, 0], np.full(6, 12.0))
+    assert np.array_equal(table.read()[:, 0], want)
+    assert np.array_equal(other.read()[:, 0], np.full(6, 12.0))
 
 
 def _lone_worker(group, table):
@@ -418,7 +431,7 @@ def test_a_rounds_stream_reads_back_in_chunks_and_outlives_a_refused_round(shard
     stats = group.broadcast("stats")
     assert [s["round_streams"] for s in stats] == [2, 2] and [s["open_round_streams"] for s in stats] == [0, 0]
     assert np.array_equal(back[0][:, 0], np.ones(len(keys))) and np.array_equal(back[1][:, 0], np.full(len(keys), 3.0))
-    assert np.array_equal(back[1], table.get(keys))
+    assert np.array_equal(back[1], table.read(keys))
     group.broadcast("commit_step", step=1)
 
 
@@ -431,7 +444,7 @@ def test_a_round_reads_back_the_columns_it_names(shards, streamed):
 
     _, group = shards
     table = make_table(group, rows=2000, width=3, contrib_width=1)
-    table.put(range(0, 2000), np.arange(6000.0).reshape(2000, 3))
+    table.write(range(0, 2000), np.arange(6000.0).reshape(2000, 3))
     fence, runner = _lone_worker(group, table)
     keys = np.array([1999, 5, 1000, 7, 3])  # both shards, any order
     ctx = WorkerContext(0, 1, 1, 0, {"t": table.fenced(**fence)}, 0, 0)
@@ -444,7 +457,7 @@ def test_a_round_reads_back_the_columns_it_names(shards, streamed):
         runner.tick(fence, 0, 0, None, ctx=ctx)
     finally:
         group.stream_rounds(False)
-    full = table.get(keys)
+    full = table.read(keys)
     assert np.array_equal(full[:, 0], keys * 3.0 + 1.0)  # the pull ran: column 0 gained the sums
     assert np.array_equal(ctx.pulled("t"), full[:, [2, 0]])
     group.broadcast("commit_step", step=1)
@@ -468,7 +481,7 @@ def test_round_clocks_bsp_and_contributions(shards, storage):
             for i in range(2):
                 group.client(i).action("tick", **fences[w], round=rnd, wait_for=rnd, timeout=30,
                                        metrics={"n": 1.0} if i == 0 else None)
-            seen[(w, rnd)] = table.get([0, 9])[:, 0].copy()
+            seen[(w, rnd)] = table.read([0, 9])[:, 0].copy()
             order.append((w, rnd))
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
@@ -503,7 +516,7 @@ def test_a_rounds_contributions_sum_exactly_whatever_their_keys(shards, spread, 
     in any order, keys seen by one part only; rows nobody contributed to stay as they were."""
     servers, group = shards
     table = make_table(group, rows=1000, width=2, storage=storage)
-    table.put(range(0, 1000), np.full((1000, 2), -1.0))
+    table.write(range(0, 1000), np.full((1000, 2), -1.0))
     group.client(0).action("register_program", namespace="fit", payload=__import__("base64").b64encode(
         __import__("pyspark").cloudpickle.dumps(_Replace())).decode())
     rng = np.random.default_rng(spread)
@@ -518,7 +531,7 @@ def test_a_rounds_contributions_sum_exactly_whatever_their_keys(shards, spread, 
     for keys, vals in parts:
         np.add.at(want, keys, vals)
     want[np.isnan(want)] = -1.0
-    np.testing.assert_allclose(table.read_all(), want, rtol=1e-15)
+    np.testing.assert_allclose(table.read(), want, rtol=1e-15)
 
 
 def test_ssp_lets_a_worker_run_ahead_by_the_staleness_bound(shards):
@@ -548,14 +561,14 @@ def test_concurrent_clients_add_up(shards):
         rng = np.random.default_rng(seed)
         for _ in range(50):
             keys = rng.integers(0, 64, 20)
-            table.inc(keys, np.ones((20, 1), dtype=np.int64))
+            table.add(keys, np.ones((20, 1), dtype=np.int64))
 
     threads = [threading.Thread(target=hammer, args=(s,)) for s in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert table.read_all().sum() == 4 * 50 * 20
+    assert table.read().sum() == 4 * 50 * 20
 
 
 def test_malformed_requests_get_clear_errors(shards):
@@ -665,8 +678,8 @@ def test_fuzzed_requests_get_deliberate_errors_and_never_crash_or_hang(shards):
     # still serving, and correctly
     assert group.client(0).action("ping")["tables"] >= 1
     table = make_table(group, name="fit/after", rows=20, width=2)
-    table.put(range(0, 20), np.arange(40.0).reshape(20, 2))
-    assert np.array_equal(table.read_all(), np.arange(40.0).reshape(20, 2))
+    table.write(range(0, 20), np.arange(40.0).reshape(20, 2))
+    assert np.array_equal(table.read(), np.arange(40.0).reshape(20, 2))
 
 
 def test_oversized_tables_and_bad_write_schemas_are_refused_clearly(shards):
@@ -705,8 +718,8 @@ def test_tls_shard_serves_trusting_clients_only(certificates):
         assert info.uri.startswith("grpc+tls://")
         group = ShardGroup([info], TOKEN, tls_root_certs=cert)
         table = make_table(group, rows=50, width=2)
-        table.put(np.arange(50), np.arange(100.0).reshape(50, 2))
-        assert np.array_equal(table.get_range(0, 50), np.arange(100.0).reshape(50, 2))
+        table.write(np.arange(50), np.arange(100.0).reshape(50, 2))
+        assert np.array_equal(table.read(range(0, 50)), np.arange(100.0).reshape(50, 2))
         # a client trusting another certificate, and a plaintext client, get nothing
         distrust = ShardClient(info.uri, TOKEN, tls_root_certs=(certificates / "other.pem").read_bytes())
         with pytest.raises(ShardUnavailableError):
@@ -732,8 +745,8 @@ def test_a_mutual_tls_shard_serves_only_clients_with_the_runs_certificate(certif
         info = ShardInfo("127.0.0.1", server.port, 0, "exec", "mtls", tls=True)
         group = ShardGroup([info], TOKEN, tls_root_certs=cert, client_cert=run_client)
         table = make_table(group, rows=20, width=2)
-        table.put(np.arange(20), np.ones((20, 2)))
-        assert table.get_range(0, 20).sum() == 40.0
+        table.write(np.arange(20), np.ones((20, 2)))
+        assert table.read(range(0, 20)).sum() == 40.0
         shipped = __import__("pickle").loads(__import__("pickle").dumps(group))  # as tasks get it
         assert shipped.client_cert == run_client and shipped.client(0).action("ping")["shard"] == "mtls"
         for identity in (None, stranger):
@@ -912,33 +925,33 @@ def test_a_sparse_tables_memory_follows_its_non_zeros(shards):
     block = np.zeros((len(keys), width), np.int32)
     block[np.arange(len(keys)), rng.integers(0, width, len(keys))] = 3
     block[:400] = 1  # 400 full rows: stored dense
-    table.inc(keys, block, sparse=True)
+    table.add(keys, RowEntries.from_rows(block))
     nnz = int(np.count_nonzero(block))
     stats = [s.action_stats(None)["tables"]["fit/t"] for s in servers]
     assert sum(t["nonzeros"] for t in stats) == nnz
     assert sum(t["dense_rows"] for t in stats) == 400
     held = sum(t["bytes"] for t in stats)
     assert held < 24 * rows + 400 * width * 4 * 2 + 40 * nnz, held  # not rows x width x 4 = 800 MB
-    assert np.array_equal(table.get(keys, sparse=True), block)
+    assert np.array_equal(table.read_entries(keys).toarray(), block)
     # the full rows empty out inside a step: at its commit the dense rows go back to pairs
     group.broadcast("begin_step", step=1, num_workers=1, namespace="fit")
     fence = _enter(group, 1, 0, task=1)
     minus = np.full((400, width), -1, np.int32)
     minus[:, 0] = 0
-    table.fenced(**fence).inc(keys[:400], minus, sparse=True)
+    table.fenced(**fence).add(keys[:400], RowEntries.from_rows(minus))
     group.broadcast("commit_step", step=1)
     stats = [s.action_stats(None)["tables"]["fit/t"] for s in servers]
     assert sum(t["dense_rows"] for t in stats) == 0
     assert sum(t["bytes"] for t in stats) < held - 400 * width * 4
     block[:400] += minus
-    assert np.array_equal(table.get(keys, sparse=True), block)
-    assert np.array_equal(table.get_nonzero(0, rows)[0], keys)
+    assert np.array_equal(table.read(keys), block)
+    assert np.array_equal(table.read_entries(range(0, rows)).keys, keys)
 
 
 def test_entries_travel_across_shards_and_a_blocks_delta_is_exact(shards, storage):
-    """``get_entries`` gives the rows at sorted keys (over both shards, many batches) as their
-    CSR entries; ``csr_delta`` of a changed block against them, sent by ``inc_entries``, makes
-    the table equal the block, sending only the rows that changed."""
+    """``read_entries`` gives the rows at sorted keys (over both shards, many batches) as their
+    CSR entries; ``csr_delta`` of a changed block against them, sent by ``add``, makes the table
+    equal the block, sending only the rows that changed."""
     from pystrads.kernels.rows import csr_delta, csr_into
 
     servers, group = shards
@@ -946,12 +959,13 @@ def test_entries_travel_across_shards_and_a_blocks_delta_is_exact(shards, storag
     rng = np.random.default_rng(5)
     base = ((rng.random((3000, 40)) < 0.1) * rng.integers(1, 9, (3000, 40))).astype(np.int32)
     base[7] = 3  # a full row
-    table.put(np.arange(3000), base, sparse=True)
+    table.write(np.arange(3000), RowEntries.from_rows(base))
     keys = np.unique(rng.integers(0, 3000, 900))
-    entries = table.get_entries(keys)
+    got = table.read_entries(keys)
+    entries = got.csr
     block = np.empty((len(keys), 40), np.int32)
     csr_into(*entries, block, 0)
-    assert np.array_equal(block, base[keys])
+    assert np.array_equal(block, base[keys]) and np.array_equal(got.keys, keys)
     assert entries[0].dtype == np.int64 and len(entries[0]) == len(keys) + 1
     changed = rng.choice(len(keys), 100, replace=False)
     block[changed[:10]] = 0
@@ -959,18 +973,18 @@ def test_entries_travel_across_shards_and_a_blocks_delta_is_exact(shards, storag
     rows, offsets, cols, vals = csr_delta(block, *entries)
     assert np.array_equal(rows, np.sort(changed))
     before = sum(s.state.counters()["rows_in"] for s in servers)
-    table.inc_entries(keys[rows], offsets, cols, vals)
+    table.add(keys[rows], RowEntries(offsets, cols, vals, 40))
     assert sum(s.state.counters()["rows_in"] for s in servers) - before == 100
     want = base.copy()
     want[keys] = block
-    assert np.array_equal(table.read_all(), want)
+    assert np.array_equal(table.read(), want)
     with pytest.raises(ValueError, match="strictly increasing"):
-        table.get_entries(keys[::-1])
+        table.add(keys[rows][::-1], RowEntries(offsets, cols, vals, 40))
 
 
 def test_nonzero_entry_reads_send_the_nonzero_rows_entries_with_their_keys(shards, storage):
-    """``get_nonzero_entries`` gives the rows of a range that hold a non-zero value, with their
-    keys, as their entries: the same rows as ``get_nonzero``, across both shards and many batches."""
+    """``read_entries`` of a range gives the rows that hold a non-zero value, with their keys, as
+    their entries, across both shards and many batches."""
     from pystrads.kernels.rows import csr_into
 
     servers, group = shards
@@ -979,16 +993,14 @@ def test_nonzero_entry_reads_send_the_nonzero_rows_entries_with_their_keys(shard
     keys = np.unique(rng.integers(0, 20000, 3000))
     rows = ((rng.random((len(keys), 30)) < 0.1) * rng.integers(1, 5, (len(keys), 30))).astype(np.int32)
     rows[:, 0] += 1  # every row non-zero
-    table.put(keys, rows, sparse=True)
+    table.write(keys, RowEntries.from_rows(rows))
     for lo, hi in ((0, 20000), (5000, 15000), (0, 0)):
-        got_keys, offsets, cols, vals = table.get_nonzero_entries(lo, hi)
-        want_keys, want_rows = table.get_nonzero(lo, hi)
-        assert np.array_equal(got_keys, want_keys)
-        block = np.empty((len(got_keys), 30), np.int32)
-        csr_into(offsets, cols, vals, block, 0)
-        assert np.array_equal(block, want_rows)
-    sub = (keys >= 5000) & (keys < 15000)
-    assert np.array_equal(table.get_nonzero_entries(5000, 15000)[0], keys[sub])
+        got = table.read_entries(range(lo, hi))
+        sub = (keys >= lo) & (keys < hi)
+        assert np.array_equal(got.keys, keys[sub])
+        block = np.empty((len(got.keys), 30), np.int32)
+        csr_into(*got.csr, block, 0)
+        assert np.array_equal(block, rows[sub])
 
 
 def test_two_fits_step_at_once_each_with_its_own_fence_clocks_and_undo_log(shards, storage):
@@ -998,8 +1010,8 @@ def test_two_fits_step_at_once_each_with_its_own_fence_clocks_and_undo_log(shard
     _, group = shards
     a = make_table(group, name="fa/t", rows=40, width=1, dtype="int64", storage=storage)
     b = make_table(group, name="fb/t", rows=40, width=1, dtype="int64", storage=storage)
-    a.put(np.arange(40), np.zeros((40, 1), dtype=np.int64))
-    b.put(np.arange(40), np.zeros((40, 1), dtype=np.int64))
+    a.write(np.arange(40), np.zeros((40, 1), dtype=np.int64))
+    b.write(np.arange(40), np.zeros((40, 1), dtype=np.int64))
     for ns in ("fa", "fb"):
         group.broadcast("begin_step", step=3, num_workers=1, namespace=ns)
 
@@ -1010,17 +1022,17 @@ def test_two_fits_step_at_once_each_with_its_own_fence_clocks_and_undo_log(shard
         return fence
 
     fa, fb = enter("fa", 20), enter("fb", 21)
-    a.fenced(**fa).inc(np.arange(0, 40, 3), np.ones((14, 1), dtype=np.int64))
-    b.fenced(**fb).inc(np.arange(40), np.full((40, 1), 2, dtype=np.int64))
+    a.fenced(**fa).add(np.arange(0, 40, 3), np.ones((14, 1), dtype=np.int64))
+    b.fenced(**fb).add(np.arange(40), np.full((40, 1), 2, dtype=np.int64))
     with pytest.raises(ShardUnavailableError, match="unfenced write while step 3 is open"):
-        a.inc([0], [[1]])  # the fit's own step is open: its table takes fenced writes only
+        a.add([0], [[1]])  # the fit's own step is open: its table takes fenced writes only
     with pytest.raises(ShardUnavailableError, match="2 fits have a step open; the request must name"):
         group.client(0).action("metrics")
     fa2 = enter("fa", 22)  # fa's stage is retried: only fa's rows roll back
-    assert a.read_all()[:, 0].sum() == 0 and b.read_all()[:, 0].sum() == 80
+    assert a.read()[:, 0].sum() == 0 and b.read()[:, 0].sum() == 80
     with pytest.raises(ShardUnavailableError, match="zombie|failed attempt"):
-        a.fenced(**fa).inc([1], [[1]])
-    a.fenced(**fa2).inc([5], [[7]])
+        a.fenced(**fa).add([1], [[1]])
+    a.fenced(**fa2).add([5], [[7]])
     for i in range(len(group.shards)):  # a round of each fit, ticked independently
         group.client(i).action("tick", **fb, round=0, wait_for=0, timeout=10, metrics={"n": 2.0} if i == 0 else None)
         group.client(i).action("tick", **fa2, round=0, wait_for=0, timeout=10, metrics={"n": 1.0} if i == 0 else None)
@@ -1028,10 +1040,10 @@ def test_two_fits_step_at_once_each_with_its_own_fence_clocks_and_undo_log(shard
     assert group.client(0).action("metrics", namespace="fb")["rounds"]["0"]["n"] == 2.0
     group.broadcast("commit_step", step=3, namespace="fb")
     restored = sum(r["restored_rows"] for r in group.broadcast("abort_step", step=3, namespace="fa"))
-    assert restored >= 1 and a.read_all()[:, 0].sum() == 0
-    assert b.read_all()[:, 0].sum() == 80
-    a.inc([0], [[1]])  # both closed: unfenced writes again
-    assert a.read_all()[0, 0] == 1
+    assert restored >= 1 and a.read()[:, 0].sum() == 0
+    assert b.read()[:, 0].sum() == 80
+    a.add([0], [[1]])  # both closed: unfenced writes again
+    assert a.read()[0, 0] == 1
 
 
 def test_blobs_round_trip_exactly_and_a_snapshot_series_holds_two_at_most(shards):
@@ -1216,14 +1228,13 @@ for storage in ("dense", "sparse"):
     rows = np.zeros((100, 4)); rows[::3, 1] = 2.0
     client.write_rows("put", name, np.arange(100, dtype=np.int64), rows, "float64")
     assert np.array_equal(client.get_rows(name, 4, "float64", np.arange(100, dtype=np.int64)), rows)
-    keys, got = client.get_nonzero_rows(name, 4, "float64", 0, 100)
-    assert np.array_equal(keys, np.arange(0, 100, 3))
-    keys, offsets, cols, vals = client.get_nonzero_entries(name, "float64", 0, 100)
-    assert np.array_equal(cols, np.ones(34)) and np.array_equal(vals, np.full(34, 2.0))
+    got = client.get_entries(name, 4, "float64", start=0, stop=100)
+    assert np.array_equal(got.keys, np.arange(0, 100, 3))
+    assert np.array_equal(got.cols, np.ones(34)) and np.array_equal(got.vals, np.full(34, 2.0))
     client.write_entries("inc", name, np.array([1, 2], dtype=np.int64), np.array([0, 1, 2]), np.array([0, 3], np.int32),
                          np.array([1.0, 5.0]), "float64")
-    offsets, cols, vals = client.get_entries(name, "float64", np.array([1, 2], dtype=np.int64))
-    assert np.array_equal(cols, [0, 3]) and np.array_equal(vals, [1.0, 5.0])
+    got = client.get_entries(name, 4, "float64", keys=np.array([1, 2], dtype=np.int64))
+    assert np.array_equal(got.cols, [0, 3]) and np.array_equal(got.vals, [1.0, 5.0])
 blob = np.random.default_rng(0).bytes(5 << 20)
 client.put_blob("fit/state/0/0", blob)
 assert client.get_blob("fit/state/0/0") == blob
@@ -1279,9 +1290,9 @@ def test_a_stale_loop_epoch_is_refused_every_step_action_and_write(shards):
     begin = dict(num_workers=1, namespace="fit")
     group.broadcast("begin_step", step=1, epoch=1, **begin)
     old = table.fenced(step=1, epoch=1, namespace="fit")
-    old.inc(np.arange(10), np.ones((10, 1)))  # the loop's own write, in its open step
+    old.add(np.arange(10), np.ones((10, 1)))  # the loop's own write, in its open step
     assert [a["epoch"] for a in group.broadcast("claim", namespace="fit", epoch=2)] == [2, 2]
-    refused = [lambda: old.inc(np.arange(10), np.ones((10, 1))),
+    refused = [lambda: old.add(np.arange(10), np.ones((10, 1))),
                lambda: group.broadcast("commit_step", step=1, namespace="fit", epoch=1),
                lambda: group.broadcast("abort_step", step=1, namespace="fit", epoch=1),
                lambda: group.client(0).action("post", namespace="fit", command={"kind": "finish"}, epoch=1),
@@ -1293,11 +1304,11 @@ def test_a_stale_loop_epoch_is_refused_every_step_action_and_write(shards):
             call()
     assert group.client(0).get_blob("fit/loop/journal") is None
     group.broadcast("abort_step", step=1, namespace="fit", epoch=2)  # the successor settles the step
-    np.testing.assert_array_equal(table.read_all(), np.zeros((10, 1)))  # the old loop's write rolled back
+    np.testing.assert_array_equal(table.read(), np.zeros((10, 1)))  # the old loop's write rolled back
     group.broadcast("begin_step", step=1, epoch=2, **begin)
-    table.fenced(step=1, epoch=2, namespace="fit").inc(np.arange(10), np.full((10, 1), 2.0))
+    table.fenced(step=1, epoch=2, namespace="fit").add(np.arange(10), np.full((10, 1), 2.0))
     group.broadcast("commit_step", step=1, namespace="fit", epoch=2)
-    np.testing.assert_array_equal(table.read_all(), np.full((10, 1), 2.0))
+    np.testing.assert_array_equal(table.read(), np.full((10, 1), 2.0))
 
 
 def test_the_loops_writes_belong_to_the_open_step(shards):
@@ -1306,13 +1317,13 @@ def test_the_loops_writes_belong_to_the_open_step(shards):
     servers, group = shards
     table = make_table(group, name="fit/t", rows=6, width=1)
     group.broadcast("begin_step", step=4, num_workers=1, namespace="fit", epoch=1)
-    table.fenced(step=4, epoch=1, namespace="fit").put(np.arange(6), np.full((6, 1), 7.0))
+    table.fenced(step=4, epoch=1, namespace="fit").write(np.arange(6), np.full((6, 1), 7.0))
     with pytest.raises(ShardUnavailableError, match="wrote for step 3 but the open step is 4"):
-        table.fenced(step=3, epoch=1, namespace="fit").put(np.arange(6), np.ones((6, 1)))
+        table.fenced(step=3, epoch=1, namespace="fit").write(np.arange(6), np.ones((6, 1)))
     with pytest.raises(ShardUnavailableError, match="unfenced write while step 4 is open"):
-        table.put(np.arange(6), np.ones((6, 1)))
+        table.write(np.arange(6), np.ones((6, 1)))
     group.broadcast("abort_step", step=4, namespace="fit", epoch=1)
-    np.testing.assert_array_equal(table.read_all(), np.zeros((6, 1)))
+    np.testing.assert_array_equal(table.read(), np.zeros((6, 1)))
 
 
 def test_a_shard_that_misses_its_deadline_is_lost_and_delays_no_other_heartbeat(shards, monkeypatch):

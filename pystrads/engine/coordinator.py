@@ -339,25 +339,22 @@ class RelayedTable:
     def name(self) -> str:
         return self.layout.name
 
-    def read_all(self) -> np.ndarray:
+    def read(self, where: Optional[range] = None) -> np.ndarray:
+        """The rows of ``where`` (a ``range``; ``None``: the whole table), as
+        :meth:`TableHandle.read <pystrads.ps.client.TableHandle.read>` gives them."""
         from ..ps.relay import through_spark
 
-        return through_spark(self.spark, self.group, _read_all, self.layout)
-
-    def get_range(self, start: int, stop: int) -> np.ndarray:
-        from ..ps.relay import through_spark
-
-        return through_spark(self.spark, self.group, _read_range, self.layout, int(start), int(stop))
+        if where is not None and (not isinstance(where, range) or where.step != 1):
+            raise TypeError(f"table {self.layout.short_name!r}: a relayed read takes a range of rows or None, "
+                            f"got {where!r}")
+        where = range(0, self.layout.num_rows) if where is None else where
+        return through_spark(self.spark, self.group, _read_range, self.layout, where.start, where.stop)
 
     def __getattr__(self, attr: str):
         raise AttributeError(f"{attr}: a table of a fit whose scheduler ran in its job is read from here with "
-                             "read_all() or get_range(start, stop) (each a Spark job); read large tables on the "
+                             "read() or read(range(start, stop)) (each a Spark job); read large tables on the "
                              "executors with pystrads.engine.frames.shard_frame")
 
 
-def _read_all(group, layout: TableLayout) -> np.ndarray:
-    return group.table(layout).read_all()
-
-
 def _read_range(group, layout: TableLayout, start: int, stop: int) -> np.ndarray:
-    return np.array(group.table(layout).get_range(start, stop))
+    return np.array(group.table(layout).read(range(start, stop)))

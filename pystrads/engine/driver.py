@@ -460,7 +460,7 @@ class FitResult:
 
     def read_table(self, name: str) -> np.ndarray:
         """The whole table on the driver (mind memory for big models)."""
-        return self.engine.table(name).read_all()
+        return self.engine.table(name).read()
 
     def map_states(self, fn: Callable[[int, Any, Any], Any]) -> List[Any]:
         return self.engine.map_states(fn)

@@ -22,8 +22,8 @@ A :class:`Program` declares its model :class:`Table` s and implements
   read current parameter values through ``ctx.table(name)`` (dynamic
   schedules) and should size the step with ``ctx.rounds_hint``;
 * ``push(ctx, data, state, work) -> state`` -- on each worker, once per
-  round: read the rows it needs (``ctx.table(name).get``), compute on local
-  data, and write (``inc`` / ``put``) or send partial sums (``contribute``);
+  round: read the rows it needs (``ctx.table(name).read``), compute on local
+  data, and write (``add`` / ``write``) or send partial sums (``contribute``);
 * ``pull(table, keys, partials, current) -> new_rows`` -- on the **shards**,
   where the rows live: turns the summed contributions of every worker for
   a round into the table's new rows (server-side aggregation);
@@ -423,7 +423,7 @@ class WorkerContext:
                 f"contribute({name!r}, ...) in apply: round {self.local_round}'s pull has already run once every "
                 "worker's contributions arrived, so there is no round left to add it to. Contribute in push "
                 "(the contributions travel with the round's clock tick and apply reads the result with "
-                "ctx.pulled), or write the table directly with ctx.table(name).inc")
+                "ctx.pulled), or write the table directly with ctx.table(name).add")
         columns = None
         if read_back is not False and read_back is not True and read_back is not None:
             width = self.table(name).layout.width
@@ -447,7 +447,7 @@ class WorkerContext:
         if name not in self._read_back:
             raise KeyError(f"table {name!r}: no contribute(..., read_back=True) in round {self.local_round}")
         if name not in self._pulled:  # the runtime did not bring them with the tick
-            rows = self.table(name).get(self._read_back[name])
+            rows = self.table(name).read(self._read_back[name])
             columns = self._read_columns.get(name)
             self._pulled[name] = rows if columns is None else np.ascontiguousarray(rows[:, list(columns)])
         return self._pulled[name]

@@ -270,46 +270,16 @@ class _Worker:
         the round's contributions (``ctx``'s outbox) with the tick: one exchange per shard
         that receives any, which also brings back the rows ``ctx.pulled`` will give."""
         timeout = self.spec.timeout
-        parts: Dict[int, list] = {i: [] for i in self.shards}
-        for c in (ctx._take_outbox() if ctx is not None else []):
-            handle = ctx.table(c.table)
-            for shard, keys, rows in handle.contribution_parts(c.keys, c.partials):
-                parts[shard].append((handle, keys, rows, c.read_back, c.columns))
-
-        def call(i):
-            head = dict(fence, round=rnd, wait_for=wait_for, timeout=timeout)
-            if i == 0:
-                head.update(metrics=metrics, late=late, late_round=rnd - 1)
-            client = self.group.client(i)
-            mine = sorted(parts[i], key=lambda p: not p[3])  # a read-back part rides the exchange
-            if not mine:
-                client.action(Action.TICK, **head)
-                return []
-            for handle, keys, rows, _, _ in mine[1:]:  # more than one table this round: sent first
-                if isinstance(keys, range):
-                    client.write_rows("contribute", handle.name, None, rows, "float64", dict(fence, round=rnd),
-                                      start=keys.start)
-                else:
-                    client.write_rows("contribute", handle.name, keys, rows, "float64", dict(fence, round=rnd))
-            handle, keys, rows, read_back, columns = mine[0]
-            pulled = client.exchange_round(head, handle.name, keys, rows,
-                                           (handle.layout.width, handle.layout.dtype) if read_back else None,
-                                           columns=columns)
-            back = [(handle.layout.short_name, np.asarray(keys), pulled)] if read_back else []
-            for h, k, _, rb, cols in mine[1:]:
-                if rb:
-                    k = np.asarray(k, dtype=np.int64)
-                    got = client.get_rows(h.name, h.layout.width, h.layout.dtype, keys=k)
-                    back.append((h.layout.short_name, k,
-                                 got if cols is None else np.ascontiguousarray(got[:, list(cols)])))
-            return back
-
-        answers = fan_out([lambda i=i: call(i) for i in self.shards])
+        heads = {i: dict(fence, round=rnd, wait_for=wait_for, timeout=timeout) for i in self.shards}
+        if 0 in heads:
+            heads[0].update(metrics=metrics, late=late, late_round=rnd - 1)
+        contributions = [(ctx.table(c.table), c.keys, c.partials, c.read_back, c.columns)
+                         for c in (ctx._take_outbox() if ctx is not None else [])]
+        pieces_back = self.group.exchange_round(heads, contributions)
         if ctx is not None and ctx._read_back:
             got: Dict[str, list] = {}
-            for back in answers:
-                for name, k, rows in back:
-                    got.setdefault(name, []).append((k, rows))
+            for name, k, rows in pieces_back:
+                got.setdefault(name, []).append((k, rows))
             for name, pieces in got.items():
                 pieces.sort(key=lambda p: int(p[0][0]) if len(p[0]) else -1)
                 keys = np.concatenate([p[0] for p in pieces])

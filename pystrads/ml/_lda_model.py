@@ -218,9 +218,9 @@ def fitted_topics(spark, result, vocab_size: int, k: int, config: Config) -> Wor
     def read(reader, task):
         table = reader.table("word_topic")
         for lo in range(task[0], task[1], step):
-            terms, offsets, topics, counts = table.get_nonzero_entries(lo, min(task[1], lo + step))
-            if len(terms):
-                yield _entries_batch(terms, offsets, topics, counts)
+            got = table.read_entries(range(lo, min(task[1], lo + step)))
+            if len(got.keys):
+                yield _entries_batch(got.keys, *got.csr)
 
     frame = keep_frame(shard_frame(spark, result, tasks, read, ENTRIES_SCHEMA), result, "word_topic")
     return WordTopics(frame, totals, int(vocab_size))

@@ -76,13 +76,14 @@ def _solve(program, ctx, step, objective, clearing: list) -> None:
     fresh = "gram_rows" in d
     if fresh:  # a step just summed the Gram matrix of d["gram_set"] into the table: solve on it
         m = len(d["gram_set"])  # the shards send the non-zero entries only: O(nnz), never m^2, here
-        keys, vals = ctx.table("gram").get_nonzero(0, m * m)
-        clearing.append(_in_background(ctx.table("gram").put, keys, np.zeros(len(keys))))  # clean for the
+        gram = ctx.table("gram").read_entries(range(0, m * m))  # (width 1: an entry per non-zero key)
+        keys, vals = gram.keys, gram.vals
+        clearing.append(_in_background(ctx.table("gram").write, keys, np.zeros(len(keys))))  # clean for the
         # next working set, while the solve below runs (the kernel releases the GIL)
         rows, cols = np.divmod(keys, m)
         indptr = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-        d["gram"] = (indptr, cols, vals[:, 0].copy())
+        d["gram"] = (indptr, cols, np.asarray(vals, dtype=np.float64))
         del d["gram_rows"]
     if np.count_nonzero(nonzero) > (3 * program.gram_limit) // 4 or len(active) == 0:
         d.pop("gram_set", None)
@@ -115,5 +116,5 @@ def _solve(program, ctx, step, objective, clearing: list) -> None:
     rows = coef[gs].copy()
     rows[:, DELTA] = beta - rows[:, BETA]
     rows[:, BETA] = beta
-    ctx.table("coef").put(gs, rows)
+    ctx.table("coef").write(gs, rows)
     d["pending"] = gs

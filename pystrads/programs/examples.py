@@ -71,9 +71,9 @@ class RotationSum(Program):
     def push(self, ctx, data, state, block):
         lo, hi = int(data["bounds"][block]), int(data["bounds"][block + 1])
         table = ctx.table("sums")
-        rows = table.get_range(lo, hi)
+        rows = table.read(range(lo, hi))
         rows[:, 0] += data["local"][lo:hi]
-        table.put(np.arange(lo, hi), rows)
+        table.write(np.arange(lo, hi), rows)
         ctx.report(updated=hi - lo)
         return state
 
@@ -139,7 +139,7 @@ class BlockLeastSquares(Program):
 
     def apply(self, ctx, data, state, group):
         cols = self.groups[group]
-        new = ctx.table("x").get(cols)[:, 0]
+        new = ctx.table("x").read(cols)[:, 0]
         delta = new - state["x"][cols]
         state["x"][cols] = new
         state["residual"] -= data["a"][:, cols] @ delta
@@ -211,7 +211,7 @@ class PriorityLasso(Program):
     def schedule(self, ctx):
         if ctx.rounds_done >= self.max_rounds:
             return None
-        x = ctx.table("x").read_all()
+        x = ctx.table("x").read()
         priority = np.maximum(x[:, 1], self.eta)
         rng = np.random.default_rng([ctx.seed, ctx.step])
         n = min(self.pipeline_depth, self.max_rounds - ctx.rounds_done)
@@ -232,18 +232,18 @@ class PriorityLasso(Program):
         return np.column_stack([new, (new - old) ** 2 + self.eta])
 
     def apply(self, ctx, data, state, coords):
-        new = ctx.table("x").get(coords)[:, 0]
+        new = ctx.table("x").read(coords)[:, 0]
         delta = new - state["x"][coords]
         state["x"][coords] = new
         state["residual"] -= data["a"][:, coords] @ delta
         return state
 
     def after_step(self, ctx, metrics):
-        x = ctx.table("x").read_all()[:, 0]
+        x = ctx.table("x").read()[:, 0]
         objective = metrics.last("loss") + self.lam * float(np.abs(x).sum())
         ctx.record(objective=objective, updates=(ctx.rounds_done + len(metrics.rounds)))
         if self._last is not None and abs(self._last - objective) <= self.tol * max(1.0, abs(objective)) \
-                and float(ctx.table("x").read_all()[:, 1].max()) <= 2 * self.eta + self.tol:
+                and float(ctx.table("x").read()[:, 1].max()) <= 2 * self.eta + self.tol:
             ctx.stop("converged")
         self._last = objective
 
@@ -253,7 +253,7 @@ class DataParallelSGD(Program):
 
     Least squares by full-batch gradient steps: every round each worker reads
     the whole weight vector (possibly ``staleness`` rounds stale), computes
-    its rows' gradient and ``inc``-s ``-lr * gradient``.  The schedule is
+    its rows' gradient and ``add``-s ``-lr * gradient``.  The schedule is
     empty (``Schedule.data_parallel``).  Input records: ``(row id, a_row, b)``.
     """
 
@@ -280,10 +280,10 @@ class DataParallelSGD(Program):
     def push(self, ctx, data, state, work):
         table = ctx.table("w")
         keys = np.arange(self.num_features)
-        w = table.get(keys)[:, 0]
+        w = table.read(keys)[:, 0]
         err = data["a"] @ w - data["b"]
         ctx.report(loss=0.5 * float(err @ err))
-        table.inc(keys, (-self.lr / self.num_rows) * (data["a"].T @ err))
+        table.add(keys, (-self.lr / self.num_rows) * (data["a"].T @ err))
         return state
 
     def after_step(self, ctx, metrics):
@@ -308,7 +308,7 @@ class CounterProgram(Program):
         return sum(1 for _ in records)
 
     def init_state(self, ctx, data):
-        ctx.table("counter").inc([self.num_keys], [[1]])
+        ctx.table("counter").add([self.num_keys], [[1]])
         return 0
 
     def schedule(self, ctx):
@@ -318,7 +318,7 @@ class CounterProgram(Program):
 
     def push(self, ctx, data, state, work):
         key = (ctx.worker + ctx.round) % self.num_keys
-        ctx.table("counter").inc([key, self.num_keys], [[(ctx.worker + 1) * (ctx.round + 1)], [1]])
+        ctx.table("counter").add([key, self.num_keys], [[(ctx.worker + 1) * (ctx.round + 1)], [1]])
         return state + 1
 
     def expected(self, num_workers: int) -> np.ndarray:
@@ -377,11 +377,11 @@ class EveryRoundProgram(Program):
     def schedule(self, ctx):
         if ctx.rounds_done >= self.rounds:
             return None
-        score = ctx.table("score").read_all()[:, 0]
+        score = ctx.table("score").read()[:, 0]
         return Schedule.shared([int(np.argmin(score))])  # the least-visited row next
 
     def push(self, ctx, data, state, work):
-        ctx.table("score").inc([work], [[1.0]])
+        ctx.table("score").add([work], [[1.0]])
         return state + 1
 
 

@@ -286,15 +286,15 @@ class LassoProgram(Program):
         rows = self._feature_rows(coef)  # the sums go on each feature's first coefficient
         rows[:, 0, CURV] = sum_xx
         rows[:, 0, MEAN] = sum_x
-        ctx.table("coef").inc(range(0, len(coef)), coef)
+        ctx.table("coef").add(range(0, len(coef)), coef)
         row_counts = np.bincount(data["row_idx"], minlength=len(y)).astype(np.float64)
-        ctx.table("totals").inc([0], [[w.sum(), (w * w).sum(), (w * y).sum(), (w * y * y).sum(), len(y),
+        ctx.table("totals").add([0], [[w.sum(), (w * w).sum(), (w * y).sum(), (w * y * y).sum(), len(y),
                                        len(data["vals"]), float(row_counts @ row_counts)]])
         state = self._initial_state(data)
         if "validation" in data:  # the validation rows' residual (margins) follows the same steps
             state["validation"] = self._initial_state(data["validation"])
         partials = self._sweep_partials(ctx, data, state)
-        ctx.table("grad").inc(range(0, len(partials)), partials)
+        ctx.table("grad").add(range(0, len(partials)), partials)
         return state
 
     def _initial_state(self, data) -> Dict[str, np.ndarray]:
@@ -319,7 +319,7 @@ class LassoProgram(Program):
         """``1 / W`` (the total weight, summed by the init step): partial sums travel
         pre-divided so ``pull`` needs no global figure."""
         if "inv_w" not in state:
-            total = float(ctx.table("totals").get([0])[0, 0])
+            total = float(ctx.table("totals").read([0])[0, 0])
             state["inv_w"] = 1.0 / total if total > 0 else 0.0
         return state["inv_w"]
 
@@ -340,7 +340,7 @@ class LassoProgram(Program):
             kind, coords = work
             if kind == "gram":
                 keys, vals = K.gram_entries(data["col_ptr"], data["row_idx"], data["vals"], coords, w, len(w))
-                ctx.table("gram").inc(keys, vals * inv_w)  # duplicate keys add up
+                ctx.table("gram").add(keys, vals * inv_w)  # duplicate keys add up
             return state
         z, c_omega = np.empty(len(work)), np.empty(len(work))
         c_plain = np.zeros(len(work))
@@ -372,7 +372,7 @@ class LassoProgram(Program):
             kind, work = work
             if kind != "delta":
                 return state
-            delta = ctx.table("coef").get(work)[:, DELTA]
+            delta = ctx.table("coef").read(work)[:, DELTA]
         else:
             delta = ctx.pulled("coef")[:, 0]  # (the DELTA column read back)
         K.add_columns(data["col_ptr"], data["row_idx"], data["vals"], work, delta, state["r"], -1.0)
@@ -403,7 +403,7 @@ class LassoProgram(Program):
     def _prepare(self, ctx) -> None:
         """First schedule: column statistics -> curvature, penalty, mean on the shards."""
         d = self._d
-        tot = ctx.table("totals").read_all()[0]
+        tot = ctx.table("totals").read()[0]
         W, W2, Sy, Syy, n, nnz, row_sq = (float(v) for v in tot)
         d.update(W=W, W2=W2, Sy=Sy, Syy=Syy, n=int(n), nnz=int(nnz))
         if W <= 0:
@@ -414,7 +414,7 @@ class LassoProgram(Program):
             ctx.record(coordinates_per_round=L)
         Lp = 2 * L if self.candidates_per_round == "auto" else self.candidates_per_round
         d["width"] = (int(L), int(Lp))
-        coef = ctx.table("coef").read_all()
+        coef = ctx.table("coef").read()
         J = self.num_features
         rows = self._feature_rows(coef)
         sum_x, sum_xx = rows[:, 0, MEAN].copy(), rows[:, 0, CURV].copy()
@@ -437,10 +437,10 @@ class LassoProgram(Program):
         coef[:, BETA] = 0.0
         coef[:, DELTA] = 0.0
         self._extra_prepare(coef)
-        ctx.table("coef").put(range(0, len(coef)), coef)
+        ctx.table("coef").write(range(0, len(coef)), coef)
         d.update(mean=_read_only(mean), std=_read_only(std), frozen=_read_only(frozen), coef=coef, cursor=0,
                  updates=0, round_updates=0, history=[], gap=np.inf)  # (read-only: fixed for the fit)
-        d["grad_rows"] = ctx.table("grad").read_all() / W  # the init step sent raw sums
+        d["grad_rows"] = ctx.table("grad").read() / W  # the init step sent raw sums
         d["sums"] = self._init_sums()
         d["grad"] = self._driver_gradient(d["grad_rows"], coef, d["sums"])
         d["objective"] = self._objective0()
@@ -491,14 +491,14 @@ class LassoProgram(Program):
         d = self._d
         coef = self._read_coef(ctx)
         sums = {key: metrics.last(key, 0.0) for key in ("wr", "wrr", "loss", "su", "sh")}
-        rows = ctx.table("grad").read_all()
+        rows = ctx.table("grad").read()
         grad = self._driver_gradient(rows, coef, sums)
         d["coef"], d["grad"], d["sums"], d["grad_rows"] = coef, grad, sums, rows
         return self._objective(coef, sums)
 
     def _read_coef(self, ctx) -> np.ndarray:
         """The ``coef`` table as the step left it (read after every step)."""
-        return ctx.table("coef").read_all()
+        return ctx.table("coef").read()
 
     def _objective(self, coef, sums) -> float:
         W = self._d["W"]

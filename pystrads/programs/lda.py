@@ -195,7 +195,7 @@ class _HeldOut:
         denominator = totals.astype(np.float64) + vocab_size * beta
         for d0, d1, words, rows in self.runs:
             counts = np.empty((len(words), len(alpha)))
-            csr_into(*word_topic.get_entries(words), counts, 0)
+            csr_into(*word_topic.read_entries(words).csr, counts, 0)
             phi = (counts + beta) / denominator
             del counts
             ptr = self.doc_ptr[d0:d1 + 1] - self.doc_ptr[d0]
@@ -264,7 +264,7 @@ class _Ready:
 
 
 def _entries(rows: np.ndarray):
-    """A block's non-zero entries (offsets as int64), as :meth:`TableHandle.get_entries` gives them."""
+    """A block's non-zero entries (offsets as int64), as :meth:`TableHandle.read_entries` gives them."""
     from ..kernels.rows import to_csr
 
     offsets, cols, vals = to_csr(rows)
@@ -524,10 +524,10 @@ class LDAProgram(Program):
         for block in range(self.num_workers):  # the initial counts, run by run, as entries (every
             words = data.block_words[block]  # row of a block has tokens on this worker)
             for a, b, t_lo, t_hi, _ in data.runs[block]:
-                ctx.table("word_topic").inc_entries(words[a:b], *K.count_word_topic_entries(
-                    data.token_row, token_topic, t_lo, t_hi, a, b - a, self.num_topics))
+                ctx.table("word_topic").add(words[a:b], RowEntries(*K.count_word_topic_entries(
+                    data.token_row, token_topic, t_lo, t_hi, a, b - a, self.num_topics), self.num_topics))
         totals = K.count_topic_totals(token_topic, self.num_topics)
-        ctx.table("topic_totals").inc([0], totals.reshape(1, -1))
+        ctx.table("topic_totals").add([0], totals.reshape(1, -1))
         ctx.report(tokens=data.num_tokens, docs=len(data.doc_ids))
         # threads past the first draw from streams of their own (the first keeps the worker's)
         return _WorkerState(token_topic, rng, [new_state(self.seed, ctx.worker + (t << 40))
@@ -586,7 +586,7 @@ class LDAProgram(Program):
         elif state.next_totals is not None and state.next_totals[:2] == (ctx.step, ctx.round):
             totals = state.next_totals[2]
         else:
-            totals = totals_table.get_range(0, 1)[0]
+            totals = totals_table.read(range(0, 1))[0]
         state.next_totals, state.asked_totals = None, False
         # reads, writes and sampling overlap (background Flight calls, a nogil kernel): the next
         # run of rows arrives and the last one's deltas leave while a run is sampled
@@ -623,7 +623,7 @@ class LDAProgram(Program):
                     touched, d_offsets, d_cols, d_vals = K.row_store_delta(*rows, *before, self.num_topics) \
                         if stored else csr_delta(rows, *before)
                     if len(touched):
-                        ctx.background(word_topic.inc_entries, words[a:b][touched], d_offsets, d_cols, d_vals)
+                        ctx.background(word_topic.add, words[a:b][touched], RowEntries(d_offsets, d_cols, d_vals, self.num_topics))
                 if hold and not ctx.last_round:
                     now = K.row_store_entries(*rows) if stored else rows
                     state.kept_rows = _Kept(ctx.step, block, now, (now if stored else _entries(rows)) if write
@@ -654,7 +654,7 @@ class LDAProgram(Program):
         :func:`~pystrads.kernels.rows.csr_delta` diffs against)."""
         from ..kernels.rows import csr_into
 
-        entries = word_topic.get_entries(keys)
+        entries = word_topic.read_entries(keys).csr
         rows = block[:len(keys)]
         csr_into(*entries, rows, 0)
         return rows, entries
@@ -669,7 +669,7 @@ class LDAProgram(Program):
     def _read_store(self, word_topic, keys: np.ndarray, data: _WorkerData, run: _Run):
         """``(store, entries)``: the word_topic rows of ``keys`` (the run's) as a row store for the
         store samplers, and the entries it was made from."""
-        entries = word_topic.get_entries(keys)
+        entries = word_topic.read_entries(keys).csr
         return self._store(entries, data, run), entries
 
     def _sample_run(self, ctx, sampler, data: _WorkerData, state: _WorkerState, run: _Run, rows: np.ndarray,
@@ -710,7 +710,7 @@ class LDAProgram(Program):
             state.next_totals = (ctx.step, ctx.round + 1, np.array(ctx.pulled("topic_totals")[0]))
         if self.validation_due(ctx.round):  # every worker's writes of the iteration are in: score
             held = data.validation
-            totals = state.next_totals[2] if state.asked_totals else ctx.table("topic_totals").get_range(0, 1)[0]
+            totals = state.next_totals[2] if state.asked_totals else ctx.table("topic_totals").read(range(0, 1))[0]
             ll = held.log_likelihood(ctx.table("word_topic"), totals, self.alpha, self.beta, self.vocab_size,
                                      self.fold_in_iterations, self.seed) if held.num_tokens else 0.0
             ctx.report(val_ll=ll, val_tokens=held.num_tokens)
@@ -773,7 +773,7 @@ class LDAProgram(Program):
         new α's summary for the iteration's row."""
         from ..kernels.lda.priors import minka_fixed_point
 
-        histograms = ctx.table("doc_topic_hist").get_range(0, self.num_topics + 1)
+        histograms = ctx.table("doc_topic_hist").read(range(0, self.num_topics + 1))
         self.alpha = minka_fixed_point(self.alpha, histograms)
         return {"alpha_sum": float(self.alpha.sum()), "alpha_min": float(self.alpha.min()),
                 "alpha_max": float(self.alpha.max())}
@@ -788,7 +788,7 @@ class LDAProgram(Program):
         for key, value in last_round.items():
             if key.startswith(BETA_SUMMARY):
                 summary[int(key[len(BETA_SUMMARY):])] = value
-        totals = ctx.table("topic_totals").get_range(0, 1)[0]
+        totals = ctx.table("topic_totals").read(range(0, 1))[0]
         self.beta = beta_fixed_point(self.beta, summary, totals, self.vocab_size)
         return {"beta": self.beta}
 

@@ -129,9 +129,9 @@ class L1LogisticProgram(LassoProgram):
         d = self._d
         p = d["Sy"] / d["W"]
         if self.fit_intercept and 0 < p < 1:
-            coef = ctx.table("coef").read_all()
+            coef = ctx.table("coef").read()
             coef[self.num_features, BETA] = np.log(p / (1 - p))
-            ctx.table("coef").put(range(self.num_features, self.num_features + 1), coef[self.num_features:])
+            ctx.table("coef").write(range(self.num_features, self.num_features + 1), coef[self.num_features:])
 
     def _curvature(self, sum_xx, mean, W):
         return 0.25 * super()._curvature(sum_xx, mean, W)  # a bound; partial sums bring the real one

@@ -275,14 +275,14 @@ class MFProgram(Program):
         """Items ``[lo, hi)`` as (hi - lo, rank), read from the ``item_factors`` table handle
         (one range per feature block)."""
         n = self.num_items
-        return np.hstack([table.get_range(c * n + lo, c * n + hi) for c in range(self.num_blocks)])[:, :self.rank]
+        return np.hstack([table.read(range(c * n + lo, c * n + hi)) for c in range(self.num_blocks)])[:, :self.rank]
 
     def item_rows_at(self, table, items: np.ndarray) -> np.ndarray:
         """The rows of ``items`` (ids, any order, repeats allowed) as (len(items), rank), read from
         the ``item_factors`` table handle in one request."""
         distinct, where = np.unique(items, return_inverse=True)
         keys = (np.arange(self.num_blocks, dtype=np.int64)[:, None] * self.num_items + distinct[None, :]).ravel()
-        rows = np.asarray(table.get(keys)).reshape(self.num_blocks, len(distinct), self.block_size)
+        rows = np.asarray(table.read(keys)).reshape(self.num_blocks, len(distinct), self.block_size)
         return rows.transpose(1, 0, 2).reshape(len(distinct), -1)[where, :self.rank]
 
     def _features(self, block: int):
@@ -317,7 +317,7 @@ class MFProgram(Program):
         """H of feature block ``block`` at the local items, (local items, features in the block)."""
         start = block * self.num_items
         lo, hi = self._features(block)
-        rows = ctx.table("item_factors").get_range(start, start + self.num_items, copy=False)
+        rows = ctx.table("item_factors").read(range(start, start + self.num_items), copy=False)
         return np.ascontiguousarray(rows[data.items, :hi - lo])
 
     def push(self, ctx, data: _MFData, state: _MFState, work) -> _MFState:
@@ -530,7 +530,7 @@ class MFSGDProgram(Program):
 
     def item_rows(self, table, lo: int, hi: int) -> np.ndarray:
         """Items ``[lo, hi)`` as (hi - lo, rank), read from the ``item_factors`` table handle."""
-        return table.get_range(lo, hi)
+        return table.read(range(lo, hi))
 
     def step_size_at(self, iteration: int) -> float:
         return self.step_size / np.sqrt(1.0 + iteration)
@@ -572,7 +572,7 @@ class MFSGDProgram(Program):
         block, iteration = work
         if block < 0:  # the validation round: every block of this iteration is committed
             held = data.validation
-            held.report(ctx, state.w, ctx.table("item_factors").get(held.items) if len(held) else
+            held.report(ctx, state.w, ctx.table("item_factors").read(held.items) if len(held) else
                         np.zeros((0, self.rank)))
             return state
         lo, hi = int(data.block_ptr[block]), int(data.block_ptr[block + 1])
@@ -580,10 +580,10 @@ class MFSGDProgram(Program):
         if hi > lo:
             table = ctx.table("item_factors")
             keys = data.block_items[block]
-            h = table.get(keys)
+            h = table.read(keys)
             sse = K.sgd_block(data.order[lo:hi], data.rating_user, data.rating_row, data.ratings, state.w, h,
                               self.step_size_at(iteration), self.reg_param, self.nonnegative)
-            table.put(keys, h)
+            table.write(keys, h)
         ctx.report(sse=sse, ratings=hi - lo)
         return state
 

@@ -192,7 +192,7 @@ class ImplicitMFProgram(MFProgram):
         """Current full rows of H at the owned items, (owned, rank)."""
         n, b = self.num_items, self.block_size
         keys = (np.arange(self.num_blocks, dtype=np.int64)[:, None] * n + state.owned[None, :]).ravel()
-        rows = np.asarray(ctx.table("item_factors").get(keys)).reshape(self.num_blocks, len(state.owned), b)
+        rows = np.asarray(ctx.table("item_factors").read(keys)).reshape(self.num_blocks, len(state.owned), b)
         return np.ascontiguousarray(rows.transpose(1, 0, 2).reshape(len(state.owned), -1)[:, :self.rank])
 
     def _local_rows(self, ctx, data: _MFData) -> np.ndarray:
@@ -214,7 +214,7 @@ class ImplicitMFProgram(MFProgram):
             return state
         lo, hi = self._features(c)
         if c == 0:
-            state.gram_w = np.asarray(ctx.table("gram").get_range(0, self.rank), dtype=np.float64)
+            state.gram_w = np.asarray(ctx.table("gram").read(range(0, self.rank)), dtype=np.float64)
         state.v = self._block(ctx, data, c)
         state.u = np.ascontiguousarray(state.w[:, lo:hi])
         be = hi - lo
@@ -247,7 +247,7 @@ class ImplicitMFProgram(MFProgram):
                 state.pred[a:b], data.rating_user[a:b], data.rating_item[a:b], state.u, change, 1.0, state.pred[a:b]))
             state.v = state.u = None
         elif kind == Y_GRAM:  # every feature block of the local users, with G_Y
-            gram = np.asarray(ctx.table("gram").get_range(self.rank, 2 * self.rank), dtype=np.float64)
+            gram = np.asarray(ctx.table("gram").read(range(self.rank, 2 * self.rank)), dtype=np.float64)
             h = self._local_rows(ctx, data)
             w = state.w
             for block in range(self.num_blocks):

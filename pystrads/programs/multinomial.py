@@ -321,13 +321,13 @@ class MultinomialProgram(L1LogisticProgram):
         """MLlib's: ``log(W_k + 1)`` of each class's weight ``W_k``, centred."""
         if not self.fit_intercept:
             return
-        coef = ctx.table("coef").read_all()
+        coef = ctx.table("coef").read()
         # the intercepts' gradient rows at the zero start are 1 / K - W_k / W
         weights = np.maximum(1.0 / self.num_classes - self._d["grad_rows"][self.num_penalised:, 0], 0.0) * self._d["W"]
         logs = np.log1p(weights)
         tail = coef[self.num_penalised:]
         tail[:, BETA] = logs - logs.mean()
-        ctx.table("coef").put(range(self.num_penalised, len(coef)), tail)
+        ctx.table("coef").write(range(self.num_penalised, len(coef)), tail)
 
     def _objective0(self) -> float:
         return float(np.log(self.num_classes))
@@ -365,7 +365,7 @@ class MultinomialProgram(L1LogisticProgram):
         if len(moved):
             rows[moved, :, BETA] += shift[moved, None]
             keys = self._unit_coords(moved.astype(np.int64))
-            ctx.table("coef").put(keys, coef[keys])
+            ctx.table("coef").write(keys, coef[keys])
         return coef
 
     # ------------------------------------------------------------------ results

@@ -5,8 +5,9 @@
 * :class:`ShardGroup` -- a small picklable handle (addresses + token) that
   travels in Spark closures; connections are opened lazily, once per process.
 * :class:`TableHandle` -- a model table spread over the shards by a
-  :class:`~pystrads.ps.partition.TableLayout`: ``get``, additive ``inc``,
-  ``put`` and ``contribute`` on row blocks, one request per shard touched.
+  :class:`~pystrads.ps.partition.TableLayout`: ``read`` / ``read_entries``, ``write``,
+  additive ``add`` and ``contribute`` on keys or a range of rows, dense or as entries,
+  one request per shard touched.
 
 A worker's round travels as one exchange per shard (:meth:`ShardClient.exchange_round`): its
 contributions, its clock tick and the rows the round's ``pull`` left; during a step's rounds on
@@ -30,6 +31,7 @@ from ..errors import PystradsError, RoundTimeoutError, ShardUnavailableError
 from . import protocol
 from .protocol import Action
 from .partition import TableLayout
+from .table import RowEntries
 
 #: the deadline of a control call when nothing says otherwise (``spark.pystrads.rpc.timeoutSeconds``)
 RPC_TIMEOUT_SECONDS = 10.0
@@ -218,15 +220,12 @@ class ShardClient:
 
     def get_rows(self, table: str, width: int, dtype: str, keys: Optional[np.ndarray] = None,
                  start: int = 0, stop: int = 0, out: Optional[np.ndarray] = None,
-                 view: bool = False, sparse: bool = False) -> np.ndarray:
+                 view: bool = False) -> np.ndarray:
         """Rows by key list (any order) or by range ``[start, stop)``.
 
         ``view``: ask for one batch and return it as a read-only numpy view of the
         received Arrow buffer (no copy, no fresh memory); ``out`` must be None.
-        ``sparse``: the rows travel as their non-zero entries (see :mod:`.protocol`).
         """
-        if sparse:
-            return self._get_sparse(table, width, dtype, keys, start, stop, out)
         chunk_bytes = self.chunk_bytes
         if view:
             n_rows = len(keys) if keys is not None else stop - start
@@ -261,82 +260,13 @@ class ShardClient:
             raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
         return out
 
-    def _get_sparse(self, table, width, dtype, keys, start, stop, out):
-        from ..kernels.rows import csr_into
-
-        header: Dict[str, Any] = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "sparse": True}
-        if keys is None:
-            header.update(start=int(start), stop=int(stop))
-            ticket, n = protocol.encode_header(header), stop - start
-        else:
-            keys = np.ascontiguousarray(keys, dtype="<i8")
-            ticket, n = protocol.encode_header(header, keys.tobytes()), len(keys)
-        if out is None:
-            out = np.empty((n, width), dtype=protocol.DTYPES[dtype][0])
-        pos = 0
-        what = f"get from table {table!r}"
-        options, limit = self._call(what, _seconds(n * width * 12))
-        try:
-            for chunk in self._client.do_get(flight.Ticket(ticket), options):
-                batch = chunk.data
-                if pos + batch.num_rows > n:
-                    break
-                csr_into(*protocol.sparse_entries(batch.column(0), batch.column(1), dtype, width), out, pos)
-                pos += batch.num_rows
-        except flight.FlightError as exc:
-            raise self._failed(exc, what, limit) from None
-        if pos != n:
-            raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {pos} rows, expected {n}")
-        return out
-
-    def get_nonzero_rows(self, table: str, width: int, dtype: str, start: int, stop: int):
-        """``(keys, rows)`` of the rows in ``[start, stop)`` that hold a non-zero value: the shard
-        filters, so only those travel (a sparse read of a mostly-zero table)."""
-        header = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "start": int(start),
-                  "stop": int(stop), "nonzero": True}
-        keys, rows = [np.zeros(0, np.int64)], [np.zeros((0, width), protocol.DTYPES[dtype][0])]
-        what = f"get from table {table!r}"
-        options, limit = self._call(what, _seconds((stop - start) * (width * 8 + 8)))
-        try:
-            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), options):
-                keys.append(protocol.numpy_of(chunk.data.column(0)))
-                rows.append(protocol.array_to_rows(chunk.data.column(1), width, dtype))
-        except flight.FlightError as exc:
-            raise self._failed(exc, what, limit) from None
-        return np.concatenate(keys), np.concatenate(rows)
-
-    def get_nonzero_entries(self, table: str, dtype: str, start: int, stop: int):
-        """``(keys, offsets, cols, vals)``: the rows in ``[start, stop)`` holding a non-zero value,
-        as their entries (CSR); the shard filters, and only the entries travel."""
-        header = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "start": int(start),
-                  "stop": int(stop), "nonzero": True, "sparse": True}
-        keys, parts = [np.zeros(0, np.int64)], []
-        what = f"get from table {table!r}"
-        options, limit = self._call(what, _seconds(BLOB_READ_BOUND_BYTES))  # entries: no size known in advance
-        try:
-            for chunk in self._client.do_get(flight.Ticket(protocol.encode_header(header)), options):
-                batch = chunk.data
-                if not batch.num_rows:
-                    continue
-                keys.append(protocol.numpy_of(batch.column(0)).astype(np.int64, copy=False))
-                parts.append(protocol.sparse_entries(batch.column(1), batch.column(2), dtype, 1 << 30))
-        except flight.FlightError as exc:
-            raise self._failed(exc, what, limit) from None
-        return (np.concatenate(keys), *protocol.concat_entries(parts, protocol.DTYPES[dtype][0]))
-
     def write_rows(self, op: str, table: str, keys: Optional[np.ndarray], values: np.ndarray, dtype: str,
-                   header: Optional[Dict[str, Any]] = None, start: Optional[int] = None,
-                   sparse: bool = False) -> None:
+                   header: Optional[Dict[str, Any]] = None, start: Optional[int] = None) -> None:
         """``put`` / ``inc`` / ``contribute`` rows ``values[i]`` at sorted unique ``keys[i]``,
         or at rows ``start, start + 1, ...`` (a contiguous run travels as a range,
         without a key column)."""
         width = values.shape[1]
         head = dict(header or {}, op=op, table=table, token=self._token)
-        if sparse:  # the rows' non-zero entries, with the key column
-            from ..kernels.rows import to_csr
-
-            self.write_entries(op, table, keys, *to_csr(np.ascontiguousarray(values)), dtype=dtype, header=header)
-            return
         start = _run_start(keys, start)
         if start is not None:
             head["start"] = int(start)
@@ -372,27 +302,39 @@ class ShardClient:
         except flight.FlightError as exc:
             raise self._failed(exc, what, limit) from None
 
-    def get_entries(self, table: str, dtype: str, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows at ``keys`` (in that order) as their non-zero entries: ``(offsets int64,
-        cols int32, vals)``, CSR."""
+    def get_entries(self, table: str, width: int, dtype: str, keys: Optional[np.ndarray] = None,
+                    start: int = 0, stop: int = 0) -> RowEntries:
+        """Rows as their non-zero entries (CSR) with their keys: the rows at ``keys`` (in that
+        order, empty ones included), or the rows in ``[start, stop)`` that hold a non-zero
+        value (the shard filters, and only their entries travel)."""
         header: Dict[str, Any] = {"table": table, "chunk": self.chunk_bytes, "token": self._token, "sparse": True}
-        keys = np.ascontiguousarray(keys, dtype="<i8")
-        ticket = protocol.encode_header(header, keys.tobytes())
-        parts = []
+        if keys is None:
+            header.update(start=int(start), stop=int(stop), nonzero=True)
+            ticket = protocol.encode_header(header)
+        else:
+            keys = np.ascontiguousarray(keys, dtype="<i8")
+            ticket = protocol.encode_header(header, keys.tobytes())
+        got_keys, parts = [np.zeros(0, np.int64)], []
         what = f"get from table {table!r}"
         options, limit = self._call(what, _seconds(BLOB_READ_BOUND_BYTES))  # entries: no size known in advance
         try:
             for chunk in self._client.do_get(flight.Ticket(ticket), options):
                 batch = chunk.data
-                if batch.num_rows:
-                    parts.append(batch)
+                if not batch.num_rows:
+                    continue
+                if keys is None:  # a nonzero read carries its keys first
+                    got_keys.append(protocol.numpy_of(batch.column(0)).astype(np.int64, copy=False))
+                    batch = batch.select([1, 2])
+                parts.append(protocol.sparse_entries(batch.column(0), batch.column(1), dtype, 1 << 30))
         except flight.FlightError as exc:
             raise self._failed(exc, what, limit) from None
-        n = sum(b.num_rows for b in parts)
-        if n != len(keys):
-            raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {n} rows, expected {len(keys)}")
-        return protocol.concat_entries([protocol.sparse_entries(b.column(0), b.column(1), dtype, 1 << 30)
-                                        for b in parts], protocol.DTYPES[dtype][0])
+        offsets, cols, vals = protocol.concat_entries(parts, protocol.DTYPES[dtype][0])
+        if keys is None:
+            return RowEntries(offsets, cols, vals, width, np.concatenate(got_keys))
+        if len(offsets) - 1 != len(keys):
+            raise ShardUnavailableError(f"get from table {table!r} on {self.uri}: {len(offsets) - 1} rows, "
+                                        f"expected {len(keys)}")
+        return RowEntries(offsets, cols, vals, width, keys)
 
     def _write_batches(self, writer, schema, keys, values: np.ndarray, contiguous: bool, dtype: str) -> None:
         """``values`` (with their ``keys`` unless ``contiguous``) as record batches of at most
@@ -700,11 +642,47 @@ class ShardGroup:
     def table(self, layout: TableLayout) -> "TableHandle":
         return TableHandle(self, layout)
 
+    def exchange_round(self, heads: Dict[int, Dict[str, Any]], contributions: Sequence[Tuple[Any, ...]]
+                       ) -> List[Tuple[str, np.ndarray, np.ndarray]]:
+        """A worker's round on the shards of ``heads`` (shard -> its tick's fields), all at once:
+        ``contributions`` are ``(handle, where, partials, read_back, columns)`` as
+        :meth:`TableHandle.contribute` takes them, each cut by shard; a shard receiving any gets
+        them with its tick in one :meth:`ShardClient.exchange_round` (a second table's part is
+        sent first).  Returns the rows read back (``read_back``: the round's ``pull`` applied;
+        ``columns``: only those) as ``(table short name, keys, rows)`` pieces."""
+        parts: Dict[int, list] = {i: [] for i in heads}
+        for handle, where, partials, read_back, columns in contributions:
+            for shard, keys, rows in handle._contribution_parts(where, partials):
+                parts[shard].append((handle, keys, rows, read_back, columns))
+
+        def call(i):
+            head, client = heads[i], self.client(i)
+            mine = sorted(parts[i], key=lambda p: not p[3])  # a read-back part rides the exchange
+            if not mine:
+                client.action(Action.TICK, **head)
+                return []
+            for handle, keys, rows, _, _ in mine[1:]:
+                handle._send(i, "contribute", keys, rows, "float64", dict(handle._fence or {}, round=head["round"]))
+            handle, keys, rows, read_back, columns = mine[0]
+            pulled = client.exchange_round(head, handle.name, keys, rows,
+                                           (handle.layout.width, handle.layout.dtype) if read_back else None,
+                                           columns=columns)
+            back = [(handle.layout.short_name, np.asarray(keys), pulled)] if read_back else []
+            for h, k, _, rb, cols in mine[1:]:
+                if rb:
+                    k = np.asarray(k, dtype=np.int64)
+                    got = client.get_rows(h.name, h.layout.width, h.layout.dtype, keys=k)
+                    back.append((h.layout.short_name, k,
+                                 got if cols is None else np.ascontiguousarray(got[:, list(cols)])))
+            return back
+
+        return [piece for back in fan_out([lambda i=i: call(i) for i in heads]) for piece in back]
+
     def __repr__(self) -> str:
         return f"ShardGroup({[s.uri for s in self.shards]})"
 
 
-#: Largest block ``get_range(copy=False)`` asks for as one message (one zero-copy
+#: Largest block ``read(range, copy=False)`` asks for as one message (one zero-copy
 #: view); larger reads stream in ``rpc.chunkBytes`` batches into a new array
 #: (measured: single messages of 64 MiB are slower than chunked streams).
 VIEW_MAX_BYTES = 16 << 20
@@ -722,10 +700,13 @@ def _as_keys(keys) -> np.ndarray:
 class TableHandle:
     """A model table spread over shards. Picklable; travels in closures.
 
-    Reads take a key array (``get``, any order, any size) or a range of rows (``get_range``);
-    writes (``put``, ``inc``, ``contribute``) take a key array or a ``range`` of rows, with a
-    ``(len(keys), width)`` value block.  Each costs one request per shard touched (more only
-    when a request exceeds the chunking limits).
+    ``where`` names rows the same way for every call: an integer key array, a ``range`` of rows
+    (step 1), or ``None`` for the whole table.  Data is dense or sparse by its type: a
+    ``(rows, width)`` array, or :class:`~pystrads.ps.table.RowEntries` (the rows' non-zero
+    entries).  Six calls: :meth:`read` and :meth:`read_entries`; :meth:`write` (overwrite),
+    :meth:`add` and :meth:`contribute` (a round's partial sums); :meth:`fenced` (the worker's
+    handle).  Each costs one request per shard touched (more only when a request exceeds the
+    chunking limits).
     """
 
     def __init__(self, group: ShardGroup, layout: TableLayout, fence: Optional[Dict[str, int]] = None):
@@ -745,16 +726,123 @@ class TableHandle:
         """This handle with every write tagged with the step attempt (worker side)."""
         return TableHandle(self.group, self.layout, dict(self._fence or {}, **fence))
 
+    # -- reads
+    def read(self, where=None, out: Optional[np.ndarray] = None, copy: bool = True) -> np.ndarray:
+        """The rows at ``where`` as a dense ``(n, width)`` array, in the order asked (keys may
+        repeat).
+
+        ``out``: an existing C-contiguous array of that shape and the table's dtype to fill
+        (reusing one buffer across rounds avoids fresh-memory page faults).  ``copy=False``
+        with a range: a **read-only** array that may be a view of the received Arrow buffer --
+        no copy and no fresh memory when the range lies on one shard and is at most
+        :data:`VIEW_MAX_BYTES` (else a new array as usual)."""
+        where = self._where(where)
+        dtype = protocol.DTYPES[self.layout.dtype][0]
+        n = len(where)
+        shape = (n, self.layout.width)
+        if out is not None and (out.shape != shape or out.dtype != dtype):
+            raise ValueError(f"table {self.layout.short_name!r}: out has shape {out.shape} and dtype {out.dtype}; "
+                             f"need {shape} {self.layout.dtype}")
+        if isinstance(where, range):
+            start, stop = where.start, where.stop
+            if not copy and out is None:
+                parts = list(self._range_parts(start, stop))
+                if len(parts) == 1 and n * self.layout.width * np.dtype(dtype).itemsize <= VIEW_MAX_BYTES:
+                    return self.group.client(parts[0][0]).get_rows(
+                        self.layout.name, self.layout.width, self.layout.dtype, start=start, stop=stop, view=True)
+            out = np.empty(shape, dtype=dtype) if out is None else out
+            for shard, lo, hi in self._range_parts(start, stop):
+                self.group.client(shard).get_rows(self.layout.name, self.layout.width, self.layout.dtype,
+                                                  start=lo, stop=hi, out=out[lo - start:hi - start])
+            return out
+        keys = where
+        out = np.empty(shape, dtype=dtype) if out is None else out
+        if n == 0:
+            return out
+        ordered = bool(np.all(keys[1:] >= keys[:-1]))
+        order = None if ordered else np.argsort(keys, kind="stable")
+        sorted_keys = keys if ordered else keys[order]
+        buf = out if ordered else np.empty_like(out)
+        step = self.group.max_keys
+        for part, lo, hi in self._segments(sorted_keys):
+            client = self.group.client(self.layout.shards[part])
+            for a in range(lo, hi, step):
+                b = min(hi, a + step)
+                seg = sorted_keys[a:b]
+                if len(seg) > 1 and seg[-1] - seg[0] + 1 == len(seg) and np.all(np.diff(seg) == 1):
+                    client.get_rows(self.layout.name, self.layout.width, self.layout.dtype,
+                                    start=int(seg[0]), stop=int(seg[-1]) + 1, out=buf[a:b])
+                else:
+                    client.get_rows(self.layout.name, self.layout.width, self.layout.dtype, keys=seg, out=buf[a:b])
+        if not ordered:
+            out[order] = buf
+        return out
+
+    def read_entries(self, where=None) -> RowEntries:
+        """The rows at ``where`` as their non-zero entries (columns ascending within a row), with
+        their ``keys``: for a key array (strictly increasing) every key's row, empty or not; for
+        a range (or the whole table) only the rows holding a non-zero value -- each shard
+        filters, so a mostly-zero range costs the caller (and the network) its non-zero
+        entries only."""
+        where = self._where(where)
+        vals_dtype = protocol.DTYPES[self.layout.dtype][0]
+        if isinstance(where, range):
+            parts = [self.group.client(shard).get_entries(self.layout.name, self.layout.width, self.layout.dtype,
+                                                          start=lo, stop=hi)
+                     for shard, lo, hi in self._range_parts(where.start, where.stop)]
+        else:
+            keys = where
+            if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+                raise ValueError(f"table {self.layout.short_name!r}: read_entries takes strictly increasing keys")
+            parts, step = [], self.group.max_keys
+            for part, lo, hi in self._segments(keys):
+                client = self.group.client(self.layout.shards[part])
+                for a in range(lo, hi, step):
+                    parts.append(client.get_entries(self.layout.name, self.layout.width, self.layout.dtype,
+                                                    keys=keys[a:min(hi, a + step)]))
+        if len(parts) == 1:
+            return parts[0]
+        return RowEntries(*protocol.concat_entries([p.csr for p in parts], vals_dtype), self.layout.width,
+                          np.concatenate([np.zeros(0, np.int64)] + [p.keys for p in parts]))
+
+    # -- writes
+    def write(self, where, values) -> None:
+        """Overwrite the rows at ``where`` (distinct keys, or a range) with ``values``: a
+        ``(n, width)`` array, or :class:`RowEntries` (the rows become exactly those entries;
+        only the entries travel)."""
+        self._write("put", where, values)
+
+    def add(self, where, deltas) -> None:
+        """Add ``deltas`` to the rows at ``where`` (keys -- repeated keys add up -- or a range):
+        a ``(n, width)`` array, or :class:`RowEntries` (only the entries travel)."""
+        self._write("inc", where, deltas)
+
+    def contribute(self, where, partials, round_index: int) -> None:
+        """Send partial sums (a ``(n, contrib_width)`` array) for the rows at ``where`` (keys,
+        or a range: e.g. partial sums over a whole table) in round ``round_index``; when every
+        worker has finished the round, the shard sums the contributions and the program's
+        ``pull`` turns them into the new rows."""
+        header = dict(self._fence or {}, round=int(round_index))
+        for shard, k, v in self._contribution_parts(where, partials):
+            self._send(shard, "contribute", k, v, "float64", header)
+
     # -- helpers
-    def _check_keys(self, keys: np.ndarray) -> None:
+    def _where(self, where):
+        """``where`` as a ``range`` within the table or an int64 key array within it."""
+        if where is None:
+            return range(0, self.layout.num_rows)
+        if isinstance(where, range):
+            if where.step != 1:
+                raise ValueError(f"table {self.layout.short_name!r}: a range of rows needs step 1, got {where}")
+            if not 0 <= where.start <= where.stop <= self.layout.num_rows:
+                raise IndexError(f"table {self.layout.short_name!r}: range [{where.start}, {where.stop}) outside "
+                                 f"[0, {self.layout.num_rows})")
+            return where
+        keys = _as_keys(where)
         if len(keys) and (keys.min() < 0 or keys.max() >= self.layout.num_rows):
             bad = keys[(keys < 0) | (keys >= self.layout.num_rows)][:5].tolist()
             raise IndexError(f"table {self.layout.short_name!r}: keys {bad} outside [0, {self.layout.num_rows})")
-
-    def _check_range(self, start: int, stop: int) -> None:
-        if not 0 <= start <= stop <= self.layout.num_rows:
-            raise IndexError(f"table {self.layout.short_name!r}: range [{start}, {stop}) outside "
-                             f"[0, {self.layout.num_rows})")
+        return keys
 
     def _segments(self, sorted_keys: np.ndarray):
         """(range index, lo, hi) slices of sorted keys falling in each row range."""
@@ -772,199 +860,73 @@ class TableHandle:
             if hi > lo:
                 yield self.layout.shards[part], lo, hi
 
-    def _values(self, values, n: Optional[int], width: Optional[int] = None,
-                dtype: Optional[str] = None) -> np.ndarray:
-        width = self.layout.width if width is None else width
-        dtype = self.layout.dtype if dtype is None else dtype
+    def _values(self, values, n: int, width: int, dtype: str) -> np.ndarray:
         values = np.asarray(values, dtype=protocol.DTYPES[dtype][0])
         if values.ndim == 1 and width == 1:
             values = values.reshape(-1, 1)
-        n = len(values) if n is None else n
         if values.shape != (n, width):
             raise ValueError(f"table {self.layout.short_name!r}: values of shape {values.shape}, "
                              f"expected {(n, width)}")
         return values
 
-    def _parts(self, op: str, keys, values, width: int, dtype: str) -> List[Tuple[int, Any, np.ndarray]]:
-        """``[(shard, keys, values)]``: a write of ``values`` at ``keys`` cut by shard, in key
-        order.  ``keys``: an integer array (any order; duplicates add up, except for ``put``) or
-        a ``range`` of rows (each part then keeps a ``range``)."""
-        if isinstance(keys, range):
-            if keys.step != 1:
-                raise ValueError(f"table {self.layout.short_name!r}: a range of rows needs step 1, got {keys}")
-            values = self._values(values, len(keys), width, dtype)
-            self._check_range(keys.start, keys.stop)
-            return [(shard, range(lo, hi), values[lo - keys.start:hi - keys.start])
-                    for shard, lo, hi in self._range_parts(keys.start, keys.stop)]
-        keys = _as_keys(keys)
-        self._check_keys(keys)
-        values = self._values(values, len(keys), width, dtype)
+    def _parts(self, op: str, where, values, width: int, dtype: str) -> List[Tuple[int, Any, np.ndarray]]:
+        """``[(shard, keys, values)]``: a write of ``values`` at ``where`` cut by shard, in key
+        order.  Keys in any order (duplicates add up, except for ``put``); a range stays a
+        range in each part."""
+        where = self._where(where)
+        values = self._values(values, len(where), width, dtype)
+        if isinstance(where, range):
+            return [(shard, range(lo, hi), values[lo - where.start:hi - where.start])
+                    for shard, lo, hi in self._range_parts(where.start, where.stop)]
+        keys = where
         if len(keys) and not bool(np.all(keys[1:] > keys[:-1])):  # sort; merge duplicates
             order = np.argsort(keys, kind="stable")
             keys, values = keys[order], values[order]
             starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
             if len(starts) != len(keys):
                 if op == "put":
-                    raise ValueError(f"put into {self.layout.short_name!r}: duplicate keys")
+                    raise ValueError(f"write into {self.layout.short_name!r}: duplicate keys")
                 values = np.add.reduceat(values, starts, axis=0)
                 keys = keys[starts]
         return [(self.layout.shards[part], keys[lo:hi], values[lo:hi]) for part, lo, hi in self._segments(keys)]
 
-    # -- reads
-    def get(self, keys, sparse: bool = False) -> np.ndarray:
-        """Rows at ``keys`` as a ``(len(keys), width)`` array (in the order asked).
+    def _contribution_parts(self, where, partials) -> List[Tuple[int, Any, np.ndarray]]:
+        """``[(shard, keys, partials)]``: what :meth:`contribute` sends to each shard (keys
+        sorted, duplicates summed; a range stays a range), in key order."""
+        return self._parts("contribute", where, partials, self.layout.contrib_width, "float64")
 
-        ``sparse``: the rows travel as their non-zero entries (fewer bytes for mostly-zero
-        rows, e.g. LDA's word-topic counts; the same array arrives)."""
-        keys = _as_keys(keys)
-        self._check_keys(keys)
-        out = np.empty((len(keys), self.layout.width), dtype=protocol.DTYPES[self.layout.dtype][0])
-        if len(keys) == 0:
-            return out
-        ordered = bool(np.all(keys[1:] >= keys[:-1]))
-        order = None if ordered else np.argsort(keys, kind="stable")
-        sorted_keys = keys if ordered else keys[order]
-        buf = out if ordered else np.empty_like(out)
-        step = self.group.max_keys
-        for part, lo, hi in self._segments(sorted_keys):
-            client = self.group.client(self.layout.shards[part])
-            for a in range(lo, hi, step):
-                b = min(hi, a + step)
-                seg = sorted_keys[a:b]
-                if seg[-1] - seg[0] + 1 == len(seg) and len(seg) > 1 and np.all(np.diff(seg) == 1):
-                    client.get_rows(self.layout.name, self.layout.width, self.layout.dtype,
-                                    start=int(seg[0]), stop=int(seg[-1]) + 1, out=buf[a:b], sparse=sparse)
-                else:
-                    client.get_rows(self.layout.name, self.layout.width, self.layout.dtype,
-                                    keys=seg, out=buf[a:b], sparse=sparse)
-        if not ordered:
-            out[order] = buf
-        return out
+    def _send(self, shard: int, op: str, keys, values: np.ndarray, dtype: str, header: Dict[str, Any]) -> None:
+        client = self.group.client(shard)
+        if isinstance(keys, range):
+            client.write_rows(op, self.layout.name, None, values, dtype, header, start=keys.start)
+        else:
+            client.write_rows(op, self.layout.name, keys, values, dtype, header)
 
-    def get_entries(self, keys) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows at ``keys`` (strictly increasing) as their non-zero entries, ``(offsets
-        int64[n + 1], cols int32, vals)`` (CSR, columns ascending within a row): what
-        :meth:`get` with ``sparse=True`` receives, without making it dense."""
-        keys = _as_keys(keys)
-        self._check_keys(keys)
-        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-            raise ValueError(f"table {self.layout.short_name!r}: get_entries takes strictly increasing keys")
-        parts = []
-        step = self.group.max_keys
-        for part, lo, hi in self._segments(keys):
-            client = self.group.client(self.layout.shards[part])
-            for a in range(lo, hi, step):
-                parts.append(client.get_entries(self.layout.name, self.layout.dtype, keys[a:min(hi, a + step)]))
-        if len(parts) == 1:
-            return parts[0]
-        return protocol.concat_entries(parts, protocol.DTYPES[self.layout.dtype][0])
-
-    def get_range(self, start: int, stop: int, out: Optional[np.ndarray] = None,
-                  copy: bool = True) -> np.ndarray:
-        """Rows ``[start, stop)`` (one request per shard the range spans).
-
-        ``out``: an existing C-contiguous ``(stop - start, width)`` array to fill
-        (reusing one buffer across rounds avoids fresh-memory page faults).
-        ``copy=False``: a **read-only** array that may be a view of the received
-        Arrow buffer -- no copy and no fresh memory when the range lies on one
-        shard and is at most :data:`VIEW_MAX_BYTES` (else a new array as usual).
-        """
-        self._check_range(start, stop)
-        shape = (stop - start, self.layout.width)
-        if not copy and out is None:
-            parts = list(self._range_parts(start, stop))
-            itemsize = np.dtype(protocol.DTYPES[self.layout.dtype][0]).itemsize
-            if len(parts) == 1 and shape[0] * shape[1] * itemsize <= VIEW_MAX_BYTES:
-                return self.group.client(parts[0][0]).get_rows(
-                    self.layout.name, self.layout.width, self.layout.dtype, start=start, stop=stop, view=True)
-        if out is None:
-            out = np.empty(shape, dtype=protocol.DTYPES[self.layout.dtype][0])
-        elif out.shape != shape or out.dtype != protocol.DTYPES[self.layout.dtype][0]:
-            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; need {shape} "
-                             f"{self.layout.dtype}")
-        for shard, lo, hi in self._range_parts(start, stop):
-            self.group.client(shard).get_rows(self.layout.name, self.layout.width, self.layout.dtype,
-                                              start=lo, stop=hi, out=out[lo - start:hi - start])
-        return out
-
-    def get_nonzero(self, start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
-        """``(keys, rows)``: the rows in ``[start, stop)`` that hold a non-zero value, keys
-        ascending.  Each shard filters its part, so a mostly-zero range costs the caller (and
-        the network) its non-zero rows only, never ``stop - start`` rows."""
-        self._check_range(start, stop)
-        parts = [self.group.client(shard).get_nonzero_rows(self.layout.name, self.layout.width, self.layout.dtype,
-                                                           lo, hi) for shard, lo, hi in self._range_parts(start, stop)]
-        if not parts:
-            return np.zeros(0, np.int64), np.zeros((0, self.layout.width), protocol.DTYPES[self.layout.dtype][0])
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-    def get_nonzero_entries(self, start: int, stop: int):
-        """``(keys, offsets, cols, vals)``: the rows in ``[start, stop)`` holding a non-zero value,
-        keys ascending, as their entries (CSR, offsets int64): :meth:`get_nonzero` where only the
-        non-zeros travel."""
-        self._check_range(start, stop)
-        parts = [self.group.client(shard).get_nonzero_entries(self.layout.name, self.layout.dtype, lo, hi)
-                 for shard, lo, hi in self._range_parts(start, stop)]
-        return (np.concatenate([np.zeros(0, np.int64)] + [p[0] for p in parts]),
-                *protocol.concat_entries([p[1:] for p in parts], protocol.DTYPES[self.layout.dtype][0]))
-
-    def read_all(self, copy: bool = True) -> np.ndarray:
-        """The whole table on the caller: mind the memory for large models
-        (``copy=False``: possibly a read-only view, see :meth:`get_range`)."""
-        return self.get_range(0, self.layout.num_rows, copy=copy)
-
-    # -- writes: ``keys`` is an integer array or a ``range`` of rows
-    def _write(self, op: str, keys, values, width=None, dtype=None, extra=None, sparse: bool = False) -> None:
-        dtype = dtype or self.layout.dtype
-        header = dict(self._fence or {}, **(extra or {}))
-        for shard, k, v in self._parts(op, keys, values, self.layout.width if width is None else width, dtype):
-            client = self.group.client(shard)
-            if isinstance(k, range) and not sparse:
-                client.write_rows(op, self.layout.name, None, v, dtype, header, start=k.start)
-            else:  # (sparse rows travel with their key column)
-                k = np.arange(k.start, k.stop, dtype=np.int64) if isinstance(k, range) else k
-                client.write_rows(op, self.layout.name, k, v, dtype, header, sparse=sparse)
-
-    def inc(self, keys, deltas, sparse: bool = False) -> None:
-        """Add ``deltas`` to the rows at ``keys`` (an array, duplicates adding up, or a ``range``);
-        ``sparse``: only their non-zero entries travel (see :meth:`get`)."""
-        self._write("inc", keys, deltas, sparse=sparse)
-
-    def inc_entries(self, keys, offsets, cols, vals) -> None:
-        """Add to the rows at ``keys`` (strictly increasing) the entries ``(offsets, cols, vals)``
-        (CSR, as :meth:`get_entries` gives them): a sparse :meth:`inc` without a dense block."""
-        keys = _as_keys(keys)
-        self._check_keys(keys)
-        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-            raise ValueError(f"table {self.layout.short_name!r}: inc_entries takes strictly increasing keys")
-        offsets = np.asarray(offsets, dtype=np.int64)
-        if len(offsets) != len(keys) + 1:
-            raise ValueError(f"table {self.layout.short_name!r}: {len(keys)} keys need {len(keys) + 1} offsets, "
-                             f"got {len(offsets)}")
+    def _write(self, op: str, where, values) -> None:
         header = dict(self._fence or {})
+        if isinstance(values, RowEntries):
+            self._write_entries(op, where, values, header)
+            return
+        for shard, k, v in self._parts(op, where, values, self.layout.width, self.layout.dtype):
+            self._send(shard, op, k, v, self.layout.dtype, header)
+
+    def _write_entries(self, op: str, where, entries: RowEntries, header: Dict[str, Any]) -> None:
+        where = self._where(where)
+        keys = np.arange(where.start, where.stop, dtype=np.int64) if isinstance(where, range) else where
+        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError(f"table {self.layout.short_name!r}: entries are written at strictly increasing keys")
+        offsets = np.asarray(entries.offsets, dtype=np.int64)
+        if len(offsets) != len(keys) + 1:
+            raise ValueError(f"table {self.layout.short_name!r}: {len(keys)} keys need entries of {len(keys)} rows "
+                             f"({len(keys) + 1} offsets), got {len(offsets)} offsets")
+        if entries.width != self.layout.width:
+            raise ValueError(f"table {self.layout.short_name!r}: entries of width {entries.width}, "
+                             f"the table's is {self.layout.width}")
         for part, lo, hi in self._segments(keys):
             a, b = int(offsets[lo]), int(offsets[hi])
             self.group.client(self.layout.shards[part]).write_entries(
-                "inc", self.layout.name, keys[lo:hi], offsets[lo:hi + 1] - a, cols[a:b], vals[a:b],
+                op, self.layout.name, keys[lo:hi], offsets[lo:hi + 1] - a, entries.cols[a:b], entries.vals[a:b],
                 self.layout.dtype, header)
-
-    def put(self, keys, values, sparse: bool = False) -> None:
-        """Overwrite the rows at ``keys`` (an array of distinct keys, or a ``range``; ``sparse``:
-        see :meth:`get`)."""
-        self._write("put", keys, values, sparse=sparse)
-
-    def contribution_parts(self, keys, partials) -> List[Tuple[int, Any, np.ndarray]]:
-        """``[(shard, keys, partials)]``: what :meth:`contribute` would send to each shard (keys
-        sorted, duplicates summed; a ``range`` stays a ``range``), in key order; for a round's
-        exchange."""
-        return self._parts("contribute", keys, partials, self.layout.contrib_width, "float64")
-
-    def contribute(self, keys, partials, round_index: int) -> None:
-        """Send partial sums for ``keys`` (an array, or a ``range``: e.g. partial sums over a whole
-        table) in round ``round_index``; when every worker has finished the round, the shard sums
-        the contributions and the program's ``pull`` turns them into the new rows."""
-        self._write("contribute", keys, partials, width=self.layout.contrib_width, dtype="float64",
-                    extra={"round": int(round_index)})
 
     def __repr__(self) -> str:
         return f"TableHandle({self.layout.short_name!r}, shape={self.shape}, dtype={self.layout.dtype})"

@@ -150,6 +150,8 @@ class ShardServer(flight.FlightServerBase):
         table = self.state.table(header.str("table", ""))
         chunk_bytes = header.int("chunk", protocol.CHUNK_BYTES)
         nonzero = bool(header.get("nonzero"))
+        if nonzero and not header.get("sparse"):
+            raise flight.FlightServerError("a nonzero read sends the rows' entries (sparse)")
         entries = None
         with table.lock:
             if "start" in header:
@@ -181,11 +183,10 @@ class ShardServer(flight.FlightServerBase):
             self.state.count(requests=1, bytes_out=sum(b.nbytes for b in batches), rows_out=len(entries[0]) - 1)
             return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
         chunk = protocol.rows_per_chunk(table.width, table.dtype, max(1, chunk_bytes))
-        schema = protocol.value_schema(table.dtype, table.width, with_keys=nonzero)
+        schema = protocol.value_schema(table.dtype, table.width, with_keys=False)
         self.state.count(requests=1, bytes_out=rows.nbytes, rows_out=len(rows))
         # One zero-copy table of chunk-sized batches, streamed by C++ (no Python per batch).
-        batches = [pa.record_batch(([protocol.numbers(keys[start:start + chunk])] if nonzero else [])
-                                   + [protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
+        batches = [pa.record_batch([protocol.rows_to_array(rows[start:start + chunk])], schema=schema)
                    for start in range(0, max(len(rows), 1), chunk)]
         return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=schema))
 

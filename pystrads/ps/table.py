@@ -15,7 +15,7 @@ and checkpoints them through :meth:`~ShardTable.save` / :meth:`~ShardTable.resto
 from __future__ import annotations
 
 import threading
-from typing import Any, List, NamedTuple, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import pyarrow.flight as flight
@@ -31,18 +31,33 @@ SPARSE_ROW_MAX_FILL = 0.25
 
 class RowEntries(NamedTuple):
     """Rows as their non-zero entries (CSR): row ``r`` holds ``cols[offsets[r]:offsets[r + 1]]``
-    (ascending) with ``vals`` of the same range.  What a sparse table hands a program's
-    ``shard_metrics`` instead of a dense block: sums over entries equal sums over the rows
-    whenever zeros add nothing."""
+    (ascending) with ``vals`` of the same range; ``keys``: the rows' keys where they came from or
+    go to a table (:meth:`TableHandle.read_entries <pystrads.ps.client.TableHandle.read_entries>`).
+    What a sparse table hands a program's ``shard_metrics`` instead of a dense block: sums over
+    entries equal sums over the rows whenever zeros add nothing."""
 
     offsets: np.ndarray
     cols: np.ndarray
     vals: np.ndarray
     width: int
+    keys: Optional[np.ndarray] = None
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray, keys: Optional[np.ndarray] = None) -> "RowEntries":
+        """The non-zero entries of a dense ``(n, width)`` block."""
+        from ..kernels.rows import to_csr
+
+        rows = np.ascontiguousarray(rows)
+        return cls(*to_csr(rows), rows.shape[1], None if keys is None else np.asarray(keys, dtype=np.int64))
 
     @property
     def shape(self) -> Tuple[int, int]:
         return len(self.offsets) - 1, self.width
+
+    @property
+    def csr(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(offsets, cols, vals)``: what the CSR kernels take."""
+        return self.offsets, self.cols, self.vals
 
     def toarray(self) -> np.ndarray:
         from ..kernels.rows import csr_into

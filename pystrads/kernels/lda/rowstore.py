@@ -20,7 +20,7 @@ are)::
 
 Entries in and out are CSR ``(offsets int64, cols int32, vals)`` with the
 columns ascending in each row, as the shards send and take them
-(:meth:`pystrads.engine.TableHandle.get_entries` / ``inc_entries``).
+(:meth:`pystrads.ps.client.TableHandle.read_entries` / ``add``).
 """
 
 import numpy as np
