@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from pystrads import daemon
+from pystrads.ps import forker as shard_forker
 from pystrads.ps import launcher
 from pystrads.ps.client import ShardClient
 from pystrads.ps.server import TOKEN_ENV
@@ -26,8 +26,9 @@ from pystrads.ps.server import TOKEN_ENV
 DAEMON = """
 import sys, time
 from pystrads import daemon
+from pystrads.ps import forker
 daemon.preload()
-print(daemon.start_forker(), daemon.start_forker(), flush=True)
+print(forker.start_forker(), forker.start_forker(), flush=True)
 time.sleep(600)
 """
 
@@ -109,15 +110,15 @@ def test_a_forked_shard_is_what_a_new_interpreter_would_be(fake_daemon, tmp):
 
 def test_the_forker_declines_another_installation_and_the_launcher_spawns(fake_daemon, tmp, monkeypatch):
     _proc, forker, _ = fake_daemon
-    real = daemon._identity()
-    monkeypatch.setattr(daemon, "_identity", lambda: dict(real, pystrads="/elsewhere/pystrads"))
-    assert daemon.fork_shard(os.getpid(), ["--help"], {}, os.path.join(tmp, "x.log")) is None
+    real = shard_forker._identity()
+    monkeypatch.setattr(shard_forker, "_identity", lambda: dict(real, pystrads="/elsewhere/pystrads"))
+    assert shard_forker.fork_shard(os.getpid(), ["--help"], {}, os.path.join(tmp, "x.log")) is None
     token = secrets.token_urlsafe(16)
     infos = _start(tmp, True, token)
     try:
         assert [i["started"] for i in infos] == ["spawned", "spawned"]
         assert all(_ppid(i["pid"]) == os.getpid() for i in infos)
-        monkeypatch.setattr(daemon, "_identity", lambda: real)
+        monkeypatch.setattr(shard_forker, "_identity", lambda: real)
         forked = _start(tmp, True, token + "-2")  # the same forker still serves its own installation
         infos += forked
         assert [i["started"] for i in forked] == ["forked", "forked"] and _ppid(forked[0]["pid"]) == forker
@@ -142,7 +143,7 @@ def test_a_forked_shard_that_fails_reports_its_log(fake_daemon, tmp):
 def test_the_forker_answers_only_its_own_user(fake_daemon, tmp):
     """Its socket is its user's alone (mode 0600 in a 0700 directory); the forker checks the
     peer's uid too."""
-    path = daemon.forker_path(os.getpid())
+    path = shard_forker.forker_path(os.getpid())
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
     if os.getuid() != 0:
@@ -215,12 +216,12 @@ def test_a_squatted_work_base_is_passed_over_and_its_listener_gets_nothing(tmp, 
                                             jvm_pid=os.getpid(), admin_token=admin)
         assert [i["started"] for i in infos] == ["forked", "forked"] and _ppid(infos[0]["pid"]) == forker
         fallback = base + "-1"
-        assert daemon.work_base() == fallback and oct(os.lstat(fallback).st_mode & 0o777) == "0o700"
+        assert shard_forker.work_base() == fallback and oct(os.lstat(fallback).st_mode & 0o777) == "0o700"
         for info in infos:
             argv = open(f"/proc/{info['pid']}/cmdline").read().replace("\0", " ").split()
             assert argv[argv.index("--info-file") + 1].startswith(fallback + os.sep)
         time.sleep(0.5)
-        assert received == [] and os.listdir(base) == [os.path.basename(daemon.forker_path(os.getpid()))]
+        assert received == [] and os.listdir(base) == [os.path.basename(shard_forker.forker_path(os.getpid()))]
     finally:
         listener.close()
         for info in infos:
@@ -266,16 +267,16 @@ def test_no_token_in_any_shards_or_the_forkers_environment_or_command_line(fake_
 
 FAILING_FORKER = """
 import errno, os, sys
-from pystrads import daemon
+from pystrads.ps import forker
 how = sys.argv[1]
 if how == "fork":
     def fork():
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
     os.fork = fork
 else:  # the lock's path cannot be opened for writing
-    lock = daemon.forker_path(os.getppid())[: -len(".sock")] + ".lock"
+    lock = forker.forker_path(os.getppid())[: -len(".sock")] + ".lock"
     os.mkdir(lock)
-print(daemon.start_forker(), flush=True)
+print(forker.start_forker(), flush=True)
 print("serving", flush=True)
 """
 

@@ -12,7 +12,7 @@ ROOT = os.path.join(REPO, "pystrads")
 
 #: each layer may import the ones before it, never one after it (a top-level module is its own
 #: layer, named without ``.py``; a package's modules are all in the package's layer)
-LAYERS = ["errors", "kernels", "daemon", "spark", "ps", "config", "datasets", "engine", "programs", "ml", "session",
+LAYERS = ["errors", "kernels", "spark", "ps", "daemon", "config", "datasets", "engine", "programs", "ml", "session",
           "testing"]
 
 

@@ -27,7 +27,7 @@ import time
 import weakref
 from typing import Any, Dict, List, Optional
 
-from ..daemon import SHARD_MODULE, fork_shard, work_base
+from .forker import SHARD_MODULE, fork_shard, work_base
 from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
 from .client import ShardGroup, ShardInfo
 from .protocol import Action
@@ -191,9 +191,9 @@ class _Forked:
 
 def _run_dir(work_dir: str, run_id: str) -> str:
     """The run's directory of shard files on this host: in this user's private work base
-    (:func:`~pystrads.daemon.work_base`) or in ``spark.pystrads.shard.workDir``, which must be
+    (:func:`~pystrads.ps.forker.work_base`) or in ``spark.pystrads.shard.workDir``, which must be
     private too; made mode 0700 and checked (owner, mode, no symbolic link) either way."""
-    from ..daemon import private_dir
+    from .forker import private_dir
 
     if work_dir:
         problem = private_dir(work_dir)
@@ -239,7 +239,7 @@ def start_local_shards(run_id: str, token: str, count: int, bind_host: str, leas
     TLS shard serves only clients that present ``client_cert`` (the run's, PEM).  Called in a Python worker, the executor is the JVM it serves; called elsewhere (the
     driver of a local-mode application), ``jvm_pid`` names it.  ``extra_env``: variables the
     shards get beside this process's (the executors' ``spark.executorEnv.*``).  ``fork``: ask
-    the executor's pystrads daemon to fork the shards (:func:`pystrads.daemon.fork_shard`: no
+    the executor's pystrads daemon to fork the shards (:func:`pystrads.ps.forker.fork_shard`: no
     second start of Python and numba) and start new interpreters only where it does not."""
     watched = jvm_pid if jvm_pid is not None else executor_pid()
     executor = f"{socket.gethostname()}:{watched}"
