@@ -296,6 +296,9 @@ def test_sparse_reads_and_writes_carry_the_same_rows_in_fewer_bytes(shards, dtyp
         table.add(keys, RowEntries.from_rows(np.ones((120, 40))[:-1]))
     with pytest.raises(ValueError, match="width 39"):
         table.add(keys, RowEntries.from_rows(np.ones((120, 39))))
+    with pytest.raises(ValueError, match="carry keys other than where"):
+        table.add(keys, RowEntries.from_rows(delta, keys=keys[::-1]))
+    assert np.array_equal(table.read(), base)  # refused before anything was sent
     with pytest.raises(Exception, match="sparse"):
         group.client(0).write_entries("contribute", table.layout.name, np.arange(2), np.array([0, 1, 2]),
                                       np.array([0, 1], np.int32), np.ones(2), dtype, {"round": 0})

@@ -922,6 +922,10 @@ class TableHandle:
         if entries.width != self.layout.width:
             raise ValueError(f"table {self.layout.short_name!r}: entries of width {entries.width}, "
                              f"the table's is {self.layout.width}")
+        if entries.keys is not None and not np.array_equal(entries.keys, keys):
+            raise ValueError(f"table {self.layout.short_name!r}: the entries carry keys other than where they "
+                             f"are written ({np.asarray(entries.keys)[:5].tolist()}... against "
+                             f"{keys[:5].tolist()}...); pass where=entries.keys")
         for part, lo, hi in self._segments(keys):
             a, b = int(offsets[lo]), int(offsets[hi])
             self.group.client(self.layout.shards[part]).write_entries(
