@@ -14,6 +14,7 @@ port listens on (read from /proc/<shard pid>/net/tcp: the shards run on this mac
 perhaps in another network namespace).
 """
 
+import faulthandler
 import ipaddress
 import json
 import os
@@ -24,6 +25,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+faulthandler.enable(all_threads=True)  # a native crash prints every thread's Python stack to the test's log
 
 import numpy as np  # noqa: E402
 

@@ -128,6 +128,29 @@ def test_shards_outlive_a_long_driver_solve_and_go_with_spark_stop():
     assert not out["still_running"] and out["exit_after_stop_s"] <= lease, out
 
 
+@pytest.mark.slow
+def test_a_driver_exits_only_after_its_heartbeat_made_its_last_call():
+    """A driver that returns right after ``spark.stop()``, while its heartbeat thread is telling
+    the shards to stop and one shard is frozen: the interpreter's exit waits for that thread
+    (a daemon thread still inside a Flight call as the interpreter tears down can abort the
+    process), but only for a heartbeat's deadline, not a control call's, and exits with 0."""
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "exit_driver.py"), "30"], capture_output=True,
+                          text=True, timeout=300, cwd=os.path.dirname(HERE),
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    result = [json.loads(ln[len("RESULT "):]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    try:
+        ended = [json.loads(ln[len("EXIT "):]) for ln in proc.stdout.splitlines() if ln.startswith("EXIT ")]
+        assert proc.returncode == 0 and result and ended, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert result[0]["stopping"], result  # it exited while the heartbeat thread was stopping the shards
+        assert ended[0]["heartbeats"] == [], ended  # ... and waited for it
+        # the frozen shard had a heartbeat's deadline (3 s here), not a control call's (10 s)
+        assert ended[0]["exit_s"] <= result[0]["heartbeat_s"] + 2.0, (ended, result)
+    finally:
+        for pid in (result[0]["pids"] if result else []):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_shard_exits_within_seconds_of_its_executor(tmp_path):
     """A shard watches the executor JVM that started it (``--watch-pid``): when a cluster manager
     kills the executor, the shard goes too instead of waiting for the lease."""

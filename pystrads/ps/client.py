@@ -68,16 +68,17 @@ def fan_out(calls: Sequence[Any]) -> List[Any]:
     with _CONNECTIONS_LOCK:
         if _POOL is None:
             _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="pystrads-fanout")
-    futures = [_POOL.submit(call) for call in calls[1:]]
-    results, error = [], None
-    try:
-        results.append(calls[0]())
-    except Exception as exc:  # noqa: BLE001 -- re-raised below
-        error = exc
-    for future in futures:
+    futures: List[Any] = []
+    for call in calls[1:]:
         try:
-            results.append(future.result())
-        except Exception as exc:  # noqa: BLE001
+            futures.append(_POOL.submit(call))
+        except RuntimeError:  # the interpreter is exiting: its pools take no new work, run it here
+            futures.append(call)
+    results, error = [], None
+    for pending in [calls[0]] + futures:
+        try:
+            results.append(pending.result() if isinstance(pending, concurrent.futures.Future) else pending())
+        except Exception as exc:  # noqa: BLE001 -- re-raised below
             error = error or exc
     if error is not None:
         raise error

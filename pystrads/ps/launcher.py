@@ -28,8 +28,8 @@ import weakref
 from typing import Any, Dict, List, Optional
 
 from .forker import SHARD_MODULE, fork_shard, work_base
-from ..errors import ConfigurationError, ShardStartError, ShardUnavailableError
-from .client import ShardGroup, ShardInfo
+from ..errors import ConfigurationError, PystradsError, ShardStartError, ShardUnavailableError
+from .client import ShardGroup, ShardInfo, fan_out
 from .protocol import Action
 from .server import ADMIN_TOKEN_ENV, CLIENT_CERT_ENV, TOKEN_ENV
 from .tls import trust_bundle
@@ -373,6 +373,9 @@ class ShardManager:
         self.group: Optional[ShardGroup] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # one shutdown at a time (the heartbeat thread's, when the application stops, and the
+        # interpreter's exit may meet): a second caller waits for the first to finish
+        self._shutdown_lock = threading.Lock()
         self.heartbeat_failures = 0
         # when the shards' own certificates are past half their life (None: none of their own)
         self.renew_at: Optional[float] = None
@@ -472,6 +475,7 @@ class ShardManager:
             self._beat(raise_errors=True)
             self._thread = threading.Thread(target=self._heartbeat_loop, name="pystrads-heartbeat", daemon=True)
             self._thread.start()
+            _BEATING.add(self)
         log.info("started %d shard(s) on %d executor(s) in %.1f s: %s", len(shards),
                  len({i['executor'] for i in shards}), time.monotonic() - t0,
                  ", ".join(s.uri for s in self.group.shards))
@@ -514,11 +518,15 @@ class ShardManager:
         if raise_errors:  # the first beat proves every shard is reachable: a control call's deadline
             self.group.broadcast(Action.HEARTBEAT)
             return
-        missed = self.group.heartbeat(max(0.5, float(self.config["shard.heartbeatSeconds"])))
+        missed = self.group.heartbeat(self._beat_deadline())
         if missed:
             self.heartbeat_failures += len(missed)
             log.warning("shards %s of %s missed a heartbeat", [self.group.shards[i].uri for i in missed],
                         self.run_id)
+
+    def _beat_deadline(self) -> float:
+        """How long one heartbeat (or the shutdown's stop call) waits for a shard."""
+        return max(0.5, float(self.config["shard.heartbeatSeconds"]))
 
     def _heartbeat_loop(self) -> None:
         period = self.config["shard.heartbeatSeconds"]
@@ -559,25 +567,41 @@ class ShardManager:
         return not gone
 
     def shutdown(self) -> None:
+        """Stop the heartbeat and the shards, and return once the heartbeat thread has made its
+        last call: no Flight call of this manager's is left running behind the caller (at the
+        interpreter's exit, a daemon thread inside a call as the interpreter tears down aborts
+        the process).  Each shard is told at once, within a heartbeat's deadline; a shard that
+        cannot be told exits when its lease lapses."""
         self._stop.set()
-        if self.group is None:
-            return
+        with self._shutdown_lock:
+            group, self.group = self.group, None
+            if group is not None:
+                self._stop_shards(group)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            # its beat ends within the heartbeat deadline; a shutdown it began is done (the lock)
+            thread.join(self._beat_deadline() + 1.0)
+        _BEATING.discard(self)
+
+    def _stop_shards(self, group: ShardGroup) -> None:
         if not self.reachable:
             from .relay import through_spark
 
             try:
-                through_spark(self.spark, self.group, _shutdown_all)
+                through_spark(self.spark, group, _shutdown_all)
             except Exception as exc:  # noqa: BLE001 -- they exit when their lease lapses
                 log.info("could not tell the shards of %s to stop (%s); they exit when their lease lapses",
                          self.run_id, exc)
-            self.group = None
             return
-        for i in range(len(self.group.shards)):
+        deadline = self._beat_deadline()
+
+        def stop(i):
             try:
-                self.group.client(i).action(Action.SHUTDOWN)
-            except ShardUnavailableError:
+                group.client(i).action(Action.SHUTDOWN, deadline=deadline)
+            except PystradsError:  # gone, lost, or too slow to answer: its lease ends it
                 pass
-        self.group = None
+
+        fan_out([lambda i=i: stop(i) for i in range(len(group.shards))])
 
 
 def _all_alive(group: ShardGroup) -> bool:
@@ -606,6 +630,8 @@ def start_for_fit(spark, config, expected_executors: int) -> ShardManager:
 
 
 _MANAGERS: Dict[int, ShardManager] = {}
+# managers whose heartbeat thread runs, also once they left _MANAGERS (the thread holds them)
+_BEATING: "weakref.WeakSet[ShardManager]" = weakref.WeakSet()
 # managers replaced in _MANAGERS (one of their shards was gone) while fits still held them: they
 # keep beating for those fits' live shards and stop when the last of them lets go
 _RETIRED: List[ShardManager] = []
@@ -653,28 +679,32 @@ def get_shards(spark, config, expected_executors: int, holder: Any = None) -> Sh
 def drop_stopped() -> None:
     """Stop and forget the shard managers whose SparkContext or session was stopped."""
     with _LOCK:
-        for key, manager in list(_MANAGERS.items()):
-            if not manager.spark.alive():
-                manager.shutdown()
-                del _MANAGERS[key]
+        stopped = [_MANAGERS.pop(key) for key, manager in list(_MANAGERS.items()) if not manager.spark.alive()]
+    for manager in stopped:  # outside the lock: shutdown waits for the heartbeat thread, which may want it
+        manager.shutdown()
 
 
 def release_shards(manager: ShardManager, holder: Any) -> None:
     """``holder`` no longer uses ``manager``'s shards: a replaced group stops with its last holder."""
     with _LOCK:
         manager.holders.discard(holder)
-        if manager in _RETIRED and not len(manager.holders):
+        last = manager in _RETIRED and not len(manager.holders)
+        if last:
             _RETIRED.remove(manager)
-            manager.shutdown()
+    if last:
+        manager.shutdown()
 
 
 def shutdown() -> None:
-    """Stop every shard this driver started (also runs at interpreter exit)."""
+    """Stop every shard this driver started (also runs at interpreter exit), and every
+    heartbeat thread: one that was stopping its shards itself (its application stopped) is
+    waited for."""
     with _LOCK:
-        for manager in list(_MANAGERS.values()) + _RETIRED:
-            manager.shutdown()
+        managers = list(_MANAGERS.values()) + _RETIRED
         _MANAGERS.clear()
         _RETIRED.clear()
+    for manager in set(managers) | set(_BEATING):
+        manager.shutdown()
 
 
 atexit.register(shutdown)
