@@ -58,3 +58,15 @@ class RoundTimeoutError(PystradsError, TimeoutError):
     """A worker waited longer than ``spark.pystrads.round.timeoutSeconds`` for
     the other workers to finish a round."""
 
+
+def python_cause(exc: BaseException) -> str:
+    """The last Python exception line inside a Py4J error (what the user needs), else the
+    error's first line."""
+    import re
+
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines()
+             if re.match(r"^\s*[\w.]+(Error|Exception|Warning)\b.*:", ln)]
+    python_lines = [ln for ln in lines if not ln.startswith(("org.apache", "java.", "py4j", "scala."))]
+    chosen = (python_lines or lines or [text.splitlines()[0] if text else repr(exc)])[-1]
+    return chosen[:2000]

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Mapping, Optional
 
-from .engine.preflight import check_java
+from .engine.driver.preflight import check_java
 
 #: Spark keys its Python worker pools by the workers' environment, and DataFrame jobs add
 #: ``SPARK_SIMPLIFIED_TRACEBACK=1`` to it: without this setting an application whose data came

@@ -491,10 +491,10 @@ class _MeanTopicEntropy:
 def around_steps(hook: Callable[[Any, int, Callable[[], Dict[str, Any]]], Dict[str, Any]]):
     """Wrap every step that fits in this process run while the block lasts: ``hook(job, step,
     run)`` must call ``run()`` (which runs step ``step`` of the fit's
-    :class:`~pystrads.engine.job.WorkerJob` ``job`` and commits it) and return its answer; it
+    :class:`~pystrads.engine.scheduler.steps.WorkerJob` ``job`` and commits it) and return its answer; it
     may act before, during (from a thread) or after it.  The seam of the fault-injection
     suite: kill a shard, a worker or the driver while a step runs, or lose a committed step."""
-    from .engine import job
+    from .engine.scheduler import steps as job
 
     job.STEP_HOOKS.append(hook)
     try:

@@ -1,8 +1,8 @@
 """A fit's step loop without Spark, and faults struck in any of its phases.
 
 :class:`ThreadJob` is the fit's job with its workers as threads of this process running the real
-worker code (:func:`~pystrads.engine.worker.run_worker`) against real shards served in this
-process (:class:`LocalShards`); the :class:`~pystrads.engine.loop.StepLoop` runs on it as it runs
+worker code (:func:`~pystrads.engine.executor.worker.run_worker`) against real shards served in this
+process (:class:`LocalShards`); the :class:`~pystrads.engine.scheduler.loop.StepLoop` runs on it as it runs
 on Spark.  :func:`run_fit` drives one fit with the scheduler on the driver (the loop recovers in
 place, its journal in memory) or in the job (a coordinator that dies is replaced by a new loop of
 the next epoch, which settles the open step and carries on from the journal on shard 0), with a
@@ -19,14 +19,14 @@ from typing import Any, Callable, Dict, List, Optional
 from pyspark import cloudpickle
 
 from pystrads.config import Config
-from pystrads.engine import worker as worker_module
-from pystrads.engine.checkpoints import program_attributes
-from pystrads.engine.job import WorkerInput, WorkerJob
-from pystrads.engine.journal import Journal, MemoryStore, ShardStore, settle
-from pystrads.engine.loop import StepLoop, TrainingSummary, make_tables, plan_tables
-from pystrads.engine.progress import ProgressReporter
-from pystrads.engine.sealing import Seals
-from pystrads.engine.worker import WorkerSpec, program_hash, run_worker
+from pystrads.engine.executor import worker as worker_module
+from pystrads.engine.scheduler.checkpoints import program_attributes
+from pystrads.engine.scheduler.steps import WorkerJob
+from pystrads.engine.scheduler.journal import Journal, MemoryStore, ShardStore, settle
+from pystrads.engine.scheduler.loop import StepLoop, TrainingSummary, make_tables, plan_tables
+from pystrads.engine.scheduler.progress import ProgressReporter
+from pystrads.engine.scheduler.sealing import Seals
+from pystrads.engine.executor.worker import WorkerSpec, program_hash, run_worker
 from pystrads.errors import ShardUnavailableError, StepFailedError
 from pystrads.ps.client import ShardGroup, ShardInfo
 from pystrads.ps.partition import TableLayout
@@ -74,7 +74,7 @@ class ThreadJob(WorkerJob):
     """The fit's job with its workers as threads of this process (see the module docstring)."""
 
     def __init__(self, records: List[List[Any]], seed: int, namespace: str, epoch: int = 1, timeout: float = 20.0):
-        super().__init__(None, WorkerInput(), len(records), seed, namespace, timeout, False, None, 1, epoch)
+        super().__init__(len(records), seed, namespace, timeout, None, 1, epoch)
         self.records = records
         self.launches = 0
         self._threads: List[threading.Thread] = []
@@ -257,7 +257,7 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
             max_steps: Optional[int] = None) -> Result:
     """One fit of ``program`` over ``records`` (one list per worker) on ``shards`` local shards
     (see the module docstring), at most ``max_steps`` steps; ``faults`` strikes it once."""
-    from pystrads.engine.checkpoints import Checkpointer
+    from pystrads.engine.scheduler.checkpoints import Checkpointer
 
     worker_module._task_identity = _identity  # this process's worker threads tell themselves apart so
     faults = faults or Faults(None, location=location)

@@ -203,7 +203,7 @@ def test_estimators_checkpoint_to_the_spark_checkpoint_dir_and_resume(tmp_path):
 def test_a_bare_checkpoint_path_is_refused_when_the_fit_spans_hosts():
     """A path without a scheme is each host's own disk: fine on one host, refused with the fix
     named on several; URIs and file:/// (a mount shared at the same path) pass."""
-    from pystrads.engine.preflight import check_checkpoint_storage
+    from pystrads.engine.driver.preflight import check_checkpoint_storage
     from pystrads.errors import ConfigurationError
 
     two = {"10.0.0.2", "10.0.0.3"}
@@ -221,3 +221,4 @@ def test_a_bare_checkpoint_path_is_refused_when_the_fit_spans_hosts():
         with pytest.raises(ConfigurationError, match=r"checkpoint\.dir='.*' is a path without a scheme.*2 hosts "
                                                      r"\(10\.0\.0\.2, 10\.0\.0\.3\).*hdfs://.*file:///that/path"):
             check_checkpoint_storage(bare, two)
+

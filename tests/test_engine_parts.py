@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from pystrads.config import Config
-from pystrads.engine import job as job_module
-from pystrads.engine.checkpoints import Checkpointer, Position
-from pystrads.engine.driver import TrainingSummary
-from pystrads.engine.job import WorkerInput, WorkerJob
+from pystrads.engine.scheduler import steps as job_module
+from pystrads.engine.scheduler.checkpoints import Checkpointer, Position
+from pystrads.engine.driver.engine import TrainingSummary
+from pystrads.engine.driver.launch import BarrierJob, WorkerInput
+from pystrads.engine.scheduler.steps import WorkerJob
 from pystrads.programs.examples import CounterProgram
 from pystrads.testing import around_steps
 
@@ -152,7 +153,7 @@ def _job():
     class Handle:
         connect = True
 
-    return WorkerJob(Handle(), WorkerInput(), num_workers=2, seed=0, namespace="fit-test", timeout=5.0,
+    return BarrierJob(Handle(), WorkerInput(), num_workers=2, seed=0, namespace="fit-test", timeout=5.0,
                      keep_states=False, export=None)
 
 
@@ -305,3 +306,23 @@ def test_shards_another_fit_holds_outlive_a_fit_that_found_one_gone(monkeypatch)
     assert renewed is not aging and aging.stopped == 0 and aging in launcher._RETIRED
     launcher.release_shards(aging, fit_a)
     assert aging.stopped == 1
+
+
+def test_a_checkpoint_naming_the_engines_old_module_paths_still_loads():
+    """A checkpoint written before the engine was split into its parts names the early-stopping
+    rule by its old module; resuming it finds the class where it lives now."""
+    import pickle
+
+    from pystrads.engine.program.stopping import EarlyStopping
+    from pystrads.engine.scheduler.checkpoints import load_driver_state
+
+    rule = EarlyStopping("validation_rmse", rounds=3)
+    rule.best_value = 1.5
+    blob = pickle.dumps({"program": {"stopping": rule}, "num_workers": 2}, protocol=0)  # names as text
+    old = blob.replace(b"pystrads.engine.program.stopping", b"pystrads.engine.stopping")
+    assert old != blob and b"pystrads.engine.program.stopping" not in old
+    with pytest.raises(ModuleNotFoundError):
+        pickle.loads(old)  # what a plain unpickler makes of it
+    state = load_driver_state(old)
+    assert isinstance(state["program"]["stopping"], EarlyStopping) and state["program"]["stopping"].best_value == 1.5
+    assert state["num_workers"] == 2

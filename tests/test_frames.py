@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pystrads.engine import Engine
-from pystrads.engine.frames import keep_frame, keep_frames, row_ranges, shard_frame
+from pystrads.engine.driver.frames import keep_frame, keep_frames, row_ranges, shard_frame
 from pystrads.programs import examples as ex
 
 

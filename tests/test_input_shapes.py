@@ -6,7 +6,7 @@ over as it is, is not shuffled again."""
 import numpy as np
 import pytest
 
-from pystrads.engine.preflight import barrier_ready, frame_to_workers, to_workers
+from pystrads.engine.driver.preflight import barrier_ready, frame_to_workers, to_workers
 from pystrads.ml import StradsLasso, StradsLDA, StradsLogisticRegression, StradsMF
 from pystrads.testing import _linear_data, _ratings_data
 

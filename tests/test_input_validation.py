@@ -20,7 +20,7 @@ import pytest
 from pyspark.ml.linalg import Vectors, VectorUDT
 from pyspark.sql import types as T
 
-from pystrads.engine.driver import Engine
+from pystrads.engine.driver.engine import Engine
 from pystrads.errors import ConfigurationError, InputError
 from pystrads.ml import StradsLDA, StradsLasso, StradsLogisticRegression, StradsMF
 from pystrads.ps import launcher

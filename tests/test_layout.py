@@ -1,6 +1,8 @@
 """The shape of the code: every module of ``pystrads/`` has a docstring that says what it holds,
-no import runs from a lower layer to a higher one, and no modules of ``pystrads/`` or ``jobs/``
-import each other (directly or round a longer circle).  Imports inside functions count."""
+no import runs from a lower layer to a higher one, the engine's four parts (the Program API, the
+scheduler, the executor's side, the driver's side) import only the parts before them, and no
+modules of ``pystrads/`` or ``jobs/`` import each other (directly or round a longer circle).
+Imports inside functions count."""
 
 import ast
 import os
@@ -93,6 +95,48 @@ def test_no_layer_imports_a_later_one():
     assert not wrong, sorted(wrong)
 
 
+#: the engine's parts, each a package of ``pystrads/engine/``: each may import the ones before it,
+#: never one after it -- the Program API nothing of the engine, the executor's side (what Spark's
+#: tasks run) never the driver's
+ENGINE_PARTS = ["program", "scheduler", "executor", "driver"]
+
+
+def _engine_part(module):
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "engine" else None
+
+
+def _engine_cross_imports(graph):
+    """``module imports other`` for every import from an engine part to a later one."""
+    wrong = []
+    for module, imported in graph.items():
+        part = _engine_part(module)
+        if part is None:
+            continue
+        for other in imported:
+            target = _engine_part(other)
+            if target is not None and ENGINE_PARTS.index(target) > ENGINE_PARTS.index(part):
+                wrong.append(f"{module} imports {other}")
+    return sorted(wrong)
+
+
+def test_the_engine_is_its_program_api_scheduler_executor_and_driver():
+    graph = _graph(ROOT, "pystrads")
+    parts = {_engine_part(m) for m in graph} - {None}
+    loose = sorted(m for m in graph if m.startswith("pystrads.engine.") and _engine_part(m) not in ENGINE_PARTS)
+    assert parts == set(ENGINE_PARTS) and not loose, (sorted(parts), loose)
+    assert not _engine_cross_imports(graph), _engine_cross_imports(graph)
+
+
+def test_the_engine_check_sees_an_executor_importing_the_driver():
+    text = "def f():\n    from ..driver.engine import Engine\n"
+    known = {"pystrads.engine.driver.engine", "pystrads.engine.executor.worker", "pystrads.engine.program.api"}
+    graph = {"pystrads.engine.executor.worker": _imports("pystrads.engine.executor.worker",
+                                                         "pystrads/engine/executor/worker.py", text, known),
+             "pystrads.engine.driver.engine": {"pystrads.engine.executor.worker", "pystrads.engine.program.api"}}
+    assert _engine_cross_imports(graph) == ["pystrads.engine.executor.worker imports pystrads.engine.driver.engine"]
+
+
 def _cycles(graph):
     """Strongly connected groups of more than one module (Tarjan)."""
     index, low, stack, on, out = {}, {}, [], set(), []
@@ -136,9 +180,9 @@ def test_no_modules_import_each_other(folder):
 def test_the_checks_see_a_back_arrow_and_a_circle():
     """The checks would fail on what they are meant to catch."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    text = "def f():\n    from ..engine.driver import Engine\n"
-    known = {"pystrads.engine.driver", "pystrads.ps.launcher", "pystrads.engine"}
-    assert _imports("pystrads.ps.launcher", "pystrads/ps/launcher.py", text, known) == {"pystrads.engine.driver"}
+    text = "def f():\n    from ..engine.driver.engine import Engine\n"
+    known = {"pystrads.engine.driver.engine", "pystrads.ps.launcher", "pystrads.engine"}
+    assert _imports("pystrads.ps.launcher", "pystrads/ps/launcher.py", text, known) == {"pystrads.engine.driver.engine"}
     assert _imports("jobs.a", "jobs/a.py", "def f():\n    from b import g\n", {"jobs.a", "jobs.b"}, "jobs.") \
         == {"jobs.b"}
 
@@ -148,11 +192,12 @@ def test_the_checks_see_a_back_arrow_and_a_circle():
 #: them all of pyspark.ml (every MLlib algorithm, pandas, scipy: seconds in each new worker)
 WORKER_SIDE = ["pystrads.ml._arrow", "pystrads.ml._lda_data", "pystrads.ml._lda_model", "pystrads.ml._linear_input",
                "pystrads.ml._mf_data"]
-#: what a worker of a fit unpickles: the engine's worker side and the programs, which must not
-#: import the driver's side of the engine (the launcher, the coordinator, the job)
-ENGINE_WORKER_SIDE = ["pystrads.engine.worker", "pystrads.programs.lda", "pystrads.programs.mf",
+#: what a worker of a fit unpickles: the engine's executor side and the programs, which must not
+#: import the engine's driver side or the shard launcher, nor the in-job coordinator (only the
+#: first task of a Connect fit runs it, and imports it then)
+ENGINE_WORKER_SIDE = ["pystrads.engine.executor.worker", "pystrads.programs.lda", "pystrads.programs.mf",
                       "pystrads.programs.lasso", "pystrads.programs.logistic", "pystrads.programs.multinomial"]
-DRIVER_SIDE = ("pystrads.engine.driver", "pystrads.engine.job", "pystrads.engine.coordinator", "pystrads.ps.launcher")
+DRIVER_SIDE = ("pystrads.engine.driver", "pystrads.engine.executor.coordinator", "pystrads.ps.launcher")
 
 
 def test_worker_side_modules_import_no_estimator_and_no_pyspark_ml():
@@ -172,7 +217,7 @@ def test_the_engines_worker_side_imports_nothing_of_its_driver_side():
     import sys
 
     code = ("import sys\n" + "".join(f"import {m}\n" for m in ENGINE_WORKER_SIDE + WORKER_SIDE) +
-            f"print(sorted(m for m in sys.modules if m in {DRIVER_SIDE!r}))")
+            f"print(sorted(m for m in sys.modules if m.startswith({DRIVER_SIDE!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 

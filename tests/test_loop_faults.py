@@ -122,7 +122,7 @@ def reference(name):
 
 
 def _state(program):
-    from pystrads.engine.checkpoints import program_state
+    from pystrads.engine.scheduler.checkpoints import program_state
 
     return {k: v for k, v in program_state(program).items() if k not in ("t_origin",)}
 
@@ -187,8 +187,8 @@ def test_the_check_fails_when_the_journal_records_the_state_before_after_steps_e
     program's state as of before ``after_step`` ran.  A coordinator that dies once ``after_step``
     wrote its table then counts that write once but the state's step twice: the matrix's check
     fails."""
-    from pystrads.engine.journal import Journal
-    from pystrads.engine.loop import StepLoop
+    from pystrads.engine.scheduler.journal import Journal
+    from pystrads.engine.scheduler.loop import StepLoop
 
     class EarlyJournal(Journal):
         early: set = set()

@@ -337,7 +337,7 @@ def test_early_stopping_on_the_held_out_perplexity(debian_split):
     """The validation documents are never sampled into the counts; after every iteration they are
     scored exactly as the fitted model's logPerplexity scores them; with earlyStoppingRounds=2 the
     fit follows the same chain and ends 2 iterations after the best held-out perplexity."""
-    from pystrads.engine.stopping import EarlyStopping
+    from pystrads.engine.program.stopping import EarlyStopping
 
     heldout = debian_split.filter("validation")
     est = StradsLDA(k=20, maxIter=40, seed=3, optimizeDocConcentration=False, validationIndicatorCol="validation",

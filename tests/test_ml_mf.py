@@ -308,7 +308,7 @@ def test_early_stopping_stops_two_iterations_after_the_validation_minimum(moviel
     minimum, on the same path as the full run; the validation ratings are never trained on."""
     from pyspark.sql import functions as F
 
-    from pystrads.engine.stopping import EarlyStopping
+    from pystrads.engine.program.stopping import EarlyStopping
 
     est = mf(rank=50, regParam=0.1 if algorithm == "cd" else 0.05, maxIter=20 if algorithm == "cd" else 24,
              algorithm=algorithm, validationIndicatorCol="validation")
@@ -406,7 +406,7 @@ def test_cross_validator_runs_its_fits_at_once_with_the_metrics_of_sequential_fi
     one-after-another run's."""
     import threading
 
-    from pystrads.engine.loop import StepLoop
+    from pystrads.engine.scheduler.loop import StepLoop
 
     grid = ParamGridBuilder().addGrid(StradsMF.regParam, [0.01, 0.05, 0.1, 0.3]).build()
 

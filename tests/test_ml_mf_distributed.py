@@ -148,7 +148,7 @@ def test_save_load_round_trip_keeps_factors_predictions_and_recommendations(mode
 def test_the_factors_never_reach_the_driver(spark, monkeypatch):
     """The fit reads neither the item table nor the workers' user factors on the driver; the
     model holds DataFrames made by executor tasks (no driver-made LocalRelation) and no arrays."""
-    from pystrads.engine import job
+    from pystrads.engine.scheduler import steps as job
     from pystrads.ps import client
 
     reads = []

@@ -297,7 +297,7 @@ class LateReader(ex.CounterProgram):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        from pystrads.engine import worker as worker_module
+        from pystrads.engine.executor import worker as worker_module
 
         if not getattr(worker_module._Worker.next_command, "_late", False):
             plain = worker_module._Worker.next_command
@@ -334,9 +334,9 @@ def test_a_fit_whose_tasks_get_no_slots_fails_clearly_instead_of_waiting(sc, mon
     (warning, then failing after round.timeoutSeconds) instead of waiting for ever."""
     import threading
 
-    from pystrads.engine import job
+    from pystrads.engine.driver import launch
 
-    monkeypatch.setattr(job, "SLOT_WAIT_WARN_SECONDS", 0.5)
+    monkeypatch.setattr(launch, "SLOT_WAIT_WARN_SECONDS", 0.5)
     release = threading.Event()
 
     def hog():

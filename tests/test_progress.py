@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from pystrads.engine.progress import ProgressReporter
+from pystrads.engine.scheduler.progress import ProgressReporter
 
 
 def test_progress_lines_have_position_values_elapsed_and_eta(caplog):
@@ -60,7 +60,7 @@ def test_notebook_bar_is_one_display_updated_in_place(monkeypatch):
     import sys
     import types
 
-    from pystrads.engine import progress
+    from pystrads.engine.scheduler import progress
 
     shown = []
 
@@ -98,7 +98,7 @@ def test_notebook_detection_reads_a_loaded_ipython_and_never_imports_one(monkeyp
     import sys
     import types
 
-    from pystrads.engine import progress
+    from pystrads.engine.scheduler import progress
 
     tried = []
 

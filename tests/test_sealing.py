@@ -6,11 +6,11 @@ import pickle
 
 import pytest
 
-from pystrads.engine.coordinator import read_progress, progress_key
-from pystrads.engine.job import WorkerInput, WorkerJob
-from pystrads.engine.journal import Journal, ShardStore, journal_key
-from pystrads.engine.sealing import DRIVER, WORKER, Seals
-from pystrads.engine.worker import WorkerSpec, _Worker, export_key, state_key
+from pystrads.engine.executor.coordinator import read_progress, progress_key
+from pystrads.engine.driver.launch import BarrierJob, WorkerInput
+from pystrads.engine.scheduler.journal import Journal, ShardStore, journal_key
+from pystrads.engine.scheduler.sealing import DRIVER, WORKER, Seals
+from pystrads.engine.executor.worker import WorkerSpec, _Worker, export_key, state_key
 from pystrads.errors import PayloadAuthenticationError
 from pystrads.ps.client import ShardGroup, ShardInfo
 from pystrads.ps.server import ShardServer
@@ -64,7 +64,7 @@ def test_every_reader_refuses_a_blob_written_with_the_run_token_alone(group, tmp
     forged = pickle.dumps(_Trap(trap))
     forger = ShardGroup(group.shards, TOKEN)  # the run token, nothing else
     spec = WorkerSpec(pickle.dumps(None), "", group, {}, 2, 0, 30, ns, False, seals=seals)
-    job = WorkerJob(None, WorkerInput(), 2, 0, ns, 30.0, False, export=lambda w, d, s: None)
+    job = BarrierJob(None, WorkerInput(), 2, 0, ns, 30.0, False, export=lambda w, d, s: None)
     job.seals, job.group = seals, group
 
     def worker_state():

@@ -328,7 +328,7 @@ def test_a_round_exchange_carries_contributions_and_brings_back_the_pulled_rows(
     from pyspark import cloudpickle
 
     from pystrads.engine.program import WorkerContext
-    from pystrads.engine.worker import WorkerSpec, _Worker
+    from pystrads.engine.executor.worker import WorkerSpec, _Worker
 
     _, group = shards
     table = make_table(group, rows=30, width=1, contrib_width=2, storage=storage)
@@ -391,7 +391,7 @@ def _lone_worker(group, table):
 
     from pyspark import cloudpickle
 
-    from pystrads.engine.worker import WorkerSpec, _Worker
+    from pystrads.engine.executor.worker import WorkerSpec, _Worker
 
     group.broadcast("register_program", namespace="fit", payload=base64.b64encode(cloudpickle.dumps(_Program())).decode())
     group.broadcast("begin_step", step=1, num_workers=1, namespace="fit")
@@ -1370,11 +1370,11 @@ def test_settling_a_lost_job_holds_the_shards_for_the_relaunched_coordinator(sha
     heartbeat, whatever its lease, and claims the new epoch."""
     import time
 
-    from pystrads.engine.coordinator import settle_for_relaunch
+    from pystrads.engine.executor.coordinator import settle_for_relaunch
 
     servers, group = shards
     t0 = time.monotonic()
-    from pystrads.engine.sealing import Seals
+    from pystrads.engine.scheduler.sealing import Seals
 
     assert settle_for_relaunch(group, "fit", 3, Seals.new(), hold=630.0) == "none open"
     for server in servers:

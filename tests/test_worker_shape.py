@@ -7,7 +7,7 @@ import pytest
 
 from pystrads import spark as spark_module
 from pystrads.config import Config
-from pystrads.engine import preflight as pf
+from pystrads.engine.driver import preflight as pf
 from pystrads.ml import StradsLasso
 from pystrads.testing import _linear_data
 
@@ -82,7 +82,7 @@ def test_a_cluster_runs_one_worker_per_executor_asking_for_its_cores(monkeypatch
 
 def test_without_task_profiles_a_cluster_keeps_a_worker_per_slot_and_says_what_to_set(monkeypatch, caplog):
     monkeypatch.setattr(pf, "_profiles_run", lambda h, data: False)
-    with caplog.at_level("INFO", logger="pystrads.engine.preflight"):
+    with caplog.at_level("INFO", logger="pystrads.engine.driver.preflight"):
         assert _shape(_Handle("local-cluster[2, 4, 1024]")) == (8, 1, None)
     assert "set spark.task.cpus=4 to run one worker per executor with 4 threads" in caplog.text
 

@@ -1,8 +1,10 @@
 """The step engine and the public Program API.
 
-The names below load on first use: a Spark worker that unpickles the worker side
-(:mod:`.worker`, :mod:`.program`) imports those modules only, not the driver's (the launcher,
-the coordinator, the job), which it never runs.
+Four parts, each a package: the public Program API (:mod:`.program`), the step loop whoever
+runs it (:mod:`.scheduler`), what runs in the executors' tasks (:mod:`.executor`) and the
+driver's side (:mod:`.driver`); each imports only the ones before it.  The names below load on
+first use: a Spark worker that unpickles the worker side imports the executor's modules and
+what they need, never the driver's, which it never runs.
 """
 
 from typing import TYPE_CHECKING
@@ -10,8 +12,8 @@ from typing import TYPE_CHECKING
 from .. import lazy_exports
 
 _EXPORTS = {
-    "Engine": ".driver", "FitResult": ".driver", "TrainingSummary": ".driver",
-    "FitSetup": ".preflight", "check_java": ".preflight", "preflight": ".preflight",
+    "Engine": ".driver.engine", "FitResult": ".driver.engine", "TrainingSummary": ".driver.engine",
+    "FitSetup": ".driver.preflight", "check_java": ".driver.preflight", "preflight": ".driver.preflight",
     **{name: ".program" for name in ("Contribution", "Program", "RowEntries", "Schedule", "ScheduleContext",
                                      "StepMetrics", "Table", "WorkerContext")},
 }
@@ -19,8 +21,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
-    from .driver import Engine, FitResult, TrainingSummary
-    from .preflight import FitSetup, check_java, preflight
+    from .driver.engine import Engine, FitResult, TrainingSummary
+    from .driver.preflight import FitSetup, check_java, preflight
     from .program import (Contribution, Program, RowEntries, Schedule, ScheduleContext, StepMetrics, Table,
                           WorkerContext)
 

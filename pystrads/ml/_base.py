@@ -35,7 +35,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
 from ..engine import Engine
 from ..errors import PystradsError
-from ..engine.preflight import FitSetup, preflight
+from ..engine.driver.preflight import FitSetup, preflight
 from ._params import _StradsParams, add_accessor
 from ._persistence import ParamsWriter, PersistentModel
 from ._summary import HasTrainingSummary
@@ -173,7 +173,7 @@ class _StradsModel(HasTrainingSummary, Model, _StradsParams, PersistentModel):
         score, recommend or save afterwards (a saved model loads again); models whose
         parameters live on the driver (the linear models) keep working.  Also a context manager:
         ``with est.fit(df) as model: ...`` closes it at the end of the block."""
-        from ..engine.frames import release_frame
+        from ..engine.driver.frames import release_frame
 
         for frame in self._kept_frames():
             if frame is not None:

@@ -38,7 +38,6 @@ from ..config import Config
 from ..errors import ConfigurationError, InputError
 from ..kernels.rows import csr_gather_into
 from ..kernels.sets import unique
-from ..engine.frames import keep_frame, row_ranges, shard_frame
 from ..ps.protocol import concat_entries
 from ._arrow import collect_binary, collect_per_partition, vectors
 from ._lda_data import _doc_terms, fold_in, log_likelihood, with_topic_mixtures
@@ -201,8 +200,10 @@ def fitted_topics(spark, result, vocab_size: int, k: int, config: Config) -> Wor
     ``spark.pystrads.lda.localModelBytes`` as int32 is read onto the driver (one read of the
     shards, no Spark job: what transform would collect anyway).  A larger one is made by executor
     tasks that read the non-zero ``word_topic`` rows in ranges (each shard filters its part),
-    materialised before the fit is released (:func:`~pystrads.engine.frames.keep_frame`); the
+    materialised before the fit is released (:func:`~pystrads.engine.driver.frames.keep_frame`); the
     topic totals (K numbers) come to the driver.  ``config``: the fit's settings."""
+    from ..engine.driver.frames import keep_frame, row_ranges, shard_frame  # the driver's side (this module is the workers' too)
+
     totals = np.asarray(result.read_table("topic_totals")[0], dtype=np.int64)
     if vocab_size * k * 4 <= config["lda.localModelBytes"]:
         dense = np.ascontiguousarray(result.read_table("word_topic"), dtype=np.int32)
@@ -350,7 +351,7 @@ def _add_exact(partials: List[float], x: float) -> None:
 def _bucket_count(dataset) -> int:
     """Buckets of documents for the joined fold-in: the input's partitions (task slots under
     Spark Connect, which knows partitions only by running a job)."""
-    from ..engine.preflight import default_num_workers
+    from ..engine.driver.preflight import default_num_workers
     from ..spark import handle_of
 
     return max(1, dataset.rdd.getNumPartitions() if not handle_of(dataset).connect else default_num_workers(dataset))

@@ -181,7 +181,7 @@ def _block_error(b, fcol, lcol, wcol, class_labels):
 
 def _scan_arrow(dataset, fcol: str, lcol: str, wcol: Optional[str], class_labels: bool, num_workers: int,
                 vcol: Optional[str], connect: bool):
-    from ..engine.preflight import frame_to_workers  # the driver's side (this module is the workers' too)
+    from ..engine.driver.preflight import frame_to_workers  # the driver's side (this module is the workers' too)
 
     sel = _selected(dataset, fcol, lcol, wcol, vcol)
 

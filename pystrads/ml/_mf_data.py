@@ -6,7 +6,7 @@
   when the fit ends).
 - The factors out, as ALS holds them: :func:`fitted_factors` makes ``userFactors`` /
   ``itemFactors`` (DataFrames of id int, features array<float>) on the executors, from the
-  workers' exports and the ``item_factors`` table (:mod:`pystrads.engine.frames`), and
+  workers' exports and the ``item_factors`` table (:mod:`pystrads.engine.driver.frames`), and
   materialises them before the shards drop the fit; :func:`predictions` (``transform``: two
   left joins) and :func:`recommendations` (``recommendFor*``: ALS's blocked top-k -- blocks of
   ``blockSize`` rows cross-joined, each pair scored by one matmul, the pairs' candidates merged
@@ -25,7 +25,6 @@ from pyspark.sql import types as T
 from ..errors import ConfigurationError, InputError
 from ..kernels.sets import unique
 from ..programs.mf import RatingBlock
-from ..engine.frames import keep_frames, row_ranges, shard_frame
 from ..ps.protocol import numbers, numpy_of
 from ._arrow import collect_per_partition, partition_id
 from ._validation import check_ratings
@@ -189,8 +188,10 @@ def fitted_factors(spark, result, program, users: np.ndarray, items: np.ndarray,
     jobs) and becomes two local DataFrames.  A larger one is made by executor tasks: each
     worker's users from its export, the items in ranges of the ``item_factors`` table
     (``program.item_rows``), both materialised before the fit is released
-    (:func:`~pystrads.engine.frames.keep_frames`); only the ids (already on the driver) travel
+    (:func:`~pystrads.engine.driver.frames.keep_frames`); only the ids (already on the driver) travel
     in the tasks' closures.  ``config``: the fit's settings."""
+    from ..engine.driver.frames import keep_frames, row_ranges, shard_frame  # the driver's side (this module is the workers' too)
+
     if (len(users) + len(items)) * rank * 8 <= config["mf.localModelBytes"]:
         w = np.zeros((len(users), rank))
         for positions, rows in result.exports:

@@ -319,7 +319,7 @@ def _boolean(dtype) -> bool:
 class HasEarlyStopping(_StradsParams):
     """Mixin for the params of early stopping on a validation set: ``validationIndicatorCol``
     (MLlib's GBTs, xgboost.spark), ``validationTol`` (MLlib's GBTs) and ``earlyStoppingRounds``
-    (xgboost's); see :class:`~pystrads.engine.stopping.EarlyStopping` for the rule."""
+    (xgboost's); see :class:`~pystrads.engine.program.stopping.EarlyStopping` for the rule."""
 
     validationIndicatorCol: "Param[str]" = Param(
         Params._dummy(), "validationIndicatorCol",
@@ -354,7 +354,7 @@ class HasEarlyStopping(_StradsParams):
 
     def _early_stopping(self, metric: str):
         """The stop rule of a fit with a validation set (None without one)."""
-        from ..engine.stopping import EarlyStopping
+        from ..engine.program.stopping import EarlyStopping
 
         if self._validation_col() is None:
             return None

@@ -65,7 +65,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ..engine.program import Program, Schedule, Table
-from ..engine.stopping import EarlyStopping
+from ..engine.program.stopping import EarlyStopping
 from ..kernels import cd as K
 from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, eso_factor, soft_step, stepped
 from ._rows import ColumnSample, canonical_order, rows_to_arrays

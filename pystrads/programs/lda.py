@@ -65,7 +65,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import numpy as np
 
 from ..engine.program import Program, RowEntries, Schedule, Table, split_ranges
-from ..engine.stopping import EarlyStopping
+from ..engine.program.stopping import EarlyStopping
 from ..kernels.sets import unique
 
 #: shard metrics named this plus an index carry the learned β's count summary (word_topic_count_summary)

@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..engine.program import Program, Schedule, Table
-from ..engine.stopping import EarlyStopping
+from ..engine.program.stopping import EarlyStopping
 from ..errors import InputError
 
 

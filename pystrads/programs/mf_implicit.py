@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ..engine.program import Schedule, Table
-from ..engine.stopping import EarlyStopping
+from ..engine.program.stopping import EarlyStopping
 from .mf import MFProgram, _MFData, _triples, _Validation, hash_uniform, over_ranges, rounds_next_step
 
 #: Kinds of round (the first element of a round's work item).

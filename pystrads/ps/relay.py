@@ -5,7 +5,7 @@ the shards through a Spark job and reads what it needs from them the same way:
 :func:`through_spark` runs ``fn(group, *args)`` in one executor task, which does reach the
 shards, and brings its result back as the job's result.  Each call costs a Spark job, so this
 serves the calls around a fit (reading a small table, the workers' exports, releasing the fit),
-never the step loop, which runs inside the fit's job (:mod:`pystrads.engine.coordinator`).
+never the step loop, which runs inside the fit's job (:mod:`pystrads.engine.executor.coordinator`).
 Every call also renews the shards' lease, as the driver's heartbeat does on the classic path.
 """
 

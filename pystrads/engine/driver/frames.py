@@ -1,7 +1,7 @@
 """A fit's results as Spark DataFrames made on the executors, never through the driver.
 
 :func:`shard_frame` builds a DataFrame whose partitions are executor tasks that read from the
-fit's shards through the Flight client: a model table's rows (:meth:`ShardReader.table`, a
+fit's shards through the Flight client (a :class:`~pystrads.engine.executor.reads.ShardReader`): a model table's rows (:meth:`ShardReader.table`, a
 :class:`~pystrads.ps.client.TableHandle`) and what each worker left there when the fit ended
 (:meth:`ShardReader.export`, the ``export(worker, data, state)`` results of the workers,
 kept on the shards until the driver asks for them).  The caller says what each task
@@ -18,56 +18,22 @@ at once, and :func:`release_frame` frees what they kept (a model's ``close()``).
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, Callable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import PystradsError
-from ..ps import storage
-from ..ps.client import ShardGroup, TableHandle
-from ..ps.partition import TableLayout
-from ..ps.protocol import numpy_of
+from ...errors import PystradsError
+from ...ps import storage
+from ...ps.protocol import numpy_of
+from ..executor.reads import ShardReader
 
 #: rows a table-reading task aims for when the caller gives no task count: big enough that
 #: Spark's per-task cost is small beside the read, small enough to keep tasks' memory modest
 ROWS_PER_TASK = 1 << 18
 
 
-class ShardReader:
-    """What an executor task may read from a finished fit: its tables and its workers' exports.
-    Small and picklable (addresses, the run token, the table layouts)."""
-
-    def __init__(self, group: ShardGroup, layouts: dict, namespace: str, num_workers: int, seals=None):
-        self.group = group
-        self.seals = seals  # the fit's (sealing.py): the workers' exports are sealed with them
-        self.layouts = dict(layouts)
-        self.namespace = namespace
-        self.num_workers = num_workers
-
-    def table(self, name: str) -> TableHandle:
-        """The handle of the fit's table ``name`` (reads only)."""
-        try:
-            layout: TableLayout = self.layouts[name]
-        except KeyError:
-            raise KeyError(f"no table {name!r}; the fit has {sorted(self.layouts)}") from None
-        return self.group.table(layout)
-
-    def export(self, worker: int) -> Any:
-        """Worker ``worker``'s ``export`` result, read from the shard it left it on."""
-        from .worker import export_key
-
-        blob = self.group.client(worker % len(self.group.shards)).get_blob(export_key(self.namespace, worker))
-        if blob is None:
-            raise PystradsError(f"worker {worker}'s export is not on the shards any more: the fit was released "
-                                "before this frame was materialised (keep_frame), or its shard restarted")
-        from .sealing import WORKER
-
-        return pickle.loads(self.seals.open(WORKER, export_key(self.namespace, worker), blob))
-
-
 def reader_of(result) -> ShardReader:
-    """The :class:`ShardReader` of a :class:`~pystrads.engine.driver.FitResult` not yet released."""
+    """The :class:`ShardReader` of a :class:`~pystrads.engine.driver.engine.FitResult` not yet released."""
     engine = result.engine
     if engine.group is None or not engine.layouts:
         raise PystradsError("this fit has no shards to read from (not started, or released)")
@@ -135,7 +101,7 @@ def release_frame(frame) -> bool:
     anything; a frame released once is not released again."""
     import logging
 
-    from ..spark import handle_of
+    from ...spark import handle_of
 
     kept = vars(frame).get("_pystrads_kept")  # not getattr: a Connect DataFrame makes a Column of any name
     if kept is None:

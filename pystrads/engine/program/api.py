@@ -67,8 +67,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from ..errors import ScheduleError
-from ..ps.table import RowEntries  # part of the Program API: a sparse table's rows in shard_metrics
+from ...errors import ScheduleError
+from ...ps.table import RowEntries  # part of the Program API: a sparse table's rows in shard_metrics
 
 
 @dataclasses.dataclass

@@ -31,11 +31,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ..config import Config
-from ..errors import ConfigurationError, PystradsError
-from ..ps import storage
+from ...config import Config
+from ...errors import ConfigurationError, PystradsError, python_cause
+from ...ps import storage
 from .fingerprint import _hash_value
-from .preflight import _python_cause
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +79,24 @@ OWNER_BEAT_SECONDS = 4.0
 
 #: roots a fit tries (the derived one, then ``-2``...) before giving up on a free one
 OWNER_ROOTS = 8
+
+
+#: modules a checkpoint's pickles may name that now live elsewhere (a checkpoint written before
+#: the engine was split into its parts still resumes)
+MOVED_MODULES = {"pystrads.engine.program.stopping": "pystrads.engine.program.stopping",
+                 "pystrads.engine.program": "pystrads.engine.program.api"}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        return super().find_class(MOVED_MODULES.get(module, module), name)
+
+
+def load_driver_state(blob: bytes) -> Dict[str, Any]:
+    """A checkpoint's ``driver.pkl``: the loop's position and the program's attributes."""
+    import io
+
+    return _Unpickler(io.BytesIO(blob)).load()
 
 
 class Checkpointer:
@@ -209,7 +226,7 @@ class Checkpointer:
         except Exception as exc:  # noqa: BLE001 -- the fit must not die for a checkpoint
             self.failures += 1
             log.warning("checkpoint after step %d failed (the previous one stays the latest): %s", position.step - 1,
-                        exc if isinstance(exc, PystradsError) else _python_cause(exc))
+                        exc if isinstance(exc, PystradsError) else python_cause(exc))
 
     def save(self, job, program, position: Position, summary) -> None:
         """Tables and worker states (written by the shards, where they are) and the driver's state,
@@ -247,7 +264,7 @@ class Checkpointer:
             return None
         meta = json.loads(storage.read_bytes(latest).decode())
         source = storage.join(self.root, meta["dir"])
-        driver = pickle.loads(storage.read_bytes(storage.join(source, "driver.pkl")))
+        driver = load_driver_state(storage.read_bytes(storage.join(source, "driver.pkl")))
         if driver["num_workers"] != self.num_workers:
             raise ConfigurationError(f"checkpoint {source} has {driver['num_workers']} workers, this fit "
                                      f"{self.num_workers}")

@@ -4,12 +4,12 @@
 (or a resume from a checkpoint), then steps -- ``schedule``, the step's command posted to the
 shards, the workers' rounds, the step's metrics and summary row, ``after_step``, the journal
 entry, the commit, the next step's size, checkpoints -- until the program stops, then the end.
-It is an object its owner holds: the :class:`~pystrads.engine.driver.Engine` in the process
+It is an object its owner holds: the :class:`~pystrads.engine.driver.engine.Engine` in the process
 that calls ``fit`` (the classic path), or the coordinator in the fit's own job
-(:mod:`~pystrads.engine.coordinator`).  The owner (a :class:`LoopOwner`) supplies the shards
+(:mod:`~pystrads.engine.executor.coordinator`).  The owner (a :class:`LoopOwner`) supplies the shards
 (``group``, ``layouts``, which change when shards are restarted), what to do after a lost task
 or shard (``recover``) and the progress display; the loop is given the job (a
-:class:`~pystrads.engine.job.WorkerJob`), the journal and the checkpoints.  Without Spark, a job
+:class:`~pystrads.engine.scheduler.steps.WorkerJob`), the journal and the checkpoints.  Without Spark, a job
 of threads and shards in the process run it as they are (the tests do).  Also here: the fit's
 :class:`TrainingSummary` and :func:`make_tables`, which both owners use.
 """
@@ -26,11 +26,11 @@ from typing import Any, Dict, List, Optional, Protocol
 
 import numpy as np
 
-from ..errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
-from ..ps.protocol import Action
+from ...errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
+from ...ps.protocol import Action
 from .checkpoints import Position, program_state
 from .journal import JournalEntry
-from .program import Program, Schedule, ScheduleContext, serial_schedule
+from ..program.api import Program, Schedule, ScheduleContext, serial_schedule
 from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def plan_tables(program: Program, namespace: str, num_shards: int, max_fill: flo
     names, [(shard, create_table arguments)])`` (``max_fill``: ``table.sparseRowMaxFill``)."""
     from pyspark import cloudpickle
 
-    from ..ps.partition import TableLayout, range_bounds
+    from ...ps.partition import TableLayout, range_bounds
 
     layouts: Dict[str, Any] = {}
     creations: List[tuple] = []
@@ -156,7 +156,7 @@ class StepLoop:
     checkpoints : Checkpointer, optional
         The fit's checkpoints.
 
-    A step is one unit (see :mod:`~pystrads.engine.journal`): the loop opens it on the shards
+    A step is one unit (see :mod:`~pystrads.engine.scheduler.journal`): the loop opens it on the shards
     before ``schedule``, so what ``schedule`` and ``after_step`` write belongs to it; it runs
     ``after_step`` before the commit and writes the journal entry -- the step's commit point --
     then commits on the shards.  After a failure the shards roll back whatever the journal does

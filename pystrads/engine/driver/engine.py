@@ -1,6 +1,6 @@
 """Driver side: the Spark driver is the scheduler.
 
-:class:`Engine` runs a :class:`~pystrads.engine.program.Program` over an RDD or a DataFrame:
+:class:`Engine` runs a :class:`~pystrads.engine.program.api.Program` over an RDD or a DataFrame:
 pre-flight checks, shard start (first use), table creation, the fit's one barrier job whose
 tasks are the workers, an init step, then steps -- ``schedule`` on the driver, the step's
 command posted to the shards, the workers' rounds, metrics, ``after_step`` -- until the program
@@ -8,13 +8,13 @@ stops.  Each step is atomic: shards undo its writes unless the driver commits it
 state stay in the workers' tasks; after each step a worker leaves a snapshot of its state on a
 shard, from which a restarted task resumes.
 
-The Engine holds the step loop (:class:`~pystrads.engine.loop.StepLoop`) and owns the recovery after a
+The Engine holds the step loop (:class:`~pystrads.engine.scheduler.loop.StepLoop`) and owns the recovery after a
 failed step and the summary; its parts are objects of their own: the pre-flight step
-(:mod:`~pystrads.engine.preflight`, run once), the worker job
-(:class:`~pystrads.engine.job.WorkerJob`) and the checkpoints
-(:class:`~pystrads.engine.checkpoints.Checkpointer`).  With the scheduler in the job
+(:mod:`~pystrads.engine.driver.preflight`, run once), the worker job
+(:class:`~pystrads.engine.driver.launch.BarrierJob`) and the checkpoints
+(:class:`~pystrads.engine.scheduler.checkpoints.Checkpointer`).  With the scheduler in the job
 (``scheduler.location``) the loop's owner is the coordinator there
-(:mod:`~pystrads.engine.coordinator`), and the Engine starts the shards, launches, relaunches
+(:mod:`~pystrads.engine.executor.coordinator`), and the Engine starts the shards, launches, relaunches
 and reads the job.
 """
 
@@ -29,19 +29,20 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
-from ..errors import ConfigurationError, ProgramError, PystradsError, ShardUnavailableError, StepFailedError
-from ..ps import launcher
-from ..ps.partition import TableLayout
-from ..ps.protocol import Action, check_dtype
-from ..spark import is_dataframe
-from .checkpoints import Checkpointer, Position, program_attributes
-from .job import WorkerInput, WorkerJob
-from .journal import Journal, MemoryStore
-from .loop import StepLoop, TrainingSummary, make_tables, plan_tables  # noqa: F401 -- TrainingSummary: this API
-from .preflight import (FitSetup, _python_cause, check_checkpoint_storage, check_cluster, expected_executors,
+from ...errors import (ConfigurationError, ProgramError, PystradsError, ShardUnavailableError, StepFailedError,
+                       python_cause)
+from ...ps import launcher
+from ...ps.partition import TableLayout
+from ...ps.protocol import Action, check_dtype
+from ...spark import is_dataframe
+from ..scheduler.checkpoints import Checkpointer, Position, program_attributes
+from .launch import BarrierJob, WorkerInput
+from ..scheduler.journal import Journal, MemoryStore
+from ..scheduler.loop import StepLoop, TrainingSummary, make_tables, plan_tables  # noqa: F401 -- TrainingSummary: this API
+from .preflight import (FitSetup, check_checkpoint_storage, check_cluster, expected_executors,
                         preflight)
-from .program import Program
-from .progress import ProgressReporter
+from ..program.api import Program
+from ..scheduler.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Engine:
         DataFrame input only, instead of ``decode``: ``fn(pyarrow.RecordBatch) -> records``, in
         order (columnar: a ``load`` taking blocks of numpy arrays skips the ~10 µs tuple per row).
     setup : FitSetup, optional
-        The result of :func:`~pystrads.engine.preflight.preflight` when the caller already ran it
+        The result of :func:`~pystrads.engine.driver.preflight.preflight` when the caller already ran it
         (the estimators do, before their input scan); then ``num_workers`` and ``config`` are
         its, and its checks do not run again.
     """
@@ -148,7 +149,7 @@ class Engine:
         data = WorkerInput(rdd=None if frame is not None else rdd, frame=frame, prepartitioned=bool(prepartitioned),
                            decode=decode, decode_batch=decode_batch)
         self.threads = setup.threads
-        self.job = WorkerJob(self.spark, data, self.num_workers, self.seed, self.namespace,
+        self.job = BarrierJob(self.spark, data, self.num_workers, self.seed, self.namespace,
                              self.config["round.timeoutSeconds"], bool(keep_states), export, self.threads,
                              task_cpus=setup.task_cpus)
         self.checkpoints: Optional[Checkpointer] = None
@@ -185,7 +186,7 @@ class Engine:
         except PystradsError:
             raise
         except Exception as exc:
-            cause = _python_cause(exc)
+            cause = python_cause(exc)
             if "No module named" in cause:
                 raise ConfigurationError(
                     f"executors could not import pystrads ({cause}); install it on every executor or set "
@@ -222,7 +223,7 @@ class Engine:
         except KeyError:
             raise KeyError(f"no table {name!r}; the program declares {sorted(self.layouts)}") from None
         if self.in_job and self.manager is not None:
-            from .coordinator import RelayedTable
+            from .relay import RelayedTable
 
             return RelayedTable(self.spark, self.group, layout)
         return self.group.table(layout)
@@ -275,8 +276,8 @@ class Engine:
         cause = str(exc) + " " + str(exc.__cause__ or "")
         if _cancelled(cause):
             raise exc
-        from ..ps.relay import through_spark
-        from .coordinator import fit_error
+        from ...ps.relay import through_spark
+        from ..executor.coordinator import fit_error
 
         try:  # a worker's program error fails its task, and so the job: the fit ends with it
             reported = through_spark(self.spark, self.group, fit_error, self.namespace)
@@ -288,11 +289,11 @@ class Engine:
         t0 = time.perf_counter()
         alive = self.manager.alive()  # through a Spark task
         log.warning("fit %s: its job failed (%s); relaunching it (%d of at most %d) %s", self.namespace,
-                    _python_cause(exc), self._recoveries, limit,
+                    python_cause(exc), self._recoveries, limit,
                     "from the coordinator's state on the shards" if alive else "on new shards")
         epoch = spec.epoch + 1  # the relaunched coordinator's: the lost one's requests are refused from now on
         if alive:
-            from .coordinator import settle_for_relaunch
+            from ..executor.coordinator import settle_for_relaunch
 
             # the shards wait for the relaunched coordinator as long as its job may wait for slots
             hold = self.config["round.timeoutSeconds"] + self.config["shard.leaseSeconds"]
@@ -311,10 +312,11 @@ class Engine:
         return spec
 
     def _fit_in_job(self, max_steps: Optional[int], t_fit: float) -> "FitResult":
-        """The fit with its scheduler in its job (:mod:`~pystrads.engine.coordinator`): shards of
+        """The fit with its scheduler in its job (:mod:`~pystrads.engine.executor.coordinator`): shards of
         its own started through Spark, the job launched with the coordinator in its first task,
         and the coordinator's result read from the job; no connection to an executor from here."""
-        from .coordinator import CoordinatorSpec, ProgressPoll
+        from ..executor.coordinator import CoordinatorSpec
+        from .relay import ProgressPoll
 
         t0 = time.perf_counter()
         self.manager = launcher.start_for_fit(self.spark, self.config, expected_executors(self.spark))
@@ -468,7 +470,7 @@ class FitResult:
     @property
     def exports(self) -> List[Any]:
         """The ``export(worker, data, state)`` results of the Engine's workers, in worker order, on
-        the driver (:func:`pystrads.engine.frames.shard_frame` reads them on the executors instead)."""
+        the driver (:func:`pystrads.engine.driver.frames.shard_frame` reads them on the executors instead)."""
         return self.engine.fetch_exports()
 
     def release(self) -> None:

@@ -34,7 +34,7 @@ import secrets
 import struct
 from typing import Optional, Tuple
 
-from ..errors import PayloadAuthenticationError
+from ...errors import PayloadAuthenticationError
 
 NONCE_BYTES = 12
 #: a seal's bytes: nonce, the encrypted name's length (2 bytes), the encrypted name and its tag

@@ -26,12 +26,13 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from ..errors import RoundTimeoutError, ShardUnavailableError, StepFailedError
-from ..ps import protocol
-from ..ps.protocol import Action
-from ..ps.client import fan_out
-from .program import Program, Schedule, WorkerContext
-from .sealing import DRIVER, WORKER, Seals
+from ...errors import RoundTimeoutError, ShardUnavailableError, StepFailedError
+from ...ps import protocol
+from ...ps.protocol import Action
+from ...ps.client import fan_out
+from ..program.api import Program, Schedule, WorkerContext
+from ..scheduler.sealing import DRIVER, WORKER, Seals
+from ..scheduler.steps import export_key, program_hash, state_key, states_prefix, summary_key  # noqa: F401
 
 #: Seconds a ``next`` call waits on the shard before asking again (short enough that a
 #: task notices a lost shard promptly, long enough to cost nothing while it waits).
@@ -56,30 +57,6 @@ class WorkerSpec:
     threads: int = 1  # threads the worker computes with (WorkerContext.threads)
     coordinator: Any = None  # a CoordinatorSpec: the first task also runs the fit's loop (coordinator.py)
     seals: Any = None  # the fit's Seals (sealing.py): what the workers write and read through the shards
-
-
-def export_key(namespace: str, worker: int) -> str:
-    return f"{namespace}/export/{worker}"
-
-
-def state_key(namespace: str, worker: int, step: Optional[int] = None) -> str:
-    """Blob key of a worker's state snapshot after ``step`` (without ``step``: the series' prefix)."""
-    prefix = f"{states_prefix(namespace)}{worker}/"
-    return prefix if step is None else prefix + str(int(step))
-
-
-def states_prefix(namespace: str) -> str:
-    """Prefix of every worker's state snapshots of a fit (``<prefix><worker>/<step>``)."""
-    return f"{namespace}/state/"
-
-
-def summary_key(namespace: str, worker: int) -> str:
-    """Blob key of a worker's ``data_summary`` (on its home shard)."""
-    return f"{namespace}/summary/{worker}"
-
-
-def program_hash(blob: bytes) -> str:
-    return hashlib.sha256(blob).hexdigest()[:24]
 
 
 def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, schedule: Schedule,
@@ -330,7 +307,7 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
             WORKER, summary_key(spec.namespace, worker), pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)))
     fingerprint = None
     if spec.fingerprint:
-        from .fingerprint import _data_fingerprint
+        from ..scheduler.fingerprint import _data_fingerprint
 
         fingerprint = _data_fingerprint(data)
     w.group.client(0).action(Action.HELLO, namespace=spec.namespace, worker=worker, task=task, fingerprint=fingerprint,
@@ -390,7 +367,7 @@ def run_worker_arrow(spec: WorkerSpec, batches, decode=None, decode_batch=None) 
             records = map(decode, records)
     coordinator = None
     if spec.coordinator is not None and _task_identity()[0] == 0:
-        coordinator = spec.coordinator.start(spec)  # a CoordinatorSpec (engine/coordinator.py)
+        coordinator = spec.coordinator.start(spec)  # a CoordinatorSpec (engine/executor/coordinator.py)
     try:
         for _ in run_worker(spec, records, coordinator.check if coordinator is not None else None):
             pass  # a DataFrame input keeps no states (nothing to hand to Spark's cache)

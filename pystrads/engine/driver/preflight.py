@@ -3,7 +3,7 @@
 :func:`preflight` is the one step a fit runs first: it resolves the Spark handle, the settings
 and the number of workers, and checks the cluster (task slots for every worker at once for the
 barrier job, dynamic allocation off, the executors registered and running the driver's Python),
-returning a :class:`FitSetup` that the :class:`~pystrads.engine.driver.Engine` takes, so each
+returning a :class:`FitSetup` that the :class:`~pystrads.engine.driver.engine.Engine` takes, so each
 check runs once.  Also here: Java on the driver and checkpoint storage that every host reaches.
 Each error names the setting and the fix.
 """
@@ -21,10 +21,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from ..config import Config
-from ..errors import ConfigurationError
-from ..ps import launcher, storage
-from ..spark import SparkHandle, handle_of, is_dataframe, slots_from_master
+from ...config import Config
+from ...errors import ConfigurationError
+from ...ps import launcher, storage
+from ...spark import SparkHandle, handle_of, is_dataframe, slots_from_master
 
 log = logging.getLogger(__name__)
 
@@ -226,16 +226,6 @@ def frame_to_workers(frame, num_workers: int, classic: bool):
     if classic and barrier_ready(frame._jdf.queryExecution().toRdd(), num_workers):
         return frame
     return frame.repartition(num_workers)
-
-
-def _python_cause(exc: BaseException) -> str:
-    """The last Python exception line inside a Py4J error (what the user needs)."""
-    text = str(exc)
-    lines = [ln.strip() for ln in text.splitlines()
-             if re.match(r"^\s*[\w.]+(Error|Exception|Warning)\b.*:", ln)]
-    python_lines = [ln for ln in lines if not ln.startswith(("org.apache", "java.", "py4j", "scala."))]
-    chosen = (python_lines or lines or [text.splitlines()[0] if text else repr(exc)])[-1]
-    return chosen[:2000]
 
 
 def check_java() -> None:

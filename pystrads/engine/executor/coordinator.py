@@ -10,15 +10,14 @@ keeps their lease while the job runs.  When the fit ends the task returns the co
 result (the summary, the program's attributes, why it stopped, or the error it stopped on) as
 the job's rows; the client reads them from the job and never opens a connection to an executor.
 
-Who does what (the client's side is here too: :class:`ProgressPoll`, :class:`RelayedTable`):
-the client starts the fit's shards (a Spark job), submits the fit's job and
+Who does what (the client's side is :mod:`pystrads.engine.driver.relay`): the client starts the fit's shards (a Spark job), submits the fit's job and
 reads its result, cancels it, and releases the shards through a Spark task afterwards
 (:mod:`pystrads.ps.relay`), and relaunches a failed job; the coordinator runs the loop and
-keeps its journal on shard 0 (:mod:`~pystrads.engine.journal`: written at every step's commit
+keeps its journal on shard 0 (:mod:`~pystrads.engine.scheduler.journal`: written at every step's commit
 point), from which a relaunched coordinator carries on (a failed task ends the whole barrier
 job, the coordinator with it).  Every relaunch has a new loop epoch, claimed on the shards
 before it starts, so a coordinator whose job was lost can change nothing.  Programs run unmodified: ``schedule`` and
-``after_step`` see the same :class:`~pystrads.engine.program.ScheduleContext`.
+``after_step`` see the same :class:`~pystrads.engine.program.api.ScheduleContext`.
 """
 
 from __future__ import annotations
@@ -32,16 +31,16 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from ..errors import ShardUnavailableError, StepFailedError
-from ..ps.client import ShardGroup
-from ..ps.partition import TableLayout
-from ..ps.protocol import Action
-from .checkpoints import program_state
-from .job import WorkerJob
-from .journal import Journal, ShardStore, settle
-from .loop import StepLoop, TrainingSummary, make_tables
-from .progress import ProgressReporter
-from .sealing import DRIVER
+from ...errors import ShardUnavailableError, StepFailedError
+from ...ps.client import ShardGroup
+from ...ps.partition import TableLayout
+from ...ps.protocol import Action
+from ..scheduler.checkpoints import program_state
+from ..scheduler.journal import Journal, ShardStore, settle
+from ..scheduler.loop import StepLoop, TrainingSummary, make_tables
+from ..scheduler.progress import ProgressReporter
+from ..scheduler.sealing import DRIVER
+from ..scheduler.steps import WorkerJob
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ RESULT_CHUNK_BYTES = 4 << 20
 
 @dataclasses.dataclass
 class CoordinatorSpec:
-    """What the coordinator needs beyond the workers' :class:`~pystrads.engine.worker.WorkerSpec`
+    """What the coordinator needs beyond the workers' :class:`~pystrads.engine.executor.worker.WorkerSpec`
     (which it shares: the program, the shards, the layouts): the settings, the tables to create,
     the checkpoints, the step limit and the credential that lets it install the program on the
     fit's own shards."""
@@ -67,7 +66,7 @@ class CoordinatorSpec:
 
     def start(self, spec) -> "Coordinator":
         """Start the coordinator in the first worker's task (``spec``: the workers'
-        :class:`~pystrads.engine.worker.WorkerSpec`, which carries this)."""
+        :class:`~pystrads.engine.executor.worker.WorkerSpec`, which carries this)."""
         coordinator = Coordinator(spec, self)
         coordinator.start()
         return coordinator
@@ -78,8 +77,7 @@ class InJobWorkerJob(WorkerJob):
     does); the job is lost when this task is (``abandoned``)."""
 
     def __init__(self, spec, abandoned: threading.Event, epoch: int):
-        super().__init__(None, None, spec.num_workers, spec.seed, spec.namespace, spec.timeout, False,
-                         spec.export, spec.threads, epoch)
+        super().__init__(spec.num_workers, spec.seed, spec.namespace, spec.timeout, spec.export, spec.threads, epoch)
         self.group = spec.group
         self._posted_program = spec.program_hash  # every task unpickled it from the job's closure
         self.seals = spec.seals  # the fit's keys, as the client made them
@@ -97,7 +95,7 @@ class InJobWorkerJob(WorkerJob):
         self.group.client(0).action(Action.POST, namespace=self.namespace, command=self.finish_command(last_step),
                                     epoch=self.epoch)
         if self.export is not None:
-            self._wait_exports(None)
+            self._wait_exports()
 
 
 class Coordinator:
@@ -216,7 +214,7 @@ class SharedProgress(ProgressReporter):
 def settle_for_relaunch(group: ShardGroup, namespace: str, epoch: int, seals, hold: float = 0.0) -> str:
     """Before the job is relaunched with a coordinator of ``epoch``: claim that epoch on every
     shard (the lost coordinator, if it still runs somewhere, can change nothing from now on) and
-    close the step it left open as its journal decides (:func:`~pystrads.engine.journal.settle`).
+    close the step it left open as its journal decides (:func:`~pystrads.engine.scheduler.journal.settle`).
     The shards then wait ``hold`` seconds for a heartbeat, whatever their lease: nobody beats
     until the relaunched job's coordinator runs, and the job may wait that long for its task
     slots.  Returns what it did."""
@@ -255,7 +253,7 @@ def _picklable(exc: BaseException) -> BaseException:
 
 
 class _InJobOwner:
-    """The coordinator as the step loop's owner (:class:`~pystrads.engine.loop.LoopOwner`): the
+    """The coordinator as the step loop's owner (:class:`~pystrads.engine.scheduler.loop.LoopOwner`): the
     fit's shards, progress left on shard 0 for the client, and no recovery here -- a lost task or
     shard fails this task, so the job, and the client relaunches it."""
 
@@ -274,87 +272,7 @@ def _summary_state(summary: TrainingSummary) -> Dict[str, Any]:
     return {"rows": summary.rows, "iterations": summary.iterations, "fixed": summary.fixed}
 
 
-# ---------------------------------------------------------------- the client's side
-class ProgressPoll:
-    """While a fit whose scheduler runs in its job is running: every ``progress.pollSeconds`` a
-    Spark task reads the progress the coordinator leaves on shard 0 and shows what is new here
-    (log line, notebook bar).  The task needs a free task slot beside the fit's workers; with
-    none (every slot runs a worker) it would wait for the fit's end, so there is no poll and the
-    progress shows when the fit ends."""
-
-    def __init__(self, engine):
-        import threading
-
-        self.engine = engine
-        self.seen = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"pystrads-progress-{engine.namespace}", daemon=True)
-        self.polls = 0
-
-    def __enter__(self) -> "ProgressPoll":
-        from .preflight import free_slots
-
-        engine = self.engine
-        if engine.config["progress"] == "off" or engine.config["progress.pollSeconds"] <= 0:
-            return self
-        free = free_slots(engine.spark, engine.num_workers)
-        if free is not None and free < 1:
-            log.info("fit %s: every task slot runs a worker, so its progress shows when it ends (leave a slot "
-                     "free, numWorkers <= %d, to see it while it runs)", engine.namespace,
-                     max(1, engine.num_workers - 1))
-            return self
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        from ..ps.relay import through_spark
-
-        engine = self.engine
-        while not self._stop.wait(engine.config["progress.pollSeconds"]):
-            try:
-                got = through_spark(engine.spark, engine.group, read_progress, engine.namespace, engine.job.seals)
-            except Exception as exc:  # noqa: BLE001 -- the fit's own result says what went wrong
-                log.debug("progress poll failed: %s", exc)
-                continue
-            self.polls += 1
-            if got is not None and got["seq"] > self.seen and not self._stop.is_set():
-                self.seen = got["seq"]
-                engine.progress.update(got["done"], got["total"], got["unit"], **got["shown"])
-
-
-class RelayedTable:
-    """A fit's table read by a Spark task (:func:`~pystrads.ps.relay.through_spark`), for a client
-    that cannot reach the shards; each read is a Spark job, so read small tables this way and large
-    ones with :func:`~pystrads.engine.frames.shard_frame`."""
-
-    def __init__(self, spark, group, layout: TableLayout):
-        self.spark, self.group, self.layout = spark, group, layout
-
-    @property
-    def name(self) -> str:
-        return self.layout.name
-
-    def read(self, where: Optional[range] = None) -> np.ndarray:
-        """The rows of ``where`` (a ``range``; ``None``: the whole table), as
-        :meth:`TableHandle.read <pystrads.ps.client.TableHandle.read>` gives them."""
-        from ..ps.relay import through_spark
-
-        if where is not None and (not isinstance(where, range) or where.step != 1):
-            raise TypeError(f"table {self.layout.short_name!r}: a relayed read takes a range of rows or None, "
-                            f"got {where!r}")
-        where = range(0, self.layout.num_rows) if where is None else where
-        return through_spark(self.spark, self.group, _read_range, self.layout, where.start, where.stop)
-
-    def __getattr__(self, attr: str):
-        raise AttributeError(f"{attr}: a table of a fit whose scheduler ran in its job is read from here with "
-                             "read() or read(range(start, stop)) (each a Spark job); read large tables on the "
-                             "executors with pystrads.engine.frames.shard_frame")
-
-
-def _read_range(group, layout: TableLayout, start: int, stop: int) -> np.ndarray:
+def read_range(group, layout: TableLayout, start: int, stop: int) -> np.ndarray:
+    """Rows ``[start, stop)`` of a fit's table, read in a Spark task for a client that cannot reach
+    the shards (:class:`~pystrads.engine.driver.relay.RelayedTable`)."""
     return np.array(group.table(layout).read(range(start, stop)))

@@ -30,7 +30,7 @@ import logging
 import pickle
 from typing import Any, Dict, List, Optional
 
-from ..ps.protocol import Action
+from ...ps.protocol import Action
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ log = logging.getLogger(__name__)
 class JournalEntry:
     """Where a fit stands after step ``step`` committed (0: the init step).
 
-    ``position``: the loop's :class:`~pystrads.engine.checkpoints.Position` as a dict;
-    ``program``: the program's state (:func:`~pystrads.engine.checkpoints.program_state`);
+    ``position``: the loop's :class:`~pystrads.engine.scheduler.checkpoints.Position` as a dict;
+    ``program``: the program's state (:func:`~pystrads.engine.scheduler.checkpoints.program_state`);
     ``summary``: the summary's ``rows``, ``iterations`` and ``fixed``; ``planned``: the next
     step's schedule planned while this one ran, as ``(schedule, times, records, stop_reason)``;
     ``ended``: the fit ended with this step, ``stopped``: why (``ctx.stop``'s reason; None when
     ``schedule`` returned None); ``checkpoints``: the fit's
-    :class:`~pystrads.engine.checkpoints.Checkpointer` (its counters travel with it)."""
+    :class:`~pystrads.engine.scheduler.checkpoints.Checkpointer` (its counters travel with it)."""
 
     step: int
     position: Dict[str, Any]
@@ -111,7 +111,7 @@ class MemoryStore:
 class ShardStore:
     """The journal on shard 0 of the fit's group (the coordinator in the fit's job), written
     under the open step's fence with the loop's epoch and sealed with the fit's driver key
-    (:mod:`~pystrads.engine.sealing`: only the fit's coordinator or driver can write an entry
+    (:mod:`~pystrads.engine.scheduler.sealing`: only the fit's coordinator or driver can write an entry
     that its successor unpickles); each frozen array is a blob of its own, written once."""
 
     def __init__(self, group, namespace: str, epoch: int, seals):
