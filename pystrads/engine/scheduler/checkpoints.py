@@ -83,7 +83,7 @@ OWNER_ROOTS = 8
 
 #: modules a checkpoint's pickles may name that now live elsewhere (a checkpoint written before
 #: the engine was split into its parts still resumes)
-MOVED_MODULES = {"pystrads.engine.program.stopping": "pystrads.engine.program.stopping",
+MOVED_MODULES = {"pystrads.engine.stopping": "pystrads.engine.program.stopping",
                  "pystrads.engine.program": "pystrads.engine.program.api"}
 
 
