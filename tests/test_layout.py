@@ -82,17 +82,24 @@ def test_every_part_of_the_package_has_a_layer():
     assert parts <= set(LAYERS), f"give these a place in LAYERS: {sorted(parts - set(LAYERS))}"
 
 
-def test_no_layer_imports_a_later_one():
+def _back_imports(graph, place_of, order):
+    """``module imports other`` for every import from a place (``place_of(module)``, None: no
+    place) to one after it in ``order``."""
     wrong = []
-    for module, imported in _graph(ROOT, "pystrads").items():
-        layer = _layer(module)
-        if layer is None:
+    for module, imported in graph.items():
+        place = place_of(module)
+        if place is None:
             continue
         for other in imported:
-            target = _layer(other)
-            if target is not None and LAYERS.index(target) > LAYERS.index(layer):
+            target = place_of(other)
+            if target is not None and order.index(target) > order.index(place):
                 wrong.append(f"{module} imports {other}")
-    assert not wrong, sorted(wrong)
+    return sorted(wrong)
+
+
+def test_no_layer_imports_a_later_one():
+    wrong = _back_imports(_graph(ROOT, "pystrads"), _layer, LAYERS)
+    assert not wrong, wrong
 
 
 #: the engine's parts, each a package of ``pystrads/engine/``: each may import the ones before it,
@@ -108,16 +115,7 @@ def _engine_part(module):
 
 def _engine_cross_imports(graph):
     """``module imports other`` for every import from an engine part to a later one."""
-    wrong = []
-    for module, imported in graph.items():
-        part = _engine_part(module)
-        if part is None:
-            continue
-        for other in imported:
-            target = _engine_part(other)
-            if target is not None and ENGINE_PARTS.index(target) > ENGINE_PARTS.index(part):
-                wrong.append(f"{module} imports {other}")
-    return sorted(wrong)
+    return _back_imports(graph, _engine_part, ENGINE_PARTS)
 
 
 def test_the_engine_is_its_program_api_scheduler_executor_and_driver():
