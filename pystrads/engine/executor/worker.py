@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import itertools
 import json
 import pickle
@@ -32,7 +31,7 @@ from ...ps.protocol import Action
 from ...ps.client import fan_out
 from ..program.api import Program, Schedule, WorkerContext
 from ..scheduler.sealing import DRIVER, WORKER, Seals
-from ..scheduler.steps import export_key, program_hash, state_key, states_prefix, summary_key  # noqa: F401
+from ..scheduler.steps import export_key, program_hash, state_key, summary_key
 
 #: Seconds a ``next`` call waits on the shard before asking again (short enough that a
 #: task notices a lost shard promptly, long enough to cost nothing while it waits).
