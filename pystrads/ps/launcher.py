@@ -593,27 +593,24 @@ class ShardManager:
                 log.info("could not tell the shards of %s to stop (%s); they exit when their lease lapses",
                          self.run_id, exc)
             return
-        deadline = self._beat_deadline()
-
-        def stop(i):
-            try:
-                group.client(i).action(Action.SHUTDOWN, deadline=deadline)
-            except PystradsError:  # gone, lost, or too slow to answer: its lease ends it
-                pass
-
-        fan_out([lambda i=i: stop(i) for i in range(len(group.shards))])
+        _shutdown_all(group, self._beat_deadline())
 
 
 def _all_alive(group: ShardGroup) -> bool:
     return not group.unreachable()
 
 
-def _shutdown_all(group: ShardGroup) -> None:
-    for i in range(len(group.shards)):
+def _shutdown_all(group: ShardGroup, deadline: Optional[float] = None) -> None:
+    """Tell every shard of ``group`` to stop, all at once, each call within ``deadline`` seconds
+    (None: a control call's); a shard that is gone or does not answer in time exits when its
+    lease lapses."""
+    def stop(i):
         try:
-            group.client(i).action(Action.SHUTDOWN)
-        except ShardUnavailableError:
+            group.client(i).action(Action.SHUTDOWN, deadline=deadline)
+        except PystradsError:
             pass
+
+    fan_out([lambda i=i: stop(i) for i in range(len(group.shards))])
 
 
 def start_for_fit(spark, config, expected_executors: int) -> ShardManager:

@@ -81,8 +81,7 @@ OWNER_BEAT_SECONDS = 4.0
 OWNER_ROOTS = 8
 
 
-#: modules a checkpoint's pickles may name that now live elsewhere (a checkpoint written before
-#: the engine was split into its parts still resumes)
+#: module paths a checkpoint's pickles may name, and the modules that hold those classes
 MOVED_MODULES = {"pystrads.engine.stopping": "pystrads.engine.program.stopping",
                  "pystrads.engine.program": "pystrads.engine.program.api"}
 
