@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
+import secrets
 from typing import Any, Dict, List, Optional
 
 from ...ps.protocol import Action
@@ -66,6 +67,34 @@ def journal_key(namespace: str) -> str:
 #: refers to it instead of holding a copy (the data summaries a program keeps, blocks unpickled
 #: from the shards), so an entry costs what the step changed, not the program's whole state
 FROZEN_MIN_BYTES = 1 << 20
+
+
+#: the summary's lists that only grow during a fit (the steps' rows, the programs' iteration
+#: rows): the journal keeps them as chunks of :data:`ROWS_CHUNK` rows, each pickled once and kept
+#: like a frozen array, and pickles only the rows after the last full chunk with each entry --
+#: an entry costs what the step added, not the fit's whole history (whole lists pickled with
+#: every entry cost ~7 ms a step after 300 steps, a third of a small step's time)
+GROWING = ("rows", "iterations")
+ROWS_CHUNK = 64
+
+
+class _Rows:
+    """A growing summary list in a journal entry: the keys of its full chunks (frozen pieces of
+    the store) and the pickled rows after them."""
+
+    def __init__(self, chunks: List[str], tail: bytes):
+        self.chunks, self.tail = chunks, tail
+
+
+def _dumps(rows: List[Any]) -> bytes:
+    """Summary rows pickled by the C pickler (numbers and strings: no hook per object); cloudpickle
+    for what it cannot pickle."""
+    try:
+        return pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 -- a row value only cloudpickle handles
+        from pyspark import cloudpickle
+
+        return cloudpickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _frozen(obj: Any) -> bool:
@@ -163,17 +192,58 @@ class Journal:
     def __init__(self, store):
         self.store = store
         self._keys: Dict[int, tuple] = {}  # id(frozen array) -> (the array, its key): written once
+        # a growing list's name -> its full chunks written, as (key, the chunk's last row object):
+        # a chunk is reused while the list still holds that very row at its end
+        self._chunks: Dict[str, List[tuple]] = {}
+
+    def _pack(self, summary: Dict[str, Any], new: Dict[str, Any]) -> tuple:
+        """``summary`` with its growing lists as :class:`_Rows` (new full chunks added to ``new``),
+        and the chunk lists to keep once the entry is written.  The newest row always stays in
+        the pickled tail: the loop still adds the step's traffic to it after the commit point."""
+        packed, chunks_after = dict(summary), {}
+        for name in GROWING:
+            rows = summary.get(name)
+            if not isinstance(rows, list):
+                continue
+            chunks = list(self._chunks.get(name, []))
+            for i, (_, last) in enumerate(chunks):  # keep the chunks this list still starts with
+                end = (i + 1) * ROWS_CHUNK
+                if end > len(rows) or rows[end - 1] is not last:
+                    del chunks[i:]
+                    break
+            while (len(chunks) + 1) * ROWS_CHUNK < len(rows):
+                start = len(chunks) * ROWS_CHUNK
+                piece = rows[start:start + ROWS_CHUNK]
+                key = secrets.token_hex(8)
+                new[key] = _dumps(piece)
+                chunks.append((key, piece[-1]))
+            packed[name] = _Rows([key for key, _ in chunks], _dumps(rows[len(chunks) * ROWS_CHUNK:]))
+            chunks_after[name] = chunks
+        return packed, chunks_after
+
+    def _unpack(self, summary: Dict[str, Any]) -> Dict[str, Any]:
+        """``summary`` with its :class:`_Rows` back as lists of fresh rows."""
+        out = dict(summary)
+        for name, value in summary.items():
+            if isinstance(value, _Rows):
+                rows: List[Any] = []
+                for key in value.chunks:
+                    rows.extend(pickle.loads(self.store.frozen(key)))
+                rows.extend(pickle.loads(value.tail))
+                out[name] = rows
+        return out
 
     def write(self, entry: JournalEntry, open_step: Optional[int]) -> None:
         """Record ``entry``: the commit point of step ``entry.step``, which is open on the shards
         while this runs (``open_step``; None: no step is open, as after a resume from a
         checkpoint)."""
         import io
-        import secrets
 
         from pyspark import cloudpickle
 
-        keys, new = self._keys, {}
+        keys, new = dict(self._keys), {}  # taken over once the store has the entry
+        summary, chunks = self._pack(entry.summary, new)
+        entry = dataclasses.replace(entry, summary=summary)
 
         class _Pickler(cloudpickle.CloudPickler):
             def persistent_id(self, obj):
@@ -190,9 +260,10 @@ class Journal:
             buffers: List[bytearray] = []
             _Pickler(out, protocol=5, buffer_callback=lambda b: buffers.append(bytearray(b.raw()))).dump(entry)
             self.store.write(out.getvalue(), open_step, new, buffers)
-            return
-        _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(entry)
-        self.store.write(out.getvalue(), open_step, new)
+        else:
+            _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(entry)
+            self.store.write(out.getvalue(), open_step, new)
+        self._keys, self._chunks = keys, chunks
 
     def read(self) -> Optional[JournalEntry]:
         """The last entry written, as a fresh object (None: no step committed yet)."""
@@ -208,12 +279,13 @@ class Journal:
                 return store.frozen(key)
 
         buffers = self.store.buffers() if getattr(self.store, "out_of_band", False) else None
-        return _Unpickler(io.BytesIO(blob), buffers=buffers).load()
+        entry = _Unpickler(io.BytesIO(blob), buffers=buffers).load()
+        return dataclasses.replace(entry, summary=self._unpack(entry.summary))
 
     def clear(self) -> None:
         """Forget every entry (the fit starts over on new shards)."""
         self.store.clear()
-        self._keys = {}
+        self._keys, self._chunks = {}, {}
 
 
 def settle(group, namespace: str, epoch: int, entry: Optional[JournalEntry]) -> str:
