@@ -80,6 +80,39 @@ def test_the_mailbox_hands_a_worker_the_open_steps_command_once():
     assert mailbox.action_next(req(namespace="fit", worker=0, task=5, timeout=0.0)) == {"kind": "closed"}
 
 
+def test_a_task_enters_a_step_as_next_hands_it_out_or_with_its_first_request_elsewhere():
+    """No call of its own: ``next`` enters the task on shard 0, a request saying ``enter`` on any
+    shard; a newer task's entry rolls the step back, an older task is refused, and a request that
+    does not say ``enter`` from a task that never entered is refused."""
+    state, fences, mailbox, _ = parts()
+    fences.begin_step(req(namespace="fit", step=0, num_workers=2))
+    mailbox.post("fit", {"kind": "step", "step": 0})
+    assert mailbox.action_next(req(namespace="fit", worker=0, task=5, timeout=0.0))["step"] == 0
+    assert fences.step_of("fit").registered == {0: 5}
+    with pytest.raises(flight.FlightServerError, match="task 6 of worker 1 did not enter step 0"):
+        fences.action_tick(req(namespace="fit", step=0, worker=1, task=6, round=0, timeout=0.0))
+    with state.cond:  # worker 1's first request here says enter; it writes
+        fences.check_fence(req(namespace="fit", step=0, worker=1, task=6, enter=True))
+        state.tables["fit/t"].remember(np.array([3]))
+        state.tables["fit/t"].values[3, 0] = 5.0
+    assert fences.step_of("fit").registered == {0: 5, 1: 6}
+    # worker 1's stage was retried: its new task's first request rolls the step back, even before
+    # next hands the new task the step on shard 0
+    with state.cond:
+        fences.check_fence(req(namespace="fit", step=0, worker=1, task=8, enter=True))
+    assert state.tables["fit/t"].values[:, 0].tolist() == [0.0] * 4 and fences.step_of("fit").epoch == 1
+    with pytest.raises(flight.FlightServerError, match="task 6 of worker 1 belongs to a failed attempt"):
+        fences.action_tick(req(namespace="fit", step=0, worker=1, task=6, round=0, enter=True, timeout=0.0))
+    # the new epoch's tasks enter afresh; a newer task of worker 0 enters as next hands it the step,
+    # which starts another epoch
+    assert mailbox.action_next(req(namespace="fit", worker=0, task=7, timeout=0.0))["step"] == 0
+    assert fences.step_of("fit").epoch == 1 and fences.step_of("fit").registered == {1: 8, 0: 7}
+    assert mailbox.action_next(req(namespace="fit", worker=0, task=9, timeout=0.0))["step"] == 0
+    assert fences.step_of("fit").epoch == 2 and fences.step_of("fit").registered == {0: 9}
+    with pytest.raises(flight.FlightServerError, match="task 7 of worker 0 was replaced by a newer attempt"):
+        mailbox.action_next(req(namespace="fit", worker=0, task=7, timeout=0.0))
+
+
 def test_snapshots_are_taken_between_steps_and_restore_the_rows(tmp_path):
     state, fences, _, snapshots = parts()
     state.tables["fit/t"].values[:, 0] = [1.0, 2.0, 3.0, 4.0]

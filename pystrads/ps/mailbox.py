@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 import pyarrow.flight as flight
 
+from .request import _Request
 from .state import in_fit
 
 if TYPE_CHECKING:
@@ -108,7 +109,8 @@ class Mailbox:
     def action_next(self, req):
         """A worker waits (up to ``timeout``) for a command it has not carried out:
         the open step when it is newer than ``done_step``, or ``finish``.  The program's bytes
-        come along unless the worker already has them (``program_hash``)."""
+        come along unless the worker already has them (``program_hash``).  Handing out a step
+        enters the worker's task in it here (:meth:`StepFences.check_fence`)."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
         done_step = req.int("done_step", -1)
         deadline = time.monotonic() + req.num("timeout", 1.0)
@@ -130,6 +132,9 @@ class Mailbox:
                         and st.step == command.get("step") and command.get("step") > done_step
                         and worker not in st.done)
                     if actionable:
+                        if kind == "step":  # the task enters the step here (a newer one rolls it back)
+                            self.fences.check_fence(_Request(namespace=namespace, step=st.step, worker=worker,
+                                                             task=task), entering=True)
                         out = dict(command, seq=box["seq"])
                         if box.get("program_hash") != req.get("program_hash"):
                             out["program"], out["program_hash"] = box.get("program"), box.get("program_hash")

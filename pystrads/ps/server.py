@@ -388,7 +388,7 @@ class ShardServer(flight.FlightServerBase):
         table = None
         if contrib is not None:
             table = self.state.table(_Request(contrib).str("table"))
-            fields = {k: header[k] for k in ("step", "worker", "task", "round") if k in header}
+            fields = {k: header[k] for k in ("step", "worker", "task", "round", "enter") if k in header}
             nbytes, nrows = self._receive_rows(_Request(fields, **contrib), table, "contribute", reader, keys_seen)
         self.fences.action_tick(header)
         answer = None

@@ -162,8 +162,11 @@ class StepFences:
         stage was retried -- roll back to the pre-step state and start a new
         epoch; tasks of older epochs (zombies) are refused from then on.
         Returns the fit's step state (``namespace``: the fit a write's table or
-        key belongs to, when the header names none).
+        key belongs to, when the header names none).  A worker's task enters on
+        shard 0 as ``next`` hands it the step, and on another shard with its first
+        request there, which says ``enter``: no call of its own.
         """
+        entering = entering or header.get("enter") is True
         st = self.step_of(header.get("namespace") or namespace)
         step = header.get("step")
         if "epoch" in header and "worker" not in header:  # the step loop's own write

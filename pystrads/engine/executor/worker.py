@@ -28,7 +28,6 @@ import numpy as np
 from ...errors import RoundTimeoutError, ShardUnavailableError, StepFailedError
 from ...ps import protocol
 from ...ps.protocol import Action
-from ...ps.client import fan_out
 from ..program.api import Program, Schedule, WorkerContext
 from ..scheduler.sealing import DRIVER, WORKER, Seals
 from ..scheduler.steps import export_key, program_hash, state_key, summary_key
@@ -234,8 +233,10 @@ class _Worker:
     # -- a step
     def open(self, cmd: Dict[str, Any]):
         spec = self.spec
-        fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task, "namespace": spec.namespace}
-        fan_out([lambda i=i: self.group.client(i).action(Action.ENTER, **fence) for i in self.shards])
+        # ``next`` entered this task in the step on shard 0; its first request to another shard does
+        # (``enter``: a newer task rolls the step back there first, an older one is refused)
+        fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task, "namespace": spec.namespace,
+                 "enter": True}
         handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
         ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,
                             int(cmd["round_offset"]), spec.seed, spec.threads)
