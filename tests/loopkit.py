@@ -30,6 +30,7 @@ from pystrads.engine.executor.worker import WorkerSpec, program_hash, run_worker
 from pystrads.errors import ShardUnavailableError, StepFailedError
 from pystrads.ps.client import ShardGroup, ShardInfo
 from pystrads.ps.partition import TableLayout
+from pystrads.ps.protocol import Action
 from pystrads.ps.server import ShardServer
 
 TOKEN = "loopkit"
@@ -142,17 +143,22 @@ class Faults:
     """Where a fit is struck, once: ``phase`` is ``load``, ``init``, ``rounds`` (a worker's task
     lost: raised in the program's hook on worker 1), ``after_step`` (the job lost, or with the
     scheduler in the job the coordinator dead, in ``after_step`` of ``at_step`` once it wrote its
-    table), ``checkpoint`` (while the checkpoint after ``at_step`` is written) or ``commit`` (after
-    the journal entry of ``at_step`` was written, before its commit)."""
+    table), ``checkpoint`` (while the checkpoint after ``at_step`` is written), ``commit`` (after
+    the journal entry of ``at_step`` was written, before its commit) or ``commit_partly`` (the
+    commit that also opens the next step reached shard 0 only)."""
 
     def __init__(self, phase: Optional[str], at_step: int = 2, location: str = "driver"):
         self.phase, self.at_step, self.location = phase, at_step, location
         self.struck = threading.Event()
 
+    def due(self, phase: str, step: int) -> bool:
+        """The plan strikes ``phase`` at ``step`` (not struck yet)."""
+        return phase == self.phase and step == self.at_step and not self.struck.is_set()
+
     def strike(self, phase: str, step: int = -1, worker: int = 1, job: Optional[ThreadJob] = None) -> None:
         if phase != self.phase or self.struck.is_set() or worker != 1:
             return
-        if phase in ("after_step", "checkpoint", "commit") and step != self.at_step:
+        if phase in ("after_step", "checkpoint", "commit", "commit_partly") and step != self.at_step:
             return
         if phase == "rounds" and step != self.at_step:
             return
@@ -313,9 +319,16 @@ def _strike_commit_and_checkpoint(loop: StepLoop, job: ThreadJob, faults: Faults
     """Faults in the job's commit (after the journal entry was written) and checkpoint writes."""
     commit, save = job.commit_step, job.save_states
 
-    def commit_step(step: int) -> None:
+    def commit_step(step: int, next_offset=None) -> None:
         faults.strike("commit", step=step, job=job)
-        commit(step)
+        if next_offset is not None and faults.due("commit_partly", step):
+            # the commit that also opens the next step reaches shard 0 only: the journalled step
+            # stays open on the other shards, the next one is open on shard 0
+            job.group.client(0).action(Action.COMMIT_STEP, step=step, namespace=job.namespace, epoch=job.epoch,
+                                       open_next={"step": step + 1, "num_workers": job.num_workers,
+                                                  "round_offset": int(next_offset)})
+            faults.strike("commit_partly", step=step, job=job)
+        commit(step, next_offset)
 
     def save_states(target: str, step: int):
         faults.strike("checkpoint", step=step, job=job)

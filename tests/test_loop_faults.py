@@ -97,7 +97,7 @@ PROGRAMS = {
     "logistic": lambda: _linear(L1LogisticProgram, 0, binary=True),
     "lda": _lda,
 }
-PHASES = ["load", "init", "rounds", "after_step", "checkpoint", "commit"]
+PHASES = ["load", "init", "rounds", "after_step", "checkpoint", "commit", "commit_partly"]
 
 _REFERENCE = {}
 

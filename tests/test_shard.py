@@ -1314,6 +1314,36 @@ def test_a_stale_loop_epoch_is_refused_every_step_action_and_write(shards):
     np.testing.assert_array_equal(table.read(), np.full((10, 1), 2.0))
 
 
+def test_a_commit_opens_the_next_step_and_settling_closes_what_it_left_on_each_shard(shards):
+    """``commit_step`` with ``open_next`` keeps the step's writes and opens the next step in one
+    call.  When it reached shard 0 only, ``settle`` decides each shard's open step by the journal:
+    the journalled step commits where it is still open, the next one (never journalled) rolls
+    back where it was opened."""
+    from pystrads.engine.scheduler.journal import JournalEntry, settle
+
+    servers, group = shards
+    table = make_table(group, name="fit/t", rows=10, width=1)
+    begin = dict(num_workers=1, namespace="fit", epoch=1)
+    group.broadcast("begin_step", step=1, **begin)
+    table.fenced(step=1, epoch=1, namespace="fit").add(np.arange(10), np.ones((10, 1)))
+    following = {"step": 2, "num_workers": 1, "round_offset": 5}
+    group.broadcast("commit_step", step=1, namespace="fit", epoch=1, open_next=following)
+    assert [(s["step"], s["open"]) for s in group.broadcast("claim", namespace="fit", epoch=1)] == [(2, True)] * 2
+    assert [s.fences.step_of("fit").round_offset for s in servers] == [5, 5]
+    table.fenced(step=2, epoch=1, namespace="fit").add(np.arange(10), np.ones((10, 1)))
+    # step 2 is journalled; its commit, opening step 3, reaches shard 0 only
+    group.client(0).action("commit_step", step=2, namespace="fit", epoch=1, open_next=dict(following, step=3))
+    table.fenced(step=3, epoch=1, namespace="fit").add(np.arange(5), np.ones((5, 1)))  # rows of shard 0
+    told = settle(group, "fit", 2, JournalEntry(2, {}, {}, {}))
+    assert told == "rolled back step 3 on shard 0; committed step 2 on shard 1 (its journal entry was written)"
+    assert [(s["step"], s["open"], s["kept"]) for s in group.broadcast("claim", namespace="fit", epoch=2)] == \
+        [(3, False, False), (2, False, True)]
+    np.testing.assert_array_equal(table.read(), np.full((10, 1), 2.0))  # steps 1 and 2, not 3
+    group.broadcast("begin_step", step=3, num_workers=1, namespace="fit", epoch=2)
+    with pytest.raises(ShardUnavailableError, match="step 3 of fit 'fit' is still open"):  # not this step's commit
+        group.client(0).action("commit_step", step=2, namespace="fit", epoch=2, open_next=dict(following, step=4))
+
+
 def test_the_loops_writes_belong_to_the_open_step(shards):
     """Writes fenced with the loop's epoch are undone when the step is rolled back; one fenced
     with another step is refused; an unfenced write while a step is open is refused."""

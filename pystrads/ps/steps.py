@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow.flight as flight
 
+from .request import _Request
 from .state import in_fit
 
 if TYPE_CHECKING:
@@ -424,7 +425,8 @@ class StepFences:
                 self.state.cond.wait(min(left, 1.0))
 
     def action_commit_step(self, req):
-        """Close the step and keep its writes."""
+        """Close the step and keep its writes; ``open_next`` (``step``, ``num_workers``,
+        ``round_offset``): then open the loop's next step, in the same call (:meth:`begin_step`)."""
         with self.state.cond:
             self.check_epoch(req.str("namespace", ""), req.get("epoch"), f"commit_step {req.get('step')}")
             st = self.step_of(req.str("namespace", ""))
@@ -436,6 +438,9 @@ class StepFences:
                 st.open = False
                 st.kept = True
                 self.state.cond.notify_all()
+            following = req.dict("open_next", None)
+            if following is not None:
+                self.begin_step(_Request(following, namespace=req.str("namespace", ""), epoch=req.get("epoch")))
         return self.state.counters()
 
     def action_abort_step(self, req):

@@ -31,6 +31,7 @@ import pickle
 import secrets
 from typing import Any, Dict, List, Optional
 
+from ...ps.client import fan_out
 from ...ps.protocol import Action
 
 log = logging.getLogger(__name__)
@@ -293,12 +294,16 @@ def settle(group, namespace: str, epoch: int, entry: Optional[JournalEntry]) -> 
     commit it everywhere when the journal holds it, else roll it back.  Claims ``epoch`` on every
     shard first, so a loop of an older epoch can change nothing afterwards.  Returns what it did."""
     status = group.broadcast(Action.CLAIM, namespace=namespace, epoch=int(epoch))
-    steps: List[int] = [s["step"] for s in status if s["open"]]
-    if not steps:
+    open_steps = {i: s["step"] for i, s in enumerate(status) if s["open"]}
+    if not open_steps:
         return "none open"
-    step = max(steps)
-    if entry is not None and entry.step == step:
-        group.broadcast(Action.COMMIT_STEP, step=step, namespace=namespace, epoch=int(epoch))
-        return f"committed step {step} (its journal entry was written)"
-    group.broadcast(Action.ABORT_STEP, step=step, namespace=namespace, epoch=int(epoch))
-    return f"rolled back step {step}"
+    # each shard as the journal decides for the step open there: a commit that also opened the
+    # next step may have reached some shards only, leaving the journalled step open on the others
+    # and the next one (never journalled) open where it arrived
+    journalled = entry.step if entry is not None else None
+    fan_out([lambda i=i, step=step: group.client(i).action(
+        Action.COMMIT_STEP if step == journalled else Action.ABORT_STEP, step=step, namespace=namespace,
+        epoch=int(epoch)) for i, step in open_steps.items()])
+    done = [f"{'committed' if step == journalled else 'rolled back'} step {step} on shard {i}"
+            for i, step in sorted(open_steps.items())]
+    return "; ".join(done) + (" (its journal entry was written)" if journalled in open_steps.values() else "")

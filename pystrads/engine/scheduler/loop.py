@@ -171,6 +171,7 @@ class StepLoop:
         self.position = Position(0, 0, num_workers)
         self.progress: Optional[ProgressReporter] = None
         self._open_step: Optional[int] = None  # the step open on the shards while the loop's hooks run
+        self._opened: Optional[int] = None  # the next step, opened on the shards with the last commit
         self._planned: Optional[_Planned] = None  # the next step's schedule, planned while a step ran
         self._ended: Optional[tuple] = None  # (why,) when the journal entry a resume took says the fit ended
         self._first_step: Optional[int] = None  # the first step this fit ran (max_steps counts from it)
@@ -270,9 +271,11 @@ class StepLoop:
                 self.job.commit_step(step)
             else:
                 self.job.abort_step(step)
+            if self._opened is not None and self._opened != step:  # a commit that opened the next step failed
+                self.job.abort_step(self._opened)
         except PystradsError as exc:
             log.warning("step %d: could not close it on every shard: %s", step, exc)
-        self._open_step = None
+        self._open_step = self._opened = None
 
     # ------------------------------------------------------------------ steps
     def _step_loop(self, max_steps: Optional[int]) -> Optional[str]:
@@ -294,8 +297,9 @@ class StepLoop:
             ctx.rounds_hint = position.rounds_hint
             ahead: Optional[_PlanAhead] = None
             try:
-                self.job.open_step(step, position.rounds_done)
-                self._open_step = step
+                if self._opened != step:
+                    self.job.open_step(step, position.rounds_done)
+                self._open_step, self._opened = step, None
                 planned, self._planned = self._planned, None
                 if planned is not None:
                     schedule, times = planned.schedule, planned.times
@@ -322,8 +326,9 @@ class StepLoop:
                 if self.config["scheduler.planAhead"] and self.program.plans_ahead(ctx) and \
                         (max_steps is None or steps + 1 < max_steps):
                     ahead = _PlanAhead(self.program, ctx, len(schedule))
-                self._run_step(ctx, run, times, len(schedule), ahead)
-                self._open_step = None
+                goes_on = max_steps is None or steps + 1 < max_steps
+                self._run_step(ctx, run, times, len(schedule), ahead, goes_on)
+                self._open_step = self._opened  # the next step when the commit opened it
             except (StepFailedError, ShardUnavailableError):
                 if ahead is not None:  # planned from a step that did not happen
                     ahead.join()
@@ -334,12 +339,15 @@ class StepLoop:
                 if self._open_step is not None:
                     self._settle(step)
                 raise
-            if self.checkpoints is not None and not ctx.stopped and \
-                    (self.position.step - 1) % self.config["checkpoint.interval"] == 0:
+            if not ctx.stopped and self._checkpoint_due():
                 self.checkpoints.try_save(self.job, self.program, self.position, self.summary)
             if ctx.stopped:
                 return ctx.stopped
         return None
+
+    def _checkpoint_due(self) -> bool:
+        """A checkpoint is due after the step just accounted for (``position.step - 1``)."""
+        return self.checkpoints is not None and (self.position.step - 1) % self.config["checkpoint.interval"] == 0
 
     def _check_data(self) -> None:
         """Hand every worker's ``data_summary`` to the program's ``check_data`` (driver side,
@@ -400,11 +408,13 @@ class StepLoop:
         self.position.rounds_hint = int(max(1, min(self.config["step.maxRounds"], target / max(per_round, 1e-6))))
 
     def _run_step(self, ctx: ScheduleContext, schedule: Schedule, t_sched: tuple, program_rounds: int,
-                  ahead: Optional["_PlanAhead"] = None) -> None:
+                  ahead: Optional["_PlanAhead"] = None, goes_on: bool = False) -> None:
         """Run ``schedule`` (``program_rounds`` of the program's rounds: fewer than its own in
         serial mode) as the open step, account for it (``t_sched``: its schedule's time, the part
         of it the workers waited for, whether it was planned ahead), write its journal entry and
-        commit it; ``ahead`` plans the next step meanwhile."""
+        commit it; ``ahead`` plans the next step meanwhile.  When the loop ``goes_on`` after it
+        (the program did not stop, no checkpoint is due), the commit opens the next step too
+        (``self._opened``): one round trip between two steps instead of two."""
         position = self.position
         step = position.step
         t0 = time.perf_counter()
@@ -412,7 +422,7 @@ class StepLoop:
         if ahead is not None:
             ahead.start()  # after the command is made: it may carry the program, pickled
 
-        def close(answer: Dict[str, Any]) -> None:  # the step's commit point
+        def close(answer: Dict[str, Any]) -> Optional[int]:  # the step's commit point
             t_step = time.perf_counter() - t0
             if ahead is not None:
                 ahead.join()  # after_step (in _account) and the next step's schedule must not overlap
@@ -420,6 +430,10 @@ class StepLoop:
             if ahead is not None and not ctx.stopped:
                 self._planned = ahead.result()
             self.journal.write(self._journal_entry(step, ctx.stopped is not None, ctx.stopped), step)
+            if goes_on and not ctx.stopped and not self._checkpoint_due():
+                self._opened = step + 1
+                return self.position.rounds_done
+            return None
 
         self.job.run_step(step, position.rounds_done, command, close)
         row = self.summary.rows[-1]

@@ -215,20 +215,21 @@ class WorkerJob:
                              round_offset=round_offset, epoch=self.epoch)
 
     def run_step(self, step: int, round_offset: int, command: Dict[str, Any],
-                 before_commit: Callable[[Dict[str, Any]], None] = lambda answer: None) -> Dict[str, Any]:
+                 before_commit: Callable[[Dict[str, Any]], Optional[int]] = lambda answer: None) -> Dict[str, Any]:
         """Run the open step ``step`` (:meth:`open_step`): post its command, wait until every worker
         finished it, call ``before_commit(answer)`` (the loop's ``after_step`` and journal entry,
         the step's commit point), then commit it on every shard -- or, when the workers fail, roll
         it back and raise :class:`~pystrads.errors.StepFailedError`.  What ``before_commit``
-        raises is raised as it is (the loop settles the step).  Returns shard 0's answer (the
-        rounds' metrics)."""
+        raises is raised as it is (the loop settles the step); what it returns, when not None,
+        is the round offset of the next step, which the commit then opens on every shard in the
+        same call (:meth:`commit_step`).  Returns shard 0's answer (the rounds' metrics)."""
         run = functools.partial(self._run_step, step, round_offset, command, before_commit)
         for hook in STEP_HOOKS:
             run = functools.partial(hook, self, step, run)
         return run()
 
     def _run_step(self, step: int, round_offset: int, command: Dict[str, Any],
-                  before_commit: Callable[[Dict[str, Any]], None] = lambda answer: None) -> Dict[str, Any]:
+                  before_commit: Callable[[Dict[str, Any]], Optional[int]] = lambda answer: None) -> Dict[str, Any]:
         group = self.group
         try:
             if "program" in command:  # the shards run the program's pull and shard_metrics: the same program
@@ -259,14 +260,20 @@ class WorkerJob:
             raise StepFailedError(
                 f"step {step} failed; the model tables were rolled back to their state before the step. "
                 f"Cause: {exc if isinstance(exc, PystradsError) else python_cause(exc)}") from exc
-        before_commit(answer)
-        self.commit_step(step)
+        next_offset = before_commit(answer)
+        self.commit_step(step, next_offset)
         return answer
 
-    def commit_step(self, step: int) -> None:
-        """Close step ``step`` on every shard, keeping its writes (a no-op where it is closed)."""
+    def commit_step(self, step: int, next_offset: Optional[int] = None) -> None:
+        """Close step ``step`` on every shard, keeping its writes (a no-op where it is closed);
+        with ``next_offset``, then open step ``step + 1`` (its first round's index) in the same
+        call, as :meth:`open_step` would: a step's commit and the next one's opening cost one
+        round trip.  A failure may leave step ``step + 1`` open on some shards: the loop's
+        settling closes it there."""
+        extra = {} if next_offset is None else {
+            "open_next": {"step": step + 1, "num_workers": self.num_workers, "round_offset": int(next_offset)}}
         self._traffic_at_commit = self.group.broadcast(Action.COMMIT_STEP, step=step, namespace=self.namespace,
-                                                       epoch=self.epoch)
+                                                       epoch=self.epoch, **extra)
 
     def abort_step(self, step: int) -> None:
         """Roll step ``step`` back on every shard that can be reached (a no-op where it is closed)."""
