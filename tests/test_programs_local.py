@@ -302,10 +302,15 @@ class LateReader(ex.CounterProgram):
         if not getattr(worker_module._Worker.next_command, "_late", False):
             plain = worker_module._Worker.next_command
 
-            def next_command(worker, done_step):
+            def next_command(worker, done_step, done=None):
                 if isinstance(worker.program, LateReader) and done_step >= 0:
+                    if done is not None:  # the step is done at once; only the next poll is late
+                        from pystrads.ps.protocol import Action
+
+                        worker.group.client(0).action(Action.STEP_DONE, **done)
+                        done = None
                     __import__("time").sleep(1.5)
-                return plain(worker, done_step)
+                return plain(worker, done_step, done)
 
             next_command._late = True
             worker_module._Worker.next_command = next_command

@@ -113,6 +113,29 @@ def test_a_task_enters_a_step_as_next_hands_it_out_or_with_its_first_request_els
         mailbox.action_next(req(namespace="fit", worker=0, task=7, timeout=0.0))
 
 
+def test_a_step_done_rides_the_next_poll_and_a_post_waits_for_its_step():
+    """``next`` carries out the ``done`` it carries before it waits; ``post`` with ``wait_step``
+    answers as ``wait_step`` does: not done within its timeout, then done with the rounds' metrics."""
+    state, fences, mailbox, _ = parts()
+    fences.begin_step(req(namespace="fit", step=1, num_workers=2))
+    waiting = mailbox.action_post(req(namespace="fit", command={"kind": "step", "step": 1}, wait_step=1, timeout=0.0))
+    assert (waiting["done"], waiting["entered"]) == (False, 0)
+    assert mailbox.action_post(req(namespace="fit", command={"kind": "step", "step": 1})) == {}
+    for worker, task in ((0, 5), (1, 6)):
+        assert mailbox.action_next(req(namespace="fit", worker=worker, task=task, timeout=0.0))["step"] == 1
+    fence = dict(namespace="fit", step=1, worker=0, task=5, enter=True)
+    got = mailbox.action_next(req(namespace="fit", worker=0, task=5, done_step=1, timeout=0.0,
+                                  done=dict(fence, late={"_snapshot_s": 0.5}, late_round=0)))
+    assert got == {"kind": "wait"} and fences.step_of("fit").done == {0: 5}
+    with pytest.raises(flight.FlightServerError, match="task 4 of worker 1 belongs to a failed attempt"):
+        mailbox.action_next(req(namespace="fit", worker=1, task=6, done_step=1, timeout=0.0,
+                                done=dict(fence, worker=1, task=4)))
+    mailbox.action_next(req(namespace="fit", worker=1, task=6, done_step=1, timeout=0.0,
+                            done=dict(fence, worker=1, task=6)))
+    answer = fences.action_wait_step(req(namespace="fit", step=1, timeout=0.0))
+    assert answer["done"] and answer["rounds"] == {"0": {"_snapshot_s": 0.5}}
+
+
 def test_snapshots_are_taken_between_steps_and_restore_the_rows(tmp_path):
     state, fences, _, snapshots = parts()
     state.tables["fit/t"].values[:, 0] = [1.0, 2.0, 3.0, 4.0]

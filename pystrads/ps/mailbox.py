@@ -42,11 +42,16 @@ class Mailbox:
 
     def action_post(self, req):
         """The driver leaves a command for a fit's workers (``begin_step`` can carry
-        one too, so a step's schedule costs no extra call)."""
+        one too, so a step's schedule costs no extra call); ``wait_step``: then wait for
+        that step as :meth:`StepFences.action_wait_step` does (up to ``timeout``) and answer
+        as it does."""
         with self.state.cond:
             self.fences.check_epoch(req.str("namespace"), req.get("epoch"), "a post")
             self.post(req.str("namespace"), req.dict("command"))
-        return {}
+        if req.get("wait_step") is None:
+            return {}
+        return self.fences.action_wait_step(_Request(namespace=req.str("namespace"), step=req.int("wait_step"),
+                                                     timeout=req.num("timeout", 1.0)))
 
     def post(self, namespace: str, command: Dict[str, Any]) -> None:
         """Leave ``command`` for fit ``namespace``'s workers (its ``program``, when it carries
@@ -110,11 +115,15 @@ class Mailbox:
         """A worker waits (up to ``timeout``) for a command it has not carried out:
         the open step when it is newer than ``done_step``, or ``finish``.  The program's bytes
         come along unless the worker already has them (``program_hash``).  Handing out a step
-        enters the worker's task in it here (:meth:`StepFences.check_fence`)."""
+        enters the worker's task in it here (:meth:`StepFences.check_fence`); ``done``: the fields
+        of the worker's ``step_done`` for the step it just finished, carried out first."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
         done_step = req.int("done_step", -1)
         deadline = time.monotonic() + req.num("timeout", 1.0)
+        done = req.dict("done", None)
         with self.state.cond:
+            if done is not None:  # the worker's step_done rides its first poll for the next command
+                self.fences.action_step_done(_Request(done))
             while True:
                 if task < self.fences.newest_task.get((namespace, worker), -1):
                     raise flight.FlightServerError(

@@ -183,11 +183,14 @@ class _Worker:
                     pass
             raise
 
-    def next_command(self, done_step: int) -> Dict[str, Any]:
+    def next_command(self, done_step: int, done: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """The next command for this worker; ``done``: the ``step_done`` of the step it just
+        finished, which the first poll carries (one call where there were two)."""
         while True:
+            extra, done = ({} if done is None else {"done": done}), None
             cmd = self.group.client(0).action(
                 Action.NEXT, namespace=self.spec.namespace, worker=self.worker, task=self.task, done_step=done_step,
-                program_hash=self.program_hash, timeout=self.poll_seconds)
+                program_hash=self.program_hash, timeout=self.poll_seconds, **extra)
             if cmd.get("kind") == "wait":
                 if self.check is not None:
                     self.check()
@@ -313,9 +316,9 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
     w.group.client(0).action(Action.HELLO, namespace=spec.namespace, worker=worker, task=task, fingerprint=fingerprint,
                              load_s=load_s)
     state, have = None, None  # ``have``: the step whose resulting state this task holds
-    done_step = -1
+    done_step, done = -1, None  # ``done``: the finished step's step_done, sent with the next poll
     while True:
-        cmd = w.next_command(done_step)
+        cmd = w.next_command(done_step, done)
         if cmd["kind"] == "closed":  # the driver released the fit before this task read ``finish``
             return
         step = int(cmd["step"])
@@ -343,7 +346,7 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
         t_snap = time.perf_counter()
         size = w.snapshot(step, state, fence)
         late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
-        w.group.client(0).action(Action.STEP_DONE, **fence, late=late, late_round=last)
+        done = dict(fence, late=late, late_round=last)  # its snapshot is stored: the step is done
         have = done_step = step
 
 

@@ -234,12 +234,15 @@ class WorkerJob:
         try:
             if "program" in command:  # the shards run the program's pull and shard_metrics: the same program
                 group.broadcast(Action.REGISTER_PROGRAM, namespace=self.namespace, payload=command["program"])
-            group.client(0).action(Action.POST, namespace=self.namespace, command=command, epoch=self.epoch)
+            # the post waits for the step like wait_step does: one call for a step that ends within it
+            answer = group.client(0).action(Action.POST, namespace=self.namespace, command=command, epoch=self.epoch,
+                                            wait_step=step, timeout=1.0)
             if "program" in command:
                 self._posted_program = command["program_hash"]
             stall = _StallWatch(self.timeout, self.num_workers)
             while True:
-                answer = group.client(0).action(Action.WAIT_STEP, step=step, namespace=self.namespace, timeout=1.0)
+                if answer is None:
+                    answer = group.client(0).action(Action.WAIT_STEP, step=step, namespace=self.namespace, timeout=1.0)
                 if answer["done"]:
                     break
                 if answer.get("error"):
@@ -249,6 +252,7 @@ class WorkerJob:
                     self._raise_program_error()
                     raise error
                 stall.check(step, answer)
+                answer = None
         except (ProgramError, ConfigurationError):  # the program's, or the cluster's: not a lost task
             self.abort_step(step)
             raise
