@@ -35,6 +35,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import argv_of, record  # noqa: E402
 
 WIDTH = 16  # float64 values per row: 128-byte rows
 
@@ -341,8 +343,10 @@ def main(argv=None):
               f"| {r['client_get_gbps']:.2f} | {r['get_ratio']:.2f} "
               f"| {r['raw_put_gbps']:.2f} | {r['raw_put_store_gbps']:.2f} | {r['client_put_gbps']:.2f} "
               f"| {r['put_ratio']:.2f} | {r['put_store_ratio']:.2f} |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
+    machine = result.pop("machine")
+    result = record("jobs/bench_runtime.py", argv_of(argv), args.out, result)
+    result["machine"] = machine
+    with open(args.out, "w") as fh:  # the platform too
         json.dump(result, fh, indent=2)
     png = plot(result, os.path.splitext(args.out)[0] + ".png")
     print(f"\nwrote {args.out}" + (f" and {png}" if png else ""))
