@@ -77,7 +77,6 @@ class ThreadJob(WorkerJob):
     def __init__(self, records: List[List[Any]], seed: int, namespace: str, epoch: int = 1, timeout: float = 20.0):
         super().__init__(len(records), seed, namespace, timeout, None, 1, epoch)
         self.records = records
-        self.launches = 0
         self._threads: List[threading.Thread] = []
         self._errors: List[BaseException] = []
         self._cancelled = threading.Event()
@@ -86,10 +85,11 @@ class ThreadJob(WorkerJob):
     def launch(self, program, group, layouts, fingerprint=False, new_shards=False, coordinator=None) -> float:
         self.cancel()
         self.group = group
+        self.launches += 1
         blob = cloudpickle.dumps(program)
         digest = program_hash(blob)
         spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
-                          self.namespace, fingerprint, False, None, 1, None, self.seals)
+                          self.namespace, fingerprint, False, None, 1, None, self.seals, self.launches)
         self._posted_program = None if new_shards else digest
         self._fingerprints = None
         cancelled, errors = threading.Event(), []
@@ -111,7 +111,6 @@ class ThreadJob(WorkerJob):
                          for p in range(self.num_workers)]
         for t in self._threads:
             t.start()
-        self.launches += 1
         return 0.0
 
     def lose(self, why: str) -> None:
@@ -290,6 +289,7 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
                 program.faults, program.job = faults, job_ref
             job = ThreadJob(records, seed, namespace, epoch)
             job.seals = seals
+            job.launches = jobs[-1].launches if jobs else 0  # the client's launches go on counting, as the engine's do
             job_ref[0] = job
             jobs.append(job)
             owner = (_Owner if location == "driver" else _JobOwner)(shards, layouts, program, job)
@@ -310,7 +310,7 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
                 settle(shards.group, namespace, epoch, Journal(ShardStore(shards.group, namespace, epoch, seals)).read())
                 job.cancel()
         tables = shards.read(layouts)
-        return Result(tables, program, loop.summary, stopped, sum(j.launches for j in jobs), epoch)
+        return Result(tables, program, loop.summary, stopped, jobs[-1].launches, epoch)
     finally:
         shards.close()
 

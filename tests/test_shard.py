@@ -801,6 +801,34 @@ def test_a_released_fit_tells_its_late_workers_to_end(shards):
         hub.action("hello", namespace="fitA", worker=1, task=3)
 
 
+def test_a_relaunched_job_counts_only_its_own_hellos_and_its_steps_go_to_its_own_tasks(shards):
+    """A relaunch of a fit's job (launch 2) while a task of launch 1 still runs (Spark kills a
+    cancelled job's Python workers only after a while): launch 1's hellos do not make launch 2's
+    complete, launch 1's task neither says hello again nor takes launch 2's step (entering it
+    would roll the step back under launch 2's tasks), and launch 2's own task enters it."""
+    _, group = shards
+    hub = group.client(0)
+    hub.action("hello", namespace="fitL", worker=0, task=1, launch=1)  # worker 1 of launch 1 was lost
+    assert not hub.action("wait_hellos", namespace="fitL", num_workers=1, launch=2, timeout=0.2)["complete"]
+    hub.action("hello", namespace="fitL", worker=1, task=4, launch=2)
+    answer = hub.action("wait_hellos", namespace="fitL", num_workers=2, launch=2, timeout=0.2)
+    assert not answer["complete"] and set(answer["hellos"]) == {"1"}, answer
+    with pytest.raises(ShardUnavailableError, match="launch 1 of the fit's job, which launch 2 replaced"):
+        hub.action("hello", namespace="fitL", worker=0, task=1, launch=1)
+    group.broadcast("begin_step", step=0, num_workers=2, namespace="fitL")
+    hub.action("post", namespace="fitL", command={"kind": "step", "step": 0, "init": True, "launch": 2})
+    with pytest.raises(ShardUnavailableError, match="zombie"):
+        hub.action("next", namespace="fitL", worker=0, task=1, launch=1, timeout=0.2)
+    hub.action("hello", namespace="fitL", worker=0, task=3, launch=2)
+    answer = hub.action("wait_hellos", namespace="fitL", num_workers=2, launch=2, timeout=0.2)
+    assert answer["complete"] and {h["task"] for h in answer["hellos"].values()} == {3, 4}, answer
+    assert hub.action("next", namespace="fitL", worker=1, task=4, launch=2, timeout=1.0)["step"] == 0
+    assert hub.action("next", namespace="fitL", worker=0, task=3, launch=2, timeout=1.0)["step"] == 0
+    # both of launch 2's tasks entered the step without rolling it back: their fences hold
+    for worker, task in ((0, 3), (1, 4)):
+        hub.action("tick", namespace="fitL", step=0, worker=worker, task=task, round=0, wait_for=-1)
+
+
 # ------------------------------------------------------------------ addresses and ports
 
 

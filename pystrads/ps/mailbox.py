@@ -3,8 +3,9 @@
 :class:`Mailbox` serves them (composed by :class:`~pystrads.ps.server.ShardServer`, beside
 its :class:`~pystrads.ps.steps.StepFences`, on its :class:`~pystrads.ps.state.ShardState`): per fit namespace, the command the driver posted last
 (``post``, or with ``begin_step``), the workers' ``hello`` (a newer task id
-retires the worker's older ones), ``next`` (a worker waits for a command it has
-not carried out), and the driver's waits ``wait_hellos`` and ``wait_blobs``.
+retires the worker's older ones, a newer launch of the fit's job every task of
+the older launches), ``next`` (a worker waits for a command it has not carried
+out), and the driver's waits ``wait_hellos`` and ``wait_blobs``.
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ class Mailbox:
         self.fences = fences
         self.boxes: Dict[str, Dict[str, Any]] = {}
         self.hellos: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        # per fit namespace, the newest launch of its job a hello or a command said: the tasks of
+        # an older launch are zombies (Spark kills a cancelled job's Python workers only after a while)
+        self.launches: Dict[str, int] = {}
 
     def forget_fit(self, fit: str) -> None:
         """With the state's ``cond`` held: the fit ``fit`` ended; its boxes and hellos go."""
-        for ns in [n for n in list(self.boxes) + list(self.hellos) if in_fit(n, fit)]:
+        for ns in [n for n in list(self.boxes) + list(self.hellos) + list(self.launches) if in_fit(n, fit)]:
             self.boxes.pop(ns, None)
             self.hellos.pop(ns, None)
+            self.launches.pop(ns, None)
 
     def action_post(self, req):
         """The driver leaves a command for a fit's workers (``begin_step`` can carry
@@ -64,36 +69,60 @@ class Mailbox:
                 box["program_seal"] = command.get("program_seal")
             box["seq"] += 1
             box["command"] = {k: v for k, v in command.items() if k not in ("program", "program_seal")}
+            self._see_launch(namespace, command.get("launch"))
             self.state.cond.notify_all()
 
+    def _see_launch(self, namespace: str, launch: Any) -> None:
+        """With the state's ``cond`` held: a hello or a command of ``launch``; a newer launch
+        than any before forgets the older launch's hellos."""
+        if isinstance(launch, int) and launch > self.launches.get(namespace, 0):
+            self.launches[namespace] = launch
+            self.hellos.pop(namespace, None)
+
+    def _refuse_older_launch(self, namespace: str, worker: int, task: int, launch: int) -> None:
+        newest = self.launches.get(namespace, 0)
+        if launch < newest:
+            raise flight.FlightServerError(
+                f"shard {self.state.shard_id}: task {task} of worker {worker} belongs to launch {launch} of the "
+                f"fit's job, which launch {newest} replaced; refusing a zombie task")
+
     def action_hello(self, req):
-        """A worker's task started (a newer task id retires the worker's older ones)."""
+        """A worker's task started (a newer task id retires the worker's older ones, a newer
+        ``launch`` of the job every task of the older launches)."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
+        launch = req.int("launch", 0)
         with self.state.cond:
             key = (namespace, worker)
             if task < self.fences.newest_task.get(key, -1):
                 raise flight.FlightServerError(
                     f"shard {self.state.shard_id}: task {task} of worker {worker} is older than task "
                     f"{self.fences.newest_task[key]}; refusing a zombie task")
+            self._refuse_older_launch(namespace, worker, task, launch)
+            self._see_launch(namespace, launch)
             if self.fences.is_closed(namespace):
                 raise flight.FlightServerError(
                     f"shard {self.state.shard_id}: fit {namespace!r} has ended (its tables were dropped); "
                     f"task {task} of worker {worker} has nothing to do")
             self.fences.newest_task[key] = task
-            self.hellos.setdefault(namespace, {})[worker] = {"task": task, "fingerprint": req.get("fingerprint"),
+            self.hellos.setdefault(namespace, {})[worker] = {"task": task, "launch": launch,
+                                                             "fingerprint": req.get("fingerprint"),
                                                              "load_s": req.get("load_s"), "time": time.time()}
             self.state.cond.notify_all()
         return {}
 
     def action_wait_hellos(self, req):
-        """Block until ``num_workers`` workers of a fit said hello (or ``timeout``); their hellos."""
-        namespace, n = req.str("namespace"), req.int("num_workers")
+        """Block until ``num_workers`` workers of a fit's ``launch`` said hello (or ``timeout``);
+        their hellos."""
+        namespace, n, launch = req.str("namespace"), req.int("num_workers"), req.int("launch", 0)
         deadline = time.monotonic() + req.num("timeout", 1.0)
+
+        def of_launch():
+            return {w: h for w, h in self.hellos.get(namespace, {}).items() if h["launch"] == launch}
+
         with self.state.cond:
-            while len(self.hellos.get(namespace, {})) < n and time.monotonic() < deadline \
-                    and namespace not in self.fences.fit_errors:
+            while len(of_launch()) < n and time.monotonic() < deadline and namespace not in self.fences.fit_errors:
                 self.state.cond.wait(max(0.0, min(1.0, deadline - time.monotonic())))
-            hellos = self.hellos.get(namespace, {})
+            hellos = of_launch()
             return {"hellos": {str(w): h for w, h in hellos.items()}, "complete": len(hellos) >= n,
                     "program_error": self.fences.fit_errors.get(namespace)}
 
@@ -118,10 +147,11 @@ class Mailbox:
         enters the worker's task in it here (:meth:`StepFences.check_fence`); ``done``: the fields
         of the worker's ``step_done`` for the step it just finished, carried out first."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
-        done_step = req.int("done_step", -1)
+        launch, done_step = req.int("launch", 0), req.int("done_step", -1)
         deadline = time.monotonic() + req.num("timeout", 1.0)
         done = req.dict("done", None)
         with self.state.cond:
+            self._refuse_older_launch(namespace, worker, task, launch)
             if done is not None:  # the worker's step_done rides its first poll for the next command
                 self.fences.action_step_done(_Request(done))
             while True:
@@ -129,6 +159,7 @@ class Mailbox:
                     raise flight.FlightServerError(
                         f"shard {self.state.shard_id}: task {task} of worker {worker} was replaced by a newer "
                         "attempt; refusing a zombie task")
+                self._refuse_older_launch(namespace, worker, task, launch)  # a newer launch's command came
                 if self.fences.is_closed(namespace):  # released before this worker read ``finish``
                     return {"kind": "closed"}
                 box = self.boxes.get(namespace)

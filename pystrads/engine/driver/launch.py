@@ -94,11 +94,12 @@ class BarrierJob(WorkerJob):
         t0 = time.perf_counter()
         self.cancel()
         self.group = group
+        self.launches += 1
         blob = cloudpickle.dumps(program)
         digest = program_hash(blob)
         spec = WorkerSpec(blob, digest, group, dict(layouts), self.num_workers, self.seed, self.timeout,
                           self.namespace, fingerprint, self.keep_states, self.export, self.threads, coordinator,
-                          self.seals)
+                          self.seals, self.launches)
         data = self.data
         if data.frame is not None:
             frame = data.frame

@@ -79,6 +79,7 @@ class InJobWorkerJob(WorkerJob):
     def __init__(self, spec, abandoned: threading.Event, epoch: int):
         super().__init__(spec.num_workers, spec.seed, spec.namespace, spec.timeout, spec.export, spec.threads, epoch)
         self.group = spec.group
+        self.launches = spec.launch  # the launch this task belongs to
         self._posted_program = spec.program_hash  # every task unpickled it from the job's closure
         self.seals = spec.seals  # the fit's keys, as the client made them
         self._abandoned = abandoned

@@ -55,6 +55,7 @@ class WorkerSpec:
     threads: int = 1  # threads the worker computes with (WorkerContext.threads)
     coordinator: Any = None  # a CoordinatorSpec: the first task also runs the fit's loop (coordinator.py)
     seals: Any = None  # the fit's Seals (sealing.py): what the workers write and read through the shards
+    launch: int = 1  # the job's launch (WorkerJob.launches): said with the hello and every poll for a command
 
 
 def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, schedule: Schedule,
@@ -189,7 +190,8 @@ class _Worker:
         while True:
             extra, done = ({} if done is None else {"done": done}), None
             cmd = self.group.client(0).action(
-                Action.NEXT, namespace=self.spec.namespace, worker=self.worker, task=self.task, done_step=done_step,
+                Action.NEXT, namespace=self.spec.namespace, worker=self.worker, task=self.task, launch=self.spec.launch,
+                done_step=done_step,
                 program_hash=self.program_hash, timeout=self.poll_seconds, **extra)
             if cmd.get("kind") == "wait":
                 if self.check is not None:
@@ -313,8 +315,8 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
         from ..scheduler.fingerprint import _data_fingerprint
 
         fingerprint = _data_fingerprint(data)
-    w.group.client(0).action(Action.HELLO, namespace=spec.namespace, worker=worker, task=task, fingerprint=fingerprint,
-                             load_s=load_s)
+    w.group.client(0).action(Action.HELLO, namespace=spec.namespace, worker=worker, task=task, launch=spec.launch,
+                             fingerprint=fingerprint, load_s=load_s)
     state, have = None, None  # ``have``: the step whose resulting state this task holds
     done_step, done = -1, None  # ``done``: the finished step's step_done, sent with the next poll
     while True:

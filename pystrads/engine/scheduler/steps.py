@@ -89,6 +89,10 @@ class WorkerJob:
         self.export = export
         self.threads = int(threads)
         self.epoch = int(epoch)
+        # the job's launches so far: every launch's tasks say it with their hello and their polls,
+        # and the commands carry it, so a task of an earlier launch (Spark kills it only after a
+        # while) neither counts as a hello nor takes a step
+        self.launches = 0
         self.group: Optional[ShardGroup] = None  # the shards the running job's tasks talk to
         self._posted_program: Optional[str] = None  # hash of the program bytes the tasks have
         self._counters: Dict[str, int] = {}  # the shards' traffic counters, summed, at the last traffic()
@@ -125,7 +129,7 @@ class WorkerJob:
         """Wait until every worker's task said hello (data loaded); their hellos by worker."""
         while True:
             answer = self.group.client(0).action(Action.WAIT_HELLOS, namespace=self.namespace,
-                                                 num_workers=self.num_workers, timeout=1.0)
+                                                 num_workers=self.num_workers, launch=self.launches, timeout=1.0)
             if answer.get("program_error"):
                 raise ProgramError(answer["program_error"])
             if answer["complete"]:
@@ -197,6 +201,7 @@ class WorkerJob:
     def _with_restored(self, command: Dict[str, Any]) -> Dict[str, Any]:
         """``command`` telling the workers, after a resume from a checkpoint, the key that sealed
         the states it brought back (wrapped: see :mod:`~pystrads.engine.scheduler.sealing`)."""
+        command["launch"] = self.launches
         if self._restored is not None:
             command["restored"] = dict(self._restored)
             command["restored_seal"] = self.seals.field(DRIVER, f"{self.namespace}/restored/{command['step']}",
