@@ -74,7 +74,7 @@ FROZEN_MIN_BYTES = 1 << 20
 #: rows): the journal keeps them as chunks of :data:`ROWS_CHUNK` rows, each pickled once and kept
 #: like a frozen array, and pickles only the rows after the last full chunk with each entry --
 #: an entry costs what the step added, not the fit's whole history (whole lists pickled with
-#: every entry cost ~7 ms a step after 300 steps, a third of a small step's time)
+#: every entry would cost ~7 ms a step after 300 steps, a third of a small step's time)
 GROWING = ("rows", "iterations")
 ROWS_CHUNK = 64
 

@@ -29,7 +29,7 @@ import numpy as np
 from ...errors import ConfigurationError, PystradsError, ScheduleError, ShardUnavailableError, StepFailedError
 from ...ps.protocol import Action
 from .checkpoints import Position, program_state
-from .journal import JournalEntry
+from .journal import JournalEntry, settle
 from ..program.api import Program, Schedule, ScheduleContext, serial_schedule
 from .progress import ProgressReporter
 
@@ -263,16 +263,11 @@ class StepLoop:
         self._ended = (entry.stopped,) if entry.ended else None
 
     def _settle(self, step: int) -> None:
-        """Close step ``step`` after a failure, as the journal decides: committed when its entry
-        was written, else rolled back (best effort: an unreachable shard is recovered next)."""
-        entry = self.journal.read()
+        """Close step ``step`` (and the next one, where a failed commit opened it) after a failure,
+        as the journal decides, shard by shard (:func:`~pystrads.engine.scheduler.journal.settle`;
+        best effort: an unreachable shard is recovered next)."""
         try:
-            if entry is not None and entry.step == step:
-                self.job.commit_step(step)
-            else:
-                self.job.abort_step(step)
-            if self._opened is not None and self._opened != step:  # a commit that opened the next step failed
-                self.job.abort_step(self._opened)
+            log.info("step %d: %s", step, settle(self.job.group, self.namespace, self.job.epoch, self.journal.read()))
         except PystradsError as exc:
             log.warning("step %d: could not close it on every shard: %s", step, exc)
         self._open_step = self._opened = None
