@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--rank", type=int, default=10)
     p.add_argument("--max-iter", type=int, default=15)
     p.add_argument("--reg-param", type=float, default=0.1)
+    p.add_argument("--unscaled-reg", action="store_true",
+                   help="regParam alone on every factor row (the implicit library's form), not scaled by the counts")
     p.add_argument("--inner-iterations", type=int, default=0, help="0 = automatic (1 with feature blocks)")
     p.add_argument("--feature-block-size", type=int, default=0, help="features per round; 0 = automatic, 1 = CCD++")
     p.add_argument("--algorithm", choices=["cd", "sgd"], default="cd",
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
                   maxIter=args.max_iter, regParam=args.reg_param, innerIterations=args.inner_iterations,
                   featureBlockSize=args.feature_block_size, algorithm=args.algorithm, stepSize=args.step_size,
                   nonnegative=args.nonnegative, numWorkers=args.workers, seed=args.seed, coldStartStrategy="drop",
-                  implicitPrefs=args.implicit_prefs, alpha=args.alpha)
+                  implicitPrefs=args.implicit_prefs, alpha=args.alpha, scaleRegParam=not args.unscaled_reg)
     t0 = time.perf_counter()
     model = mf.fit(train)
     fit_s = time.perf_counter() - t0

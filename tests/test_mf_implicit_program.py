@@ -9,26 +9,30 @@ from pystrads.programs.mf import hash_uniform
 from pystrads.programs.mf_implicit import ImplicitMFProgram
 
 
-def dense(users, items, ratings, nu, ni, alpha):
+def dense(users, items, ratings, nu, ni, alpha, scale_reg=True):
+    """Confidences, preferences and the regularisation's weight per user and item (the positive
+    counts, or 1 with ``scale_reg=False``)."""
     conf = np.ones((nu, ni))
     pref = np.zeros((nu, ni))
     conf[users, items] = 1 + alpha * np.abs(ratings)
     pref[users, items] = ratings > 0
     n_u = np.bincount(users, weights=ratings > 0, minlength=nu)
     n_i = np.bincount(items, weights=ratings > 0, minlength=ni)
+    if not scale_reg:
+        n_u, n_i = np.ones(nu), np.ones(ni)
     return conf, pref, n_u, n_i
 
 
-def objective(w, h, users, items, ratings, lam, alpha):
-    conf, pref, n_u, n_i = dense(users, items, ratings, len(w), len(h), alpha)
+def objective(w, h, users, items, ratings, lam, alpha, scale_reg=True):
+    conf, pref, n_u, n_i = dense(users, items, ratings, len(w), len(h), alpha, scale_reg)
     err = pref - w @ h.T
     return float((conf * err ** 2).sum() + lam * ((n_u[:, None] * w ** 2).sum() + (n_i[:, None] * h ** 2).sum()))
 
 
-def reference(users, items, ratings, nu, ni, rank, lam, alpha, iters, seed, b, nonnegative=False):
+def reference(users, items, ratings, nu, ni, rank, lam, alpha, iters, seed, b, nonnegative=False, scale_reg=True):
     """Serial block coordinate descent on the dense objective: per iteration, every item's blocks
     in order (exact weighted ridge solves), then every user's."""
-    conf, pref, n_u, n_i = dense(users, items, ratings, nu, ni, alpha)
+    conf, pref, n_u, n_i = dense(users, items, ratings, nu, ni, alpha, scale_reg)
     u1 = np.stack([hash_uniform(np.arange(nu), 2 * k, seed) for k in range(rank)], axis=1)
     u2 = np.stack([hash_uniform(np.arange(nu), 2 * k + 1, seed) for k in range(rank)], axis=1)
     w = np.abs(np.sqrt(-2 * np.log(1 - u1)) * np.cos(2 * np.pi * u2))  # unit vectors, first quadrant
@@ -54,10 +58,11 @@ def reference(users, items, ratings, nu, ni, rank, lam, alpha, iters, seed, b, n
     return w, h
 
 
-def fit(sc, users, items, ratings, nu, ni, rank, lam, alpha, iters, block, workers=2, nonnegative=False, threads=1):
+def fit(sc, users, items, ratings, nu, ni, rank, lam, alpha, iters, block, workers=2, nonnegative=False, threads=1,
+        scale_reg=True):
     positives = np.bincount(items, weights=ratings > 0, minlength=ni)
     program = ImplicitMFProgram(nu, ni, rank, lam, positives, alpha, workers, iters, nonnegative=nonnegative,
-                                seed=5, block_size=block)
+                                seed=5, block_size=block, scale_reg=scale_reg)
     triples = list(zip(users.tolist(), items.tolist(), ratings.tolist()))
     rdd = sc.parallelize(triples, workers).keyBy(lambda t: t[0]).partitionBy(workers).values()
     with Engine(program, rdd, seed=5, config={"step.targetSeconds": 0.2, "worker.threads": threads}).fit() as res:
@@ -84,17 +89,21 @@ def interactions():
     return users, items, ratings, nu, ni
 
 
-@pytest.mark.parametrize("rank,block", [(4, 4), (5, 2)])
-def test_distributed_blocks_equal_the_dense_serial_reference(sc, interactions, rank, block):
+@pytest.mark.parametrize("rank,block,scale_reg", [(4, 4, True), (5, 2, True), (5, 2, False)])
+def test_distributed_blocks_equal_the_dense_serial_reference(sc, interactions, rank, block, scale_reg):
     """Full solves (b = rank, ALS's updates) and blocks 2, 2, 1 of rank 5 (a padded last block and
-    the cross-block Gramian terms of the owners)."""
+    the cross-block Gramian terms of the owners); regParam scaled by the counts (ALS) or not (the
+    ``implicit`` library), the reported objective the one minimised."""
     users, items, ratings, nu, ni = interactions
-    w, h, its = fit(sc, users, items, ratings, nu, ni, rank, 0.1, 2.0, 4, block)
-    w_ref, h_ref = reference(users, items, ratings, nu, ni, rank, 0.1, 2.0, 4, 5, block)
+    lam = 0.1 if scale_reg else 1.5  # unscaled: a lambda of the size of the scaled ones
+    w, h, its = fit(sc, users, items, ratings, nu, ni, rank, lam, 2.0, 4, block, scale_reg=scale_reg)
+    w_ref, h_ref = reference(users, items, ratings, nu, ni, rank, lam, 2.0, 4, 5, block, scale_reg=scale_reg)
     assert np.allclose(h, h_ref, atol=1e-8) and np.allclose(w, w_ref, atol=1e-8), np.abs(w - w_ref).max()
     objectives = [r["objective"] for r in its]
     assert [r["iteration"] for r in its] == [1, 2, 3, 4]
-    assert np.isclose(objectives[-1], objective(w, h, users, items, ratings, 0.1, 2.0), rtol=1e-9)
+    assert np.isclose(objectives[-1], objective(w, h, users, items, ratings, lam, 2.0, scale_reg), rtol=1e-9)
+    other = objective(w, h, users, items, ratings, lam, 2.0, not scale_reg)
+    assert not np.isclose(objectives[-1], other, rtol=1e-3), (objectives[-1], other)
     assert all(b <= a * (1 + 1e-12) for a, b in zip(objectives, objectives[1:])), objectives
 
 

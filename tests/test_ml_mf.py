@@ -169,6 +169,8 @@ def test_cross_validator_picks_and_the_best_model_saves_loads_and_recommends(rat
 def test_bad_input_and_params_are_refused(spark, ratings):
     with pytest.raises(ConfigurationError, match="implicitPrefs=True with algorithm='sgd'"):
         mf(implicitPrefs=True, algorithm="sgd").fit(ratings)
+    with pytest.raises(ConfigurationError, match="scaleRegParam=False with algorithm='sgd'.*scaleRegParam=True"):
+        mf(scaleRegParam=False, algorithm="sgd").fit(ratings)
     with pytest.raises(ConfigurationError, match="rank=0 must be >= 1"):
         mf(rank=0).fit(ratings)
     with pytest.raises(ConfigurationError, match="featureBlockSize=-1 must be >= 0"):
@@ -208,8 +210,9 @@ def interactions(spark):
     return spark.createDataFrame(rows, ["userId", "movieId", "rating"]).repartition(2).cache()
 
 
-def implicit_objective(model, df, reg, alpha):
-    """ALS's implicit objective of a model's factors, over the dense user x item matrix."""
+def implicit_objective(model, df, reg, alpha, scale_reg=True):
+    """ALS's implicit objective of a model's factors, over the dense user x item matrix (regParam
+    scaled by the positive counts, or alone with ``scale_reg=False``)."""
     users = {r.id: np.array(r.features) for r in model.userFactors.collect()}
     items = {r.id: np.array(r.features) for r in model.itemFactors.collect()}
     uid, iid = sorted(users), sorted(items)
@@ -221,6 +224,8 @@ def implicit_objective(model, df, reg, alpha):
         conf[u, i], pref[u, i] = 1 + alpha * abs(r.rating), float(r.rating > 0)
         n_u[u] += r.rating > 0
         n_i[i] += r.rating > 0
+    if not scale_reg:
+        n_u, n_i = np.ones(len(uid)), np.ones(len(iid))
     err = pref - w @ h.T
     return float((conf * err ** 2).sum() + reg * ((n_u[:, None] * w ** 2).sum() + (n_i[:, None] * h ** 2).sum()))
 
@@ -245,6 +250,21 @@ def test_implicit_feedback_reaches_als_objective_and_its_rankings(interactions):
         return np.mean([(m // 2) % 3 == (u - 1000) % 3 for u in top for m in top[u]])
 
     assert in_group(ours) >= in_group(theirs) - 0.02 and in_group(ours) >= 0.85, (in_group(ours), in_group(theirs))
+
+
+def test_unscaled_regularisation_is_the_objective_minimised(interactions, ratings):
+    """scaleRegParam=False: regParam alone on every factor row (the implicit library's objective):
+    the implicit history ends at that objective recomputed densely, not at the scaled one, and the
+    explicit fit's reported user regularisation is regParam times the users' squared norms."""
+    kw = dict(rank=4, maxIter=6, regParam=2.0, alpha=10.0, implicitPrefs=True, scaleRegParam=False)
+    model = mf(**kw).fit(interactions)
+    history = model.summary.objectiveHistory
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(history, history[1:])), history
+    assert history[-1] == pytest.approx(implicit_objective(model, interactions, 2.0, 10.0, scale_reg=False), rel=1e-6)
+    assert history[-1] != pytest.approx(implicit_objective(model, interactions, 2.0, 10.0), rel=1e-3)
+    explicit = mf(rank=3, maxIter=3, regParam=0.5, scaleRegParam=False).fit(ratings)
+    w = np.array([r.features for r in explicit.userFactors.collect()])
+    assert float(explicit.summary.iterations["w_reg"].iloc[-1]) == pytest.approx(0.5 * (w ** 2).sum(), rel=1e-6)
 
 
 def _kept_rdd_ids(frames):

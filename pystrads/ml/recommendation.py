@@ -86,6 +86,11 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "features updated together per round by exact block solves (1 = CCD++, one feature per round; "
         "rank = ALS-like whole-row solves); fewer rounds per iteration, b(b+1)/2 + b partial sums per item. "
         "0 = automatic: 1 with nonnegative=True, else min(rank, 8)", typeConverter=TypeConverters.toInt)
+    scaleRegParam: Param[bool] = Param(
+        Params._dummy(), "scaleRegParam",
+        "whether regParam is scaled by each user's and item's number of ratings (positive ones with "
+        "implicitPrefs=True): True as Spark's ALS (ALS-WR); False applies regParam alone to every factor row, "
+        "the objective of the implicit library and of Hu, Koren & Volinsky", typeConverter=TypeConverters.toBoolean)
     algorithm: Param[str] = Param(
         Params._dummy(), "algorithm",
         "'cd': coordinate descent with W/H alternation (exact block solves, no step size; the default); "
@@ -126,6 +131,9 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         "implicitPrefs": Rule(lambda v, p: not v or p.getAlgorithm() != "sgd",
                               "with algorithm='sgd': SGD covers explicit ratings only (the implicit objective sums "
                               "over every user-item pair); use algorithm='cd', the default"),
+        "scaleRegParam": Rule(lambda v, p: v or p.getAlgorithm() != "sgd",
+                              "with algorithm='sgd': SGD regularises each rating's update, which is the scaled "
+                              "form; use algorithm='cd', the default, or scaleRegParam=True"),
         "algorithm": one_of("cd", "sgd", note="'cd': coordinate descent, the default; 'sgd': SGD with block "
                                               "rotation"),
         "stepSize": above(0, finite=True, note="SGD's initial step size; the default 0.05 suits ratings on a "
@@ -136,7 +144,7 @@ class _StradsMFParams(_StradsMFModelParams, HasMaxIter, HasRegParam, HasCheckpoi
         super().__init__(*args)
         self._setDefault(rank=10, maxIter=10, regParam=0.1, implicitPrefs=False, alpha=1.0, ratingCol="rating",
                          nonnegative=False, checkpointInterval=10, innerIterations=0, featureBlockSize=0,
-                         algorithm="cd", stepSize=0.05, numUserBlocks=10, numItemBlocks=10,
+                         algorithm="cd", stepSize=0.05, scaleRegParam=True, numUserBlocks=10, numItemBlocks=10,
                          intermediateStorageLevel="MEMORY_AND_DISK", finalStorageLevel="MEMORY_AND_DISK")
 
     def _inner_iterations(self) -> int:
@@ -186,6 +194,9 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
 
         sum (r_ui - x_u . y_i)^2 + regParam * (sum_u n_u |x_u|^2 + sum_i n_i |y_i|^2)
 
+    (``scaleRegParam=False``: ``regParam * (sum_u |x_u|^2 + sum_i |y_i|^2)``, the ``implicit``
+    library's form).
+
     With ``implicitPrefs=True``, ALS's implicit objective (Hu, Koren & Volinsky), summed over
     every user-item pair, with confidence ``1 + alpha |r_ui|`` on the observed pairs (1
     elsewhere), preference 1 where ``r_ui > 0`` (0 elsewhere) and ``n_u``, ``n_i`` counting
@@ -224,7 +235,8 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
                  ratingCol: str = "rating", nonnegative: bool = False, checkpointInterval: int = 10,
                  coldStartStrategy: str = "nan", predictionCol: str = "prediction", numWorkers: int = 0,
                  innerIterations: int = 0, featureBlockSize: int = 0, algorithm: str = "cd",
-                 stepSize: float = 0.05, blockSize: int = 4096, numUserBlocks: int = 10, numItemBlocks: int = 10,
+                 stepSize: float = 0.05, scaleRegParam: bool = True, blockSize: int = 4096,
+                 numUserBlocks: int = 10, numItemBlocks: int = 10,
                  intermediateStorageLevel: str = "MEMORY_AND_DISK", finalStorageLevel: str = "MEMORY_AND_DISK",
                  validationIndicatorCol: str = "", validationTol: float = 0.0,
                  earlyStoppingRounds: int = 2):
@@ -245,7 +257,8 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
             program = ImplicitMFProgram(len(users), len(items), self.getRank(), self.getRegParam(),
                                         fit.stats["item_positives"], self.getAlpha(), fit.workers, self.getMaxIter(),
                                         self.getNonnegative(), fit.seed, block_size=self._block_size(),
-                                        early_stopping=self._early_stopping("validation_mpr"))
+                                        early_stopping=self._early_stopping("validation_mpr"),
+                                        scale_reg=self.getScaleRegParam())
         elif self.getAlgorithm() == "sgd":
             self._warn_ignored("algorithm='sgd'", "featureBlockSize", "innerIterations")
             program = MFSGDProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,
@@ -255,7 +268,8 @@ class StradsMF(_StradsEstimator, _StradsMFParams):
             self._warn_ignored("algorithm='cd'", "stepSize")
             program = MFProgram(len(users), len(items), self.getRank(), self.getRegParam(), item_counts,
                                 self.getMaxIter(), self._inner_iterations(), self.getNonnegative(), fit.seed,
-                                block_size=self._block_size(), early_stopping=self._early_stopping("validation_rmse"))
+                                block_size=self._block_size(), early_stopping=self._early_stopping("validation_rmse"),
+                                scale_reg=self.getScaleRegParam())
         log.info("StradsMF: %d ratings, %d users, %d items, rank %d, %d workers, %r", int(item_counts.sum()),
                  len(users), len(items), self.getRank(), fit.workers, program)
         return program

@@ -215,7 +215,7 @@ class MFProgram(Program):
         Ids are ``0 .. num_users-1`` and ``0 .. num_items-1``.
     rank : int
     reg_param : float
-        lambda (scaled by each user's / item's number of ratings, as ALS).
+        lambda, scaled by each user's / item's number of ratings (as ALS) unless ``scale_reg`` is False.
     item_counts : array (num_items,)
         Ratings per item (m_j).
     max_iter : int
@@ -230,11 +230,14 @@ class MFProgram(Program):
     early_stopping : EarlyStopping, optional
         The stop rule on the validation RMSE (records marked ``validation``): computed after every
         iteration, recorded as ``validation_rmse``.
+    scale_reg : bool
+        True: ``lambda n_u |w_u|^2 + lambda m_j |h_j|^2`` (ALS-WR, Spark's ALS); False: ``lambda``
+        alone on every row (the ``implicit`` library's and Hu, Koren & Volinsky's form).
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts,
                  max_iter: int = 10, inner_iterations: int = 3, nonnegative: bool = False, seed: int = 0,
-                 block_size: int = 1, early_stopping: Optional[EarlyStopping] = None):
+                 block_size: int = 1, early_stopping: Optional[EarlyStopping] = None, scale_reg: bool = True):
         self.num_users = int(num_users)
         self.num_items = int(num_items)
         self.rank = int(rank)
@@ -250,12 +253,18 @@ class MFProgram(Program):
             raise ValueError("nonnegative factors need block_size=1 (exact projected coordinate updates)")
         self.num_blocks = -(-self.rank // self.block_size)
         self.early_stopping = early_stopping
+        self.scale_reg = bool(scale_reg)
+
+    def reg_weights(self, counts: np.ndarray) -> np.ndarray:
+        """lambda per row with ``counts`` observations: ``lambda * counts`` (ALS's scaling) or lambda."""
+        counts = np.asarray(counts, dtype=np.float64)
+        return self.reg_param * (counts if self.scale_reg else np.ones_like(counts))
 
     def __repr__(self) -> str:
         return (f"MFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
                 f"regParam={self.reg_param}, iterations={self.max_iter}, inner={self.inner_iterations}, "
-                f"block={self.block_size}, "
-                f"nonnegative={self.nonnegative})")
+                f"block={self.block_size}, nonnegative={self.nonnegative}"
+                + ("" if self.scale_reg else ", regParam unscaled") + ")")
 
     @property
     def rounds_per_iteration(self) -> int:
@@ -299,7 +308,7 @@ class MFProgram(Program):
     def load(self, ctx, records) -> _MFData:
         train, held = _triples(records)
         data = _MFData(train)
-        data.user_reg = self.reg_param * np.diff(data.user_ptr).astype(np.float64)
+        data.user_reg = self.reg_weights(np.diff(data.user_ptr))
         if self.early_stopping is not None:
             data.validation = _Validation(data.users, held, self.item_counts)
         return data
@@ -354,7 +363,7 @@ class MFProgram(Program):
         from ..kernels import mf as K
 
         b, n = self.block_size, self.num_items
-        reg = self.reg_param * self.item_counts[keys % n]
+        reg = self.reg_weights(self.item_counts[keys % n])
         features = np.clip(self.rank - (keys // n) * b, 0, b).astype(np.int64)  # features past the rank stay 0
         new = np.empty((len(keys), b))
         ok = K.solve_item_blocks(np.ascontiguousarray(partials, dtype=np.float64), reg, features, new)

@@ -122,7 +122,8 @@ class ImplicitMFProgram(MFProgram):
         Ids are ``0 .. num_users-1`` and ``0 .. num_items-1``.
     rank : int
     reg_param : float
-        lambda, scaled by each user's / item's number of positive observations (as ALS).
+        lambda, scaled by each user's / item's number of positive observations (as ALS) unless
+        ``scale_reg`` is False (lambda alone, as the ``implicit`` library).
     item_counts : array (num_items,)
         Positive observations (``r > 0``) per item.
     alpha : float
@@ -138,13 +139,15 @@ class ImplicitMFProgram(MFProgram):
     early_stopping : EarlyStopping, optional
         The stop rule on the held-out positives' mean percentile rank (``validation_mpr``, see
         :func:`percentile_ranks`), computed after every iteration.
+    scale_reg : bool
+        See ``reg_param``.
     """
 
     def __init__(self, num_users: int, num_items: int, rank: int, reg_param: float, item_counts, alpha: float,
                  num_workers: int, max_iter: int = 10, nonnegative: bool = False, seed: int = 0,
-                 block_size: int = 1, early_stopping: Optional[EarlyStopping] = None):
+                 block_size: int = 1, early_stopping: Optional[EarlyStopping] = None, scale_reg: bool = True):
         super().__init__(num_users, num_items, rank, reg_param, item_counts, max_iter, 1, nonnegative,
-                         seed, block_size, early_stopping)
+                         seed, block_size, early_stopping, scale_reg)
         self.alpha = float(alpha)
         self.num_workers = int(num_workers)
         if not (self.alpha >= 0 and np.isfinite(self.alpha)):
@@ -153,7 +156,8 @@ class ImplicitMFProgram(MFProgram):
     def __repr__(self) -> str:
         return (f"ImplicitMFProgram(users={self.num_users}, items={self.num_items}, rank={self.rank}, "
                 f"regParam={self.reg_param}, alpha={self.alpha}, iterations={self.max_iter}, "
-                f"block={self.block_size}, nonnegative={self.nonnegative})")
+                f"block={self.block_size}, nonnegative={self.nonnegative}"
+                + ("" if self.scale_reg else ", regParam unscaled") + ")")
 
     @property
     def rounds_per_iteration(self) -> int:
@@ -179,8 +183,8 @@ class ImplicitMFProgram(MFProgram):
         positive = data.ratings > 0
         data.c1 = self.alpha * np.abs(data.ratings)  # confidence - 1
         data.target = np.where(positive, 1.0 + data.c1, 0.0)  # confidence * preference
-        data.user_reg = self.reg_param * np.bincount(data.rating_user, weights=positive.astype(np.float64),
-                                                     minlength=len(data.users))
+        data.user_reg = self.reg_weights(np.bincount(data.rating_user, weights=positive.astype(np.float64),
+                                                     minlength=len(data.users)))
         return data
 
     def init_state(self, ctx, data: _MFData) -> _ImplicitState:
@@ -210,7 +214,7 @@ class ImplicitMFProgram(MFProgram):
             if len(state.owned):
                 y = self._owned_rows(ctx, state)
                 ctx.contribute("gram", range(self.rank, 2 * self.rank), y.T @ y)
-                ctx.report(h_reg=float(self.reg_param * (self.item_counts[state.owned][:, None] * y ** 2).sum()))
+                ctx.report(h_reg=float((self.reg_weights(self.item_counts[state.owned])[:, None] * y ** 2).sum()))
             return state
         lo, hi = self._features(c)
         if c == 0:
