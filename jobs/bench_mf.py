@@ -59,9 +59,24 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="JSON path (default out/bench_mf.json, out/bench_mf_implicit.json)")
     p.add_argument("--implicit", action="store_true", help="the implicit-feedback benchmark instead")
     p.add_argument("--alphas", default="1,40", help="--implicit: confidence slopes alpha")
+    p.add_argument("--per-iteration", action="store_true",
+                   help="--implicit: per-iteration time against the implicit library from two fit lengths "
+                        "(--iter-pair), on --datasets, at --ranks (default 64), --alpha, --reg unscaled")
+    p.add_argument("--datasets", default="movielens,synthetic:100000x20000x5000000",
+                   help="--per-iteration: movielens and/or synthetic:USERSxITEMSxINTERACTIONS")
+    p.add_argument("--iter-pair", default="3,8", help="--per-iteration: the two fit lengths n1,n2")
+    p.add_argument("--alpha", type=float, default=10.0, help="--per-iteration: confidence slope")
+    p.add_argument("--test-users", type=int, default=5000, help="--per-iteration: test users ranked (a sample)")
     p.add_argument("--recommend-repeats", type=int, default=5, help="timed recommendForAllUsers(10) calls each")
     p.add_argument("--recommend-only", action="store_true", help="only the recommendForAllUsers(10) timing")
     args = p.parse_args(argv)
+    args.argv = argv
+    if args.implicit and args.per_iteration:
+        from bench_mf_implicit import per_iteration_benchmark
+
+        if args.ranks == p.get_default("ranks"):
+            args.ranks = "64"
+        return per_iteration_benchmark(args)
     if args.implicit:
         from bench_mf_implicit import implicit_benchmark
 

@@ -195,3 +195,144 @@ def implicit_benchmark(args):
     print(f"wrote {out_path}")
     spark.stop()
 
+
+
+# ------------------------------------------------------------------ per iteration, against `implicit`
+
+def synthetic_interactions(num_users: int, num_items: int, interactions: int, seed: int = 7, clusters: int = 50):
+    """About ``interactions`` distinct (user, item) interactions with a taste structure and a long
+    tail, as a pandas frame (``userId, movieId, rating`` = 1): item popularity ``(rank + 1)^-0.7``,
+    items in ``clusters`` taste groups, each user with two groups it draws 70 % of its items from
+    (the rest by popularity), user activity log-normal; duplicates dropped."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    pop = rng.permutation((np.arange(num_items) + 1.0) ** -0.7)
+    group = rng.integers(0, clusters, num_items)
+    activity = rng.lognormal(0.0, 1.0, num_users)
+    per_user = np.clip(np.round(activity / activity.sum() * interactions * 1.16), 2, num_items // 4).astype(np.int64)
+    users = np.repeat(np.arange(num_users), per_user)
+    # per group, the items and their cumulative popularity laid end to end: group g's CDF runs over [g, g + 1)
+    order = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[order], np.arange(clusters + 1))
+    cdf = np.empty(num_items)
+    for g in range(clusters):
+        w = pop[order[starts[g]:starts[g + 1]]]
+        cdf[starts[g]:starts[g + 1]] = g + np.cumsum(w) / w.sum()
+    tastes = rng.integers(0, clusters, (num_users, 2))
+    chosen = tastes[users, rng.integers(0, 2, len(users))]
+    in_group = order[np.minimum(np.searchsorted(cdf, chosen + rng.random(len(users)) * (1 - 1e-12)), num_items - 1)]
+    global_cdf = np.cumsum(pop) / pop.sum()
+    by_pop = np.minimum(np.searchsorted(global_cdf, rng.random(len(users))), num_items - 1)
+    items = np.where(rng.random(len(users)) < 0.7, in_group, by_pop)
+    pairs = np.unique(users * np.int64(num_items) + items)
+    return pd.DataFrame({"userId": (pairs // num_items).astype(np.int64), "movieId": (pairs % num_items).astype(np.int64),
+                         "rating": np.ones(len(pairs))})
+
+
+def dataset(name: str):
+    """(label, training interactions, test interactions) of ``movielens`` or
+    ``synthetic:USERSxITEMSxINTERACTIONS``, split per user 80/20 as :func:`split_interactions`."""
+    import pandas as pd
+
+    if name == "movielens":
+        ratings = pd.read_csv(os.path.join(SHARED, "movielens-latest-small", "ratings.csv.gz"))
+        return ("MovieLens latest-small (ratings >= 4)",) + split_interactions(ratings)
+    if name.startswith("synthetic:"):
+        nu, ni, nn = (int(float(x)) for x in name.split(":", 1)[1].split("x"))
+        frame = synthetic_interactions(nu, ni, nn)
+        return (f"synthetic {nu:,} users x {ni:,} items",) + split_interactions(frame.assign(rating=4.0))
+    raise SystemExit(f"--datasets: {name!r} is neither 'movielens' nor 'synthetic:USERSxITEMSxINTERACTIONS'")
+
+
+def per_iteration_benchmark(args):
+    """Per-iteration time of StradsMF(implicitPrefs=True) and of the ``implicit`` library on the
+    same objective: confidence ``1 + alpha r`` on both sides (the library gets the confidences as
+    its matrix, its own ``alpha`` 1) and regParam unscaled (``scaleRegParam=False``, the library's
+    form).  Each system fits ``n1`` and ``n2`` iterations, interleaved, ``--repeats`` times; its
+    per-iteration time is ``(median t(n2) - median t(n1)) / (n2 - n1)``, so the fixed costs (Spark's
+    input scan, the shards, the library's transposes) drop out; precision@10 of the ``n2``-iteration
+    fits on (a sample of) the test users, by the same function for both."""
+    import scipy.sparse as sp
+    from threadpoolctl import threadpool_limits
+
+    import implicit
+    from pystrads.ml import StradsMF
+    from pystrads.session import spark_session
+
+    from _bench import argv_of, record  # noqa: E402 -- jobs/ is on the path when run as a script
+
+    n1, n2 = (int(x) for x in args.iter_pair.split(","))
+    spark = spark_session("local[2]", "pystrads-bench-mf-implicit-iteration",
+                          {"spark.ui.enabled": "false", "spark.driver.memory": "8g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    rows, rng = [], np.random.default_rng(0)
+    for name in args.datasets.split(","):
+        label, train_pd, test_pd = dataset(name)
+        train_pd = train_pd.assign(rating=1.0)
+        train = spark.createDataFrame(train_pd).repartition(2).cache()
+        print(f"{label}: {train.count():,} training / {len(test_pd):,} test interactions", flush=True)
+        users, u = np.unique(train_pd["userId"].to_numpy(), return_inverse=True)
+        items, i = np.unique(train_pd["movieId"].to_numpy(), return_inverse=True)
+        test_users = sorted(test_pd["userId"].unique())
+        if len(test_users) > args.test_users:
+            test_users = sorted(rng.choice(test_users, args.test_users, replace=False).tolist())
+        test_sample = test_pd[test_pd["userId"].isin(set(test_users))]
+        for rank in [int(r) for r in args.ranks.split(",")]:
+            alpha, reg = args.alpha, args.reg
+            confidence = sp.csr_matrix((1.0 + alpha * train_pd["rating"].to_numpy(), (u, i)),
+                                       shape=(len(users), len(items)))
+
+            def strads(iters, seed):
+                est = StradsMF(userCol="userId", itemCol="movieId", ratingCol="rating", rank=rank, maxIter=iters,
+                               regParam=reg, alpha=alpha, implicitPrefs=True, scaleRegParam=False, seed=seed)
+                t0 = time.perf_counter()
+                model = est.fit(train)
+                model.userFactors.count()
+                wall = time.perf_counter() - t0
+                return wall, factors_of(model)
+
+            def library(iters, seed):
+                t0 = time.perf_counter()
+                with threadpool_limits(1, "blas"):
+                    model = implicit.cpu.als.AlternatingLeastSquares(
+                        factors=rank, regularization=reg, alpha=1.0, iterations=iters, random_state=seed,
+                        num_threads=2, use_cg=True)
+                    model.fit(confidence, show_progress=False)
+                wall = time.perf_counter() - t0
+                return wall, (users, np.asarray(model.user_factors), items, np.asarray(model.item_factors))
+
+            systems = {"pystrads": strads, "implicit": library}
+            for fn in systems.values():  # warm-up: JIT, shard start, kernel compilation
+                fn(1, 0)
+            times = {(s, n): [] for s in systems for n in (n1, n2)}
+            quality = {s: [] for s in systems}
+            for seed in range(1, args.repeats + 1):
+                for n in (n1, n2):
+                    for system, fn in systems.items():
+                        wall, factors = fn(n, seed)
+                        times[(system, n)].append(wall)
+                        if n == n2:
+                            recs = top_unseen(*factors, train_pd, test_users)
+                            quality[system].append(ranking_metrics(spark, recs, test_sample))
+                        print(f"  {system:<9} rank {rank} {n:>3} iterations: {wall:7.2f} s", flush=True)
+            for system in systems:
+                t1, t2 = (float(np.median(times[(system, n)])) for n in (n1, n2))
+                q = {k: float(np.median([m[k] for m in quality[system]])) for k in ("precision@10", "ndcg@10")}
+                rows.append(dict(dataset=name, label=label, system=system, rank=rank, alpha=alpha, reg=reg,
+                                 train=int(len(train_pd)), users=int(len(users)), items=int(len(items)),
+                                 n1=n1, n2=n2, t1=[round(x, 3) for x in times[(system, n1)]],
+                                 t2=[round(x, 3) for x in times[(system, n2)]],
+                                 per_iteration_s=round((t2 - t1) / (n2 - n1), 4), fit_s=round(t2, 3),
+                                 **{k: round(v, 5) for k, v in q.items()}))
+        train.unpersist()
+    print("\n| data | rank | system | s / iteration | × implicit | fit s | precision@10 | vs implicit |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        peer = next(p for p in rows if p["system"] == "implicit" and (p["dataset"], p["rank"]) == (r["dataset"], r["rank"]))
+        print(f"| {r['dataset']} | {r['rank']} | {r['system']} | {r['per_iteration_s']:.3f} | "
+              f"{r['per_iteration_s'] / peer['per_iteration_s']:.2f} | {r['fit_s']:.2f} | {r['precision@10']:.4f} | "
+              f"{r['precision@10'] - peer['precision@10']:+.4f} |")
+    record("jobs/bench_mf.py", argv_of(args.argv), args.out or "out/bench_mf_implicit_iteration.json",
+           {"results": rows, "repeats": args.repeats})
+    spark.stop()
