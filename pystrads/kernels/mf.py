@@ -246,64 +246,95 @@ def sgd_block(order, rating_user, rating_row, ratings, w, h, eta, reg, nonnegati
 # with G = W'W.  The observed sums are the kernels' job; the Gramian terms are added by the caller.
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _row_dot(w, i, h, j, b):
-    """``w[i, :b] . h[j, :b]``."""
-    s = 0.0
-    for c in range(b):
-        s += w[i, c] * h[j, c]
-    return s
-
-
 @njit(cache=True, nogil=True)
-def implicit_item_partials(item_ptr, item_ratings, rating_user, c1, target, pred, w, v, out):
-    """Per local item j: ``out[j, :b*b] = sum c1 w_i w_i'``, ``out[j, b*b:] = sum (target - c1 s) w_i``
-    over its observations (``w``: local users x b, ``v``: the block at the local items)."""
+def implicit_item_partials(item_ptr, item_user, c1, target, pred, w, v, out):
+    """Per local item j: ``out[j, :b*b] = sum c1 w_i w_i'`` (row-major, both triangles),
+    ``out[j, b*b:] = sum (target - c1 s) w_i`` over its observations.  Every per-observation array
+    is in *item-major* order (position p of ``item_ptr``'s ranges): ``item_user[p]`` the local user,
+    ``c1``, ``target``, ``pred`` its values -- read in sequence, not gathered at random; ``w``:
+    local users x b, ``v``: the block at the local items.  The sums build in small local arrays."""
     b = w.shape[1]
+    acc = np.empty((b, b))
+    rhs = np.empty(b)
+    wi = np.empty(b)
     for j in range(item_ptr.shape[0] - 1):
-        out[j, :] = 0.0
+        acc[:, :] = 0.0
+        rhs[:] = 0.0
         for p in range(item_ptr[j], item_ptr[j + 1]):
-            n = item_ratings[p]
-            i = rating_user[n]
-            s = pred[n] - _row_dot(w, i, v, j, b)  # the prediction without the block
-            _add_partial(out, j, w, i, c1[n], target[n] - c1[n] * s, b)
-        _mirror(out, j, b)
+            i = item_user[p]
+            s = pred[p]  # the prediction without the block
+            for c in range(b):
+                wi[c] = w[i, c]
+                s -= wi[c] * v[j, c]
+            r = target[p] - c1[p] * s
+            weight = c1[p]
+            for c in range(b):
+                rhs[c] += r * wi[c]
+                x = weight * wi[c]
+                for d in range(b):
+                    acc[c, d] += x * wi[d]
+        for c in range(b):
+            for d in range(b):
+                out[j, c * b + d] = acc[c, d]
+            out[j, b * b + c] = rhs[c]
 
 
 @njit(cache=True, nogil=True)
-def implicit_user_block_update(user_ptr, user_ratings, rating_item, c1, target, h, gram, cross, reg,
-                               nonnegative, w, pred):
+def implicit_add_block_items(item_ptr, item_user, u, change, pred):
+    """``pred[p] += u[item_user[p]] . change[j]`` for every observation p of local item j (item-major
+    order, as :func:`implicit_item_partials`): the new block of H folded into the predictions."""
+    b = u.shape[1]
+    for j in range(item_ptr.shape[0] - 1):
+        for p in range(item_ptr[j], item_ptr[j + 1]):
+            i = item_user[p]
+            s = 0.0
+            for c in range(b):
+                s += u[i, c] * change[j, c]
+            pred[p] += s
+
+
+@njit(cache=True, nogil=True)
+def implicit_user_block_update(user_ptr, rating_item, c1, target, h, gram, cross, reg, nonnegative, w, pred):
     """Per local user i, the exact block minimiser (module comment above) with ``gram`` =
     G[B,B] and ``cross[i]`` = G[B,-B] x_i,-B; updates ``w[i]`` (the block) and the
-    predictions of the user's observations.  ``nonnegative`` projects (exact for b = 1)."""
+    predictions of the user's observations, which are *user-major*: user i's are positions
+    ``user_ptr[i] .. user_ptr[i+1]`` of ``rating_item``, ``c1``, ``target`` and ``pred``.
+    ``nonnegative`` projects (exact for b = 1)."""
     b = h.shape[1]
     a = np.empty((b, b))
     x = np.empty(b)
+    wi = np.empty(b)
+    hj = np.empty(b)
     for i in range(user_ptr.shape[0] - 1):
         for c in range(b):
+            wi[c] = w[i, c]
             x[c] = -cross[i, c]
             for d in range(b):
                 a[c, d] = gram[c, d]
             a[c, c] += reg[i]
         for p in range(user_ptr[i], user_ptr[i + 1]):
-            n = user_ratings[p]
-            j = rating_item[n]
-            r = target[n] - c1[n] * (pred[n] - _row_dot(w, i, h, j, b))
+            j = rating_item[p]
+            s = pred[p]
             for c in range(b):
-                hc = h[j, c]
-                x[c] += r * hc
-                ch = c1[n] * hc
-                for d in range(c + 1):
-                    a[c, d] += ch * h[j, d]
+                hj[c] = h[j, c]
+                s -= wi[c] * hj[c]
+            r = target[p] - c1[p] * s
+            weight = c1[p]
+            for c in range(b):
+                x[c] += r * hj[c]
+                y = weight * hj[c]
+                for d in range(b):
+                    a[c, d] += y * hj[d]
         _cholesky_solve(a, x, b, 0.0)
         if nonnegative:
             for c in range(b):
                 x[c] = max(x[c], 0.0)
         for p in range(user_ptr[i], user_ptr[i + 1]):
-            n = user_ratings[p]
-            j = rating_item[n]
+            j = rating_item[p]
+            s = 0.0
             for c in range(b):
-                pred[n] += (x[c] - w[i, c]) * h[j, c]
+                s += (x[c] - wi[c]) * h[j, c]
+            pred[p] += s
         for c in range(b):
             w[i, c] = x[c]
 
