@@ -269,6 +269,24 @@ def mf_implicit_table(data):
     return out
 
 
+def mf_implicit_iteration_table(data):
+    """bench_mf.py --implicit --per-iteration: s per iteration from two fit lengths, against implicit."""
+    out = ["| data | interactions (train) | system | s / iteration | × implicit | in the steps | "
+           "fit of n₂ iterations | precision@10 | vs implicit |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    rows = data["results"]
+    for r in rows:
+        peer = next(p for p in rows if p["system"] == "implicit" and (p["dataset"], p["rank"]) == (r["dataset"], r["rank"]))
+        ours = r["system"] == "pystrads"
+        out.append(f"| {r['label']}, rank {r['rank']} | {r['train']:,} | "
+                   + ("**pystrads `StradsMF`**" if ours else "`implicit` 0.7 (CG, 2 threads)")
+                   + f" | {_f(r['per_iteration_s'], 3)} s | "
+                   + (f"**{r['per_iteration_s'] / peer['per_iteration_s']:.2f}×** | " if ours else "1 | ")
+                   + (f"{_f(r['steps_per_iteration_s'], 3)} s | " if r.get("steps_per_iteration_s") else "— | ")
+                   + f"{_f(r['fit_s'], 2)} s | {r['precision@10']:.4f} | "
+                   + (f"{r['precision@10'] - peer['precision@10']:+.4f} |" if ours else "|"))
+    return out
+
+
 # -- models of 10^9 parameters (jobs/bench_scale.py) ---------------------------------------------
 
 def scale_table(data):
@@ -528,6 +546,7 @@ TABLES = {
                               "2026-11-25"),
     "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-26"),
     "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
+    "mf_implicit_iteration": Table(mf_implicit_iteration_table),
     "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-28"),
     "lasso_dense": Table(lasso_table, "python3 jobs/bench_lasso.py --problems strads:20000x20000x200 --widths 128,2048 "
                          "--quick --repeats 1 --skip-mllib --skip-sklearn --skip-celer --skip-skglm", "2026-11-27"),
