@@ -246,6 +246,22 @@ def sgd_block(order, rating_user, rating_row, ratings, w, h, eta, reg, nonnegati
 # with G = W'W.  The observed sums are the kernels' job; the Gramian terms are added by the caller.
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _add_observation(z, own, pred, c1, target, acc, rhs, b):
+    """One observation into a block's normal equations: ``z`` the other side's block, ``own`` the
+    current block of the side being solved, ``pred`` the full prediction; ``acc += c1 z z'``,
+    ``rhs += (target - c1 s) z`` with ``s = pred - z . own`` (the prediction without the block)."""
+    s = pred
+    for c in range(b):
+        s -= z[c] * own[c]
+    r = target - c1 * s
+    for c in range(b):
+        rhs[c] += r * z[c]
+        x = c1 * z[c]
+        for d in range(b):
+            acc[c, d] += x * z[d]
+
+
 @njit(cache=True, nogil=True)
 def implicit_item_partials(item_ptr, item_user, c1, target, pred, w, v, out):
     """Per local item j: ``out[j, :b*b] = sum c1 w_i w_i'`` (row-major, both triangles),
@@ -262,17 +278,9 @@ def implicit_item_partials(item_ptr, item_user, c1, target, pred, w, v, out):
         rhs[:] = 0.0
         for p in range(item_ptr[j], item_ptr[j + 1]):
             i = item_user[p]
-            s = pred[p]  # the prediction without the block
             for c in range(b):
                 wi[c] = w[i, c]
-                s -= wi[c] * v[j, c]
-            r = target[p] - c1[p] * s
-            weight = c1[p]
-            for c in range(b):
-                rhs[c] += r * wi[c]
-                x = weight * wi[c]
-                for d in range(b):
-                    acc[c, d] += x * wi[d]
+            _add_observation(wi, v[j], pred[p], c1[p], target[p], acc, rhs, b)
         for c in range(b):
             for d in range(b):
                 out[j, c * b + d] = acc[c, d]
@@ -314,17 +322,9 @@ def implicit_user_block_update(user_ptr, rating_item, c1, target, h, gram, cross
             a[c, c] += reg[i]
         for p in range(user_ptr[i], user_ptr[i + 1]):
             j = rating_item[p]
-            s = pred[p]
             for c in range(b):
                 hj[c] = h[j, c]
-                s -= wi[c] * hj[c]
-            r = target[p] - c1[p] * s
-            weight = c1[p]
-            for c in range(b):
-                x[c] += r * hj[c]
-                y = weight * hj[c]
-                for d in range(b):
-                    a[c, d] += y * hj[d]
+            _add_observation(hj, wi, pred[p], c1[p], target[p], a, x, b)
         _cholesky_solve(a, x, b, 0.0)
         if nonnegative:
             for c in range(b):
