@@ -106,7 +106,9 @@ def percentile_ranks(program: "ImplicitMFProgram", table, data: _MFData, w: np.n
 class _ImplicitState:
     def __init__(self, w, pred, owned):
         self.w = w  # (local users, rank)
-        self.pred = pred  # x_u . y_j of every local observation, item-major (data.item_ratings' order)
+        # x_u . y_j of every local observation, item-major (data.item_ratings' order; a state whose
+        # predictions were kept in rating order has no such attribute, and fails loudly on restore)
+        self.pred_items = pred
         self.owned = owned  # the items this worker adds the Gramian terms of
         self.gram_w = None  # G_W of the current iteration (read in its first item round)
         self.u = None  # W of the current block (local users x b)
@@ -188,7 +190,8 @@ class ImplicitMFProgram(MFProgram):
         # the ratings are user-major (_triples sorts them): the user pass reads them in sequence; the
         # item pass gets its own item-major copies, so it reads in sequence too (random reads of
         # per-rating arrays cost 6x the arithmetic on 2.5 M ratings a worker)
-        assert np.array_equal(data.user_ratings, np.arange(len(data.ratings))), "ratings must be user-major"
+        if not np.array_equal(data.user_ratings, np.arange(len(data.ratings))):
+            raise RuntimeError("ImplicitMFProgram.load: the ratings must be user-major (_triples sorts them)")
         data.item_user = data.rating_user[data.item_ratings]
         data.item_c1 = data.c1[data.item_ratings]
         data.item_target = data.target[data.item_ratings]
@@ -232,7 +235,7 @@ class ImplicitMFProgram(MFProgram):
         if len(data.items):
             partials = np.empty((len(data.items), be * be + be))
             over_ranges(ctx, data.item_ptr, lambda a, b: K.implicit_item_partials(
-                data.item_ptr[a:b + 1], data.item_user, data.item_c1, data.item_target, state.pred,
+                data.item_ptr[a:b + 1], data.item_user, data.item_c1, data.item_target, state.pred_items,
                 state.u, state.v[a:b], partials[a:b]))
             ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be))
         if len(state.owned):  # the unobserved pairs of the owned items: G_W's terms
@@ -255,14 +258,14 @@ class ImplicitMFProgram(MFProgram):
             new = self._block(ctx, data, c)
             change = new - state.v
             over_ranges(ctx, data.item_ptr, lambda a, b: K.implicit_add_block_items(
-                data.item_ptr[a:b + 1], data.item_user, state.u, change[a:b], state.pred))
+                data.item_ptr[a:b + 1], data.item_user, state.u, change[a:b], state.pred_items))
             state.v = state.u = None
         elif kind == Y_GRAM:  # every feature block of the local users, with G_Y
             gram = np.asarray(ctx.table("gram").read(range(self.rank, 2 * self.rank)), dtype=np.float64)
             h = self._local_rows(ctx, data)
             w = state.w
-            pred = np.empty_like(state.pred)  # the predictions user-major, for the user pass
-            pred[data.item_ratings] = state.pred
+            pred = np.empty_like(state.pred_items)  # the predictions user-major, for the user pass
+            pred[data.item_ratings] = state.pred_items
             for block in range(self.num_blocks):
                 lo, hi = self._features(block)
                 cross = w @ gram[:, lo:hi] - w[:, lo:hi] @ gram[lo:hi, lo:hi]
@@ -272,7 +275,7 @@ class ImplicitMFProgram(MFProgram):
                     data.user_ptr[a:b + 1], data.rating_item, data.c1, data.target, h_block,
                     gram_block, cross[a:b], data.user_reg[a:b], self.nonnegative, u[a:b], pred))
                 w[:, lo:hi] = u
-            state.pred = pred[data.item_ratings]
+            state.pred_items = pred[data.item_ratings]
             ctx.report(observed_loss=K.implicit_observed_loss(data.c1, data.target, pred),
                        all_pairs=float(((w @ gram) * w).sum()),
                        w_reg=float((data.user_reg[:, None] * w ** 2).sum()))
