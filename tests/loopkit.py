@@ -140,7 +140,9 @@ class ThreadJob(WorkerJob):
 
 class Faults:
     """Where a fit is struck, once: ``phase`` is ``load``, ``init``, ``rounds`` (a worker's task
-    lost: raised in the program's hook on worker 1), ``after_step`` (the job lost, or with the
+    lost: raised in the program's hook on worker 1), ``done`` (worker 1's task lost once the poll
+    that says its part of ``at_step`` is done -- with its state snapshot when small -- reached shard
+    0, before it read the answer), ``after_step`` (the job lost, or with the
     scheduler in the job the coordinator dead, in ``after_step`` of ``at_step`` once it wrote its
     table), ``checkpoint`` (while the checkpoint after ``at_step`` is written), ``commit`` (after
     the journal entry of ``at_step`` was written, before its commit) or ``commit_partly`` (the
@@ -159,10 +161,10 @@ class Faults:
             return
         if phase in ("after_step", "checkpoint", "commit", "commit_partly") and step != self.at_step:
             return
-        if phase == "rounds" and step != self.at_step:
+        if phase in ("rounds", "done") and step != self.at_step:
             return
         self.struck.set()
-        if phase in ("load", "init", "rounds"):
+        if phase in ("load", "init", "rounds", "done"):
             raise LostTask(f"worker 1's task is lost in {phase}")
         if self.location == "job":
             raise CoordinatorDied(f"the coordinator died in {phase} of step {step}")
@@ -265,6 +267,7 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
     from pystrads.engine.scheduler.checkpoints import Checkpointer
 
     worker_module._task_identity = _identity  # this process's worker threads tell themselves apart so
+    _strike_done(worker_module._Worker)
     faults = faults or Faults(None, location=location)
     faults.location = location
     cfg = Config.resolve(overrides=dict({"progress": "off", "step.targetSeconds": 3600.0, "step.maxRounds": 4,
@@ -313,6 +316,27 @@ def run_fit(program, records: List[List[Any]], config: Optional[Dict[str, Any]] 
         return Result(tables, program, loop.summary, stopped, jobs[-1].launches, epoch)
     finally:
         shards.close()
+
+
+def _strike_done(worker_cls) -> None:
+    """The ``done`` fault: the worker's poll saying its step is done (and carrying its small
+    snapshot) is carried out on shard 0, then the task is lost before it reads the answer."""
+    if getattr(worker_cls.next_command, "_struck", False):
+        return
+    plain = worker_cls.next_command
+
+    def next_command(self, done_step, done=None, snapshot=None):
+        faults = _SHARED.get("faults")
+        if done is not None and faults is not None and self.worker == 1 and faults.due("done", done_step):
+            extra = {} if snapshot is None else {"snapshot": snapshot}
+            self.group.client(0).action(Action.NEXT, namespace=self.spec.namespace, worker=self.worker, task=self.task,
+                                        launch=self.spec.launch, done_step=done_step, program_hash=self.program_hash,
+                                        timeout=0.0, done=done, **extra)
+            faults.strike("done", step=done_step, worker=self.worker)
+        return plain(self, done_step, done, snapshot)
+
+    next_command._struck = True
+    worker_cls.next_command = next_command
 
 
 def _strike_commit_and_checkpoint(loop: StepLoop, job: ThreadJob, faults: Faults) -> None:

@@ -1,5 +1,5 @@
 """The fault matrix on the step loop without Spark (tests/loopkit.py): every phase -- load, init,
-rounds, after_step, checkpoint, commit -- x every shipped program -- LDA, MF, Lasso with the
+rounds, a worker's done, after_step, checkpoint, commit -- x every shipped program -- LDA, MF, Lasso with the
 working-set solver and with rounds only, L1 logistic, and a program whose schedule and after_step
 write tables -- x both scheduler locations.  Each faulted fit must end with the tables, the
 program's driver-side state and the summary's steps of the fault-free fit, exactly: no step
@@ -97,7 +97,7 @@ PROGRAMS = {
     "logistic": lambda: _linear(L1LogisticProgram, 0, binary=True),
     "lda": _lda,
 }
-PHASES = ["load", "init", "rounds", "after_step", "checkpoint", "commit", "commit_partly"]
+PHASES = ["load", "init", "rounds", "done", "after_step", "checkpoint", "commit", "commit_partly"]
 
 _REFERENCE = {}
 

@@ -302,15 +302,21 @@ class LateReader(ex.CounterProgram):
         if not getattr(worker_module._Worker.next_command, "_late", False):
             plain = worker_module._Worker.next_command
 
-            def next_command(worker, done_step, done=None):
+            def next_command(worker, done_step, done=None, snapshot=None):
                 if isinstance(worker.program, LateReader) and done_step >= 0:
                     if done is not None:  # the step is done at once; only the next poll is late
+                        import base64
+
                         from pystrads.ps.protocol import Action
 
+                        if snapshot is not None:  # (a small snapshot rides the poll: stored first)
+                            fence = {k: done[k] for k in ("namespace", "step", "worker", "task")}
+                            worker.group.client(0).put_blob(snapshot["key"], base64.b64decode(snapshot["blob"]), dict(
+                                fence, drop_prefix=snapshot["drop_prefix"], keep_after=snapshot["keep_after"]))
                         worker.group.client(0).action(Action.STEP_DONE, **done)
-                        done = None
+                        done = snapshot = None
                     __import__("time").sleep(1.5)
-                return plain(worker, done_step, done)
+                return plain(worker, done_step, done, snapshot)
 
             next_command._late = True
             worker_module._Worker.next_command = next_command

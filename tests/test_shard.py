@@ -829,6 +829,110 @@ def test_a_relaunched_job_counts_only_its_own_hellos_and_its_steps_go_to_its_own
         hub.action("tick", namespace="fitL", step=0, worker=worker, task=task, round=0, wait_for=-1)
 
 
+def test_a_small_snapshot_rides_the_poll_that_says_its_step_is_done(shards):
+    """The poll carrying a worker's ``done`` stores its small state snapshot first, under the
+    step's fence and dropping the series' older ones, so the step is done only with its
+    snapshot kept; a zombie task's poll stores nothing and is not counted done."""
+    import base64
+
+    _, group = shards
+    hub = group.client(0)
+    group.broadcast("begin_step", step=3, num_workers=2, namespace="fitS")
+    hub.action("post", namespace="fitS", command={"kind": "step", "step": 3})
+    for worker, task in ((0, 5), (1, 6)):
+        assert hub.action("next", namespace="fitS", worker=worker, task=task, timeout=1.0)["step"] == 3
+    hub.put_blob("fitS/state/0/1", b"old", dict(namespace="fitS", step=3, worker=0, task=5))
+    series = dict(drop_prefix="fitS/state/0/", keep_after=2)
+    snap = dict(series, key="fitS/state/0/3", blob=base64.b64encode(b"state of step 3").decode())
+    fence = dict(namespace="fitS", step=3, worker=0, task=5)
+    with pytest.raises(ShardUnavailableError, match="snapshot's blob is not base64"):
+        hub.action("next", namespace="fitS", worker=0, task=5, done_step=3, timeout=0.0, done=fence,
+                   snapshot=dict(snap, blob="not base64!"))
+    zombie = dict(fence, task=4)
+    with pytest.raises(ShardUnavailableError, match="zombie|older|replaced"):
+        hub.action("next", namespace="fitS", worker=0, task=4, done_step=3, timeout=0.0, done=zombie,
+                   snapshot=dict(snap, blob=base64.b64encode(b"a zombie's").decode()))
+    assert hub.get_blob("fitS/state/0/3") is None
+    assert hub.action("wait_step", namespace="fitS", step=3, timeout=0.0)["finished"] == []
+    assert hub.action("next", namespace="fitS", worker=0, task=5, done_step=3, timeout=0.0, done=fence,
+                      snapshot=snap)["kind"] == "wait"
+    assert hub.get_blob("fitS/state/0/3") == b"state of step 3"
+    assert hub.get_blob("fitS/state/0/1") is None  # older than keep_after: dropped
+    assert hub.action("wait_step", namespace="fitS", step=3, timeout=0.0)["finished"] == [0]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_small_writes_held_in_push_ride_the_tick_in_order_and_fenced(shards, streamed):
+    """A worker's small writes made while its handles hold them travel with the round's tick
+    (no call of their own) and are applied before it, in the order made (a put after an add
+    wins); a read through the step's handles sends them first (a worker reads its own writes);
+    a write too big to hold, or made on another thread, sends what is held first; a zombie
+    task's held writes are refused with its tick."""
+    from pystrads.ps.client import RidingWrites
+
+    _, group = shards
+    table = make_table(group, "fitW/t", rows=10, width=2)
+    group.broadcast("begin_step", step=1, num_workers=1, namespace="fitW")
+    fence = dict(namespace="fitW", step=1, worker=0, task=7, enter=True)
+    riding = RidingWrites(limit=128)
+    handle = table.fenced(riding=riding, **fence)
+    requests = lambda: sum(group.client(i).action("stats")["requests"] for i in range(2))  # noqa: E731
+    group.stream_rounds(streamed)
+    try:
+        riding.hold(True)
+        handle.add([1, 8, 1], [[1, 1], [2, 2], [3, 3]])  # repeated keys add up; two shards
+        handle.write([8], [[5, 6]])  # a put after the add: the put wins
+        keys = np.array([4]); rows = np.array([[7.0, 7.0]])
+        handle.add(keys, rows)
+        keys[0], rows[0, 0] = 9, -1.0  # the caller reuses its arrays: what is held does not change
+        before = requests()
+        held = riding.take()
+        assert sorted(held) == [0, 1] and [w[1] for w in held[1]] == ["inc", "put"]
+        heads = {i: dict(fence, round=0, wait_for=0, timeout=5) for i in range(2)}
+        group.exchange_round(heads, [], held)
+        assert requests() - before == 2 + 2  # one exchange per shard (and the two stats calls)
+        np.testing.assert_array_equal(table.read()[[1, 4, 8]], [[4, 4], [7, 7], [5, 6]])
+        handle.add([2], [[1, 1]])
+        np.testing.assert_array_equal(handle.read([2]), [[1, 1]])  # its own write, sent by the read
+        handle.add([3], [[1, 1]])
+        handle.add(range(0, 10), np.ones((10, 2)) * 100)  # over the limit: what is held goes first
+        assert riding.take() == {}
+        np.testing.assert_array_equal(table.read([2, 3])[:, 0], [101, 101])
+        handle.add([5], [[1, 1]])
+        other = threading.Thread(target=lambda: handle.write([5], [[9, 9]]))
+        other.start(), other.join()
+        np.testing.assert_array_equal(table.read([5]), [[9, 9]])  # the held add went before it
+        handle.add([6], [[1, 1]])
+        riding.hold(False)
+        handle.add([7], [[1, 1]])  # not held any more: at once, after what was held
+        np.testing.assert_array_equal(table.read([6, 7])[:, 0], [101, 101])
+        # a zombie (an older task) holds a write: refused with its tick, nothing applied
+        riding.hold(True)
+        zombie = table.fenced(riding=riding, **dict(fence, task=6))
+        zombie.add([0], [[50, 50]])
+        with pytest.raises(ShardUnavailableError, match="zombie|older|replaced"):
+            group.exchange_round({0: dict(fence, task=6, round=1, wait_for=-1, timeout=5)}, [], riding.take())
+        assert table.read([0])[0, 0] == 100
+    finally:
+        group.stream_rounds(False)
+
+
+def test_held_writes_that_do_not_match_their_table_are_refused_by_name(shards):
+    from pystrads.ps import protocol
+
+    _, group = shards
+    make_table(group, "fitM/t", rows=4, width=2)
+    group.broadcast("begin_step", step=1, num_workers=1, namespace="fitM")
+    fence = dict(namespace="fitM", step=1, worker=0, task=1, round=0, wait_for=-1, timeout=5)
+    with pytest.raises(ShardUnavailableError, match="'fitM/t': a write of 3 float64 columns, the table has 2"):
+        group.client(0).exchange_round(fence, writes=[("fitM/t", "inc", np.array([0]), np.ones((1, 3)))])
+    fields, payload = protocol.riding_payload([("fitM/t", "inc", np.array([0]), np.ones((1, 2)))])
+    with pytest.raises(ValueError, match="payload is shorter"):
+        list(protocol.riding_writes(fields, payload[:-1]))
+    with pytest.raises(ValueError, match="malformed write"):
+        list(protocol.riding_writes([["fitM/t", "drop", 1, 2, "float64", None]], payload))
+
+
 # ------------------------------------------------------------------ addresses and ports
 
 

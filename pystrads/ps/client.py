@@ -359,18 +359,24 @@ class ShardClient:
 
     def exchange_round(self, tick: Dict[str, Any], table: Optional[str] = None, keys=None,
                        values: Optional[np.ndarray] = None, read_back: Optional[Tuple[int, str]] = None,
-                       columns: Optional[Sequence[int]] = None) -> Optional[np.ndarray]:
+                       columns: Optional[Sequence[int]] = None,
+                       writes: Sequence[Tuple[str, str, Any, np.ndarray]] = ()) -> Optional[np.ndarray]:
         """A worker's round in one request (Flight ``DoExchange``; the shard side is
         ``ShardServer.do_exchange``): ``contribute`` ``values`` (partial sums) at the sorted unique
         ``keys`` (or the ``range`` of rows) of ``table``, then ``tick`` (``tick``: the action's
         fields), then -- ``read_back=(width, dtype)`` -- the rows of those keys once the clock let
         the tick through (the round's ``pull`` applied when ``wait_for`` is the round), or only
         their ``columns`` (in that order).  Without a table it is a plain tick.  On a rounds
-        stream while :meth:`stream_rounds` is on."""
+        stream while :meth:`stream_rounds` is on.
+        ``writes``: small writes ``(table, op, keys or range, rows)`` the worker held back
+        (:class:`RidingWrites`), applied before the contribution and the tick."""
         start = None
         if isinstance(keys, range):
             start, keys = keys.start, None
         head = dict(tick, op="round", token=self._token, chunk=self.chunk_bytes)
+        payload = b""
+        if writes:
+            head["writes"], payload = protocol.riding_payload(writes)
         width = values.shape[1] if values is not None else 0
         if table is not None:
             start = _run_start(keys, start)
@@ -383,9 +389,9 @@ class ShardClient:
         schema = protocol.value_schema("float64", max(width, 1), with_keys=start is None)
         what = "action 'tick'" if table is None else f"round of table {table!r}"
         if self._streams is not None:
-            return self._round_on_stream(head, schema, (max(width, 1), start is None), table, keys, values, start,
-                                         read_back if table is not None else None, n, what)
-        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head))
+            return self._round_on_stream(head, payload, schema, (max(width, 1), start is None), table, keys, values,
+                                         start, read_back if table is not None else None, n, what)
+        descriptor = flight.FlightDescriptor.for_command(protocol.encode_header(head, payload))
         writer = None
         wait = float(tick.get("timeout", 0.0) or 0.0)
         options, limit = self._call(what, wait + _seconds((values.nbytes if values is not None else 0) * 2))
@@ -413,7 +419,7 @@ class ShardClient:
             raise self._failed(exc, what, limit) from None
         return out
 
-    def _round_on_stream(self, head, schema, kind, table, keys, values, start, read_back, n, what):
+    def _round_on_stream(self, head, payload, schema, kind, table, keys, values, start, read_back, n, what):
         """:meth:`exchange_round` on this client's rounds stream of ``kind`` (opened on first
         use; the wire format is ``ShardServer._round_stream``'s).  A stream that failed is
         dropped (the shard ended it), so the next round opens a new one."""
@@ -432,7 +438,7 @@ class ShardClient:
             limit = stream.life
             if table is not None:
                 self._write_batches(stream.writer, schema, keys, values, start is not None, "float64")
-            stream.writer.write_metadata(pa.py_buffer(protocol.encode_header(head)))
+            stream.writer.write_metadata(pa.py_buffer(protocol.encode_header(head, payload)))
             out = None
             if read_back is not None:
                 rb_width, rb_dtype = read_back
@@ -643,31 +649,39 @@ class ShardGroup:
     def table(self, layout: TableLayout) -> "TableHandle":
         return TableHandle(self, layout)
 
-    def exchange_round(self, heads: Dict[int, Dict[str, Any]], contributions: Sequence[Tuple[Any, ...]]
-                       ) -> List[Tuple[str, np.ndarray, np.ndarray]]:
+    def exchange_round(self, heads: Dict[int, Dict[str, Any]], contributions: Sequence[Tuple[Any, ...]],
+                       writes: Optional[Dict[int, list]] = None) -> List[Tuple[str, np.ndarray, np.ndarray]]:
         """A worker's round on the shards of ``heads`` (shard -> its tick's fields), all at once:
         ``contributions`` are ``(handle, where, partials, read_back, columns)`` as
         :meth:`TableHandle.contribute` takes them, each cut by shard; a shard receiving any gets
         them with its tick in one :meth:`ShardClient.exchange_round` (a second table's part is
-        sent first).  Returns the rows read back (``read_back``: the round's ``pull`` applied;
-        ``columns``: only those) as ``(table short name, keys, rows)`` pieces."""
+        sent first), and so do the small writes held back for it (``writes``: shard -> ``(table,
+        op, keys, rows)``, :meth:`RidingWrites.take`).  Returns the rows read back (``read_back``:
+        the round's ``pull`` applied; ``columns``: only those) as ``(table short name, keys,
+        rows)`` pieces."""
         parts: Dict[int, list] = {i: [] for i in heads}
         for handle, where, partials, read_back, columns in contributions:
             for shard, keys, rows in handle._contribution_parts(where, partials):
                 parts[shard].append((handle, keys, rows, read_back, columns))
+        writes = writes or {}
+        if set(writes) - set(heads):
+            raise ValueError(f"writes held back for shards {sorted(set(writes) - set(heads))} that get no tick")
 
         def call(i):
             head, client = heads[i], self.client(i)
             mine = sorted(parts[i], key=lambda p: not p[3])  # a read-back part rides the exchange
             if not mine:
-                client.action(Action.TICK, **head)
+                if writes.get(i):
+                    client.exchange_round(head, writes=writes[i])
+                else:
+                    client.action(Action.TICK, **head)
                 return []
             for handle, keys, rows, _, _ in mine[1:]:
                 handle._send(i, "contribute", keys, rows, "float64", dict(handle._fence or {}, round=head["round"]))
             handle, keys, rows, read_back, columns = mine[0]
             pulled = client.exchange_round(head, handle.name, keys, rows,
                                            (handle.layout.width, handle.layout.dtype) if read_back else None,
-                                           columns=columns)
+                                           columns=columns, writes=writes.get(i, ()))
             back = [(handle.layout.short_name, np.asarray(keys), pulled)] if read_back else []
             for h, k, _, rb, cols in mine[1:]:
                 if rb:
@@ -698,6 +712,63 @@ def _as_keys(keys) -> np.ndarray:
     return keys.astype(np.int64, copy=False)
 
 
+class RidingWrites:
+    """The small dense writes (``write`` / ``add``) a worker's ``push`` makes, held back to
+    travel with the round's clock tick to their shards (:meth:`ShardGroup.exchange_round`)
+    instead of costing a call each.  Held only while :meth:`hold` is on, only on the thread
+    that turned it on, and up to ``limit`` bytes a round; any other write, and any read
+    through the step's handles, sends what is held first (in order), so that a worker reads
+    its own writes and the shards apply them in the order made."""
+
+    def __init__(self, limit: int = protocol.RIDING_BYTES):
+        self.limit = int(limit)
+        self._lock = threading.RLock()
+        self._held: List[Tuple["TableHandle", int, str, Any, np.ndarray]] = []
+        self._bytes = 0
+        self._owner: Optional[int] = None  # the thread whose writes are held (None: none are)
+
+    def hold(self, on: bool) -> None:
+        """From ``on``, hold the calling thread's small writes; off, hold no more (what is held
+        stays until :meth:`take` or :meth:`flush`)."""
+        with self._lock:
+            self._owner = threading.get_ident() if on else None
+
+    def keep(self, handle: "TableHandle", op: str, parts: List[Tuple[int, Any, np.ndarray]]) -> bool:
+        """Hold a write's ``(shard, keys, rows)`` parts (copies: the caller may reuse its arrays);
+        False when it must go at once -- after :meth:`flush`, done here."""
+        size = sum(v.nbytes + (0 if isinstance(k, range) else 8 * len(k)) for _, k, v in parts)
+        with self._lock:
+            if self._owner == threading.get_ident() and self._bytes + size <= self.limit:
+                for shard, keys, rows in parts:
+                    self._held.append((handle, shard, op, keys if isinstance(keys, range) else np.array(keys),
+                                       np.array(rows)))
+                self._bytes += size
+                return True
+            self.flush()
+            return False
+
+    def take(self) -> Dict[int, List[Tuple[str, str, Any, np.ndarray]]]:
+        """What is held, by shard, as ``(table, op, keys, rows)`` (for the round's tick); none after."""
+        with self._lock:
+            held, self._held, self._bytes = self._held, [], 0
+        out: Dict[int, List[Tuple[str, str, Any, np.ndarray]]] = {}
+        for handle, shard, op, keys, rows in held:
+            out.setdefault(shard, []).append((handle.name, op, keys, rows))
+        return out
+
+    def flush(self) -> None:
+        """Send what is held now, a call per write and shard, in the order made."""
+        with self._lock:
+            held, self._held, self._bytes = self._held, [], 0
+            for handle, shard, op, keys, rows in held:
+                handle._send(shard, op, keys, rows, handle.layout.dtype, dict(handle._fence or {}))
+
+    def discard(self) -> None:
+        """Drop what is held (the step failed: its writes are rolled back anyway)."""
+        with self._lock:
+            self._held, self._bytes, self._owner = [], 0, None
+
+
 class TableHandle:
     """A model table spread over shards. Picklable; travels in closures.
 
@@ -710,10 +781,15 @@ class TableHandle:
     chunking limits).
     """
 
-    def __init__(self, group: ShardGroup, layout: TableLayout, fence: Optional[Dict[str, int]] = None):
+    def __init__(self, group: ShardGroup, layout: TableLayout, fence: Optional[Dict[str, int]] = None,
+                 riding: Optional[RidingWrites] = None):
         self.group = group
         self.layout = layout
         self._fence = fence
+        self._riding = riding  # a worker's step: small writes may wait for the round's tick
+
+    def __getstate__(self):
+        return {**self.__dict__, "_riding": None}  # a held write never travels to another process
 
     @property
     def name(self) -> str:
@@ -723,9 +799,14 @@ class TableHandle:
     def shape(self) -> Tuple[int, int]:
         return (self.layout.num_rows, self.layout.width)
 
-    def fenced(self, **fence: int) -> "TableHandle":
-        """This handle with every write tagged with the step attempt (worker side)."""
-        return TableHandle(self.group, self.layout, dict(self._fence or {}, **fence))
+    def fenced(self, riding: Optional[RidingWrites] = None, **fence: int) -> "TableHandle":
+        """This handle with every write tagged with the step attempt (worker side); ``riding``:
+        where its small writes wait for the round's tick while that holds them."""
+        return TableHandle(self.group, self.layout, dict(self._fence or {}, **fence), riding)
+
+    def _reading(self) -> None:
+        if self._riding is not None:
+            self._riding.flush()  # a worker reads its own writes
 
     # -- reads
     def read(self, where=None, out: Optional[np.ndarray] = None, copy: bool = True) -> np.ndarray:
@@ -737,6 +818,7 @@ class TableHandle:
         with a range: a **read-only** array that may be a view of the received Arrow buffer --
         no copy and no fresh memory when the range lies on one shard and is at most
         :data:`VIEW_MAX_BYTES` (else a new array as usual)."""
+        self._reading()
         where = self._where(where)
         dtype = protocol.DTYPES[self.layout.dtype][0]
         n = len(where)
@@ -785,6 +867,7 @@ class TableHandle:
         a range (or the whole table) only the rows holding a non-zero value -- each shard
         filters, so a mostly-zero range costs the caller (and the network) its non-zero
         entries only."""
+        self._reading()
         where = self._where(where)
         vals_dtype = protocol.DTYPES[self.layout.dtype][0]
         if isinstance(where, range):
@@ -906,9 +989,14 @@ class TableHandle:
     def _write(self, op: str, where, values) -> None:
         header = dict(self._fence or {})
         if isinstance(values, RowEntries):
+            if self._riding is not None:
+                self._riding.flush()
             self._write_entries(op, where, values, header)
             return
-        for shard, k, v in self._parts(op, where, values, self.layout.width, self.layout.dtype):
+        parts = self._parts(op, where, values, self.layout.width, self.layout.dtype)
+        if self._riding is not None and self._riding.keep(self, op, parts):
+            return
+        for shard, k, v in parts:
             self._send(shard, op, k, v, self.layout.dtype, header)
 
     def _write_entries(self, op: str, where, entries: RowEntries, header: Dict[str, Any]) -> None:

@@ -10,13 +10,17 @@ out), and the driver's waits ``wait_hellos`` and ``wait_blobs``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from typing import TYPE_CHECKING, Any, Dict
 
 import pyarrow.flight as flight
 
+from .protocol import Blob
 from .request import _Request
 from .state import in_fit
+from .steps import namespace_of
 
 if TYPE_CHECKING:
     from .steps import StepFences
@@ -44,6 +48,15 @@ class Mailbox:
             self.boxes.pop(ns, None)
             self.hellos.pop(ns, None)
             self.launches.pop(ns, None)
+
+    def _keep_snapshot(self, fence: _Request, snapshot: _Request, blob: bytes) -> None:
+        """With the state's ``cond`` held: keep a worker's state snapshot that rode its ``next``
+        (fenced like the step's writes: only the worker's current task may leave it)."""
+        key = snapshot.str("key")
+        self.fences.check_fence(fence, namespace=namespace_of(key))
+        self.state.drop_series(snapshot.get("drop_prefix"), snapshot.get("keep_after"))
+        self.state.put_blob(key, Blob([blob]))
+        self.state.count(bytes_in=len(blob))
 
     def action_post(self, req):
         """The driver leaves a command for a fit's workers (``begin_step`` can carry
@@ -145,14 +158,23 @@ class Mailbox:
         the open step when it is newer than ``done_step``, or ``finish``.  The program's bytes
         come along unless the worker already has them (``program_hash``).  Handing out a step
         enters the worker's task in it here (:meth:`StepFences.check_fence`); ``done``: the fields
-        of the worker's ``step_done`` for the step it just finished, carried out first."""
+        of the worker's ``step_done`` for the step it just finished, carried out first, after
+        storing ``snapshot`` (a small state snapshot of that step: ``key``, the sealed bytes in
+        base64 as ``blob``, ``drop_prefix`` / ``keep_after`` as a blob put has them), so that the
+        step is done only with its snapshot kept, in one call."""
         namespace, worker, task = req.str("namespace"), req.int("worker"), req.int("task")
         launch, done_step = req.int("launch", 0), req.int("done_step", -1)
         deadline = time.monotonic() + req.num("timeout", 1.0)
         done = req.dict("done", None)
+        snapshot = req.dict("snapshot", None)
+        if snapshot is not None and done is None:
+            raise flight.FlightServerError("malformed request: a snapshot rides a poll that says its step is done")
+        blob = None if snapshot is None else _decoded(_Request(snapshot).str("blob"))
         with self.state.cond:
             self._refuse_older_launch(namespace, worker, task, launch)
             if done is not None:  # the worker's step_done rides its first poll for the next command
+                if snapshot is not None:
+                    self._keep_snapshot(_Request(done), _Request(snapshot), blob)
                 self.fences.action_step_done(_Request(done))
             while True:
                 if task < self.fences.newest_task.get((namespace, worker), -1):
@@ -184,3 +206,10 @@ class Mailbox:
                 if left <= 0:
                     return {"kind": "wait"}
                 self.state.cond.wait(min(left, 1.0))
+
+
+def _decoded(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise flight.FlightServerError("malformed request: a snapshot's blob is not base64") from None

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -352,6 +352,62 @@ def rows_per_chunk(width: int, dtype: str, chunk_bytes: int) -> int:
 def iter_chunks(keys: np.ndarray, values: np.ndarray, chunk_rows: int) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
     for start in range(0, len(keys), chunk_rows):
         yield keys[start:start + chunk_rows], values[start:start + chunk_rows]
+
+
+#: Bytes of small writes a worker's round may hold back to send with its clock tick (per round,
+#: all shards together); a write that would pass it goes at once, by a call of its own.
+RIDING_BYTES = 256 << 10
+
+
+def riding_payload(writes: List[Tuple[str, str, Any, np.ndarray]]) -> Tuple[List[list], bytes]:
+    """Writes ``(table, op, keys or range, rows)`` as a header field (one ``[table, op, rows,
+    width, dtype, start or None]`` each) and the payload after the header: each write's int64
+    keys (none for a range), then its rows, C order, little-endian."""
+    fields, pieces = [], []
+    for table, op, keys, rows in writes:
+        rows = np.ascontiguousarray(rows)
+        dtype = rows.dtype.name
+        if dtype not in DTYPES:
+            raise ValueError(f"a write to {table!r} in {dtype}: not a table dtype")
+        if isinstance(keys, range):
+            start = int(keys.start)
+        else:
+            start = None
+            pieces.append(np.ascontiguousarray(keys, dtype="<i8").tobytes())
+        pieces.append(rows.astype(rows.dtype.newbyteorder("<"), copy=False).tobytes())
+        fields.append([table, op, int(rows.shape[0]), int(rows.shape[1]), dtype, start])
+    return fields, b"".join(pieces)
+
+
+def riding_writes(fields: Any, payload: bytes):
+    """The writes :func:`riding_payload` encoded: ``(table, op, keys or slice, rows)``, rows a
+    read-only view of ``payload``; raises ``ValueError`` on a malformed description."""
+    if not isinstance(fields, list):
+        raise ValueError("'writes' must be a list")
+    view, pos = memoryview(payload), 0
+    for field in fields:
+        if not (isinstance(field, list) and len(field) == 6 and isinstance(field[0], str)
+                and field[1] in ("put", "inc") and all(isinstance(x, int) and x >= 0 for x in field[2:4])
+                and field[4] in DTYPES and (field[5] is None or isinstance(field[5], int) and field[5] >= 0)):
+            raise ValueError(f"malformed write {field!r}")
+        table, op, n, width, dtype, start = field
+        if start is None:
+            end = pos + 8 * n
+            if end > len(view):
+                raise ValueError("the writes' payload is shorter than they say")
+            keys: Any = np.frombuffer(view[pos:end], dtype="<i8")
+            pos = end
+        else:
+            keys = slice(start, start + n)
+        itemsize = np.dtype(DTYPES[dtype][0]).itemsize
+        end = pos + n * width * itemsize
+        if end > len(view):
+            raise ValueError("the writes' payload is shorter than they say")
+        rows = np.frombuffer(view[pos:end], dtype=np.dtype(DTYPES[dtype][0]).newbyteorder("<")).reshape(n, width)
+        pos = end
+        yield table, op, keys, rows
+    if pos != len(view):
+        raise ValueError(f"the writes' payload has {len(view) - pos} bytes more than they say")
 
 
 def encode_header(header: Dict[str, Any], payload: bytes = b"") -> bytes:

@@ -280,6 +280,35 @@ class ShardServer(flight.FlightServerBase):
                         table.add(index, rows)
         return nbytes, nrows
 
+    def _riding_writes(self, header: _Request, payload: bytes) -> Tuple[int, int]:
+        """Apply the writes a round carries (``protocol.riding_writes``), fenced like a write
+        stream's; returns ``(bytes, rows)``."""
+        fields = {k: header[k] for k in ("namespace", "step", "worker", "task", "enter") if k in header}
+        nbytes = nrows = 0
+        try:
+            writes = list(protocol.riding_writes(header.get("writes"), payload))
+        except ValueError as exc:
+            raise flight.FlightServerError(f"malformed request: {exc}") from None
+        for name, op, keys, rows in writes:
+            table = self.state.table(name)
+            if rows.shape[1] != table.width or rows.dtype != np.dtype(protocol.DTYPES[table.dtype][0]):
+                raise flight.FlightServerError(
+                    f"table {table.name!r}: a write of {rows.shape[1]} {rows.dtype} columns, the table has "
+                    f"{table.width} {table.dtype}")
+            with self.state.cond:  # the fence check and the write under one lock, as in _receive_rows
+                st = self.fences.check_fence(_Request(fields), namespace=namespace_of(table.name))
+                with table.lock:
+                    index = table.local(keys)
+                    if st.open:
+                        table.remember(index)
+                    if op == "put":
+                        table.write(index, rows)
+                    else:
+                        table.add(index, rows)
+            nbytes += rows.nbytes + (0 if isinstance(keys, slice) else keys.nbytes)
+            nrows += len(rows)
+        return nbytes, nrows
+
     def _put_blob(self, header, reader) -> None:
         """Store the byte string a stream of binary chunks carries under ``key``, as the buffers
         it arrived in; with a step fence, only the worker's current task may write (as for
@@ -293,11 +322,7 @@ class ShardServer(flight.FlightServerBase):
         with self.state.cond:
             if "step" in header:
                 self.fences.check_fence(header, namespace=namespace_of(key))
-            if isinstance(prefix, str) and isinstance(keep_after, int):
-                for old in [k for k in self.state.blobs if k.startswith(prefix)]:
-                    tail = old[len(prefix):]
-                    if tail.isdigit() and int(tail) < keep_after:
-                        del self.state.blobs[old]
+            self.state.drop_series(prefix, keep_after)
         blob = protocol.Blob([protocol.binary_parts(chunk.data) for chunk in reader])
         with self.state.cond:
             if "step" in header:
@@ -324,14 +349,14 @@ class ShardServer(flight.FlightServerBase):
         of the round clock (the fields of the ``tick`` action), then, with ``read_back``, the
         rows of the contributed keys as the round's ``pull`` left them.  ``op: "rounds"``: many
         rounds on one stream (:meth:`_round_stream`), so that a round pays no call set-up."""
-        header, _ = decode_request(descriptor.command, self._token)
+        header, payload = decode_request(descriptor.command, self._token)
         op = header.get("op")
         if op == "rounds":
             self._round_stream(reader, writer)
             return
         if op != "round":
             raise flight.FlightServerError(f"unknown exchange op {op!r}; expected 'round' or 'rounds'")
-        answer = self._round(header, reader)
+        answer = self._round(header, reader, payload)
         if answer is not None:
             rows, table = answer
             schema = protocol.value_schema(table.dtype, rows.shape[1], with_keys=False)
@@ -364,10 +389,10 @@ class ShardServer(flight.FlightServerBase):
                 pending.append(chunk)
             if chunk.app_metadata is None:
                 continue
-            header, _ = decode_request(chunk.app_metadata, self._token)
+            header, payload = decode_request(chunk.app_metadata, self._token)
             if header.get("op") != "round":
                 raise flight.FlightServerError(f"a rounds stream carries rounds, not {header.get('op')!r}")
-            answer = self._round(header, _Received(reader.schema, pending))
+            answer = self._round(header, _Received(reader.schema, pending), payload)
             pending = []
             payload = memoryview(b"") if answer is None else memoryview(np.ascontiguousarray(answer[0])).cast("B")
             if not len(payload):
@@ -378,18 +403,26 @@ class ShardServer(flight.FlightServerBase):
                 flag = b"\x01" if start + size >= len(payload) else b"\x00"
                 writer.write_metadata(pa.py_buffer(flag + payload[start:start + size]))
 
-    def _round(self, header: _Request, reader) -> Optional[Tuple[np.ndarray, ShardTable]]:
-        """One round of one worker (``reader``: its contribution's batches); the read-back rows
-        (``read_back``: true, or the columns to send) and their table when the round asks for
-        them."""
+    def _round(self, header: _Request, reader, payload: bytes = b"") -> Optional[Tuple[np.ndarray, ShardTable]]:
+        """One round of one worker (``reader``: its contribution's batches; ``payload``: the
+        small writes its push held back, described by ``writes``, applied first); the read-back
+        rows (``read_back``: true, or the columns to send) and their table when the round asks
+        for them."""
         contrib = header.dict("contribute", None)
         nbytes = nrows = 0
+        if "writes" in header:
+            nbytes, nrows = self._riding_writes(header, payload)
         keys_seen: List[Any] = []
         table = None
         if contrib is not None:
             table = self.state.table(_Request(contrib).str("table"))
             fields = {k: header[k] for k in ("step", "worker", "task", "round", "enter") if k in header}
-            nbytes, nrows = self._receive_rows(_Request(fields, **contrib), table, "contribute", reader, keys_seen)
+            got_bytes, got_rows = self._receive_rows(_Request(fields, **contrib), table, "contribute", reader,
+                                                     keys_seen)
+            nbytes, nrows = nbytes + got_bytes, nrows + got_rows
+        else:
+            for _ in reader:  # (none: the worker's end of the call, so the answer never overtakes it)
+                pass
         self.fences.action_tick(header)
         answer = None
         columns = header.get("read_back")

@@ -60,6 +60,15 @@ class ShardState:
         self.peak_blob_bytes = max(self.peak_blob_bytes, sum(b.nbytes for b in self.blobs.values()))
         self.cond.notify_all()
 
+    def drop_series(self, prefix: Any, keep_after: Any) -> None:
+        """With ``cond`` held: drop the blobs ``<prefix><n>`` with ``n < keep_after`` (a worker's
+        older state snapshots); a no-op unless ``prefix`` is a string and ``keep_after`` an int."""
+        if isinstance(prefix, str) and isinstance(keep_after, int):
+            for old in [k for k in self.blobs if k.startswith(prefix)]:
+                tail = old[len(prefix):]
+                if tail.isdigit() and int(tail) < keep_after:
+                    del self.blobs[old]
+
     def count(self, **deltas: int) -> None:
         with self._counter_lock:
             for key, value in deltas.items():

@@ -27,10 +27,15 @@ import numpy as np
 
 from ...errors import RoundTimeoutError, ShardUnavailableError, StepFailedError
 from ...ps import protocol
+from ...ps.client import RidingWrites
 from ...ps.protocol import Action
 from ..program.api import Program, Schedule, WorkerContext
 from ..scheduler.sealing import DRIVER, WORKER, Seals
 from ..scheduler.steps import export_key, program_hash, state_key, summary_key
+
+#: State snapshots up to this size (sealed) ride the worker's next poll to shard 0 (one call
+#: fewer a step); larger ones are stored on the worker's home shard by a call of their own.
+SNAPSHOT_RIDES_BYTES = 64 << 10
 
 #: Seconds a ``next`` call waits on the shard before asking again (short enough that a
 #: task notices a lost shard promptly, long enough to cost nothing while it waits).
@@ -72,11 +77,7 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
         ctx._begin_round(rnd)
         work = schedule.work(rnd, ctx.worker)
         t0 = time.perf_counter()
-        try:
-            new = program.push(ctx, data, state, work)
-        except BaseException:
-            ctx._settle(quiet=True)  # no background write outlives the failed push
-            raise
+        new = _holding_writes(ctx, program.push, ctx, data, state, work)
         state = state if new is None else new
         t1 = time.perf_counter()
         metrics = ctx._take_metrics()
@@ -95,6 +96,25 @@ def run_schedule(program: Program, ctx: WorkerContext, data: Any, state: Any, sc
             late.update(ctx._take_metrics())
             late["_compute_s"] = time.perf_counter() - t2
     return state, late, last
+
+
+def _holding_writes(ctx: WorkerContext, hook: Callable[..., Any], *args: Any) -> Any:
+    """``hook(*args)`` (``push`` or ``init_state``) with its small writes held back for the
+    round's tick (:class:`~pystrads.ps.client.RidingWrites`); on failure, no background write
+    outlives it and nothing held is sent."""
+    riding = ctx._riding
+    if riding is not None:
+        riding.hold(True)
+    try:
+        return hook(*args)
+    except BaseException:
+        ctx._settle(quiet=True)
+        if riding is not None:
+            riding.discard()
+        raise
+    finally:
+        if riding is not None:
+            riding.hold(False)
 
 
 def use_threads(threads: int) -> None:
@@ -184,11 +204,16 @@ class _Worker:
                     pass
             raise
 
-    def next_command(self, done_step: int, done: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    def next_command(self, done_step: int, done: Optional[Dict[str, Any]] = None,
+                     snapshot: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """The next command for this worker; ``done``: the ``step_done`` of the step it just
-        finished, which the first poll carries (one call where there were two)."""
+        finished, which the first poll carries (one call where there were two), with
+        ``snapshot``, that step's state snapshot when it is small (:meth:`snapshot`)."""
         while True:
-            extra, done = ({} if done is None else {"done": done}), None
+            extra = {} if done is None else {"done": done}
+            if snapshot is not None:
+                extra["snapshot"] = snapshot
+            done = snapshot = None
             cmd = self.group.client(0).action(
                 Action.NEXT, namespace=self.spec.namespace, worker=self.worker, task=self.task, launch=self.spec.launch,
                 done_step=done_step,
@@ -214,26 +239,39 @@ class _Worker:
             return cmd
 
     def restore(self, step: int) -> Any:
+        """The state snapshot of ``step``: on the home shard (a large one, or one a checkpoint
+        brought back), else on shard 0 (a small one, which rode the worker's poll)."""
         key = state_key(self.spec.namespace, self.worker, step)
-        blob = self.group.client(self.home).get_blob(key)
+        where = self.home
+        blob = self.group.client(where).get_blob(key)
+        if blob is None and where != 0:
+            where = 0
+            blob = self.group.client(where).get_blob(key)
         if blob is None:
             raise RuntimeError(
                 f"worker {self.worker}: no state snapshot of step {step} on shard "
-                f"{self.group.shards[self.home].uri}; the fit cannot resume this worker (was the shard restarted?)")
+                f"{self.group.shards[self.home].uri} or shard 0; the fit cannot resume this worker "
+                "(was the shard restarted?)")
         seals = self.restored[1] if self.restored is not None and self.restored[0] == step else self.seals
         # sealed as "state/<worker>/<step>": a checkpoint brings it back under another fit's namespace
         return pickle.loads(seals.open(WORKER, f"state/{self.worker}/{step}", blob,
-                                       f"{key!r} on {self.group.shards[self.home].uri}"))
+                                       f"{key!r} on {self.group.shards[where].uri}"))
 
-    def snapshot(self, step: int, state: Any, fence: Dict[str, int]) -> int:
+    def snapshot(self, step: int, state: Any, fence: Dict[str, int]) -> Tuple[int, Optional[Dict[str, Any]]]:
+        """Seal the state after ``step`` and keep it on a shard: ``(its size, None)`` once a
+        large one is stored on the home shard; ``(its size, fields)`` for a small one, which the
+        fields carry to shard 0 with the poll that says the step is done (:meth:`next_command`)."""
         from pyspark import cloudpickle
 
         blob = cloudpickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         key = state_key(self.spec.namespace, self.worker, step)
-        self.group.client(self.home).put_blob(
-            key, self.seals.seal(WORKER, f"state/{self.worker}/{step}", blob),
-            dict(fence, drop_prefix=state_key(self.spec.namespace, self.worker), keep_after=step - 1))
-        return len(blob)
+        sealed = self.seals.seal(WORKER, f"state/{self.worker}/{step}", blob)
+        series = dict(drop_prefix=state_key(self.spec.namespace, self.worker), keep_after=step - 1)
+        if sum(len(memoryview(p).cast("B")) for p in sealed) <= SNAPSHOT_RIDES_BYTES:
+            text = base64.b64encode(b"".join(bytes(memoryview(p).cast("B")) for p in sealed)).decode()
+            return len(blob), dict(series, key=key, blob=text)
+        self.group.client(self.home).put_blob(key, sealed, dict(fence, **series))
+        return len(blob), None
 
     # -- a step
     def open(self, cmd: Dict[str, Any]):
@@ -242,22 +280,27 @@ class _Worker:
         # (``enter``: a newer task rolls the step back there first, an older one is refused)
         fence = {"step": int(cmd["step"]), "worker": self.worker, "task": self.task, "namespace": spec.namespace,
                  "enter": True}
-        handles = {name: self.group.table(layout).fenced(**fence) for name, layout in spec.layouts.items()}
+        riding = RidingWrites()
+        handles = {name: self.group.table(layout).fenced(riding=riding, **fence)
+                   for name, layout in spec.layouts.items()}
         ctx = WorkerContext(self.worker, spec.num_workers, int(cmd["step"]), self.attempt, handles,
                             int(cmd["round_offset"]), spec.seed, spec.threads)
+        ctx._riding = riding
         return ctx, fence
 
     def tick(self, fence, rnd: int, wait_for: int, metrics, late=None, ctx: Optional[WorkerContext] = None) -> None:
         """Advance this worker's round clock on every shard (metrics go to shard 0), sending
-        the round's contributions (``ctx``'s outbox) with the tick: one exchange per shard
-        that receives any, which also brings back the rows ``ctx.pulled`` will give."""
+        the round's contributions (``ctx``'s outbox) and the small writes its push held back
+        with the tick: one exchange per shard that receives any, which also brings back the
+        rows ``ctx.pulled`` will give."""
         timeout = self.spec.timeout
         heads = {i: dict(fence, round=rnd, wait_for=wait_for, timeout=timeout) for i in self.shards}
         if 0 in heads:
             heads[0].update(metrics=metrics, late=late, late_round=rnd - 1)
         contributions = [(ctx.table(c.table), c.keys, c.partials, c.read_back, c.columns)
                          for c in (ctx._take_outbox() if ctx is not None else [])]
-        pieces_back = self.group.exchange_round(heads, contributions)
+        writes = ctx._riding.take() if ctx is not None and ctx._riding is not None else None
+        pieces_back = self.group.exchange_round(heads, contributions, writes)
         if ctx is not None and ctx._read_back:
             got: Dict[str, list] = {}
             for name, k, rows in pieces_back:
@@ -272,7 +315,7 @@ class _Worker:
     def run_init(self, cmd, data) -> Any:
         ctx, fence = self.open(cmd)
         t0 = time.perf_counter()
-        state = self.guarded("init_state", int(cmd["step"]), self.program.init_state, ctx, data)
+        state = self.guarded("init_state", int(cmd["step"]), _holding_writes, ctx, self.program.init_state, ctx, data)
         metrics = ctx._take_metrics()
         metrics["_compute_s"] = time.perf_counter() - t0
         self.tick(fence, 0, 0, metrics, ctx=ctx)
@@ -319,8 +362,9 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
                              fingerprint=fingerprint, load_s=load_s)
     state, have = None, None  # ``have``: the step whose resulting state this task holds
     done_step, done = -1, None  # ``done``: the finished step's step_done, sent with the next poll
+    riding = None  # a small snapshot of that step, sent with it
     while True:
-        cmd = w.next_command(done_step, done)
+        cmd = w.next_command(done_step, done, riding)
         if cmd["kind"] == "closed":  # the driver released the fit before this task read ``finish``
             return
         step = int(cmd["step"])
@@ -331,7 +375,7 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
                 from pyspark import cloudpickle
 
                 # the state snapshot before the last step's is no longer needed: dropped before
-                # the export arrives (the last step's stays until the fit is released)
+                # the export arrives (the last step's, and small ones on shard 0, stay until the fit is released)
                 exported = cloudpickle.dumps(w.guarded("export", step, spec.export, worker, data, state))
                 w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
                                                 w.seals.seal(WORKER, export_key(spec.namespace, worker), exported),
@@ -346,9 +390,9 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
                 state = w.restore(step - 1)
             state, fence, late, last = w.run_step(cmd, data, state)
         t_snap = time.perf_counter()
-        size = w.snapshot(step, state, fence)
+        size, riding = w.snapshot(step, state, fence)
         late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
-        done = dict(fence, late=late, late_round=last)  # its snapshot is stored: the step is done
+        done = dict(fence, late=late, late_round=last)  # its snapshot is stored (or rides with it): the step is done
         have = done_step = step
 
 

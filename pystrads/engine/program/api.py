@@ -383,6 +383,7 @@ class WorkerContext:
         self._read_columns: Dict[str, Optional[Tuple[int, ...]]] = {}  # table -> the columns read back (None: all)
         self._pulled: Dict[str, np.ndarray] = {}  # table -> those rows, once the round's tick returned
         self._applying = False  # apply runs: the round's pull is committed, contributions are refused
+        self._riding: Any = None  # the step's small writes held for the round's tick (ps.client.RidingWrites)
 
     @property
     def round(self) -> int:
