@@ -326,13 +326,9 @@ class _Worker:
                                cmd.get("schedule_seal"))
         schedule = pickle.loads(base64.b64decode(cmd["schedule"]))
         ctx, fence = self.open(cmd)
-        self.group.stream_rounds(True)  # the step's rounds travel on one stream per shard
-        try:
-            state, late, last = self.guarded("push", int(cmd["step"]), run_schedule,
-                self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
-                lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_, ctx=ctx))
-        finally:
-            self.group.stream_rounds(False)
+        state, late, last = self.guarded("push", int(cmd["step"]), run_schedule,
+            self.program, ctx, data, state, schedule, int(cmd.get("staleness", 0)),
+            lambda rnd, wait_for, metrics, late_: self.tick(fence, rnd, wait_for, metrics, late_, ctx=ctx))
         return state, fence, late, last
 
 
@@ -363,37 +359,40 @@ def run_worker(spec: WorkerSpec, records: Iterator[Any], check: Optional[Callabl
     state, have = None, None  # ``have``: the step whose resulting state this task holds
     done_step, done = -1, None  # ``done``: the finished step's step_done, sent with the next poll
     riding = None  # a small snapshot of that step, sent with it
-    while True:
+    w.group.stream_rounds(True)  # the fit's rounds travel on one stream per shard, kept across steps
+    try:
         cmd = w.next_command(done_step, done, riding)
-        if cmd["kind"] == "closed":  # the driver released the fit before this task read ``finish``
-            return
+        while cmd["kind"] not in ("closed", "finish"):
+            step = int(cmd["step"])
+            if cmd.get("init"):
+                state, fence, late, last = w.run_init(cmd, data)
+            else:
+                if have != step - 1:
+                    state = w.restore(step - 1)
+                state, fence, late, last = w.run_step(cmd, data, state)
+            t_snap = time.perf_counter()
+            size, riding = w.snapshot(step, state, fence)
+            late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
+            done = dict(fence, late=late, late_round=last)  # its snapshot is stored (or rides with it): it is done
+            have = done_step = step
+            cmd = w.next_command(done_step, done, riding)
+    finally:
+        w.group.stream_rounds(False)  # no stream outlives the task's rounds (it would hold a shard's shutdown up)
+    if cmd["kind"] == "finish":  # (else "closed": the driver released the fit before this task read ``finish``)
         step = int(cmd["step"])
-        if cmd["kind"] == "finish":
-            if have != step and (spec.keep_states or spec.export is not None):
-                state = w.restore(step)
-            if spec.export is not None:
-                from pyspark import cloudpickle
+        if have != step and (spec.keep_states or spec.export is not None):
+            state = w.restore(step)
+        if spec.export is not None:
+            from pyspark import cloudpickle
 
-                # the state snapshot before the last step's is no longer needed: dropped before
-                # the export arrives (the last step's, and small ones on shard 0, stay until the fit is released)
-                exported = cloudpickle.dumps(w.guarded("export", step, spec.export, worker, data, state))
-                w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
-                                                w.seals.seal(WORKER, export_key(spec.namespace, worker), exported),
-                                                dict(drop_prefix=state_key(spec.namespace, worker), keep_after=step))
-            if spec.keep_states:
-                yield data, state
-            return
-        if cmd.get("init"):
-            state, fence, late, last = w.run_init(cmd, data)
-        else:
-            if have != step - 1:
-                state = w.restore(step - 1)
-            state, fence, late, last = w.run_step(cmd, data, state)
-        t_snap = time.perf_counter()
-        size, riding = w.snapshot(step, state, fence)
-        late = dict(late or {}, _snapshot_s=time.perf_counter() - t_snap, _snapshot_bytes=float(size))
-        done = dict(fence, late=late, late_round=last)  # its snapshot is stored (or rides with it): the step is done
-        have = done_step = step
+            # the state snapshot before the last step's is no longer needed: dropped before
+            # the export arrives (the last step's, and small ones on shard 0, stay until the fit is released)
+            exported = cloudpickle.dumps(w.guarded("export", step, spec.export, worker, data, state))
+            w.group.client(w.home).put_blob(export_key(spec.namespace, worker),
+                                            w.seals.seal(WORKER, export_key(spec.namespace, worker), exported),
+                                            dict(drop_prefix=state_key(spec.namespace, worker), keep_after=step))
+        if spec.keep_states:
+            yield data, state
 
 
 def arrow_records(batches) -> Iterator[tuple]:
