@@ -861,6 +861,30 @@ def test_a_small_snapshot_rides_the_poll_that_says_its_step_is_done(shards):
     assert hub.action("wait_step", namespace="fitS", step=3, timeout=0.0)["finished"] == [0]
 
 
+def test_a_workers_poll_for_its_next_command_rides_its_rounds_stream(shards):
+    """With the rounds streams on, ``next`` travels on the stream (no call of its own) and
+    answers as the call does, refusals included; other actions are not served there."""
+    from pystrads.ps import protocol
+
+    _, group = shards
+    hub = group.client(0)
+    group.broadcast("begin_step", step=0, num_workers=1, namespace="fitP")
+    hub.action("post", namespace="fitP", command={"kind": "step", "step": 0, "init": True})
+    group.stream_rounds(True)
+    try:
+        before = hub.action("stats")["round_streams"]
+        assert hub.poll("next", namespace="fitP", worker=0, task=3, timeout=1.0)["step"] == 0
+        assert hub.poll("next", namespace="fitP", worker=0, task=3, done_step=0, timeout=0.0)["kind"] == "wait"
+        with pytest.raises(ShardUnavailableError, match="replaced by a newer attempt"):
+            hub.poll("next", namespace="fitP", worker=0, task=2, done_step=0, timeout=0.0)
+        assert hub.poll("next", namespace="fitP", worker=0, task=3, done_step=0, timeout=0.0)["kind"] == "wait"
+        assert hub.action("stats")["round_streams"] - before == 2  # the refusal ended the first stream
+        assert "tick" not in protocol.STREAM_ACTIONS
+        assert "committed" in hub.poll("tick", namespace="fitP", step=0, worker=0, task=3, round=0, wait_for=-1)  # a call
+    finally:
+        group.stream_rounds(False)
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 def test_small_writes_held_in_push_ride_the_tick_in_order_and_fenced(shards, streamed):
     """A worker's small writes made while its handles hold them travel with the round's tick

@@ -10,8 +10,10 @@
   one request per shard touched.
 
 A worker's round travels as one exchange per shard (:meth:`ShardClient.exchange_round`): its
-contributions, its clock tick and the rows the round's ``pull`` left; during a step's rounds on
-a stream kept open for them (:meth:`ShardClient.stream_rounds`).
+contributions, the small writes its push held back (:class:`RidingWrites`), its clock tick and
+the rows the round's ``pull`` left; while the worker is in a fit, on a stream kept open for its
+rounds (:meth:`ShardClient.stream_rounds`), which also carries its polls for the next command
+(:meth:`ShardClient.poll`).
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ class ShardClient:
         self._token = token  # travels in every request header (see pystrads.ps.server)
         self._admin = admin_token  # the driver's only: lets actions carry program payloads
         self._options = flight.FlightCallOptions(timeout=self.rpc_timeout)
-        # rounds streams by contribution schema while a step's rounds run (see stream_rounds);
+        # rounds streams by contribution schema while a worker is in a fit (see stream_rounds);
         # None: every round is a call of its own
         self._streams: Optional[Dict[Tuple[int, bool], "_RoundStream"]] = None
         self._streams_lock = threading.Lock()
@@ -349,9 +351,9 @@ class ShardClient:
     def stream_rounds(self, on: bool) -> None:
         """From ``on``, :meth:`exchange_round` keeps one ``DoExchange`` stream per contribution
         schema open to this shard and sends each round on it (no call set-up per round); off,
-        it closes them, which ends their handlers on the shard.  A worker turns it on for a
-        step's rounds: a stream must not outlive them, since an open stream holds a shard's
-        shutdown up."""
+        it closes them, which ends their handlers on the shard.  A worker turns it on while it
+        is in a fit and off when it leaves: a stream must not outlive its task's part in the
+        fit, since an open stream holds a shard's shutdown up."""
         with self._streams_lock:
             streams, self._streams = self._streams, ({} if on else None)
         for stream in (streams or {}).values():
@@ -423,27 +425,42 @@ class ShardClient:
         """:meth:`exchange_round` on this client's rounds stream of ``kind`` (opened on first
         use; the wire format is ``ShardServer._round_stream``'s).  A stream that failed is
         dropped (the shard ended it), so the next round opens a new one."""
+        out = None
+        if read_back is not None:
+            rb_width, rb_dtype = read_back
+            out = np.empty((n, rb_width), dtype=protocol.DTYPES[rb_dtype][0])
+
+        def send(stream):
+            if table is not None:
+                self._write_batches(stream.writer, schema, keys, values, start is not None, "float64")
+            stream.writer.write_metadata(pa.py_buffer(protocol.encode_header(head, payload)))
+
+        received = self._on_stream(kind, schema, float(head.get("timeout", 0.0) or 0.0), what, send,
+                                   lambda stream: stream.answer(out))
+        if out is not None and received != out.nbytes:
+            raise ShardUnavailableError(f"round exchange with {self.uri}: {received} bytes back, expected {out.nbytes}")
+        return out
+
+    def _on_stream(self, kind, schema, wait: float, what: str, send, receive):
+        """``receive(stream)`` once ``send(stream)`` went out on this client's rounds stream of
+        ``kind`` (opened on first use, with ``schema``).  A stream's deadline covers two waits of
+        ``wait``; one past half its life, or with too little left for this wait, makes way for a
+        new one.  A stream that failed is dropped (the shard ended it)."""
         with self._streams_lock:  # taken while in use: a concurrent round opens a stream of its own
             stream = self._streams.pop(kind, None) if self._streams is not None else None
-        # a stream's deadline covers two rounds' waits; one past half its life makes way for a new one
-        life = 2 * (float(head.get("timeout", 0.0) or 0.0) + self.rpc_timeout) + 60.0
-        if stream is not None and time.monotonic() - stream.opened > life / 2:
+        now = time.monotonic()
+        if stream is not None and (now - stream.opened > stream.life / 2
+                                   or stream.opened + stream.life - now < wait + 2 * self.rpc_timeout):
             stream.close()
             stream = None
         limit = None
         try:
             if stream is None:
-                options, limit = self._call(what, life - self.rpc_timeout)
+                options, limit = self._call(what, 2 * (wait + self.rpc_timeout) + 60.0 - self.rpc_timeout)
                 stream = _RoundStream(self._client, options, self._token, schema)
             limit = stream.life
-            if table is not None:
-                self._write_batches(stream.writer, schema, keys, values, start is not None, "float64")
-            stream.writer.write_metadata(pa.py_buffer(protocol.encode_header(head, payload)))
-            out = None
-            if read_back is not None:
-                rb_width, rb_dtype = read_back
-                out = np.empty((n, rb_width), dtype=protocol.DTYPES[rb_dtype][0])
-            received = stream.answer(out)
+            send(stream)
+            result = receive(stream)
         except flight.FlightError as exc:
             if stream is not None:
                 stream.close()
@@ -452,15 +469,27 @@ class ShardClient:
             if stream is not None:
                 stream.close()
             raise
-        if out is not None and received != out.nbytes:
-            stream.close()
-            raise ShardUnavailableError(f"round exchange with {self.uri}: {received} bytes back, expected {out.nbytes}")
         with self._streams_lock:
             if self._streams is not None and kind not in self._streams:
                 self._streams[kind], stream = stream, None
         if stream is not None:
             stream.close()
-        return out
+        return result
+
+    def poll(self, action_type: "Action | str", **body: Any) -> Dict[str, Any]:
+        """:meth:`action` for the actions a shard serves on a rounds stream too
+        (:data:`protocol.STREAM_ACTIONS`: a worker's ``next``): on the stream while
+        :meth:`stream_rounds` is on (no call set-up), else a call."""
+        action_type = Action.of(action_type)
+        if self._streams is None or action_type.value not in protocol.STREAM_ACTIONS:
+            return self.action(action_type, **body)
+        head = dict(body, op="action", action=action_type.value, token=self._token)
+        wait = float(body.get("timeout", 0.0) or 0.0)
+        answer = self._on_stream((1, True), protocol.value_schema("float64", 1, with_keys=True), wait,
+                                 f"action {action_type.value!r}",
+                                 lambda stream: stream.writer.write_metadata(pa.py_buffer(protocol.encode_header(head))),
+                                 lambda stream: stream.answer_bytes())
+        return json.loads(answer) if answer else {}
 
     def put_blob(self, key: str, blob, header: Optional[Dict[str, Any]] = None) -> None:
         """Store a byte string under ``key`` (a bytes-like, or a list of them stored one after
@@ -556,6 +585,21 @@ class _RoundStream:
                 got += len(body)
             if message[0] == 1:
                 return got
+
+    def answer_bytes(self) -> bytes:
+        """Read an action's answer (its JSON)."""
+        parts = []
+        while True:
+            try:
+                chunk = self.reader.read_chunk()
+            except StopIteration:
+                raise ShardUnavailableError("the shard ended a rounds stream mid-answer") from None
+            message = chunk.app_metadata.to_pybytes() if chunk.app_metadata is not None else b""
+            if not message:
+                raise ShardUnavailableError("a rounds stream answered without its metadata")
+            parts.append(message[1:])
+            if message[0] == 1:
+                return b"".join(parts)
 
     def close(self) -> None:
         """End the stream (its shard-side handler returns); a failed stream is just let go."""

@@ -354,6 +354,10 @@ def iter_chunks(keys: np.ndarray, values: np.ndarray, chunk_rows: int) -> Iterat
         yield keys[start:start + chunk_rows], values[start:start + chunk_rows]
 
 
+#: Actions a shard also serves on a worker's rounds stream (``op: "action"``), so that the
+#: worker's poll for its next command costs no call set-up
+STREAM_ACTIONS = ("next",)
+
 #: Bytes of small writes a worker's round may hold back to send with its clock tick (per round,
 #: all shards together); a write that would pass it goes at once, by a call of its own.
 RIDING_BYTES = 256 << 10

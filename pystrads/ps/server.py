@@ -390,8 +390,16 @@ class ShardServer(flight.FlightServerBase):
             if chunk.app_metadata is None:
                 continue
             header, payload = decode_request(chunk.app_metadata, self._token)
+            if header.get("op") == "action" and not pending:
+                answer_bytes = json.dumps(self._stream_action(header)).encode()
+                size = protocol.CHUNK_BYTES  # (the program's bytes may come along: chunked as rows are)
+                for start in range(0, max(len(answer_bytes), 1), size):
+                    flag = b"\x01" if start + size >= len(answer_bytes) else b"\x00"
+                    writer.write_metadata(pa.py_buffer(flag + answer_bytes[start:start + size]))
+                continue
             if header.get("op") != "round":
-                raise flight.FlightServerError(f"a rounds stream carries rounds, not {header.get('op')!r}")
+                raise flight.FlightServerError(f"a rounds stream carries rounds and {list(protocol.STREAM_ACTIONS)}, "
+                                               f"not {header.get('op')!r}")
             answer = self._round(header, _Received(reader.schema, pending), payload)
             pending = []
             payload = memoryview(b"") if answer is None else memoryview(np.ascontiguousarray(answer[0])).cast("B")
@@ -402,6 +410,17 @@ class ShardServer(flight.FlightServerBase):
             for start in range(0, len(payload), size):
                 flag = b"\x01" if start + size >= len(payload) else b"\x00"
                 writer.write_metadata(pa.py_buffer(flag + payload[start:start + size]))
+
+    def _stream_action(self, header: _Request) -> Dict[str, Any]:
+        """An action a rounds stream carries (one of :data:`protocol.STREAM_ACTIONS`), answered
+        as :meth:`do_action` would."""
+        name = header.str("action")
+        if name not in protocol.STREAM_ACTIONS:
+            raise flight.FlightServerError(f"a rounds stream carries the actions {list(protocol.STREAM_ACTIONS)}, "
+                                           f"not {name!r}")
+        self.state.count(requests=1)
+        answer = getattr(self._parts.get(name, self), "action_" + name)(header)
+        return answer if answer is not None else {}
 
     def _round(self, header: _Request, reader, payload: bytes = b"") -> Optional[Tuple[np.ndarray, ShardTable]]:
         """One round of one worker (``reader``: its contribution's batches; ``payload``: the

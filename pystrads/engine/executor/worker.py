@@ -214,7 +214,7 @@ class _Worker:
             if snapshot is not None:
                 extra["snapshot"] = snapshot
             done = snapshot = None
-            cmd = self.group.client(0).action(
+            cmd = self.group.client(0).poll(
                 Action.NEXT, namespace=self.spec.namespace, worker=self.worker, task=self.task, launch=self.spec.launch,
                 done_step=done_step,
                 program_hash=self.program_hash, timeout=self.poll_seconds, **extra)
