@@ -96,6 +96,10 @@ def main(argv=None):
     def session(task_cpus=1):
         spark = spark_session("local[2]", "pystrads-bench-mf", {"spark.ui.enabled": "false",
                                                                 "spark.driver.memory": "8g",
+                                                                # ALS's 15 iterations without a checkpoint
+                                                                # directory deserialise a deep lineage: room
+                                                                # for it (a StackOverflowError otherwise)
+                                                                "spark.driver.extraJavaOptions": "-Xss16m",
                                                                 "spark.task.cpus": str(task_cpus)})
         spark.sparkContext.setLogLevel("ERROR")
         train = spark.createDataFrame(ratings[~test_mask][cols]).repartition(2).cache()
