@@ -29,7 +29,7 @@ NAN, INF = float("nan"), float("inf")
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
 REFUSE_WITHIN_S = 20.0  # generous: the machine is shared; refusals take well under a second
 SCAN_JOBS = 1  # a bad value may cost the one validation scan job, nothing more
-MF_SCAN_JOBS = 2  # StradsMF's scan is one global aggregate: with AQE, a map-stage job and the result job
+MF_SCAN_JOBS = 1  # StradsMF's scan: one job that checks the ratings and reduces them to their ids
 LDA_SCAN_JOBS = 1  # StradsLDA's scan: one job while its term counts are few (a second sums them past that)
 
 

@@ -25,9 +25,9 @@ from pyspark.sql import types as T
 from ..errors import ConfigurationError, InputError
 from ..kernels.sets import unique
 from ..programs.mf import RatingBlock
-from ..ps.protocol import numbers, numpy_of
+from ..ps.protocol import numbers, numpy_filled, numpy_of
 from ._arrow import collect_per_partition, partition_id
-from ._validation import check_ratings
+from ._validation import bad_rating_rows, refuse_ratings
 
 #: ALSModel.transform casts the ids to int from Spark 4 on (3.5 keeps their input type)
 _ALS_CASTS_IDS = int(pyspark.__version__.split(".")[0]) >= 4
@@ -38,14 +38,13 @@ def read_ratings(dataset, ucol: str, icol: str, rcol: str, workers: int, vcol: O
     boolean, null counting as training, when ``vcol`` names the validation indicator), each
     worker's partition holding whole users (hashed by user), and ``users``, ``items``,
     ``item_counts``, ``item_positives`` of the training ratings (see :func:`ids_and_item_counts`).
-    Refuses empty input, bad ids and bad ratings first (one job, naming the column, the value and the fix)."""
+    Refuses empty input, bad ids and bad ratings (in the same job, naming the column, the value and the fix)."""
     columns = [F.col(ucol).cast("double").alias("u"), F.col(icol).cast("double").alias("i"),
                F.col(rcol).cast("double").alias("r")]
     if vcol:
         columns.append(F.coalesce(F.col(vcol), F.lit(False)).alias("v"))
     triples = dataset.select(*columns)
-    check_ratings(triples, ucol, icol, rcol)
-    users, items, item_counts, item_positives = ids_and_item_counts(triples.filter(~F.col("v")) if vcol else triples)
+    users, items, item_counts, item_positives = ids_and_item_counts(triples, (ucol, icol, rcol))
     if not len(users) or not len(items):
         raise InputError("the input has no training ratings; StradsMF needs at least one (user, item, rating) row"
                          + (f" whose {vcol!r} is false" if vcol else ""))
@@ -58,25 +57,37 @@ def read_ratings(dataset, ucol: str, icol: str, rcol: str, workers: int, vcol: O
 IDS_PER_PARTITION = 1 << 18
 
 
-def ids_and_item_counts(triples):
-    """``(users, items, item_counts, item_positives)`` of checked ``triples`` (columns u, i, r as
-    double): sorted distinct ids as int32 (ALS's ids), each item's number of ratings and of ratings > 0.
-    One Spark job and no shuffle while each partition has at most :data:`IDS_PER_PARTITION`
-    distinct users and items: it reduces its rows to them and the item counts with numpy (Arrow
-    batches) and the driver merges them.  Past that (millions of users, spread over every
-    partition) Spark's distinct / group-by make the ids, so the driver holds each id once."""
+def ids_and_item_counts(triples, names=("u", "i", "r")):
+    """``(users, items, item_counts, item_positives)`` of ``triples`` (columns u, i, r as double,
+    and v, true for a validation rating, when there is one) checked in the same pass
+    (:func:`~._validation.bad_rating_rows`, whose first refused row :func:`~._validation.refuse_ratings`
+    names with the user, item and rating columns ``names``): sorted distinct ids as int32 (ALS's ids), each item's number of
+    training ratings and of those > 0.  One Spark job and no shuffle while each partition has at
+    most :data:`IDS_PER_PARTITION` distinct users and items: it reduces its rows to them and the
+    item counts with numpy (Arrow batches) and the driver merges them.  Past that (millions of
+    users, spread over every partition) Spark's distinct / group-by make the ids, so the driver
+    holds each id once."""
     limit = IDS_PER_PARTITION  # read here: the tasks see the driver's value
+    validation = "v" in triples.columns
+    frame = triples.select("u", "i", "r", *(["v"] if validation else []))
 
     def reduce(batches):
         us, its, cs, ps = ([np.zeros(0, np.int32)] for _ in range(4))
+        rows = 0
         for batch in batches:
-            us.append(unique(numpy_of(batch.column(0)).astype(np.int32)))
-            ids, where, counts = np.unique(numpy_of(batch.column(1)).astype(np.int32),
-                                           return_inverse=True, return_counts=True)
+            rows += batch.num_rows
+            u, i, r = (numpy_filled(batch.column(k), np.nan) for k in range(3))
+            bad = bad_rating_rows(u, i, r)
+            if len(bad):  # the driver refuses the input: its first bad row is all it needs
+                return rows, tuple(batch.column(k)[int(bad[0])].as_py() for k in range(3)), None, None, None, None
+            if validation:
+                keep = ~numpy_filled(batch.column(3), False).astype(bool)
+                u, i, r = u[keep], i[keep], r[keep]
+            us.append(unique(u.astype(np.int32)))
+            ids, where, counts = np.unique(i.astype(np.int32), return_inverse=True, return_counts=True)
             its.append(ids)
             cs.append(counts)
-            positive = numpy_of(batch.column(2)) > 0
-            ps.append(np.bincount(where, weights=positive, minlength=len(ids)).astype(np.int64))
+            ps.append(np.bincount(where, weights=r > 0, minlength=len(ids)).astype(np.int64))
             if len(us) > 64:  # keep a partition's memory bounded by its distinct ids
                 us = [unique(np.concatenate(us))]
         users = unique(np.concatenate(us))
@@ -84,11 +95,16 @@ def ids_and_item_counts(triples):
         if len(users) > limit:
             users = None
         if len(items) > limit:
-            return users, None, None, None
-        return (users, items, np.bincount(where, weights=np.concatenate(cs), minlength=len(items)).astype(np.int64),
+            return rows, None, users, None, None, None
+        return (rows, None, users, items,
+                np.bincount(where, weights=np.concatenate(cs), minlength=len(items)).astype(np.int64),
                 np.bincount(where, weights=np.concatenate(ps), minlength=len(items)).astype(np.int64))
 
-    parts = collect_per_partition(triples.select("u", "i", "r"), reduce)
+    checked = collect_per_partition(frame, reduce)
+    refuse_ratings(sum(p[0] for p in checked), next((p[1] for p in checked if p[1] is not None), None), *names)
+    parts = [p[2:] for p in checked]
+    if validation:
+        triples = triples.filter(~F.col("v"))
     if any(p[0] is None for p in parts):
         users = _distinct_ids(triples.select(F.col("u").cast("int").alias("id")).distinct(), "id")[0]
     else:

@@ -17,24 +17,28 @@ def _fmt(x, integral: bool = True) -> str:
     return repr(float(x)) if isinstance(x, float) else repr(x)
 
 
-def check_ratings(triples, ucol: str, icol: str, rcol: str) -> None:
-    """One Spark job over ``triples`` (columns u, i, r as double): refuses empty input, null ids or
-    ratings, ids that are not integers within int32 (ALS's rule; negative ids are fine, as in ALS)
-    and ratings that are not finite, naming the column, the value and the row."""
-    from pyspark.sql import functions as F
+def bad_rating_rows(u, i, r) -> "np.ndarray":
+    """Positions of the ratings StradsMF refuses, from numpy columns (nulls as NaN): ids that are
+    not integers within int32 (ALS's rule; negative ids are fine, as in ALS), ratings that are not
+    finite."""
+    import numpy as np
 
-    def bad_id(c):  # null, NaN, infinite, out of int32, fractional (floor only inside int32: ANSI mode overflows)
-        return F.when((c >= INT32_MIN) & (c <= INT32_MAX), c != F.floor(c)).otherwise(F.lit(True))
+    def bad_id(x):
+        with np.errstate(invalid="ignore"):
+            return ~np.isfinite(x) | (x < INT32_MIN) | (x > INT32_MAX) | (x != np.floor(x))
 
-    r = F.col("r")
-    bad = bad_id(F.col("u")) | bad_id(F.col("i")) | r.isNull() | F.isnan(r) | (F.abs(r) == float("inf"))
-    row = triples.agg(F.count(F.lit(1)).alias("n"),
-                      F.first(F.when(bad, F.struct("u", "i", "r")), ignorenulls=True).alias("bad")).collect()[0]
-    if row["n"] == 0:
+    return np.flatnonzero(bad_id(u) | bad_id(i) | ~np.isfinite(r))
+
+
+def refuse_ratings(n: int, bad, ucol: str, icol: str, rcol: str) -> None:
+    """Refuse ``n`` ratings of which ``bad`` (a row ``(u, i, r)``, nulls as None; see
+    :func:`bad_rating_rows`) is refused, if any, or none at all, naming the column, the value
+    and the row."""
+    if n == 0:
         raise InputError("the input has no ratings; StradsMF needs at least one (user, item, rating) row")
-    if row["bad"] is None:
+    if bad is None:
         return
-    u, i, rating = row["bad"]
+    u, i, rating = bad
     where = f"(row {ucol}={_fmt(u)}, {icol}={_fmt(i)}, {rcol}={_fmt(rating, False)})"
     for param, col, value in (("userCol", ucol, u), ("itemCol", icol, i)):
         if value is None:
