@@ -108,6 +108,10 @@ def pytest_sessionstart(session):
     os.environ[key] = value  # before any Spark process: see _of_this_session
     os.environ["TMPDIR"] = SESSION_TMP
     tempfile.tempdir = None  # this process's tempfile reads TMPDIR again
+    # the Spark JVMs' threads get a 16 MB stack: MLlib's ALS (the reference several tests fit)
+    # serialises a lineage as deep as its iterations, and Java's recursive serialisation of it
+    # overflowed the default stack now and then (a StackOverflowError in a task)
+    os.environ["SPARK_SUBMIT_OPTS"] = (os.environ.get("SPARK_SUBMIT_OPTS", "") + " -Xss16m").strip()
 
 
 def pytest_collection_finish(session):

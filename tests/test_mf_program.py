@@ -4,6 +4,7 @@ against plain numpy references."""
 import numpy as np
 import pytest
 
+from pystrads.kernels import mf as K
 from pystrads.engine import Engine
 from pystrads.programs.mf import MFProgram, MFSGDProgram, RatingBlock, _triples, hash_uniform
 
@@ -360,14 +361,14 @@ def test_the_shards_block_solve_matches_numpy_with_padding_and_rank_deficient_it
     counts[::3] = 0  # no regularisation for every third item ...
     program = MFProgram(50, n_items, rank, 0.1, counts, 1, 1, False, 0, block_size=b)
     keys = np.concatenate([np.arange(n_items), n_items + np.arange(0, n_items, 2)])
-    partials = np.zeros((len(keys), b * b + b))
+    partials = np.zeros((len(keys), K.packed_width(b)))
     dense = []
     for row, key in enumerate(keys):
         item, f = key % n_items, min(b, rank - (key // n_items) * b)
         x = rng.random((3 if item % 3 == 0 else 9, f))  # ... and only 3 ratings (< 4 features) for them
         gram, rhs = np.zeros((b, b)), np.zeros(b)
         gram[:f, :f], rhs[:f] = x.T @ x, x.T @ rng.random(len(x))
-        partials[row] = np.concatenate([gram.ravel(), rhs])
+        partials[row] = K.pack(gram[None], rhs[None])[0]
         want = np.zeros(b)
         want[:f] = np.linalg.pinv(gram[:f, :f] + 0.1 * counts[item] * np.eye(f)) @ rhs[:f]
         dense.append(want)

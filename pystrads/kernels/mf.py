@@ -54,8 +54,32 @@ def build_index(rating_local, n_groups):
 #     w_iB = (lambda_i I + sum_j h_jB h_jB')^-1 sum_j rhat_ij h_jB     (users, local)
 #
 # and finally r = rhat - W_B H_B'.
-# Items need b(b+1)/2 + b partial sums from every worker (sent as b*b + b), one round per
-# block and inner iteration instead of one per feature.
+# Items need b(b+1)/2 + b partial sums from every worker, one round per block and inner
+# iteration instead of one per feature: the Gram's lower triangle packed row by row (entry
+# (c, d), d <= c, at c(c+1)/2 + d: the same place whatever b), then the right-hand side
+# (:func:`packed_width`, :func:`unpack`).
+
+
+def packed_width(b):
+    """Numbers per item in a block's partial sums: the packed lower triangle, then ``b``."""
+    return b * (b + 1) // 2 + b
+
+
+def pack(gram, rhs):
+    """Rows of packed partial sums from ``gram`` (n x b x b, symmetric) and ``rhs`` (n x b)."""
+    b = rhs.shape[1]
+    rows, cols = np.tril_indices(b)
+    return np.concatenate([gram[:, rows, cols], rhs], axis=1)
+
+
+def unpack(partials, b):
+    """``(gram, rhs)`` (n x b x b symmetric, n x b) from rows of packed partial sums."""
+    t = b * (b + 1) // 2
+    rows, cols = np.tril_indices(b)
+    gram = np.zeros((len(partials), b, b))
+    gram[:, rows, cols] = partials[:, :t]
+    gram[:, cols, rows] = partials[:, :t]
+    return gram, np.array(partials[:, t:t + b])
 
 
 @njit(cache=True, nogil=True)
@@ -73,33 +97,26 @@ def add_block(residual, rating_user, rating_item, w, h, sign, out):
 
 @njit(cache=True, nogil=True, inline="always")
 def _add_partial(out, j, w, i, weight, r, b):
-    """``out[j, :b*b] += weight w_i w_i'`` (lower triangle) and ``out[j, b*b:] += r w_i``."""
+    """``out[j]``'s packed Gram ``+= weight w_i w_i'`` and its right-hand side ``+= r w_i``."""
+    t = b * (b + 1) // 2
     for c in range(b):
         wc = w[i, c]
-        out[j, b * b + c] += r * wc
+        out[j, t + c] += r * wc
         ww = weight * wc
+        row = c * (c + 1) // 2
         for d in range(c + 1):
-            out[j, c * b + d] += ww * w[i, d]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mirror(out, j, b):
-    """Copy the lower triangle of ``out[j, :b*b]`` (a b x b Gram, row-major) to the upper."""
-    for c in range(b):
-        for d in range(c):
-            out[j, d * b + c] = out[j, c * b + d]
+            out[j, row + d] += ww * w[i, d]
 
 
 @njit(cache=True, nogil=True)
 def item_block_partials(item_ptr, item_ratings, rating_user, rhat, w, out):
-    """Per local item j: ``out[j, :b*b] = sum w_i w_i'`` (row-major), ``out[j, b*b:] = sum rhat w_i``."""
+    """Per local item j, packed (:func:`pack`): ``sum w_i w_i'`` and ``sum rhat w_i`` over its ratings."""
     b = w.shape[1]
     for j in range(item_ptr.shape[0] - 1):
         out[j, :] = 0.0
         for p in range(item_ptr[j], item_ptr[j + 1]):
             n = item_ratings[p]
             _add_partial(out, j, w, rating_user[n], 1.0, rhat[n], b)
-        _mirror(out, j, b)
 
 
 @njit(cache=True, nogil=True)
@@ -137,11 +154,12 @@ def _cholesky_solve(a, x, b, tiny):
 @njit(cache=True, nogil=True)
 def solve_item_blocks(partials, reg, features, out):
     """The shard's exact block solve per row n (an item's feature block): ``partials[n]`` holds the
-    summed Gram matrix (``b * b``, row-major) and right-hand side (``b``); ``out[n] = (G + reg[n] I)^-1
+    summed Gram matrix and right-hand side, packed (:func:`pack`); ``out[n] = (G + reg[n] I)^-1
     rhs`` over the first ``features[n]`` features, 0 beyond them (a last block narrower than b).
     Returns per row whether the matrix was positive definite (where not, ``out[n]`` is 0 and the
     caller solves that row another way)."""
     n, b = out.shape
+    t = b * (b + 1) // 2
     a = np.empty((b, b))
     x = np.empty(b)
     ok = np.ones(n, dtype=np.bool_)
@@ -154,10 +172,11 @@ def solve_item_blocks(partials, reg, features, out):
             continue
         scale = 0.0
         for c in range(b):
-            x[c] = partials[i, b * b + c] if c < f else 0.0
+            row = c * (c + 1) // 2
+            x[c] = partials[i, t + c] if c < f else 0.0
             for d in range(c):
-                a[c, d] = partials[i, c * b + d] if c < f and d < f else 0.0
-            a[c, c] = partials[i, c * b + c] + reg[i] if c < f else 1.0
+                a[c, d] = partials[i, row + d] if c < f and d < f else 0.0
+            a[c, c] = partials[i, row + c] + reg[i] if c < f else 1.0
             scale = max(scale, abs(a[c, c]))
         # a pivot lost to rounding (a singular G + reg I) fails rather than blow up the solution
         ok[i] = _cholesky_solve(a, x, b, 1e-10 * scale)
@@ -264,8 +283,8 @@ def _add_observation(z, own, pred, c1, target, acc, rhs, b):
 
 @njit(cache=True, nogil=True)
 def implicit_item_partials(item_ptr, item_user, c1, target, pred, w, v, out):
-    """Per local item j: ``out[j, :b*b] = sum c1 w_i w_i'`` (row-major, both triangles),
-    ``out[j, b*b:] = sum (target - c1 s) w_i`` over its observations.  Every per-observation array
+    """Per local item j, packed (:func:`pack`): ``sum c1 w_i w_i'`` and ``sum (target - c1 s) w_i``
+    over its observations.  Every per-observation array
     is in *item-major* order (position p of ``item_ptr``'s ranges): ``item_user[p]`` the local user,
     ``c1``, ``target``, ``pred`` its values -- read in sequence, not gathered at random; ``w``:
     local users x b, ``v``: the block at the local items.  The sums build in small local arrays."""
@@ -281,10 +300,12 @@ def implicit_item_partials(item_ptr, item_user, c1, target, pred, w, v, out):
             for c in range(b):
                 wi[c] = w[i, c]
             _add_observation(wi, v[j], pred[p], c1[p], target[p], acc, rhs, b)
+        t = b * (b + 1) // 2
         for c in range(b):
-            for d in range(b):
-                out[j, c * b + d] = acc[c, d]
-            out[j, b * b + c] = rhs[c]
+            row = c * (c + 1) // 2
+            for d in range(c + 1):
+                out[j, row + d] = acc[c, d]
+            out[j, t + c] = rhs[c]
 
 
 @njit(cache=True, nogil=True)

@@ -16,7 +16,7 @@ of features of all items is a contiguous range.
 Schedule (shared, ``num_blocks * inner_iterations`` rounds per iteration):
 round (c, t) updates feature block c (``block_size`` 1 is CCD++'s one
 feature).  ``push``: every worker sums, over its ratings of each item, the
-block's normal equations (``b * b + b`` numbers per item) and contributes
+block's normal equations (``b(b+1)/2 + b`` numbers per item: the Gram's packed lower triangle) and contributes
 them; the shard's ``pull`` solves each item's block system with ALS's
 regularisation next to the rows (the supplement's aggregation of partial
 sums -- exact, no parallelisation error, since items are independent given
@@ -272,7 +272,8 @@ class MFProgram(Program):
 
     def tables(self):
         b = self.block_size
-        return [Table("item_factors", self.num_blocks * self.num_items, b, "float64", contrib_width=b * b + b)]
+        packed = b * (b + 1) // 2 + b  # a block's packed Gram and right-hand side (kernels/mf.py: packed_width)
+        return [Table("item_factors", self.num_blocks * self.num_items, b, "float64", contrib_width=packed)]
 
     def item_matrix(self, table: np.ndarray) -> np.ndarray:
         """The ``item_factors`` table (block-major rows, ``block_size`` wide) as (num_items, rank)."""
@@ -341,7 +342,7 @@ class MFProgram(Program):
                 state.residual[a:b], data.rating_user[a:b], data.rating_item[a:b], state.u, state.v, 1.0,
                 state.rhat[a:b]))
         be = hi - lo
-        partials = np.empty((len(data.items), be * be + be))
+        partials = np.empty((len(data.items), K.packed_width(be)))
         over_ranges(ctx, data.item_ptr, lambda a, b: K.item_block_partials(
             data.item_ptr[a:b + 1], data.item_ratings, data.rating_user, state.rhat, state.u, partials[a:b]))
         if len(data.items):  # apply reads the solved rows of these items: they come back with the tick
@@ -349,14 +350,18 @@ class MFProgram(Program):
         return state
 
     def _pad(self, partials: np.ndarray, be: int) -> np.ndarray:
-        """Partial sums of a block of ``be`` features (Gram ``be * be``, then ``be``) at the table's
-        contribution width: the last block of a rank that the block size does not divide is narrower."""
+        """Partial sums of a block of ``be`` features (packed: kernels/mf.py) at the table's
+        contribution width: the last block of a rank that the block size does not divide is narrower
+        (its packed triangle is the first part of a wider one's)."""
+        from ..kernels import mf as K
+
         b = self.block_size
         if be == b:
             return partials
-        padded = np.zeros((len(partials), b * b + b))
-        padded[:, :b * b].reshape(-1, b, b)[:, :be, :be] = partials[:, :be * be].reshape(-1, be, be)
-        padded[:, b * b:b * b + be] = partials[:, be * be:]
+        tri, wide = be * (be + 1) // 2, b * (b + 1) // 2
+        padded = np.zeros((len(partials), K.packed_width(b)))
+        padded[:, :tri] = partials[:, :tri]
+        padded[:, wide:wide + be] = partials[:, tri:]
         return padded
 
     def pull(self, table, keys, partials, current):
@@ -376,9 +381,10 @@ class MFProgram(Program):
 
     def _least_norm(self, partials: np.ndarray, reg: np.ndarray, features: np.ndarray) -> np.ndarray:
         """``pinv(G + reg I) rhs`` per row, over each row's first ``features`` features (0 beyond)."""
+        from ..kernels import mf as K
+
         b = self.block_size
-        gram = partials[:, :b * b].reshape(-1, b, b).copy()
-        rhs = partials[:, b * b:].copy()
+        gram, rhs = K.unpack(partials, b)
         diag = np.arange(b)
         padding = diag[None, :] >= features[:, None]
         gram[:, diag, diag] += reg[:, None] + padding

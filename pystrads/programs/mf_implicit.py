@@ -233,20 +233,21 @@ class ImplicitMFProgram(MFProgram):
         state.u = np.ascontiguousarray(state.w[:, lo:hi])
         be = hi - lo
         if len(data.items):
-            partials = np.empty((len(data.items), be * be + be))
+            partials = np.empty((len(data.items), K.packed_width(be)))
             over_ranges(ctx, data.item_ptr, lambda a, b: K.implicit_item_partials(
                 data.item_ptr[a:b + 1], data.item_user, data.item_c1, data.item_target, state.pred_items,
                 state.u, state.v[a:b], partials[a:b]))
             ctx.contribute("item_factors", c * self.num_items + data.items, self._pad(partials, be))
         if len(state.owned):  # the unobserved pairs of the owned items: G_W's terms
             gram = state.gram_w
-            owner = np.empty((len(state.owned), be * be + be))
-            owner[:, :be * be] = gram[lo:hi, lo:hi].ravel()[None, :]
+            tri = be * (be + 1) // 2
+            owner = np.empty((len(state.owned), K.packed_width(be)))
+            owner[:, :tri] = gram[lo:hi, lo:hi][np.tril_indices(be)][None, :]
             if self.num_blocks > 1:
                 y = self._owned_rows(ctx, state)
-                owner[:, be * be:] = -(y @ gram[:, lo:hi] - y[:, lo:hi] @ gram[lo:hi, lo:hi])
+                owner[:, tri:] = -(y @ gram[:, lo:hi] - y[:, lo:hi] @ gram[lo:hi, lo:hi])
             else:
-                owner[:, be * be:] = 0.0
+                owner[:, tri:] = 0.0
             ctx.contribute("item_factors", c * self.num_items + state.owned, self._pad(owner, be))
         return state
 
