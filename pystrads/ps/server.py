@@ -270,14 +270,7 @@ class ShardServer(flight.FlightServerBase):
                     st.contrib.setdefault((table.name, round_index), []).append(
                         (keys.copy(), rows.copy()))
                     continue
-                with table.lock:
-                    index = table.local(keys)
-                    if st.open:
-                        table.remember(index)
-                    if op == "put":
-                        table.write(index, rows)
-                    else:
-                        table.add(index, rows)
+                _apply_rows(st, table, op, keys, rows)
         return nbytes, nrows
 
     def _riding_writes(self, header: _Request, payload: bytes) -> Tuple[int, int]:
@@ -296,15 +289,8 @@ class ShardServer(flight.FlightServerBase):
                     f"table {table.name!r}: a write of {rows.shape[1]} {rows.dtype} columns, the table has "
                     f"{table.width} {table.dtype}")
             with self.state.cond:  # the fence check and the write under one lock, as in _receive_rows
-                st = self.fences.check_fence(_Request(fields), namespace=namespace_of(table.name))
-                with table.lock:
-                    index = table.local(keys)
-                    if st.open:
-                        table.remember(index)
-                    if op == "put":
-                        table.write(index, rows)
-                    else:
-                        table.add(index, rows)
+                _apply_rows(self.fences.check_fence(_Request(fields), namespace=namespace_of(table.name)),
+                            table, op, keys, rows)
             nbytes += rows.nbytes + (0 if isinstance(keys, slice) else keys.nbytes)
             nrows += len(rows)
         return nbytes, nrows
@@ -618,6 +604,20 @@ class ShardServer(flight.FlightServerBase):
 
         threading.Thread(target=stop, daemon=True).start()
         return {}
+
+
+def _apply_rows(st, table: ShardTable, op: str, keys, rows: np.ndarray) -> None:
+    """With the state's ``cond`` held and the fence checked (``st``: the fit's step state): ``put``
+    or ``inc`` ``rows`` at ``keys`` (an index array or a slice), remembered for a roll-back while a
+    step is open."""
+    with table.lock:
+        index = table.local(keys)
+        if st.open:
+            table.remember(index)
+        if op == "put":
+            table.write(index, rows)
+        else:
+            table.add(index, rows)
 
 
 def _handlers(*parts: Any) -> Dict[str, Any]:
