@@ -164,11 +164,11 @@ def _assert_equal_values(a, b, where):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
 
 
-#: every program x phase x where the scheduler runs; with the scheduler in the job, and for a
-#: commit that reached one shard, the loop's own side effects run in the README's command and
-#: the other programs in the slow step
+#: every program x phase x where the scheduler runs; with the scheduler in the job, for a
+#: commit that reached one shard and for a task lost after its done, the loop's own side effects
+#: run in the README's command and the other programs in the slow step
 FAULT_CASES = [pytest.param(name, phase, location, marks=pytest.mark.slow)
-               if (location == "job" or phase == "commit_partly") and name != "side_effects"
+               if (location == "job" or phase in ("commit_partly", "done")) and name != "side_effects"
                else (name, phase, location)
                for name in sorted(PROGRAMS) for phase in PHASES for location in ("driver", "job")]
 

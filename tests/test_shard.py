@@ -881,6 +881,13 @@ def test_a_workers_poll_for_its_next_command_rides_its_rounds_stream(shards):
         assert hub.action("stats")["round_streams"] - before == 2  # the refusal ended the first stream
         assert "tick" not in protocol.STREAM_ACTIONS
         assert "committed" in hub.poll("tick", namespace="fitP", step=0, worker=0, task=3, round=0, wait_for=-1)  # a call
+        # a worker's plain tick (no contribution, no write for that shard) rides its stream too
+        other = group.client(1)
+        opened = other.action("stats")["round_streams"]
+        fence = dict(namespace="fitP", step=0, worker=0, task=3, enter=True, wait_for=-1, timeout=5)
+        for rnd in (1, 2):
+            group.exchange_round({0: dict(fence, round=rnd), 1: dict(fence, round=rnd)}, [])
+        assert other.action("stats")["round_streams"] - opened == 1  # one stream for both rounds, no call
     finally:
         group.stream_rounds(False)
 

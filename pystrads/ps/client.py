@@ -348,6 +348,11 @@ class ShardClient:
             columns = [protocol.rows_to_array(v)] if contiguous else [protocol.numbers(k, pa.int64()), protocol.rows_to_array(v)]
             writer.write_batch(pa.record_batch(columns, schema=schema))
 
+    @property
+    def streaming(self) -> bool:
+        """Whether :meth:`stream_rounds` is on."""
+        return self._streams is not None
+
     def stream_rounds(self, on: bool) -> None:
         """From ``on``, :meth:`exchange_round` keeps one ``DoExchange`` stream per contribution
         schema open to this shard and sends each round on it (no call set-up per round); off,
@@ -715,8 +720,8 @@ class ShardGroup:
             head, client = heads[i], self.client(i)
             mine = sorted(parts[i], key=lambda p: not p[3])  # a read-back part rides the exchange
             if not mine:
-                if writes.get(i):
-                    client.exchange_round(head, writes=writes[i])
+                if writes.get(i) or client.streaming:  # a plain tick rides the stream too
+                    client.exchange_round(head, writes=writes.get(i, ()))
                 else:
                     client.action(Action.TICK, **head)
                 return []
