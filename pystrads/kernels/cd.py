@@ -45,6 +45,51 @@ def rows_to_csc(row_ptr, col_idx, vals, num_cols):
 
 
 @njit(cache=True, nogil=True)
+def ordered_rows_to_csc(row_ptr, col_idx, vals, order, num_cols):
+    """:func:`rows_to_csc` of the CSR rows taken in the order ``order`` (row ``i`` of the result is
+    row ``order[i]`` of the input), without building the reordered CSR arrays first."""
+    nnz = col_idx.shape[0]
+    col_ptr = bucket_offsets(col_idx, num_cols)
+    pos = col_ptr[:-1].copy()
+    out_rows = np.empty(nnz, dtype=np.int32)
+    out_vals = np.empty(nnz, dtype=np.float64)
+    for i in range(order.shape[0]):
+        r = order[i]
+        for k in range(row_ptr[r], row_ptr[r + 1]):
+            j = col_idx[k]
+            p = pos[j]
+            out_rows[p] = i
+            out_vals[p] = vals[k]
+            pos[j] = p + 1
+    return col_ptr, out_rows, out_vals
+
+
+@njit(cache=True, nogil=True)
+def csc_row_subset(col_ptr, row_idx, vals, new_row):
+    """The CSC columns restricted to the rows with ``new_row[i] >= 0``, renumbered ``new_row[i]``:
+    ``(col_ptr, row_idx (int32), vals)`` of the subset, entries in their original order."""
+    num_cols = col_ptr.shape[0] - 1
+    sub_ptr = np.zeros(num_cols + 1, dtype=np.int64)
+    for j in range(num_cols):
+        c = 0
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            if new_row[row_idx[p]] >= 0:
+                c += 1
+        sub_ptr[j + 1] = sub_ptr[j] + c
+    out_rows = np.empty(sub_ptr[num_cols], dtype=np.int32)
+    out_vals = np.empty(sub_ptr[num_cols], dtype=np.float64)
+    q = 0
+    for j in range(num_cols):
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            r = new_row[row_idx[p]]
+            if r >= 0:
+                out_rows[q] = r
+                out_vals[q] = vals[p]
+                q += 1
+    return sub_ptr, out_rows, out_vals
+
+
+@njit(cache=True, nogil=True)
 def column_sums(col_ptr, row_idx, vals, w, sum_x, sum_xx):
     """``sum_x[j] += sum_i w_i x_ij``, ``sum_xx[j] += sum_i w_i x_ij^2`` for every column."""
     for j in range(col_ptr.shape[0] - 1):
@@ -438,6 +483,141 @@ def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
                 e += 1
                 acc[b] = 0.0
     return keys[:e].copy(), out[:e].copy()
+
+
+@njit(cache=True, nogil=True)
+def working_set_columns(col_ptr, row_idx, vals, coords, num_rows, out, w, r):
+    """Columns ``coords`` of this worker's rows, packed into ``out`` (float64) for the driver's
+    working-set solver: the touched rows' count ``R``, then per touched row (in row order) its
+    weight ``w`` and residual ``r``, then the columns' lengths (``len(coords)`` of them), then
+    per non-zero its touched-row number and value, column by column.  Returns the floats used
+    (``2 + 2 R + len(coords) + 2 nnz``; ``out[1]``: ``nnz``)."""
+    m = coords.shape[0]
+    pos = np.full(num_rows, -1, dtype=np.int64)
+    for k in range(m):  # the touched rows, numbered in row order
+        j = coords[k]
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            pos[row_idx[p]] = 0
+    R = 0
+    for i in range(num_rows):
+        if pos[i] >= 0:
+            pos[i] = R
+            out[2 + 2 * R] = w[i]
+            out[3 + 2 * R] = r[i]
+            R += 1
+    base = 2 + 2 * R
+    e = base + m
+    for k in range(m):
+        j = coords[k]
+        out[base + k] = col_ptr[j + 1] - col_ptr[j]
+        for p in range(col_ptr[j], col_ptr[j + 1]):
+            out[e] = pos[row_idx[p]]
+            out[e + 1] = vals[p]
+            e += 2
+    out[0] = R
+    out[1] = (e - base - m) // 2
+    return e
+
+
+@njit(cache=True, nogil=True)
+def working_set_floats(col_ptr, row_idx, coords):
+    """An upper bound of :func:`working_set_columns`' floats for ``coords`` (every non-zero in
+    a row of its own)."""
+    nnz = 0
+    for k in range(coords.shape[0]):
+        nnz += col_ptr[coords[k] + 1] - col_ptr[coords[k]]
+    return 2 + 2 * nnz + coords.shape[0] + 2 * nnz
+
+
+@njit(cache=True, nogil=True)
+def data_lasso(col_ptr, rows, vals, w, r, curv, mean, pen, l2, beta, sum_wr, total_w, max_passes, tol):
+    """Cyclic coordinate descent on the Lasso (elastic net) restricted to a working set, on its
+    columns (CSC over the rows they touch, ``w`` and the residual ``r = y - X beta`` on those
+    rows), as scikit-learn's, celer's and skglm's inner solvers run: a coordinate's step reads
+    its column and moves the residual, so a pass costs the working set's non-zeros (the Gram
+    matrix's rows, :func:`gram_lasso`, are denser than the columns on sparse data).  The
+    smooth part's gradient is ``-(x_j' W r - mean_j sum w r) / W + l2_j beta_j`` (the intercept
+    implicit, as the parallel rounds have it); ``sum_wr``: ``sum w r`` over every row.  Same
+    stopping rule and Anderson extrapolation as :func:`gram_lasso`, the extrapolated point
+    kept when it lowers the objective (computed on the touched rows: the others do not move).
+    Updates ``beta`` and ``r`` in place; returns ``(coordinate updates, sum_wr)``."""
+    m = beta.shape[0]
+    n = r.shape[0]
+    inv_w = 1.0 / total_w
+    updates = 0
+    K = ANDERSON_K
+    hist = np.empty((K + 1, m))
+    hist[0] = beta
+    filled = 1
+    weights = np.empty(K)
+    ext = np.empty(m)
+    r_ext = np.empty(n)
+    for _ in range(max_passes):
+        biggest = 0.0
+        for k in range(m):
+            c = curv[k]
+            if c <= 0 or pen[k] < 0:
+                continue
+            dot = 0.0
+            for p in range(col_ptr[k], col_ptr[k + 1]):
+                i = rows[p]
+                dot += vals[p] * w[i] * r[i]
+            g = -(dot - mean[k] * sum_wr) * inv_w + l2[k] * beta[k]
+            z = c * beta[k] - g
+            a = abs(z) - pen[k]
+            new = 0.0
+            if a > 0:
+                new = a / c if z > 0 else -a / c
+            d = new - beta[k]
+            updates += 1
+            if d != 0.0:
+                beta[k] = new
+                for p in range(col_ptr[k], col_ptr[k + 1]):
+                    r[rows[p]] -= vals[p] * d
+                sum_wr -= d * total_w * mean[k]
+                s = abs(d) * np.sqrt(c)
+                if s > biggest:
+                    biggest = s
+        if biggest <= tol:
+            break
+        hist[filled] = beta
+        filled += 1
+        if filled <= K:
+            continue
+        filled = 1
+        if _anderson_weights(hist, weights):
+            moved = 0.0  # sum w x ext over every row (the intercept's share), and the penalties' change
+            pen_change = 0.0
+            for j in range(m):  # the step to the extrapolated point (frozen coefficients stay)
+                s = 0.0
+                if curv[j] > 0 and pen[j] >= 0:
+                    for i in range(K):
+                        s += weights[i] * hist[i + 1, j]
+                    s -= beta[j]
+                ext[j] = s
+                moved += total_w * mean[j] * s
+                if s != 0.0:
+                    b1 = beta[j] + s
+                    pen_change += pen[j] * (abs(b1) - abs(beta[j])) + 0.5 * l2[j] * (b1 * b1 - beta[j] * beta[j])
+            for i in range(n):
+                r_ext[i] = r[i]
+            for j in range(m):
+                if ext[j] != 0.0:
+                    for p in range(col_ptr[j], col_ptr[j + 1]):
+                        r_ext[rows[p]] -= vals[p] * ext[j]
+            loss_change = 0.0  # (sum w r^2 - (sum w r)^2 / W) / (2 W), touched rows only change
+            for i in range(n):
+                loss_change += w[i] * (r_ext[i] * r_ext[i] - r[i] * r[i])
+            new_wr = sum_wr - moved
+            loss_change = 0.5 * inv_w * (loss_change - (new_wr * new_wr - sum_wr * sum_wr) * inv_w)  # (no intercept: every mean is 0, sum w r stays)
+            if loss_change + pen_change < 0.0:
+                for j in range(m):
+                    beta[j] += ext[j]
+                for i in range(n):
+                    r[i] = r_ext[i]
+                sum_wr = new_wr
+        hist[0] = beta
+    return updates, sum_wr
 
 
 #: passes between two Anderson extrapolations of :func:`gram_lasso` (celer's and skglm's choice)

@@ -72,7 +72,8 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
         typeConverter=TypeConverters.toInt)
     workingSetLimit: Param[int] = Param(
         Params._dummy(), "workingSetLimit",
-        "largest working set the driver solves exactly from its Gram matrix (squared loss only; 0 = never): "
+        "largest working set the driver solves exactly, on its columns or its Gram matrix (squared loss only; "
+        "0 = never): "
         "from the first sweep on, while the non-zeros number at most 3/4 of it, the problem restricted to the "
         "non-zeros and the worst KKT violators is solved on the driver; beyond, parallel rounds",
         typeConverter=TypeConverters.toInt)
@@ -95,7 +96,7 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
                     "schedule": one_of(*SCHEDULES), "priority": one_of(*PRIORITIES),
                     "coordinatesPerRound": at_least_or_auto(1), "candidatesPerRound": at_least_or_auto("coordinatesPerRound"),
                     "correlationThreshold": within(0, 1, low_open=True), "correlationSampleSize": at_least(1),
-                    "workingSetLimit": within(0, 16384, note="its Gram matrix lives on the shards")}
+                    "workingSetLimit": within(0, 16384, note="its columns or Gram matrix travel through the shards")}
     _column_kinds = {"featuresCol": VECTORS, "labelCol": NUMBERS, "weightCol": NUMBERS}
 
     def __init__(self, *args: Any):

@@ -4,8 +4,8 @@
   scan hands them to the engine;
 * :func:`rows_to_arrays` -- records (rows or blocks) to CSR arrays, labels and
   weights;
-* :func:`canonical_order` -- the rows in an order fixed by their content, so a
-  recomputed partition resumes onto the same per-row state;
+* :func:`canonical_permutation` / :func:`canonical_order` -- the rows in an order fixed
+  by their content, so a recomputed partition resumes onto the same per-row state;
 * :class:`ColumnSample` -- unit-norm columns of a row sample, for the
   schedule's correlation check.
 """
@@ -40,6 +40,13 @@ def rows_to_arrays(records: Iterable[Any], num_features: int, held_out: bool = F
         if isinstance(rec, RowBlock):
             held = np.zeros(len(rec.label), bool) if rec.validation is None else np.asarray(rec.validation, bool)
             keep = (rec.weight != 0) & (held == held_out)
+            if keep.all():  # every row (no copies of the block's non-zeros beyond the concatenation)
+                labels.append(np.asarray(rec.label, dtype=np.float64))
+                weights.append(np.asarray(rec.weight, dtype=np.float64))
+                lengths.append(np.diff(np.asarray(rec.row_ptr, dtype=np.int64)))
+                idx_parts.append(np.asarray(rec.col_idx, dtype=np.int64))
+                val_parts.append(np.asarray(rec.vals, dtype=np.float64))
+                continue
             labels.append(np.asarray(rec.label, dtype=np.float64)[keep])
             weights.append(np.asarray(rec.weight, dtype=np.float64)[keep])
             ptr = np.asarray(rec.row_ptr, dtype=np.int64)
@@ -61,8 +68,8 @@ def rows_to_arrays(records: Iterable[Any], num_features: int, held_out: bool = F
     lens = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, dtype=np.int64)
     row_ptr = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=row_ptr[1:])
-    col_idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
-    vals = np.concatenate(val_parts) if val_parts else np.zeros(0, dtype=np.float64)
+    col_idx = _joined(idx_parts, np.int64)
+    vals = _joined(val_parts, np.float64)
     if len(col_idx) and (col_idx.min() < 0 or col_idx.max() >= num_features):
         raise ValueError(f"feature index {int(col_idx.max())} outside [0, {num_features})")
     y = np.concatenate(labels).astype(np.float64) if labels else np.zeros(0)
@@ -70,19 +77,31 @@ def rows_to_arrays(records: Iterable[Any], num_features: int, held_out: bool = F
     return row_ptr, col_idx, vals, y, w
 
 
-def canonical_order(row_ptr, col_idx, vals, y, w):
-    """The CSR arrays with their rows in an order that depends only on their content
-    (rows carry no id): a partition recomputed after an executor loss may deliver them
-    in another order, and a checkpoint's per-row state only resumes onto the same.
-    The order is by a 128-bit hash of each row (label, weight, indices, values: numba,
-    one pass; a blake2b digest per row in Python cost ~12 us a row, 0.12 s per 10 000
-    rows); equal hashes mean equal rows (up to 2^-128): any order among them will do."""
+def _joined(parts, dtype) -> np.ndarray:
+    """``parts`` concatenated (the one part itself when there is one: no copy)."""
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def canonical_permutation(row_ptr, col_idx, vals, y, w) -> np.ndarray:
+    """The rows' order that depends only on their content (rows carry no id): a partition
+    recomputed after an executor loss may deliver them in another order, and a checkpoint's
+    per-row state only resumes onto the same.  The order is by a 128-bit hash of each row
+    (label, weight, indices, values: numba, one pass; a blake2b digest per row in Python cost
+    ~12 us a row, 0.12 s per 10 000 rows); equal hashes mean equal rows (up to 2^-128): any
+    order among them will do.  Row ``i`` of the canonical order is row ``order[i]``."""
     from ..kernels.rows import row_hashes
 
     as_bits = lambda a, dtype: np.ascontiguousarray(a, dtype=dtype).view(np.uint64)  # noqa: E731
     h1, h2 = row_hashes(np.ascontiguousarray(row_ptr, dtype=np.int64), as_bits(col_idx, np.int64),
                         as_bits(vals, np.float64), as_bits(y, np.float64), as_bits(w, np.float64))
-    order = np.lexsort((h2, h1))
+    return np.lexsort((h2, h1))
+
+
+def canonical_order(row_ptr, col_idx, vals, y, w):
+    """The CSR arrays with their rows in the order of :func:`canonical_permutation`."""
+    order = canonical_permutation(row_ptr, col_idx, vals, y, w)
     lens = np.diff(row_ptr)[order]
     new_ptr = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(lens, out=new_ptr[1:])

@@ -1,10 +1,13 @@
 """The Lasso's working-set solver on the driver, for :class:`~pystrads.programs.lasso.LassoProgram`.
 
 While the support is small, the driver solves the Lasso restricted to a
-working set exactly from its Gram matrix (celer / blitz style) instead of
-running parallel rounds; :func:`working_set_step` is that step, which the
-program's ``after_step`` and ``schedule`` call with the program (whose driver
-state ``_d``, ``num_features``, ``gram_limit``, ``tol`` and ``duality_gap`` it reads).
+working set exactly (celer / skglm style) instead of running parallel rounds:
+on the set's columns over every row (sparse data: the workers send them with
+their rows' residuals) or on its Gram matrix (dense data, where the columns
+would outweigh the ``m x m`` Gram, which the workers sum); :func:`working_set_step`
+is that step, which the program's ``after_step`` and ``schedule`` call with the
+program (whose driver state ``_d``, ``num_features``, ``gram_limit``, ``tol`` and
+``duality_gap`` it reads).
 """
 
 from __future__ import annotations
@@ -44,77 +47,170 @@ def _worst(ids, violation, count):
     return ids[np.argpartition(-violation, count - 1)[:count]]
 
 
-def working_set_step(program, ctx, step, objective) -> None:
+#: the columns travel instead of the Gram matrix while their non-zeros are at most this share of
+#: the Gram's ``m * m`` entries (a pass over the columns costs their non-zeros, one over the Gram
+#: its rows' non-zeros, and the workers' Gram product more than both)
+COLUMNS_SHARE = 0.125
+
+
+def working_set_step(program, ctx, step, objective, metrics=None) -> None:
     """The working-set solver's part of a step (:func:`_solve`); the Gram table is clean
-    again (cleared in the background while the solve runs) before it returns."""
+    again (cleared in the background while the solve runs) before it returns.  ``metrics``:
+    the step's (the workers report the length of the columns they sent)."""
     clearing: list = []
     try:
-        _solve(program, ctx, step, objective, clearing)
+        _solve(program, ctx, step, objective, clearing, metrics)
     finally:  # the Gram table is clean before any next step
         errors = [e for thread, errs in clearing if thread.join() is None for e in errs]
     if errors:
         raise errors[0]
 
 
-def _solve(program, ctx, step, objective, clearing: list) -> None:
-    """Working-set solver on the driver (celer / blitz style): while the non-zeros
+def _kind(program, size: int) -> str:
+    """How the driver receives a working set of ``size`` coefficients: ``"columns"`` while their
+    expected non-zeros (the data's mean per column) are a small share of the Gram's entries and
+    fit the workers' shares of the ``working_set`` table, else ``"gram"``."""
+    d = program._d
+    nnz = size * d["nnz"] / max(program.num_features, 1)
+    share = program.gram_limit ** 2 // max(d.get("workers", 1), 1)
+    if nnz <= COLUMNS_SHARE * size * size and 4 * nnz + size + 2 <= share:
+        return "columns"
+    return "gram"
+
+
+def _read_columns(ctx, program, m: int, metrics):
+    """The working set's columns as the workers sent them (:meth:`LassoProgram._send_columns`):
+    ``(col_ptr, rows, vals, w, r)`` over the rows they touch, or None when a worker's share of
+    the table was too small (the Gram matrix is asked for instead)."""
+    workers = ctx.num_workers
+    share = program.gram_limit ** 2 // workers
+    lengths = [int(metrics.total(f"ws_floats_{k}", -1.0)) if metrics is not None else -1 for k in range(workers)]
+    if min(lengths) < 0:
+        return None
+    table = ctx.table("working_set")
+    counts = np.zeros(m, dtype=np.int64)
+    parts, w_parts, r_parts, offset = [], [], [], 0
+    for k, used in enumerate(lengths):
+        packed = table.read(range(k * share, k * share + used))[:, 0]
+        R, nnz = int(packed[0]), int(packed[1])
+        rows_wr = packed[2:2 + 2 * R].reshape(R, 2)
+        lens = packed[2 + 2 * R:2 + 2 * R + m].astype(np.int64)
+        entries = packed[2 + 2 * R + m:2 + 2 * R + m + 2 * nnz].reshape(nnz, 2)
+        cols = np.repeat(np.arange(m, dtype=np.int64), lens)
+        parts.append((cols, entries[:, 0].astype(np.int64) + offset, entries[:, 1]))
+        w_parts.append(rows_wr[:, 0])
+        r_parts.append(rows_wr[:, 1])
+        counts += lens
+        offset += R
+    cols = np.concatenate([p[0] for p in parts])
+    order = np.argsort(cols, kind="stable")  # column by column, the workers' rows in turn
+    col_ptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(counts, out=col_ptr[1:])
+    rows = np.concatenate([p[1] for p in parts])[order]
+    vals = np.concatenate([p[2] for p in parts])[order]
+    return col_ptr, rows, vals, np.concatenate(w_parts), np.concatenate(r_parts)
+
+
+def _worst(ids, violation, count):
+    """The ``count`` of ``ids`` with the largest ``violation`` (all of them if fewer), in no
+    particular order: a selection, O(len(ids)), where a sort of the ~J candidates cost 20 ms a
+    working set on 200 000 columns (ties at the boundary are broken deterministically)."""
+    if count <= 0:
+        return ids[:0]
+    if count >= len(ids):
+        return ids
+    return ids[np.argpartition(-violation, count - 1)[:count]]
+
+
+def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
+    """Working-set solver on the driver (celer / skglm style): while the non-zeros
     number at most ``3/4 gram_limit``, solve the Lasso restricted to a working
-    set exactly on the driver from its Gram matrix (the workers send
-    ``X_A' W X_A`` once per working set); the next sweep's gradient checks the
-    rest and grows the set.  The set is the non-zeros plus the coefficients
-    that violate the optimality conditions most (``|grad| / pen``), at least
-    ``gram_limit / 2`` and twice the non-zeros, at most ``gram_limit``; it is
-    taken right after the first sweep, and the inner solve stops well inside
-    the whole problem's duality gap.  The parallel rounds run when the
-    non-zeros exceed ``3/4 gram_limit`` (``workingSetLimit``)."""
+    set exactly on the driver, from its columns (the workers send them once per
+    working set with their rows' residuals; the solve keeps that residual) or
+    its Gram matrix ``X_A' W X_A`` (summed over the workers, once per working
+    set); the next sweep's gradient checks the rest and grows the set.  The set
+    is the non-zeros plus the coefficients that violate the optimality
+    conditions most (``|grad| / pen``), at least ``gram_limit / 2`` and twice
+    the non-zeros, at most ``gram_limit``; it is taken right after the first
+    sweep, and the inner solve stops well inside the whole problem's duality
+    gap.  The parallel rounds run when the non-zeros exceed ``3/4 gram_limit``
+    (``workingSetLimit``)."""
     d = program._d
     coef = d["coef"]
     J = program.num_features
     live = coef[:J, PEN] >= 0
     nonzero = live & (coef[:J, BETA] != 0)
     active = np.flatnonzero(nonzero | (live & (step[:J] != 0)))
-    fresh = "gram_rows" in d
-    if fresh:  # a step just summed the Gram matrix of d["gram_set"] into the table: solve on it
-        m = len(d["gram_set"])  # the shards send the non-zero entries only: O(nnz), never m^2, here
-        gram = ctx.table("gram").read_entries(range(0, m * m))  # (width 1: an entry per non-zero key)
-        keys, vals = gram.keys, gram.vals
-        clearing.append(_in_background(ctx.table("gram").write, keys, np.zeros(len(keys))))  # clean for the
-        # next working set, while the solve below runs (the kernel releases the GIL)
-        rows, cols = np.divmod(keys, m)
-        indptr = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-        d["gram"] = (indptr, cols, np.asarray(vals, dtype=np.float64))
-        del d["gram_rows"]
+    fresh = "ws_asked" in d
+    if fresh:  # a step just sent the working set d["gram_set"] into the table: solve on it
+        m = len(d["gram_set"])
+        del d["ws_asked"]
+        if d["ws_kind"] == "columns":
+            columns = _read_columns(ctx, program, m, metrics)
+            if columns is None:  # a worker's rows held too many of them: the Gram matrix instead
+                d["ws_kind"] = "gram"
+                d["need_gram"] = d["gram_set"]
+                return
+            d["ws_columns"] = tuple(_read_only(a) for a in columns[:4]) + (columns[4],)
+        else:  # the shards send the non-zero entries only: O(nnz), never m^2, here
+            gram = ctx.table("working_set").read_entries(range(0, m * m))  # (width 1: an entry per key)
+            keys, vals = gram.keys, gram.vals
+            clearing.append(_in_background(ctx.table("working_set").write, keys, np.zeros(len(keys))))  # clean
+            # for the next working set, while the solve below runs (the kernel releases the GIL)
+            rows, cols = np.divmod(keys, m)
+            indptr = np.zeros(m + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+            d["gram"] = (indptr, cols, np.asarray(vals, dtype=np.float64))
     if np.count_nonzero(nonzero) > (3 * program.gram_limit) // 4 or len(active) == 0:
-        d.pop("gram_set", None)
-        d.pop("gram", None)
+        _forget(d)
         return
-    stale = d.get("gram_set") is None or "gram" not in d or not np.all(np.isin(active, d["gram_set"]))
-    if stale and not fresh:  # (a fresh Gram is solved on first: the set was chosen from this gradient)
+    solvable = "gram" in d or "ws_columns" in d
+    stale = d.get("gram_set") is None or not solvable or not np.all(np.isin(active, d["gram_set"]))
+    if stale and not fresh:  # (a fresh set is solved on first: it was chosen from this gradient)
         nz = np.flatnonzero(nonzero)
         size = min(program.gram_limit, max(program.gram_limit // 2, 2 * len(nz), len(active) + len(active) // 4 + 64))
         rest = np.flatnonzero(live & ~nonzero)
+        _forget(d)
         d["gram_set"] = union(nz, _worst(rest, np.abs(d["grad"][rest]) / np.maximum(coef[rest, PEN], 1e-300),
                                          size - len(nz))).astype(np.int64)
         d["need_gram"] = d["gram_set"]
-        d.pop("gram", None)
+        d["ws_kind"] = _kind(program, len(d["gram_set"]))
         return
     gs = d["gram_set"]
     beta = coef[gs, BETA].copy()
-    grad = d["grad"][gs].copy()
     # stop the inner solve well inside the outer test; while the whole problem's duality
     # gap is still large (the set will change), well inside that gap (celer's rule)
     gap = program.duality_gap(coef, d["grad"], d["sums"])
     tol = 1e-6 * np.sqrt(program.tol * max(abs(objective), 1e-300))
     if np.isfinite(gap) and gap > 1e3 * program.tol * max(abs(objective), 1e-300):
         tol = max(tol, 1e-2 * np.sqrt(gap / len(gs)))
-    indptr, cols, vals = d["gram"]
     l2 = coef[gs, L2].copy()
     curv = np.where(coef[gs, CURV] > 0, coef[gs, CURV] + l2, 0.0)
-    d["updates"] += int(K.gram_lasso(indptr, cols, vals, curv, coef[gs, MEAN].copy(), grad, beta,
-                                     coef[gs, PEN].copy(), l2, 100000, tol))
+    if "ws_columns" in d:
+        col_ptr, rows, vals, w, r = d["ws_columns"]
+        r = r.copy()  # (the journal's entries may hold the one before)
+        updates, _ = K.data_lasso(col_ptr, rows, vals, w, r, curv, coef[gs, MEAN].copy(), coef[gs, PEN].copy(), l2,
+                                  beta, float(d["sums"]["wr"]), float(d["W"]), 100000, tol)
+        d["ws_columns"] = (col_ptr, rows, vals, w, r)  # the workers' residual once they apply the change
+    else:
+        indptr, cols, vals = d["gram"]
+        updates = K.gram_lasso(indptr, cols, vals, curv, coef[gs, MEAN].copy(), d["grad"][gs].copy(), beta,
+                               coef[gs, PEN].copy(), l2, 100000, tol)
+    d["updates"] += int(updates)
     rows = coef[gs].copy()
     rows[:, DELTA] = beta - rows[:, BETA]
     rows[:, BETA] = beta
     ctx.table("coef").write(gs, rows)
     d["pending"] = gs
+
+
+def _forget(d) -> None:
+    """Drop the working set's data (its Gram matrix or columns)."""
+    for key in ("gram_set", "gram", "ws_columns"):
+        d.pop(key, None)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` marked read-only: fixed while its working set lasts (the journal then refers to it)."""
+    a.flags.writeable = False
+    return a

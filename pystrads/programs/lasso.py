@@ -3,7 +3,7 @@
 This module holds :class:`LassoProgram` (squared loss).  Around it:
 :mod:`pystrads.programs.logistic` (:class:`L1LogisticProgram`, the log-loss on
 the same schedule), :mod:`pystrads.programs._rows` (the row structures:
-:class:`RowBlock`, :func:`rows_to_arrays`, :func:`canonical_order`,
+:class:`RowBlock`, :func:`rows_to_arrays`, :func:`canonical_permutation`,
 :class:`ColumnSample`), :mod:`pystrads.programs._coef` (the ``coef`` table's
 columns and :func:`soft_step`) and :mod:`pystrads.programs._working_set` (the
 driver's Gram solver); import each name from the module that defines it.
@@ -68,7 +68,7 @@ from ..engine.program import Program, Schedule, Table
 from ..engine.program.stopping import EarlyStopping
 from ..kernels import cd as K
 from ._coef import BETA, COEF_WIDTH, CURV, DELTA, L2, MEAN, PEN, eso_factor, soft_step, stepped
-from ._rows import ColumnSample, canonical_order, rows_to_arrays
+from ._rows import ColumnSample, canonical_permutation, rows_to_arrays
 from ._working_set import working_set_step
 
 SCHEDULES = ("dynamic", "shotgun", "roundrobin")
@@ -235,8 +235,8 @@ class LassoProgram(Program):
         tables = [Table("coef", self.num_coords, self.coef_width, "float64", contrib_width=self.contrib_width),
                   Table("grad", self.num_coords, self.grad_width, "float64", contrib_width=self.grad_width),
                   Table("totals", 1, 7, "float64", single_shard=True)]
-        if self.gram_limit:
-            tables.append(Table("gram", self.gram_limit ** 2, 1, "float64"))  # sparse use: zero pages
+        if self.gram_limit:  # the driver's working-set solver's input (sparse use: zero pages)
+            tables.append(Table("working_set", self.gram_limit ** 2, 1, "float64"))
         return tables
 
     grad_width = 1
@@ -253,9 +253,10 @@ class LassoProgram(Program):
 
     def _columns(self, records, held_out: bool) -> Dict[str, np.ndarray]:
         """The training (or validation) rows of ``records``, column-wise (CSC), with labels and weights."""
-        row_ptr, col_idx, vals, y, w = canonical_order(*rows_to_arrays(records, self.num_features, held_out))
-        col_ptr, row_idx, cvals = K.rows_to_csc(row_ptr, col_idx, vals, self.num_features)
-        return {"col_ptr": col_ptr, "row_idx": row_idx, "vals": cvals, "y": y, "w": w}
+        row_ptr, col_idx, vals, y, w = rows_to_arrays(records, self.num_features, held_out)
+        order = canonical_permutation(row_ptr, col_idx, vals, y, w)  # straight to CSC in that order
+        col_ptr, row_idx, cvals = K.ordered_rows_to_csc(row_ptr, col_idx, vals, order, self.num_features)
+        return {"col_ptr": col_ptr, "row_idx": row_idx, "vals": cvals, "y": y[order], "w": w[order]}
 
     def data_summary(self, ctx, data):
         """This worker's share of the dependency check's row sample: its rows' columns (CSC)."""
@@ -266,10 +267,7 @@ class LassoProgram(Program):
         chosen = np.sort(ctx.rng(0x5A4D).choice(n, size=k, replace=False))
         new_row = np.full(n, -1, dtype=np.int64)
         new_row[chosen] = np.arange(k)
-        mapped = new_row[data["row_idx"]]
-        keep = mapped >= 0
-        kept = np.concatenate([[0], np.cumsum(keep)])
-        return k, kept[data["col_ptr"]], mapped[keep].astype(np.int32), data["vals"][keep]
+        return (k, *K.csc_row_subset(data["col_ptr"], data["row_idx"], data["vals"], new_row))
 
     def check_data(self, summaries):
         # read-only: the loop's journal then refers to them instead of copying them every step
@@ -336,13 +334,15 @@ class LassoProgram(Program):
             partials = self._sweep_partials(ctx, data, state) * inv_w
             ctx.contribute("grad", range(0, len(partials)), partials)
             return state
-        if isinstance(work, tuple):  # ("gram", coords): weighted Gram matrix of a working set
+        if isinstance(work, tuple):  # the working set's Gram matrix or columns, for the driver's solver
             kind, coords = work
-            if kind == "gram":
+            if kind == "gram":  # ("gram", coords): its weighted Gram matrix, summed over the workers
                 keys, vals = K.gram_entries(data["col_ptr"], data["row_idx"], data["vals"], coords, w, len(w))
-                ctx.table("gram").add(keys, vals * inv_w)  # duplicate keys add up
+                ctx.table("working_set").add(keys, vals * inv_w)  # duplicate keys add up
+            elif kind == "columns":  # ("columns", coords): its columns over this worker's rows
+                self._send_columns(ctx, data, state, coords)
             return state
-        z, c_omega = np.empty(len(work)), np.empty(len(work))
+        z, c_omega = np.empty(len(work)), np.empty(len(work))  # a round
         c_plain = np.zeros(len(work))
         col_ptr, row_idx, vals = data["col_ptr"], data["row_idx"], data["vals"]
         parts = self._coordinate_parts(ctx, work)
@@ -364,6 +364,22 @@ class LassoProgram(Program):
         ctx.contribute("coef", work, np.column_stack([z, np.full(len(work), wr.sum()), c_omega, c_plain]) * inv_w,
                        read_back=[DELTA])  # apply reads the steps taken: they come back with the tick
         return state
+
+    def _send_columns(self, ctx, data, state, coords) -> None:
+        """Columns ``coords`` of this worker's rows, with the rows' weights and residuals, packed
+        (:func:`~pystrads.kernels.cd.working_set_columns`) into this worker's share of the
+        ``working_set`` table; their length goes to the driver as metric ``ws_floats_<worker>``
+        (-1: too many for the share; the driver then asks for the Gram matrix instead)."""
+        share = (self.gram_limit ** 2) // ctx.num_workers
+        bound = K.working_set_floats(data["col_ptr"], data["row_idx"], coords)
+        used = -1
+        if bound <= share:
+            packed = np.empty(bound)
+            used = int(K.working_set_columns(data["col_ptr"], data["row_idx"], data["vals"], coords, len(data["w"]),
+                                             packed, data["w"], state["r"]))
+            base = ctx.worker * share
+            ctx.table("working_set").write(range(base, base + used), packed[:used, None])
+        ctx.report(**{f"ws_floats_{ctx.worker}": float(used)})
 
     def apply(self, ctx, data, state, work):
         if isinstance(work, str):
@@ -405,7 +421,7 @@ class LassoProgram(Program):
         d = self._d
         tot = ctx.table("totals").read()[0]
         W, W2, Sy, Syy, n, nnz, row_sq = (float(v) for v in tot)
-        d.update(W=W, W2=W2, Sy=Sy, Syy=Syy, n=int(n), nnz=int(nnz))
+        d.update(W=W, W2=W2, Sy=Sy, Syy=Syy, n=int(n), nnz=int(nnz), workers=ctx.num_workers)
         if W <= 0:
             return
         L = self.coords_per_round
@@ -585,7 +601,7 @@ class LassoProgram(Program):
         elif it >= self.max_iter:
             ctx.stop("maxIter")
         elif self._uses_working_set():
-            self._working_set(ctx, step, objective)
+            self._working_set(ctx, step, objective, metrics)
 
     # ------------------------------------------------------------------ the schedule
     def schedule(self, ctx):
@@ -606,9 +622,9 @@ class LassoProgram(Program):
         tail = []
         if "pending" in d:  # the driver's working-set solution: workers update residuals
             tail.append(("delta", d.pop("pending")))
-        if "need_gram" in d:
-            tail.append(("gram", d.pop("need_gram")))
-            d["gram_rows"] = True
+        if "need_gram" in d:  # the working set's columns or Gram matrix for the driver's solver
+            tail.append((d.get("ws_kind", "gram"), d.pop("need_gram")))
+            d["ws_asked"] = True
         if tail:
             self._planned(ctx, 0)
             return Schedule.shared(tail + ["sweep"])
@@ -684,9 +700,9 @@ class LassoProgram(Program):
     def _uses_working_set(self) -> bool:
         return bool(self.gram_limit) and self.schedule_name == "dynamic" and self.priority == "gradient"
 
-    def _working_set(self, ctx, step, objective) -> None:
+    def _working_set(self, ctx, step, objective, metrics=None) -> None:
         """The driver's working-set solver's part of the step (:func:`._working_set.working_set_step`)."""
-        working_set_step(self, ctx, step, objective)
+        working_set_step(self, ctx, step, objective, metrics)
 
     def _dynamic_stream(self, rng, live, L) -> np.ndarray:
         d = self._d
