@@ -586,38 +586,78 @@ def data_lasso(col_ptr, rows, vals, w, r, curv, mean, pen, l2, beta, sum_wr, tot
             continue
         filled = 1
         if _anderson_weights(hist, weights):
-            moved = 0.0  # sum w x ext over every row (the intercept's share), and the penalties' change
-            pen_change = 0.0
-            for j in range(m):  # the step to the extrapolated point (frozen coefficients stay)
+            for j in range(m):  # the extrapolation's direction (frozen coefficients stay)
                 s = 0.0
                 if curv[j] > 0 and pen[j] >= 0:
                     for i in range(K):
                         s += weights[i] * hist[i + 1, j]
                     s -= beta[j]
                 ext[j] = s
-                moved += total_w * mean[j] * s
-                if s != 0.0:
-                    b1 = beta[j] + s
-                    pen_change += pen[j] * (abs(b1) - abs(beta[j])) + 0.5 * l2[j] * (b1 * b1 - beta[j] * beta[j])
-            for i in range(n):
-                r_ext[i] = r[i]
-            for j in range(m):
-                if ext[j] != 0.0:
-                    for p in range(col_ptr[j], col_ptr[j + 1]):
-                        r_ext[rows[p]] -= vals[p] * ext[j]
-            loss_change = 0.0  # (sum w r^2 - (sum w r)^2 / W) / (2 W), touched rows only change
-            for i in range(n):
-                loss_change += w[i] * (r_ext[i] * r_ext[i] - r[i] * r[i])
-            new_wr = sum_wr - moved
-            loss_change = 0.5 * inv_w * (loss_change - (new_wr * new_wr - sum_wr * sum_wr) * inv_w)  # (no intercept: every mean is 0, sum w r stays)
-            if loss_change + pen_change < 0.0:
+            t = _line_search(col_ptr, rows, vals, w, r, mean, pen, l2, beta, ext, r_ext, sum_wr, total_w)
+            if t > 0.0:
                 for j in range(m):
-                    beta[j] += ext[j]
+                    if ext[j] != 0.0:
+                        beta[j] += t * ext[j]
+                        sum_wr -= t * ext[j] * total_w * mean[j]
                 for i in range(n):
-                    r[i] = r_ext[i]
-                sum_wr = new_wr
+                    r[i] -= t * r_ext[i]
         hist[0] = beta
     return updates, sum_wr
+
+
+@njit(cache=True, nogil=True)
+def _line_search(col_ptr, rows, vals, w, r, mean, pen, l2, beta, ext, xe, sum_wr, total_w) -> float:
+    """The step ``t >= 0`` along ``ext`` that minimises the working set's objective (convex and
+    piecewise quadratic in ``t``: bisection on its right derivative), 0 when no step lowers it.
+    Leaves ``X ext`` on the touched rows in ``xe``."""
+    n = r.shape[0]
+    m = beta.shape[0]
+    inv_w = 1.0 / total_w
+    for i in range(n):
+        xe[i] = 0.0
+    moved = 0.0  # sum w x ext over every row: the change of sum w r per unit step (the intercept's share)
+    for j in range(m):
+        if ext[j] != 0.0:
+            moved += total_w * mean[j] * ext[j]
+            for p in range(col_ptr[j], col_ptr[j + 1]):
+                xe[rows[p]] += vals[p] * ext[j]
+    A = 0.0
+    B = 0.0
+    for i in range(n):
+        A += w[i] * xe[i] * xe[i]
+        B += w[i] * xe[i] * r[i]
+
+    def slope(t):  # the right derivative at t
+        g = inv_w * (t * A - B) + inv_w * inv_w * moved * (sum_wr - t * moved)
+        for j in range(m):
+            e = ext[j]
+            if e != 0.0:
+                v = beta[j] + t * e
+                g += pen[j] * e * (1.0 if v > 0 or (v == 0 and e > 0) else -1.0) + l2[j] * e * v
+        return g
+
+    def change(t):  # F(beta + t ext) - F(beta)
+        c = inv_w * (0.5 * t * t * A - t * B) - 0.5 * inv_w * inv_w * ((sum_wr - t * moved) ** 2 - sum_wr ** 2)
+        for j in range(m):
+            e = ext[j]
+            if e != 0.0:
+                v = beta[j] + t * e
+                c += pen[j] * (abs(v) - abs(beta[j])) + 0.5 * l2[j] * (v * v - beta[j] * beta[j])
+        return c
+
+    if not slope(0.0) < 0.0:
+        return 0.0
+    hi = 1.0
+    while slope(hi) < 0.0 and hi < 1e6:
+        hi *= 2.0
+    lo = 0.0
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if slope(mid) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return hi if change(hi) < 0.0 else 0.0
 
 
 #: passes between two Anderson extrapolations of :func:`gram_lasso` (celer's and skglm's choice)

@@ -183,7 +183,7 @@ def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
     gap = program.duality_gap(coef, d["grad"], d["sums"])
     tol = 1e-6 * np.sqrt(program.tol * max(abs(objective), 1e-300))
     if np.isfinite(gap) and gap > 1e3 * program.tol * max(abs(objective), 1e-300):
-        tol = max(tol, 1e-2 * np.sqrt(gap / len(gs)))
+        tol = max(tol, 1e-3 * np.sqrt(gap / len(gs)))
     l2 = coef[gs, L2].copy()
     curv = np.where(coef[gs, CURV] > 0, coef[gs, CURV] + l2, 0.0)
     if "ws_columns" in d:
