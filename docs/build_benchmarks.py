@@ -137,33 +137,44 @@ def lasso_table(data):
         width = f"; L = {run['width']}" if run.get("width") and "(L = " not in system else ""
         if system == "pystrads StradsLasso (defaults)":
             return f"**pystrads `StradsLasso` (defaults{width})**"
+        if system.startswith("pystrads StradsLogisticRegression"):
+            return f"**pystrads `StradsLogisticRegression` (defaults, `tol=1e-9`{width})**"
         if system.startswith("pystrads") and "rounds only" in system:
             return system + (f" (`workingSetLimit=0`{width})" if "dynamic" in system
                              else f" ({run['iterations']} it.{width})")
         if system.startswith("MLlib"):
             return (f"MLlib `LinearRegression` (OWL-QN; `maxIter` {run['rung_to_1e-3']} / "
                     f"{run['rung_to_1e-6']})")
-        peer = system.split(" ")[0]
-        return f"{peer} `Lasso` (1 core, in memory)"
+        peer, what = system.split(" ")[:2]
+        return f"{peer} `{what}` (1 core, in memory{', liblinear' if 'liblinear' in system else ''})"
 
     order = sorted(runs, key=lambda s: (not s.startswith("pystrads"), not s.startswith("MLlib")))
     waits = any(r.get("schedule_s") is not None for r in runs.values())
-    out = ["| system | s to 1e-3 | s to 1e-6 | × MLlib (1e-3) | × MLlib (1e-6) | final gap | non-zeros |"
+    mllib = any(s.startswith("MLlib") for s in runs)
+    skglm = any(r.get("ratio_to_skglm_1e-6") is not None for r in runs.values())
+    fixed = problem.get("fixed_s")
+    out = ["| system | s to 1e-3 | s to 1e-6 |" + (" × MLlib (1e-3) | × MLlib (1e-6) |" if mllib else "")
+           + (" × skglm (1e-6) |" if skglm else "") + " final gap | non-zeros |"
            + (" schedule s (waited) |" if waits else ""),
-           "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if waits else "")]
+           "|---|---:|---:|" + ("---:|---:|" if mllib else "") + ("---:|" if skglm else "") + "---:|---:|"
+           + ("---:|" if waits else "")]
     for system in order:
         r = runs[system]
         cells = [name(system, r)]
         for gap in ("1e-3", "1e-6"):
             cells.append("not reached" if r[f"s_to_{gap}"] is None else _sig(r[f"s_to_{gap}"]))
-        for gap in ("1e-3", "1e-6"):
-            ratio = r.get(f"ratio_to_mllib_{gap}")
+        for key in ((["ratio_to_mllib_1e-3", "ratio_to_mllib_1e-6"] if mllib else [])
+                    + (["ratio_to_skglm_1e-6"] if skglm else [])):
+            ratio = r.get(key)
             cells.append("—" if ratio is None else ("1" if ratio == 1 else _sig(ratio, 2)))
         cells += [_exp(r["final_gap"]), str(r["nonzeros"])]
         if waits:
             cells.append("—" if r.get("schedule_s") is None else
                          f"{_f(r['schedule_s'], 2)} ({_f(r['schedule_wait_s'], 2)})")
         out.append("| " + " | ".join(cells) + " |")
+    if fixed is not None:
+        out += ["", f"pystrads' fixed cost, the default fit with `maxIter=0` (the input scan, the shards, the "
+                f"workers' launch and load, the init step, reading the model back): **{_sig(fixed)} s**."]
     return out
 
 
@@ -550,9 +561,11 @@ TABLES = {
     "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-30"),
     "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
     "mf_implicit_iteration": Table(mf_implicit_iteration_table),
-    "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-28"),
+    "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-30"),
+    "lasso_reuters": Table(lasso_table, "python3 jobs/bench_lasso.py --problems reuters-earn --repeats 3",
+                           "2026-11-30"),
     "lasso_dense": Table(lasso_table, "python3 jobs/bench_lasso.py --problems strads:20000x20000x200 --widths 128,2048 "
-                         "--quick --repeats 1 --skip-mllib --skip-sklearn --skip-celer --skip-skglm", "2026-11-27"),
+                         "--quick --repeats 1 --skip-mllib --skip-sklearn --skip-celer --skip-skglm", "2026-11-30"),
     "runtime_every_round": Table(runtime_every_round_table, _RUNTIME, "2026-11-24",
                                  json="runtime"),
     "runtime_throughput": Table(runtime_throughput_table, _RUNTIME, "2026-11-24",

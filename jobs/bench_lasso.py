@@ -14,7 +14,15 @@ lambda_max``:
 * ``strads:NxJ`` -- the STRADS paper's generator (25 non-zeros per column,
   10 % of columns correlated with the previous one);
 * ``uniform:NxJxNNZ`` -- non-zeros scattered uniformly (optional, not in the
-  default run: it adds roughly 10-15 minutes).
+  default run: it adds roughly 10-15 minutes);
+* ``reuters-earn`` -- a real sparse problem with the log-loss: "earn" against
+  the rest on Reuters-21578's training split (``LEWISSPLIT="TRAIN"``, from
+  ``../shared/data``; research use only, never shipped), TF-IDF features
+  (scikit-learn's ``TfidfVectorizer``, its defaults), objective ``F(b) = 1/n
+  sum log(1 + exp(-s_i x_i b)) + lambda ||b||_1`` (``s = +-1``, no intercept):
+  pystrads' ``StradsLogisticRegression`` against skglm's
+  ``SparseLogisticRegression``, celer's ``LogisticRegression`` and
+  scikit-learn's liblinear (``C = 1 / (n lambda)``); MLlib is not run on it.
 
 Every system's objective is computed by :func:`objective` from its
 coefficients.  ``F*`` is the best objective any run reached (pystrads'
@@ -55,8 +63,13 @@ matrix already in memory (what a user whose data fits the driver has).
   that decide a time to g are re-run and re-timed that many times (median).
   A run that reaches neither gap is not repeated.
 
+Fixed cost: every problem also times pystrads' default fit with ``maxIter=0``
+(the input scan, the shards, the workers' launch and load, the init step and
+reading the model: what a fit costs before its first step), median of
+``--repeats``.
+
 Columns: time to 1e-3 and to 1e-6 ("not reached" when the run never got
-there), their ratios to MLlib's, the final gap (last iterate for pystrads,
+there), their ratios to MLlib's and to skglm's (1e-6), the final gap (last iterate for pystrads,
 tightest rung run for a ladder), the wall time of that run, coordinate
 updates to 1e-3 (pystrads) and non-zeros.  pystrads variants all use the
 same parallel width (``--width`` coefficients per round, ``auto`` by
@@ -100,6 +113,7 @@ def lab(g: float) -> str:
 
 MLLIB = "MLlib LinearRegression (OWL-QN)"
 DEFAULT = "pystrads StradsLasso (defaults)"
+LOGISTIC_DEFAULT = "pystrads StradsLogisticRegression (defaults, tol 1e-9)"
 ROUNDS = "pystrads dynamic, rounds only"
 RULE = ("Time to gap g = wall time from the call of fit() (the Spark systems' read of the cached DataFrame, "
         "pystrads' input scan, shard start and load included; the in-memory peers start from a CSC matrix in "
@@ -148,7 +162,42 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
+
+
+def reuters_earn_problem(directory: str):
+    """Reuters-21578's training split as TF-IDF rows (CSR), label 1 for "earn", else 0."""
+    import gzip
+    import re
+
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    from pystrads.datasets import read_reuters21578
+
+    names = sorted(n for n in os.listdir(directory) if re.match(r"reut2-\d+\.sgm(\.gz)?$", n))
+    earn = set()
+    for name in names:  # the topics of each document (read_reuters21578 gives the text)
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(os.path.join(directory, name), "rt", encoding="latin-1") as fh:
+            for attrs, body in re.findall(r"<REUTERS([^>]*)>(.*?)</REUTERS>", fh.read(), re.S):
+                topics = re.search(r"<TOPICS>(.*?)</TOPICS>", body, re.S)
+                if topics and "earn" in re.findall(r"<D>(.*?)</D>", topics.group(1)):
+                    earn.add(int(re.search(r'NEWID="(\d+)"', attrs).group(1)))
+    docs = [(newid, text) for newid, split, text in read_reuters21578(directory) if split == "TRAIN"]
+    x = TfidfVectorizer().fit_transform([t for _, t in docs]).tocsr()
+    x.sort_indices()
+    y = np.array([1.0 if newid in earn else 0.0 for newid, _ in docs])
+    return synthetic.SparseProblem(x.indptr.astype(np.int64), x.indices.astype(np.int64), x.data.astype(np.float64),
+                                   y, np.zeros(x.shape[1]))
+
+
+def is_logistic(spec: str) -> bool:
+    return spec.startswith("reuters")
+
+
 def make_problem(spec: str, seed: int):
+    if spec == "reuters-earn":
+        return reuters_earn_problem(os.path.join(SHARED, "reuters21578"))
     kind, _, shape = spec.partition(":")
     dims = [int(v) for v in shape.lower().split("x")]
     if kind == "strads":  # strads:NxJ, or strads:NxJxK with K non-zeros a column (25 by default)
@@ -156,13 +205,23 @@ def make_problem(spec: str, seed: int):
     return synthetic.uniform_sparse_problem(dims[0], dims[1], dims[2], seed=seed)
 
 
-def objective(prob, beta, lam) -> float:
+def objective(prob, beta, lam, logistic: bool = False) -> float:
     n = prob.shape[0]
-    r = prob.y.copy()
-    for i in range(n):  # X beta row by row (no scipy needed)
-        a, b = prob.row_ptr[i], prob.row_ptr[i + 1]
-        r[i] -= prob.vals[a:b] @ beta[prob.col_idx[a:b]]
+    margin = np.add.reduceat(prob.vals * beta[prob.col_idx], prob.row_ptr[:-1]) if prob.nnz else np.zeros(n)
+    margin[np.diff(prob.row_ptr) == 0] = 0.0  # (reduceat gives an empty row its next row's value)
+    if logistic:  # mean log-loss, labels 0 / 1
+        signed = np.where(prob.y > 0, margin, -margin)
+        return float(np.logaddexp(0.0, -signed).mean()) + lam * float(np.abs(beta).sum())
+    r = prob.y - margin
     return 0.5 * float(r @ r) / n + lam * float(np.abs(beta).sum())
+
+
+def logistic_lambda_max(prob) -> float:
+    """Smallest L1 weight with an all-zero solution of the mean log-loss (no intercept)."""
+    n, J = prob.shape
+    s = np.where(prob.y > 0, 1.0, -1.0)
+    g = np.bincount(prob.col_idx, weights=prob.vals * np.repeat(s, np.diff(prob.row_ptr)), minlength=J)
+    return float(np.abs(g).max() / (2 * n))
 
 
 class Best:
@@ -184,15 +243,19 @@ def median(values):
 
 
 # ---------------------------------------------------------------------------------------------- pystrads
-def run_pystrads(df, lam, width, seed, **params):
+def run_pystrads(df, lam, width, seed, logistic=False, **params):
     from pystrads import config
-    from pystrads.ml import StradsLasso
+    from pystrads.ml import StradsLasso, StradsLogisticRegression
 
     params = dict(params)
     width = params.pop("coordinatesPerRound", width)  # a variant may set its own L (and L' = 2L)
     widths = {} if width == "auto" else {"coordinatesPerRound": width, "candidatesPerRound": 2 * width}
     ahead = params.pop("planAhead", True)
-    est = StradsLasso(regParam=lam, fitIntercept=False, standardization=False, seed=seed, **widths, **params)
+    if logistic:
+        est = StradsLogisticRegression(regParam=lam, elasticNetParam=1.0, fitIntercept=False, standardization=False,
+                                       seed=seed, **widths, **params)
+    else:
+        est = StradsLasso(regParam=lam, fitIntercept=False, standardization=False, seed=seed, **widths, **params)
     before = config.DEFAULTS["scheduler.planAhead"]
     config.DEFAULTS["scheduler.planAhead"] = ahead  # this process runs the scheduler (a classic session)
     try:
@@ -220,11 +283,19 @@ def history_reach(h, best: Best, gap):
     return None, None, None
 
 
-def pystrads_variant(name, df, prob, lam, args, best, params):
+def fixed_cost(df, lam, args, logistic):
+    """The default fit with ``maxIter=0``: seconds, median of ``--repeats``."""
+    times = [run_pystrads(df, lam, args.width, args.seed, logistic, maxIter=0)["seconds"]
+             for _ in range(args.repeats)]
+    print(f"  pystrads fit of zero iterations (fixed cost): {', '.join(f'{t:.2f}' for t in times)} s", flush=True)
+    return {"fixed_s": median(times), "all_fixed_s": times}
+
+
+def pystrads_variant(name, df, prob, lam, args, best, params, logistic=False):
     runs = []
     for rep in range(args.repeats):
-        run = run_pystrads(df, lam, args.width, args.seed, **params)
-        run["objective"] = objective(prob, run["beta"], lam)
+        run = run_pystrads(df, lam, args.width, args.seed, logistic, **params)
+        run["objective"] = objective(prob, run["beta"], lam, logistic)
         best.update(run["objective"], name)
         runs.append(run)
         reached = [g for g in GAPS if history_reach(run["history"], best, g)[0] is not None]
@@ -240,6 +311,27 @@ def csc_of(prob):
     from scipy import sparse
 
     return sparse.csr_matrix((prob.vals, prob.col_idx, prob.row_ptr), shape=prob.shape).tocsc()
+
+
+def logistic_solvers(args, n):
+    """name -> factory(lambda, tol) of the L1-logistic peers (labels +-1, no intercept)."""
+    solvers = {}
+    if not args.skip_sklearn:
+        from sklearn.linear_model import LogisticRegression as SkLogistic
+
+        solvers["scikit-learn LogisticRegression (liblinear, 1 core, in memory)"] = lambda a, tol: SkLogistic(
+            penalty="l1", solver="liblinear", C=1.0 / (n * a), fit_intercept=False, tol=tol, max_iter=100_000)
+    if not args.skip_celer:
+        from celer import LogisticRegression as CelerLogistic
+
+        solvers["celer LogisticRegression (1 core, in memory)"] = lambda a, tol: CelerLogistic(
+            C=1.0 / (n * a), fit_intercept=False, tol=tol, max_iter=10_000, max_epochs=10_000_000)
+    if not args.skip_skglm:
+        from skglm import SparseLogisticRegression
+
+        solvers["skglm SparseLogisticRegression (1 core, in memory)"] = lambda a, tol: SparseLogisticRegression(
+            alpha=a, fit_intercept=False, tol=tol, max_iter=10_000, max_epochs=10_000_000)
+    return solvers
 
 
 def inmemory_solvers(args):
@@ -283,28 +375,34 @@ def fit_inmemory(factory, lam, tol, x, y):
 
 
 def warm_up_inmemory(solvers, kind, seed):
-    small = make_problem("strads:500x5000" if kind == "strads" else "uniform:1000x10000x20000", seed + 1)
+    small = make_problem("strads:500x5000" if kind in ("strads", "reuters-earn") else "uniform:1000x10000x20000",
+                         seed + 1)
     x, lam = csc_of(small), 0.05 * synthetic.lambda_max(small)
+    y = small.y
+    if kind == "reuters-earn":  # the same small problem with +-1 labels for the logistic solvers
+        y = np.where(small.y > np.median(small.y), 1.0, -1.0)
+        lam = 0.05 * float(np.abs(x.T @ y).max() / (2 * len(y)))
     for name, factory in solvers.items():
         t0 = time.perf_counter()
-        fit_inmemory(factory, lam, 1e-8, x, small.y)
+        fit_inmemory(factory, lam, 1e-8, x, y)
         print(f"  ({name} warm-up: {time.perf_counter() - t0:.1f} s)", flush=True)
 
 
 TOL_LADDER = [10.0 ** (-k / 2) for k in range(2, 25)]  # 1e-1, 3.2e-2, ..., 1e-12
 
 
-def inmemory_ladder(name, factory, x, prob, lam, args, best, stop_gap):
+def inmemory_ladder(name, factory, x, prob, lam, args, best, stop_gap, logistic=False):
     rungs = []
+    y = np.where(prob.y > 0, 1.0, -1.0) if logistic else prob.y
     for tol in TOL_LADDER:
-        seconds, beta = fit_inmemory(factory, lam, tol, x, prob.y)
-        f = objective(prob, beta, lam)
+        seconds, beta = fit_inmemory(factory, lam, tol, x, y)
+        f = objective(prob, beta, lam, logistic)
         best.update(f, name)
         rungs.append({"param": tol, "seconds": [seconds], "objective": f,
                       "nonzeros": int(np.count_nonzero(beta))})
         if best.gap(f) <= stop_gap:
             break
-    retime(rungs, args.repeats, best, lambda r: fit_inmemory(factory, lam, r["param"], x, prob.y)[0])
+    retime(rungs, args.repeats, best, lambda r: fit_inmemory(factory, lam, r["param"], x, y)[0])
     desc = ", ".join(f"tol {r['param']:.1e}: {r['seconds'][0]:.2f} s gap {best.gap(r['objective']):.1e}"
                      for r in rungs)
     print(f"  {name}: {desc}", flush=True)
@@ -478,8 +576,12 @@ def fmt_s(v):
     return fmt(v, "{:.2f}" if v is None or v >= 1 else "{:.3f}")
 
 
-def print_table(rows, best):
+def print_table(rows, best, fixed):
     mllib = rows.get(MLLIB)
+    skglm = next((row for name, row in rows.items() if name.startswith("skglm")), None)
+    for row in rows.values():
+        ours, ref = row["s_to_1e-6"], skglm["s_to_1e-6"] if skglm else None
+        row["ratio_to_skglm_1e-6"] = ours / ref if ours is not None and ref else None
     header = (f"{'system':<50} {'s to 1e-3':>11} {'s to 1e-6':>11} {'x MLlib 1e-3':>12} {'x MLlib 1e-6':>12} "
               f"{'final gap':>9} {'fit s':>7} {'upd to 1e-3':>11} {'non-zeros':>9}")
     print(f"\nF* = {best.value:.12g} (reached by {best.by})\n" + header + "\n" + "-" * len(header))
@@ -504,6 +606,10 @@ def print_table(rows, best):
         if row.get("schedule_s") is not None:
             print(f"  {name}: L = {row['width']}, schedule {row['schedule_s']:.2f} s, of which the workers waited "
                   f"{row['schedule_wait_s']:.2f} s")
+    print(f"  pystrads' fixed cost (the default fit with maxIter=0): {fixed['fixed_s']:.2f} s")
+    for name, row in rows.items():
+        if row["ratio_to_skglm_1e-6"] is not None:
+            print(f"  {name}: {row['ratio_to_skglm_1e-6']:.2f}x skglm's time to 1e-6")
     reads = [row["read_model_s"] for row in rows.values() if row.get("read_model_s") is not None]
     if reads:
         print(f"  pystrads: reading the coefficients back after a fit (not in its times to g): "
@@ -522,18 +628,38 @@ def main(argv=None) -> int:
     for spec in args.problems.split(","):
         t_problem = time.perf_counter()
         prob = make_problem(spec, args.seed)
-        lam = args.reg_ratio * synthetic.lambda_max(prob)
+        logistic = is_logistic(spec)
+        lam = args.reg_ratio * (logistic_lambda_max(prob) if logistic else synthetic.lambda_max(prob))
         n, J = prob.shape
-        print(f"\n== {spec}: {n} x {J}, {prob.nnz} non-zeros, lambda = {args.reg_ratio} lambda_max = {lam:.4g}",
-              flush=True)
+        print(f"\n== {spec}: {n} x {J}, {prob.nnz} non-zeros, lambda = {args.reg_ratio} lambda_max = {lam:.4g}"
+              + (f", {int(prob.y.sum())} positives" if logistic else ""), flush=True)
         df = prob.to_dataframe(spark, num_partitions=2).cache()
         df.count()
         best = Best()
         records = {}
         # pystrads first: its default fit is exact (~1e-15), so the ladders below stop against a true F*
         args.width = args.width if args.width == "auto" else int(args.width)
-        run_pystrads(df, lam, args.width, args.seed, maxIter=2)  # warm-up, untimed
-        run_pystrads(df, lam, args.width, args.seed, workingSetLimit=0, maxIter=1)
+        run_pystrads(df, lam, args.width, args.seed, logistic, maxIter=2)  # warm-up, untimed
+        if not logistic:
+            run_pystrads(df, lam, args.width, args.seed, workingSetLimit=0, maxIter=1)
+        fixed = fixed_cost(df, lam, args, logistic)
+        if logistic:  # one pystrads fit: the log-loss has no working-set solver (its rounds are the default)
+            for name, params in ((LOGISTIC_DEFAULT, {"maxIter": 1000, "tol": 1e-9}),):  # (its F* reference)
+                records[name] = pystrads_variant(name, df, prob, lam, args, best, params, logistic=True)
+            x = csc_of(prob)
+            solvers = logistic_solvers(args, n)
+            warm_up_inmemory(solvers, spec, args.seed)
+            for name, factory in solvers.items():
+                records[name] = inmemory_ladder(name, factory, x, prob, lam, args, best, stop_gap, logistic=True)
+            del x
+            rows = {name: summarise(name, rec, best) for name, rec in records.items()}
+            print_table(rows, best, fixed)
+            wall = time.perf_counter() - t_problem
+            report["problems"][spec] = {"shape": [n, J], "nnz": prob.nnz, "lambda": lam, "loss": "logistic",
+                                        "positives": int(prob.y.sum()), "best_objective": best.value,
+                                        "best_by": best.by, "runs": rows, "ratios": {}, "wall_s": wall, **fixed}
+            df.unpersist()
+            continue
         rounds = {"workingSetLimit": 0, "maxIter": args.rounds_max_iter, "tol": args.rounds_tol}
         variants = [(DEFAULT, {}),
                     (ROUNDS, rounds),
@@ -560,7 +686,7 @@ def main(argv=None) -> int:
         if not args.skip_mllib:
             records[MLLIB] = mllib_ladder(df, prob, lam, args, best, stop_gap)
         rows = {name: summarise(name, rec, best) for name, rec in records.items()}
-        print_table(rows, best)
+        print_table(rows, best, fixed)
         ratios = {}
         dyn, shot = rows.get(ROUNDS), rows.get("pystrads shotgun, rounds only")
         if dyn and shot and dyn["round_updates_to_1e-3"] and shot["round_updates_to_1e-3"]:
@@ -574,8 +700,9 @@ def main(argv=None) -> int:
             print(f"  {k}: {v:.3g}" if isinstance(v, float) else f"  {k}: {v}")
         wall = time.perf_counter() - t_problem
         print(f"  (this problem: {wall / 60:.1f} min wall)")
-        report["problems"][spec] = {"shape": [n, J], "nnz": prob.nnz, "lambda": lam, "best_objective": best.value,
-                                    "best_by": best.by, "runs": rows, "ratios": ratios, "wall_s": wall}
+        report["problems"][spec] = {"shape": [n, J], "nnz": prob.nnz, "lambda": lam, "loss": "squared",
+                                    "best_objective": best.value, "best_by": best.by, "runs": rows, "ratios": ratios,
+                                    "wall_s": wall, **fixed}
         df.unpersist()
     with open(os.path.join(args.out, "bench_lasso.json"), "w") as fh:
         json.dump(report, fh, indent=2, default=lambda v: None if v is None else float(v))
