@@ -214,8 +214,8 @@ def test_the_working_sets_columns_travel_packed_and_solve_like_the_gram():
     coords = np.array([3, 4, 10, 11, 12, 30, 31, 47], dtype=np.int64)
     beta0 = np.zeros(len(coords))
     r = y - x @ np.zeros(60)
-    out = np.full(K.working_set_floats(ptr, rows, coords), np.nan)
-    used = K.working_set_columns(ptr, rows, vals, coords, n, out, w, r)
+    out = np.full(K.working_set_floats(ptr, coords, n, 2, False), np.nan)
+    used = K.working_set_columns(ptr, rows, vals, coords, out, np.column_stack([w, r]), False)
     touched = np.flatnonzero((x[:, coords] != 0).any(axis=1))
     R, nnz = int(out[0]), int(out[1])
     assert (R, nnz) == (len(touched), np.count_nonzero(x[:, coords])) and used == 2 + 2 * R + len(coords) + 2 * nnz
@@ -310,6 +310,36 @@ def test_the_columns_solver_searches_along_the_extrapolation():
     assert np.count_nonzero(beta) >= 50 and passes <= 0.6 * gram_passes, (passes, gram_passes)
     trace = [columns(k, 0.0)[2] for k in range(1, 60)]
     assert np.all(np.diff(trace) <= 1e-15 * best), np.diff(trace).max()
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_the_columns_solver_of_the_log_loss_meets_its_optimality_conditions(intercept):
+    """``data_logistic`` (coordinate Newton steps halved until the objective falls, an active set
+    between full passes) on weighted rows: at its answer the gradient is ``-lambda sign(beta)`` on
+    the non-zeros, at most lambda in size on the zeros, 0 along the unpenalised offset; the
+    margins it leaves are the rows' ``x beta + b``."""
+    p = strads_lasso_problem(300, 80, nnz_per_col=12, seed=3)
+    x = p.dense()
+    n, m = x.shape
+    y = (p.y > np.median(p.y)).astype(float)
+    w = np.random.default_rng(0).uniform(0.5, 2, n)
+    W = w.sum()
+    col_ptr, rows, vals = K.rows_to_csc(p.row_ptr, p.col_idx, p.vals, m)
+    lam = 0.1 * np.abs(x.T @ (w * (0.5 - y))).max() / W
+    beta, margin = np.zeros(m), np.zeros(n)
+    updates, b = K.data_logistic(col_ptr, rows.astype(np.int64), vals, w, margin, y, np.full(m, lam), np.zeros(m),
+                                 beta, intercept, 0.0, W, 100000, 1e-12)
+    prob = 1 / (1 + np.exp(-(x @ beta + b)))
+    grad = x.T @ (w * (prob - y)) / W
+    nz = beta != 0
+    assert 20 <= nz.sum() < m and updates > 0
+    np.testing.assert_allclose(margin, x @ beta + b, atol=1e-12)
+    np.testing.assert_allclose(grad[nz], -lam * np.sign(beta[nz]), atol=1e-9)
+    assert np.all(np.abs(grad[~nz]) <= lam * (1 + 1e-9))
+    if intercept:
+        assert b != 0.0 and abs(w @ (prob - y)) / W <= 1e-8
+    else:
+        assert b == 0.0
 
 
 def test_soft_step_freezes_and_thresholds():
@@ -488,6 +518,33 @@ def test_each_working_set_gets_its_own_gram_matrix(small):
         np.testing.assert_allclose(got, x[:, gs].T @ x[:, gs] / len(p.y), atol=1e-12)
 
 
+@pytest.mark.parametrize("intercept", [False, True])
+def test_the_log_loss_solves_its_working_sets_on_the_driver(small, intercept):
+    """L1-logistic regression with the working-set solver (the set's columns, with every row's
+    margin and label where there is an intercept): every update is the driver's, a few steps,
+    and the answer meets the optimality conditions computed here from the dense data (the
+    gradient ``-lambda sign(beta)`` on the non-zeros, at most lambda on the zeros, 0 along the
+    intercept)."""
+    p, rdd, sample, lam, x, best = small
+    cut = float(np.median(p.y))
+    data = rdd.map(lambda r: (float(r[0] > cut),) + tuple(r[1:]))
+    y = (p.y > cut).astype(float)
+    reg = 0.5 * np.abs(x.T @ (y - (y.mean() if intercept else 0.5))).max() / len(y)
+    prog = L1LogisticProgram(900, reg, fit_intercept=intercept, standardization=False, tol=1e-10, max_iter=100,
+                             gram_limit=4096, sample=sample)
+    with Engine(prog, data, num_workers=2, seed=1).fit() as res:
+        beta, b0 = prog.result(res.read_table("coef"))
+    d = prog.driver_state
+    assert d["round_updates"] == 0 and d["updates"] > 0 and len(d["history"]) <= 20, d["history"]
+    grad = x.T @ (1 / (1 + np.exp(-(x @ beta + b0))) - y) / len(y)
+    nz = beta != 0
+    assert nz.sum() >= 10 and (b0 != 0.0) == intercept
+    np.testing.assert_allclose(grad[nz], -reg * np.sign(beta[nz]), atol=1e-4 * reg)  # (tol is on the objective)
+    assert np.all(np.abs(grad[~nz]) <= reg * (1 + 1e-4))
+    if intercept:
+        assert abs(np.mean(1 / (1 + np.exp(-(x @ beta + b0))) - y)) <= 1e-6
+
+
 @pytest.mark.parametrize("share", [0.0, 1.0])
 def test_the_working_sets_columns_or_gram_give_the_same_optimum(small, monkeypatch, share):
     """Sparse data sends the working set's columns (the driver's solve moves its own copy of
@@ -500,8 +557,8 @@ def test_the_working_sets_columns_or_gram_give_the_same_optimum(small, monkeypat
     monkeypatch.setattr(_working_set, "COLUMNS_SHARE", share)
     p, rdd, sample, lam, x, best = small
     n = len(p.y)
-    for limit in (4096, 64):
-        if limit == 64 and share == 1.0:  # asked for even where the driver expects them not to fit
+    for limit in (4096, 48):
+        if limit == 48 and share == 1.0:  # asked for even where the driver expects them not to fit
             monkeypatch.setattr(_working_set, "_kind", lambda program, size: "columns")
         prog = GramSpy(900, lam, fit_intercept=False, standardization=False, tol=1e-9, max_iter=300,
                        gram_limit=limit, sample=sample)
@@ -512,7 +569,7 @@ def test_the_working_sets_columns_or_gram_give_the_same_optimum(small, monkeypat
         if share == 0.0:  # every set as a Gram matrix
             assert prog.grams and not prog.columns
             continue
-        if limit == 64:  # 64 columns of 20 non-zeros outgrow a worker's 2 048 floats: the Gram after all
+        if limit == 48:  # 48 columns of 20 non-zeros outgrow a worker's 1 152 floats: the Gram after all
             assert prog.grams and prog.columns and all(c is None for _, _, c in prog.columns), limit
             continue
         assert prog.columns and not prog.grams
@@ -605,7 +662,8 @@ def test_a_step_of_three_rounds_moves_a_feature_as_well_as_the_intercept(sc, see
     L-BFGS iteration does), whatever the priorities' random order."""
     rows = [(float(i % 7 > 3), 1.0, np.array([0]), np.array([float(i % 7) - 3.0])) for i in range(28)]
     rdd = sc.parallelize(rows, 2)
-    prog = L1LogisticProgram(1, 0.0, fit_intercept=True, max_iter=1, coords_per_round=1, sample=ColumnSample([r[2:] for r in rows], 1))
+    prog = L1LogisticProgram(1, 0.0, fit_intercept=True, max_iter=1, coords_per_round=1, gram_limit=0,
+                             sample=ColumnSample([r[2:] for r in rows], 1))
     with Engine(prog, rdd, num_workers=2, seed=seed, config={"step.maxRounds": 3}).fit() as res:
         beta, b0 = prog.result(res.read_table("coef"))
     assert beta[0] > 0.5 and b0 != 0.0

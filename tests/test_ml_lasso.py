@@ -286,14 +286,18 @@ def test_lasso_in_a_pipeline_with_a_vector_assembler(spark):
         np.testing.assert_allclose(out["prediction"], out["y"], atol=1e-5)
 
 
-def test_a_working_set_limit_the_log_loss_ignores_is_named_in_a_warning(problem, caplog):
-    """workingSetLimit sizes the squared loss's working sets: set on StradsLogisticRegression, whose
-    rounds never use them, the fit says it is ignored; StradsLasso uses it and says nothing."""
+def test_a_working_set_limit_the_multinomial_loss_ignores_is_named_in_a_warning(problem, caplog):
+    """workingSetLimit sizes the squared and binary log-loss's working sets: set on a multinomial
+    StradsLogisticRegression, whose rounds never use them, the fit says it is ignored; the
+    binomial one and StradsLasso use it and say nothing."""
     _, _, _, _, df = problem
     with caplog.at_level("WARNING", logger="pystrads.ml.classification"):
-        StradsLogisticRegression(labelCol="clicked", regParam=0.01, maxIter=2, workingSetLimit=64).fit(df)
-    assert "StradsLogisticRegression: workingSetLimit=64 is ignored with the logistic loss" in caplog.text
+        StradsLogisticRegression(labelCol="clicked", regParam=0.01, maxIter=2, workingSetLimit=64,
+                                 family="multinomial").fit(df)
+    assert "StradsLogisticRegression: workingSetLimit=64 is ignored with the multinomial loss" in caplog.text
     caplog.clear()
+    with caplog.at_level("WARNING", logger="pystrads.ml.classification"):
+        StradsLogisticRegression(labelCol="clicked", regParam=0.01, maxIter=2, workingSetLimit=64).fit(df)
     with caplog.at_level("WARNING", logger="pystrads.ml.regression"):
         StradsLasso(regParam=0.01, maxIter=2, workingSetLimit=64).fit(df)
     assert "workingSetLimit" not in caplog.text

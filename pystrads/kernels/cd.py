@@ -486,14 +486,16 @@ def gram_entries(col_ptr, row_idx, vals, coords, w, num_rows):
 
 
 @njit(cache=True, nogil=True)
-def working_set_columns(col_ptr, row_idx, vals, coords, num_rows, out, w, r):
+def working_set_columns(col_ptr, row_idx, vals, coords, out, row_values, every_row):
     """Columns ``coords`` of this worker's rows, packed into ``out`` (float64) for the driver's
-    working-set solver: the touched rows' count ``R``, then per touched row (in row order) its
-    weight ``w`` and residual ``r``, then the columns' lengths (``len(coords)`` of them), then
-    per non-zero its touched-row number and value, column by column.  Returns the floats used
-    (``2 + 2 R + len(coords) + 2 nnz``; ``out[1]``: ``nnz``)."""
+    working-set solver: the rows' count ``R`` and the non-zeros' ``nnz``, then per row the
+    columns touch (every row with ``every_row``; in row order) its ``row_values`` (``c`` floats:
+    weight and residual, or weight, margin and label), then the columns' lengths
+    (``len(coords)`` of them), then per non-zero its row's number and value, column by column.
+    Returns the floats used (``2 + c R + len(coords) + 2 nnz``)."""
     m = coords.shape[0]
-    pos = np.full(num_rows, -1, dtype=np.int64)
+    num_rows, c = row_values.shape[0], row_values.shape[1]
+    pos = np.full(num_rows, 0 if every_row else -1, dtype=np.int64)
     for k in range(m):  # the touched rows, numbered in row order
         j = coords[k]
         for p in range(col_ptr[j], col_ptr[j + 1]):
@@ -502,10 +504,10 @@ def working_set_columns(col_ptr, row_idx, vals, coords, num_rows, out, w, r):
     for i in range(num_rows):
         if pos[i] >= 0:
             pos[i] = R
-            out[2 + 2 * R] = w[i]
-            out[3 + 2 * R] = r[i]
+            for q in range(c):
+                out[2 + c * R + q] = row_values[i, q]
             R += 1
-    base = 2 + 2 * R
+    base = 2 + c * R
     e = base + m
     for k in range(m):
         j = coords[k]
@@ -520,13 +522,131 @@ def working_set_columns(col_ptr, row_idx, vals, coords, num_rows, out, w, r):
 
 
 @njit(cache=True, nogil=True)
-def working_set_floats(col_ptr, row_idx, coords):
-    """An upper bound of :func:`working_set_columns`' floats for ``coords`` (every non-zero in
-    a row of its own)."""
+def working_set_floats(col_ptr, coords, num_rows, c, every_row):
+    """An upper bound of :func:`working_set_columns`' floats for ``coords`` (``c`` values a row)."""
     nnz = 0
     for k in range(coords.shape[0]):
         nnz += col_ptr[coords[k] + 1] - col_ptr[coords[k]]
-    return 2 + 2 * nnz + coords.shape[0] + 2 * nnz
+    rows = num_rows if every_row else min(nnz, num_rows)
+    return 2 + c * rows + coords.shape[0] + 2 * nnz
+
+
+@njit(cache=True, nogil=True)
+def _softplus(x) -> float:
+    """``log(1 + e^x)`` without overflow."""
+    return x + np.log1p(np.exp(-x)) if x > 0 else np.log1p(np.exp(x))
+
+
+@njit(cache=True, nogil=True)
+def data_logistic(col_ptr, rows, vals, w, margin, y, pen, l2, beta, intercept, b, total_w, max_passes, tol):
+    """Cyclic coordinate descent on the L1 (elastic-net) logistic loss restricted to a working set,
+    on its columns over the rows they touch (every row with an ``intercept``): a coordinate takes
+    the soft-thresholded Newton step of its own curvature, halved until the objective falls
+    (glmnet's / CDN's coordinate step), and moves the margins ``margin`` of its rows.  Labels
+    ``y`` in {0, 1}; the loss ``1/W sum w (log(1 + e^m) - y m)``.  With ``intercept`` the
+    unpenalised offset ``b`` (uncentred: every row's margin holds it) takes its Newton step once
+    a pass.  After a pass over every coefficient, passes over the non-zeros alone until they
+    settle (glmnet's active set: an L1 solution has few); it stops when a pass over every
+    coefficient moves none by more than ``tol`` (scaled by the square root of its curvature).  Updates ``beta`` and ``margin`` in place; returns
+    ``(coordinate updates, b)``."""
+    m = beta.shape[0]
+    n = margin.shape[0]
+    inv_w = 1.0 / total_w
+    updates = 0
+    change = 0.0
+    every = np.arange(-1 if intercept else 0, m)
+    order = every
+    full = True  # a pass over every coefficient; between two, passes over the non-zeros only
+    passes = 0
+    while passes < max_passes:
+        passes += 1
+        biggest = 0.0
+        for k in order:
+            g = 0.0
+            h = 0.0
+            if k < 0:  # the offset: every row
+                for i in range(n):
+                    s = 1.0 / (1.0 + np.exp(-margin[i]))
+                    g += w[i] * (s - y[i])
+                    h += w[i] * s * (1.0 - s)
+                g *= inv_w
+                h = max(h * inv_w, 1e-12)
+                d = -g / h
+                for _t in range(30):  # halved until the loss falls
+                    change = 0.0
+                    for i in range(n):
+                        change += w[i] * (_softplus(margin[i] + d) - _softplus(margin[i]) - y[i] * d)
+                    if change * inv_w <= 0.0 or abs(d) < 1e-300:
+                        break
+                    d *= 0.5
+                updates += 1
+                if change * inv_w < 0.0:
+                    b += d
+                    for i in range(n):
+                        margin[i] += d
+                    s = abs(d) * np.sqrt(h)
+                    if s > biggest:
+                        biggest = s
+                continue
+            if pen[k] < 0:
+                continue
+            for p in range(col_ptr[k], col_ptr[k + 1]):
+                i = rows[p]
+                s = 1.0 / (1.0 + np.exp(-margin[i]))
+                g += w[i] * vals[p] * (s - y[i])
+                h += w[i] * vals[p] * vals[p] * s * (1.0 - s)
+            g = g * inv_w + l2[k] * beta[k]
+            h = max(h * inv_w, 1e-12) + l2[k]
+            z = h * beta[k] - g
+            a = abs(z) - pen[k]
+            new = 0.0
+            if a > 0:
+                new = a / h if z > 0 else -a / h
+            d = new - beta[k]
+            updates += 1
+            if d == 0.0:
+                continue
+            accepted = False
+            for _t in range(30):  # the objective's exact change along the column, halved until it falls
+                change = 0.0
+                for p in range(col_ptr[k], col_ptr[k + 1]):
+                    i = rows[p]
+                    step = vals[p] * d
+                    change += w[i] * (_softplus(margin[i] + step) - _softplus(margin[i]) - y[i] * step)
+                nb = beta[k] + d
+                change = change * inv_w + pen[k] * (abs(nb) - abs(beta[k])) + 0.5 * l2[k] * (nb * nb - beta[k] * beta[k])
+                if change < 0.0:
+                    accepted = True
+                    break
+                d *= 0.5
+            if not accepted:
+                continue
+            beta[k] += d
+            for p in range(col_ptr[k], col_ptr[k + 1]):
+                margin[rows[p]] += vals[p] * d
+            s = abs(d) * np.sqrt(h)
+            if s > biggest:
+                biggest = s
+        if biggest <= tol:
+            if full:
+                break
+            full, order = True, every  # the non-zeros settled: check every coefficient again
+        elif full:  # cycle over the non-zeros (and the offset) until they settle (glmnet's active set)
+            count = 1 if intercept else 0
+            for q in range(m):
+                if beta[q] != 0.0:
+                    count += 1
+            order = np.empty(count, dtype=np.int64)
+            c = 0
+            if intercept:
+                order[0] = -1
+                c = 1
+            for q in range(m):
+                if beta[q] != 0.0:
+                    order[c] = q
+                    c += 1
+            full = False
+    return updates, b
 
 
 @njit(cache=True, nogil=True)

@@ -72,8 +72,8 @@ class _SparseLinearParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeig
         typeConverter=TypeConverters.toInt)
     workingSetLimit: Param[int] = Param(
         Params._dummy(), "workingSetLimit",
-        "largest working set the driver solves exactly, on its columns or its Gram matrix (squared loss only; "
-        "0 = never): "
+        "largest working set the driver solves exactly, on its columns or its Gram matrix (squared and binary "
+        "log-loss; 0 = never): "
         "from the first sweep on, while the non-zeros number at most 3/4 of it, the problem restricted to the "
         "non-zeros and the worst KKT violators is solved on the driver; beyond, parallel rounds",
         typeConverter=TypeConverters.toInt)
@@ -247,7 +247,7 @@ class _SparseLinearEstimator(_StradsEstimator, _SparseLinearParams, HasEarlyStop
             sample_rows=self.getCorrelationSampleSize(), early_stopping=self._early_stopping("validation_loss"))
         options.update(extra)
         program = program_class(stats["features"], self.getRegParam(), **options)
-        if program.loss_name != "squared":  # its rounds run without the squared loss's working sets
+        if not program.gram_limit and self.getWorkingSetLimit():  # the multinomial's rounds run without one
             self._warn_ignored(f"the {program.loss_name} loss (no working-set solver)", "workingSetLimit")
         program.t_origin = fit.t_start
         log.info("%s: %d rows, %d features, %d non-zeros, %d workers, schedule %s", type(self).__name__,

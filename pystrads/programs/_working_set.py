@@ -53,6 +53,11 @@ def _worst(ids, violation, count):
 COLUMNS_SHARE = 0.125
 
 
+#: passes of one working-set solve of the log-loss at most (no extrapolation speeds its tail: where
+#: it is slow, the next steps carry on from where it stopped, the sweep checking the rest between)
+LOGISTIC_PASSES = 500
+
+
 def working_set_step(program, ctx, step, objective, metrics=None) -> None:
     """The working-set solver's part of a step (:func:`_solve`); the Gram table is clean
     again (cleared in the background while the solve runs) before it returns.  ``metrics``:
@@ -66,40 +71,47 @@ def working_set_step(program, ctx, step, objective, metrics=None) -> None:
         raise errors[0]
 
 
-def _kind(program, size: int) -> str:
+def _kind(program, size: int):
     """How the driver receives a working set of ``size`` coefficients: ``"columns"`` while their
     expected non-zeros (the data's mean per column) are a small share of the Gram's entries and
-    fit the workers' shares of the ``working_set`` table, else ``"gram"``."""
+    fit the workers' shares of the ``working_set`` table, else ``"gram"`` (squared loss; the
+    log-loss has no Gram form: None, parallel rounds)."""
     d = program._d
     nnz = size * d["nnz"] / max(program.num_features, 1)
-    share = program.gram_limit ** 2 // max(d.get("workers", 1), 1)
-    if nnz <= COLUMNS_SHARE * size * size and 4 * nnz + size + 2 <= share:
+    workers = max(d.get("workers", 1), 1)
+    share = program.gram_limit ** 2 // workers
+    c = program.ws_row_width
+    rows, _ = program._ws_rows_expected(d["n"], nnz)
+    fits = 2 * (c * rows + 2 * nnz) / workers + size + 2 <= share  # (twice a worker's even part)
+    if program.loss_name != "squared":
+        return "columns" if fits else None
+    if nnz <= COLUMNS_SHARE * size * size and fits:
         return "columns"
     return "gram"
 
 
 def _read_columns(ctx, program, m: int, metrics):
     """The working set's columns as the workers sent them (:meth:`LassoProgram._send_columns`):
-    ``(col_ptr, rows, vals, w, r)`` over the rows they touch, or None when a worker's share of
-    the table was too small (the Gram matrix is asked for instead)."""
+    ``(col_ptr, rows, vals)`` over the rows they carry, then each of the program's values per
+    row (weight and residual; weight, margin and label), or None when a worker's share of the
+    table was too small."""
     workers = ctx.num_workers
     share = program.gram_limit ** 2 // workers
+    c = program.ws_row_width
     lengths = [int(metrics.total(f"ws_floats_{k}", -1.0)) if metrics is not None else -1 for k in range(workers)]
     if min(lengths) < 0:
         return None
     table = ctx.table("working_set")
     counts = np.zeros(m, dtype=np.int64)
-    parts, w_parts, r_parts, offset = [], [], [], 0
+    parts, row_parts, offset = [], [], 0
     for k, used in enumerate(lengths):
         packed = table.read(range(k * share, k * share + used))[:, 0]
         R, nnz = int(packed[0]), int(packed[1])
-        rows_wr = packed[2:2 + 2 * R].reshape(R, 2)
-        lens = packed[2 + 2 * R:2 + 2 * R + m].astype(np.int64)
-        entries = packed[2 + 2 * R + m:2 + 2 * R + m + 2 * nnz].reshape(nnz, 2)
+        row_parts.append(packed[2:2 + c * R].reshape(R, c))
+        lens = packed[2 + c * R:2 + c * R + m].astype(np.int64)
+        entries = packed[2 + c * R + m:2 + c * R + m + 2 * nnz].reshape(nnz, 2)
         cols = np.repeat(np.arange(m, dtype=np.int64), lens)
         parts.append((cols, entries[:, 0].astype(np.int64) + offset, entries[:, 1]))
-        w_parts.append(rows_wr[:, 0])
-        r_parts.append(rows_wr[:, 1])
         counts += lens
         offset += R
     cols = np.concatenate([p[0] for p in parts])
@@ -108,7 +120,8 @@ def _read_columns(ctx, program, m: int, metrics):
     np.cumsum(counts, out=col_ptr[1:])
     rows = np.concatenate([p[1] for p in parts])[order]
     vals = np.concatenate([p[2] for p in parts])[order]
-    return col_ptr, rows, vals, np.concatenate(w_parts), np.concatenate(r_parts)
+    per_row = np.concatenate(row_parts)
+    return (col_ptr, rows, vals) + tuple(np.ascontiguousarray(per_row[:, q]) for q in range(c))
 
 
 def _worst(ids, violation, count):
@@ -147,11 +160,16 @@ def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
         del d["ws_asked"]
         if d["ws_kind"] == "columns":
             columns = _read_columns(ctx, program, m, metrics)
-            if columns is None:  # a worker's rows held too many of them: the Gram matrix instead
+            if columns is None and program.loss_name == "squared":  # too many for a worker's share: the Gram
                 d["ws_kind"] = "gram"
                 d["need_gram"] = d["gram_set"]
                 return
-            d["ws_columns"] = tuple(_read_only(a) for a in columns[:4]) + (columns[4],)
+            if columns is None:  # (the log-loss has no Gram form: parallel rounds from here on)
+                d["ws_off"] = True
+                _forget(d)
+                return
+            d["ws_columns"] = tuple(a if q == 4 else _read_only(a) for q, a in enumerate(columns))  # (4: the
+            # residual / the margins, which the solve moves on a copy of its own)
         else:  # the shards send the non-zero entries only: O(nnz), never m^2, here
             gram = ctx.table("working_set").read_entries(range(0, m * m))  # (width 1: an entry per key)
             keys, vals = gram.keys, gram.vals
@@ -161,7 +179,7 @@ def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
             indptr = np.zeros(m + 1, dtype=np.int64)
             np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
             d["gram"] = (indptr, cols, np.asarray(vals, dtype=np.float64))
-    if np.count_nonzero(nonzero) > (3 * program.gram_limit) // 4 or len(active) == 0:
+    if np.count_nonzero(nonzero) > (3 * program.gram_limit) // 4 or len(active) == 0 or d.get("ws_off"):
         _forget(d)
         return
     solvable = "gram" in d or "ws_columns" in d
@@ -173,20 +191,42 @@ def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
         _forget(d)
         d["gram_set"] = union(nz, _worst(rest, np.abs(d["grad"][rest]) / np.maximum(coef[rest, PEN], 1e-300),
                                          size - len(nz))).astype(np.int64)
+        kind = _kind(program, len(d["gram_set"]))
+        if kind is None:  # (log-loss, its rows do not fit the table: parallel rounds)
+            d["ws_off"] = True
+            _forget(d)
+            return
         d["need_gram"] = d["gram_set"]
-        d["ws_kind"] = _kind(program, len(d["gram_set"]))
+        d["ws_kind"] = kind
         return
     gs = d["gram_set"]
     beta = coef[gs, BETA].copy()
     # stop the inner solve well inside the outer test; while the whole problem's duality
     # gap is still large (the set will change), well inside that gap (celer's rule)
-    gap = program.duality_gap(coef, d["grad"], d["sums"])
+    if program.loss_name == "squared":
+        gap = program.duality_gap(coef, d["grad"], d["sums"])
+    else:  # no duality gap for the log-loss: ten times a pass's predicted decrease stands in for it
+        gap = 5.0 * float(d["curv"] @ (step * step))
     tol = 1e-6 * np.sqrt(program.tol * max(abs(objective), 1e-300))
     if np.isfinite(gap) and gap > 1e3 * program.tol * max(abs(objective), 1e-300):
         tol = max(tol, 1e-3 * np.sqrt(gap / len(gs)))
     l2 = coef[gs, L2].copy()
     curv = np.where(coef[gs, CURV] > 0, coef[gs, CURV] + l2, 0.0)
-    if "ws_columns" in d:
+    offset = None
+    if "ws_columns" in d and program.loss_name != "squared":  # the log-loss, its margins moving
+        col_ptr, rows, vals, w, margin, y = d["ws_columns"]
+        margin = margin.copy()  # (the journal's entries may hold the one before)
+        J = program.num_features
+        mean = coef[:J, MEAN]
+        b = float(coef[J, BETA] - mean @ coef[:J, BETA]) if program.fit_intercept else 0.0  # uncentred offset
+        updates, b = K.data_logistic(col_ptr, rows, vals, w, margin, y, coef[gs, PEN].copy(), l2, beta,
+                                     program.fit_intercept, b, float(d["W"]), LOGISTIC_PASSES, tol)
+        d["ws_columns"] = (col_ptr, rows, vals, w, margin, y)  # the workers' margins once they apply the change
+        if program.fit_intercept:  # back to the centred intercept of the new coefficients
+            full = coef[:J, BETA].copy()
+            full[gs] = beta
+            offset = b + float(mean @ full)
+    elif "ws_columns" in d:
         col_ptr, rows, vals, w, r = d["ws_columns"]
         r = r.copy()  # (the journal's entries may hold the one before)
         updates, _ = K.data_lasso(col_ptr, rows, vals, w, r, curv, coef[gs, MEAN].copy(), coef[gs, PEN].copy(), l2,
@@ -197,6 +237,8 @@ def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
         updates = K.gram_lasso(indptr, cols, vals, curv, coef[gs, MEAN].copy(), d["grad"][gs].copy(), beta,
                                coef[gs, PEN].copy(), l2, 100000, tol)
     d["updates"] += int(updates)
+    if offset is not None:  # the intercept (coefficient J) moved with them
+        gs, beta = np.append(gs, program.num_features), np.append(beta, offset)
     rows = coef[gs].copy()
     rows[:, DELTA] = beta - rows[:, BETA]
     rows[:, BETA] = beta

@@ -183,7 +183,7 @@ class LassoProgram(Program):
         self.max_iter = int(max_iter)
         self.tol = float(tol)
         self.min_rounds_per_step = int(min_rounds_per_step)
-        self.gram_limit = int(gram_limit) if self.loss_name == "squared" else 0
+        self.gram_limit = int(gram_limit) if self.loss_name in ("squared", "logistic") else 0
         if damping not in self.dampings:
             raise ValueError(f"damping={damping!r} is not one of {self.dampings}")
         self.damping = damping
@@ -365,18 +365,33 @@ class LassoProgram(Program):
                        read_back=[DELTA])  # apply reads the steps taken: they come back with the tick
         return state
 
+    #: values per row that travel with the working set's columns (:meth:`_ws_rows`)
+    ws_row_width = 2
+
+    def _ws_rows_expected(self, n: int, nnz: float):
+        """The rows expected to travel with a working set of ``nnz`` non-zeros (of ``n`` rows),
+        and whether they are every row."""
+        return min(n, nnz), False
+
+    def _ws_rows(self, data, state):
+        """The values per row that travel with the working set's columns (weight, residual) and
+        whether every row goes (not only those the columns touch)."""
+        return np.column_stack([data["w"], state["r"]]), False
+
     def _send_columns(self, ctx, data, state, coords) -> None:
-        """Columns ``coords`` of this worker's rows, with the rows' weights and residuals, packed
+        """Columns ``coords`` of this worker's rows, with their rows' :meth:`_ws_rows`, packed
         (:func:`~pystrads.kernels.cd.working_set_columns`) into this worker's share of the
         ``working_set`` table; their length goes to the driver as metric ``ws_floats_<worker>``
-        (-1: too many for the share; the driver then asks for the Gram matrix instead)."""
+        (-1: too many for the share; the driver then asks for the Gram matrix instead, or runs
+        parallel rounds)."""
         share = (self.gram_limit ** 2) // ctx.num_workers
-        bound = K.working_set_floats(data["col_ptr"], data["row_idx"], coords)
+        values, every = self._ws_rows(data, state)
+        bound = K.working_set_floats(data["col_ptr"], coords, len(data["w"]), values.shape[1], every)
         used = -1
         if bound <= share:
             packed = np.empty(bound)
-            used = int(K.working_set_columns(data["col_ptr"], data["row_idx"], data["vals"], coords, len(data["w"]),
-                                             packed, data["w"], state["r"]))
+            used = int(K.working_set_columns(data["col_ptr"], data["row_idx"], data["vals"], coords, packed, values,
+                                             every))
             base = ctx.worker * share
             ctx.table("working_set").write(range(base, base + used), packed[:used, None])
         ctx.report(**{f"ws_floats_{ctx.worker}": float(used)})

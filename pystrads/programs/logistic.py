@@ -67,6 +67,10 @@ class L1LogisticProgram(LassoProgram):
         ctx.parallel(dots, self._coordinate_parts(ctx, coords))
 
     def push(self, ctx, data, state, work):
+        if isinstance(work, tuple):  # the working set's columns for the driver's solver, or its solution
+            if work[0] == "columns":
+                self._send_columns(ctx, data, state, work[1])
+            return state
         inv_w = self._inv_weight(ctx, state)
         u, h, loss = self._terms(data, state)
         if isinstance(work, str):
@@ -90,10 +94,26 @@ class L1LogisticProgram(LassoProgram):
                                                       gho]) * inv_w, read_back=[DELTA, MEAN])
         return state
 
+    #: weight, margin and label travel with the working set's columns
+    ws_row_width = 3
+
+    def _ws_rows_expected(self, n: int, nnz: float):
+        return (n, True) if self.fit_intercept else (min(n, nnz), False)
+
+    def _ws_rows(self, data, state):
+        """Weight, margin and label per row; every row with an intercept (the driver moves it)."""
+        return np.column_stack([data["w"], state["m"], data["y"]]), self.fit_intercept
+
     def apply(self, ctx, data, state, work):
         if isinstance(work, str):
             return state
-        rows = ctx.pulled("coef")  # the steps taken and the column means, back with the round's tick
+        if isinstance(work, tuple):  # ("delta", coords): the driver's working-set solution
+            kind, work = work
+            if kind != "delta":
+                return state
+            rows = ctx.table("coef").read(work)[:, [DELTA, MEAN]]
+        else:
+            rows = ctx.pulled("coef")  # the steps taken and the column means, back with the round's tick
         delta = rows[:, 0]
         shift = float(rows[:, 1] @ delta)  # implicit centring: (x - mean) delta
         for part, margins in ((data, state), (data.get("validation"), state.get("validation"))):
