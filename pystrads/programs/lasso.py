@@ -591,6 +591,9 @@ class LassoProgram(Program):
         decrease = 0.5 * float(curv @ (step * step))
         d["gap"] = gap
         d["objective"] = objective
+        if "ws_asked" in d:  # the step brought the working set's columns (or Gram) and moved no coefficient:
+            self._working_set(ctx, step, objective, metrics)  # not an iteration (MLlib's maxIter counts
+            return  # those that move them); the driver solves, the next step applies it
         d["history"].append((objective, d["updates"]))
         it = len(d["history"]) - 1
         ctx.record(iteration=it, objective=objective, updates=d["updates"], round_updates=d["round_updates"],
