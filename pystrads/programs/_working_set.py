@@ -124,17 +124,6 @@ def _read_columns(ctx, program, m: int, metrics):
     return (col_ptr, rows, vals) + tuple(np.ascontiguousarray(per_row[:, q]) for q in range(c))
 
 
-def _worst(ids, violation, count):
-    """The ``count`` of ``ids`` with the largest ``violation`` (all of them if fewer), in no
-    particular order: a selection, O(len(ids)), where a sort of the ~J candidates cost 20 ms a
-    working set on 200 000 columns (ties at the boundary are broken deterministically)."""
-    if count <= 0:
-        return ids[:0]
-    if count >= len(ids):
-        return ids
-    return ids[np.argpartition(-violation, count - 1)[:count]]
-
-
 def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
     """Working-set solver on the driver (celer / skglm style): while the non-zeros
     number at most ``3/4 gram_limit``, solve the Lasso restricted to a working
