@@ -545,6 +545,28 @@ def test_the_log_loss_solves_its_working_sets_on_the_driver(small, intercept):
         assert abs(np.mean(1 / (1 + np.exp(-(x @ beta + b0))) - y)) <= 1e-6
 
 
+def test_the_log_loss_leaves_working_sets_whose_rows_outgrow_the_table_to_its_rounds(small):
+    """With an intercept every row's margin travels with a working set: where they outgrow the
+    workers' shares of the table (``workingSetLimit`` 16: 128 floats a worker for 300 rows),
+    the log-loss has no Gram to fall back on, so its parallel rounds carry the fit -- to the
+    optimum the working sets reach with room enough."""
+    p, rdd, sample, lam, x, best = small
+    cut = float(np.median(p.y))
+    data = rdd.map(lambda r: (float(r[0] > cut),) + tuple(r[1:]))
+    y = (p.y > cut).astype(float)
+    reg = 0.5 * np.abs(x.T @ (y - y.mean())).max() / len(y)
+    got = {}
+    for limit in (16, 4096):
+        prog = L1LogisticProgram(900, reg, fit_intercept=True, standardization=False, tol=1e-10, max_iter=300,
+                                 gram_limit=limit, sample=sample)
+        with Engine(prog, data, num_workers=2, seed=1).fit() as res:
+            res.read_table("coef")
+        got[limit] = (prog.driver_state["objective"], prog.driver_state["round_updates"],
+                      bool(prog.driver_state.get("ws_off")))
+    assert got[16][1] > 0 and got[16][2] and got[4096][1] == 0 and not got[4096][2], got
+    assert abs(got[16][0] - got[4096][0]) <= 1e-6 * got[4096][0], got
+
+
 @pytest.mark.parametrize("share", [0.0, 1.0])
 def test_the_working_sets_columns_or_gram_give_the_same_optimum(small, monkeypatch, share):
     """Sparse data sends the working set's columns (the driver's solve moves its own copy of

@@ -716,7 +716,9 @@ class LassoProgram(Program):
         return max(1, hint - 1)
 
     def _uses_working_set(self) -> bool:
-        return bool(self.gram_limit) and self.schedule_name == "dynamic" and self.priority == "gradient"
+        """The driver's working-set solver is on (not for the log-loss once its rows outgrew the table)."""
+        return (bool(self.gram_limit) and self.schedule_name == "dynamic" and self.priority == "gradient"
+                and not self._d.get("ws_off"))
 
     def _working_set(self, ctx, step, objective, metrics=None) -> None:
         """The driver's working-set solver's part of the step (:func:`._working_set.working_set_step`)."""
