@@ -90,7 +90,7 @@ def _kind(program, size: int):
     return "gram"
 
 
-def _read_columns(ctx, program, m: int, metrics):
+def _read_columns(ctx, program, m: int, metrics, clearing: list):
     """The working set's columns as the workers sent them (:meth:`LassoProgram._send_columns`):
     ``(col_ptr, rows, vals)`` over the rows they carry, then each of the program's values per
     row (weight and residual; weight, margin and label), or None when a worker's share of the
@@ -99,9 +99,16 @@ def _read_columns(ctx, program, m: int, metrics):
     share = program.gram_limit ** 2 // workers
     c = program.ws_row_width
     lengths = [int(metrics.total(f"ws_floats_{k}", -1.0)) if metrics is not None else -1 for k in range(workers)]
-    if min(lengths) < 0:
-        return None
     table = ctx.table("working_set")
+
+    def clear():  # zeros again behind the read (in the background, while the solve runs): a Gram summed
+        for k, used in enumerate(lengths):  # into the table later must find it clean
+            if used > 0:
+                table.write(range(k * share, k * share + used), np.zeros((used, 1)))
+
+    if min(lengths) < 0:
+        clearing.append(_in_background(clear))
+        return None
     counts = np.zeros(m, dtype=np.int64)
     parts, row_parts, offset = [], [], 0
     for k, used in enumerate(lengths):
@@ -121,6 +128,7 @@ def _read_columns(ctx, program, m: int, metrics):
     rows = np.concatenate([p[1] for p in parts])[order]
     vals = np.concatenate([p[2] for p in parts])[order]
     per_row = np.concatenate(row_parts)
+    clearing.append(_in_background(clear))
     return (col_ptr, rows, vals) + tuple(np.ascontiguousarray(per_row[:, q]) for q in range(c))
 
 
@@ -148,7 +156,7 @@ def _solve(program, ctx, step, objective, clearing: list, metrics) -> None:
         m = len(d["gram_set"])
         del d["ws_asked"]
         if d["ws_kind"] == "columns":
-            columns = _read_columns(ctx, program, m, metrics)
+            columns = _read_columns(ctx, program, m, metrics, clearing)
             if columns is None and program.loss_name == "squared":  # too many for a worker's share: the Gram
                 d["ws_kind"] = "gram"
                 d["need_gram"] = d["gram_set"]
