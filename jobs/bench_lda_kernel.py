@@ -171,9 +171,10 @@ class WorkerState:
         self.token_word, self.token_doc, self.token_topic = token_word, token_doc, token_topic
         self.n_topics, self.vocab_size = n_topics, vocab_size
         self.word_topic = lda.count_word_topic(token_word, token_topic, 0, vocab_size, n_topics)
+        self.doc_topic = lda.count_doc_topic(token_doc, token_topic, n_docs, n_topics)
         self.topic_totals = lda.count_topic_totals(token_topic, n_topics)
         self.doc_ptr, self.doc_tokens = lda.build_doc_tokens(token_doc, n_docs)
-        self.doc_counts = lda.DocCounts.from_tokens(token_topic, self.doc_ptr, self.doc_tokens, n_topics)
+        self.doc_nz_topics, self.doc_nz_count = lda.build_doc_nonzero(self.doc_topic, self.doc_ptr)
         # Word blocks of about equal token mass (the runtime's partitioning).
         cuts = np.arange(1, n_blocks) * token_word.size // n_blocks
         word_cuts = [0] + [int(token_word[c]) for c in cuts] + [vocab_size]
@@ -183,7 +184,8 @@ class WorkerState:
     def copy(self):
         other = object.__new__(WorkerState)
         other.__dict__.update(self.__dict__)
-        for name in ("token_topic", "word_topic", "topic_totals", "doc_counts"):
+        for name in ("token_topic", "word_topic", "doc_topic", "topic_totals",
+                     "doc_nz_topics", "doc_nz_count"):
             setattr(other, name, getattr(self, name).copy())
         return other
 
@@ -192,16 +194,15 @@ class WorkerState:
             lo, hi = self.word_bounds[b], self.word_bounds[b + 1]
             kernel(self.token_word, self.token_doc, self.token_topic,
                    self.tok_bounds[b], self.tok_bounds[b + 1], lo, self.word_topic[lo:hi],
-                   self.topic_totals, *self.doc_counts, self.doc_ptr, self.doc_tokens, alpha, beta, self.vocab_size,
-                   rng_state)
+                   self.topic_totals, self.doc_topic, self.doc_ptr, self.doc_tokens,
+                   self.doc_nz_topics, self.doc_nz_count, alpha, beta, self.vocab_size, rng_state)
 
     def mean_doc_nonzero(self):
         """Token-weighted mean number of non-zero topics of a token's document (K_d)."""
-        nonzero = np.count_nonzero(self.doc_counts.to_dense(self.n_topics), axis=1)
-        return float(nonzero[self.token_doc].mean())
+        return float((self.doc_nz_count[self.token_doc]).mean())
 
     def log_likelihood(self, alpha, beta):
-        return self.lda.joint_log_likelihood(self.word_topic, self.topic_totals, self.doc_counts,
+        return self.lda.joint_log_likelihood(self.word_topic, self.topic_totals, self.doc_topic,
                                              np.diff(self.doc_ptr), alpha, beta, self.vocab_size)
 
 
@@ -219,11 +220,12 @@ def tiny_args(lda, new_state):
     token_doc = np.array([0, 1, 0, 1], np.int32)
     token_topic = np.array([0, 1, 2, 1], np.int32)
     word_topic = lda.count_word_topic(token_word, token_topic, 0, 3, 3)
+    doc_topic = lda.count_doc_topic(token_doc, token_topic, 2, 3)
     doc_ptr, doc_tokens = lda.build_doc_tokens(token_doc, 2)
-    doc_counts = lda.DocCounts.from_tokens(token_topic, doc_ptr, doc_tokens, 3)
+    nz, nz_count = lda.build_doc_nonzero(doc_topic, doc_ptr)
     return (token_word, token_doc, token_topic, 0, 4, 0, word_topic,
-            lda.count_topic_totals(token_topic, 3), *doc_counts, doc_ptr, doc_tokens, np.full(3, 0.1), 0.01, 3,
-            new_state(0))
+            lda.count_topic_totals(token_topic, 3), doc_topic, doc_ptr, doc_tokens, nz,
+            nz_count, np.full(3, 0.1), 0.01, 3, new_state(0))
 
 
 def measure_compile(lda, new_state, samplers):
@@ -250,10 +252,9 @@ def measure_cache_load(samplers):
     snippet = _CACHE_LOAD_SNIPPET.replace(
         "{args}", "(np.array([0,0,1,2],np.int32), np.array([0,1,0,1],np.int32), "
         "np.array([0,1,2,1],np.int32), 0, 4, 0, np.array([[1,1,0],[0,0,1],[0,1,0]],np.int32), "
-        "np.array([1,2,1],np.int64), np.array([0,4,8],np.int64), "
-        "np.array([3,1,0,1,3,0,2,0],np.int32), "
+        "np.array([1,2,1],np.int64), np.array([[1,0,1],[0,2,0]],np.int32), "
         "np.array([0,2,4],np.int64), np.array([0,2,1,3],np.int32), "
-        "np.full(3, 0.1), 0.01, 3, new_state(0))")
+        "np.array([0,2,1,0],np.int32), np.array([2,1],np.int32), np.full(3, 0.1), 0.01, 3, new_state(0))")
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", snippet, *samplers], env=env,

@@ -29,20 +29,17 @@ class Chain:
         self.n_docs = n_docs
         self.n_topics = n_topics
         self.word_topic = lda.count_word_topic(token_word, token_topic, 0, vocab_size, n_topics)
+        self.doc_topic = lda.count_doc_topic(token_doc, token_topic, n_docs, n_topics)
         self.topic_totals = lda.count_topic_totals(token_topic, n_topics)
         self.doc_ptr, self.doc_tokens = lda.build_doc_tokens(token_doc, n_docs)
-        self.doc_counts = lda.DocCounts.from_tokens(token_topic, self.doc_ptr, self.doc_tokens, n_topics)
-
-    @property
-    def doc_topic(self):
-        """The document-topic counts as a dense table (a copy)."""
-        return self.doc_counts.to_dense(self.n_topics)
+        self.doc_nz_topics, self.doc_nz_count = lda.build_doc_nonzero(self.doc_topic, self.doc_ptr)
 
     def sample(self, kernel, tok_lo, tok_hi, word_lo, word_hi, alpha, beta, rng_state):
         """``alpha``: a number (the symmetric prior) or one value per topic."""
         return kernel(
             self.token_word, self.token_doc, self.token_topic, tok_lo, tok_hi, word_lo,
-            self.word_topic[word_lo:word_hi], self.topic_totals, *self.doc_counts, self.doc_ptr, self.doc_tokens,
+            self.word_topic[word_lo:word_hi], self.topic_totals, self.doc_topic,
+            self.doc_ptr, self.doc_tokens, self.doc_nz_topics, self.doc_nz_count,
             lda.alpha_vector(alpha, self.n_topics), beta, self.vocab_size, rng_state,
         )
 
@@ -56,8 +53,8 @@ class Chain:
         return changed
 
     def log_likelihood(self, alpha, beta):
-        return lda.joint_log_likelihood(self.word_topic, self.topic_totals, self.doc_counts,
-                                        np.diff(self.doc_ptr), alpha, beta, self.vocab_size)
+        return lda.joint_log_likelihood(self.word_topic, self.topic_totals, self.doc_topic,
+                                        self.doc_topic.sum(axis=1), alpha, beta, self.vocab_size)
 
 
 def make_lda_corpus(seed, vocab_size=100, n_topics=5, n_docs=80, doc_len=25, alpha=0.1, beta=0.05):
@@ -101,16 +98,10 @@ def test_random_state_is_reproducible_and_uniform():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n_topics", [13, 61])
 @pytest.mark.parametrize("name", SAMPLER_NAMES)
-def test_counts_match_recount_after_sweeps(name, n_topics):
-    """Counts stay exact, and the document counts keep their layout: at K = 13 the 30-token documents
-    take the dense form and the cut ones (a few tokens) the sparse one; at K = 61 every document is
-    sparse with up to 30 topics (the bisection)."""
+def test_counts_match_recount_after_sweeps(name):
     token_word, token_doc, _, _ = make_lda_corpus(1, vocab_size=200, n_topics=13, doc_len=30)
-    keep = (token_doc < 40) | (np.random.default_rng(9).random(token_doc.size) < 0.15)
-    token_word, token_doc = token_word[keep], token_doc[keep]
-    n_docs = 80  # 13: the F+ tree has padding leaves
+    n_topics, n_docs = 13, 80  # 13: the F+ tree has padding leaves
     chain = Chain(token_word, token_doc, lda.random_topics(token_word.size, n_topics, new_state(3)),
                   200, n_docs, n_topics)
     rng_state = new_state(4)
@@ -123,39 +114,9 @@ def test_counts_match_recount_after_sweeps(name, n_topics):
     np.testing.assert_array_equal(chain.doc_topic,
                                   lda.count_doc_topic(token_doc, z, n_docs, n_topics))
     np.testing.assert_array_equal(chain.topic_totals, np.bincount(z, minlength=n_topics))
-    dense = chain.doc_topic
-    ptr, entries = chain.doc_counts
-    forms = set()
-    for d in range(n_docs):  # a short document lists its non-zero topics ascending with their counts,
-        m, rest = entries[ptr[d]], entries[ptr[d] + 1:ptr[d + 1]]  # a long one its K counts
-        if 2 * (chain.doc_ptr[d + 1] - chain.doc_ptr[d]) >= n_topics:
-            forms.add("dense")
-            assert m == n_topics and rest.tolist() == dense[d].tolist()
-        else:
-            forms.add("sparse")
-            assert rest[0:2 * m:2].tolist() == np.flatnonzero(dense[d]).tolist()
-            assert rest[1:2 * m:2].tolist() == dense[d][dense[d] > 0].tolist()
-    assert forms == ({"dense", "sparse"} if n_topics == 13 else {"sparse"})
-    assert n_topics == 13 or max(entries[ptr[:-1]]) > 8
-
-
-@pytest.mark.parametrize("name", ["sparse", "mh", "alias"])
-def test_document_counts_take_memory_by_tokens_not_topics(name):
-    """At K = 100,000 the documents' counts take at most 8 bytes a token and 4 a document (a dense
-    table would be 80 x 100,000 int32, 32 MB), and stay exact through sweeps."""
-    n_topics = 100_000
-    token_word, token_doc, _, _ = make_lda_corpus(6, vocab_size=100, doc_len=25)
-    chain = Chain(token_word, token_doc, lda.random_topics(token_word.size, n_topics, new_state(7)),
-                  100, 80, n_topics)
-    assert chain.doc_counts.entries.nbytes <= 8 * token_word.size + 4 * 80
-    rng_state = new_state(8)
-    for _ in range(2):
-        chain.sweep(lda.SAMPLERS[name], [0, 50, 100], 0.1, 0.05, rng_state)
-    ptr, entries = chain.doc_counts
-    for d in range(80):
-        topics, counts = np.unique(chain.token_topic[token_doc == d], return_counts=True)
-        m = entries[ptr[d]]
-        assert entries[ptr[d] + 1:ptr[d] + 1 + 2 * m].reshape(-1, 2).tolist() == np.c_[topics, counts].tolist()
+    for d in range(n_docs):
+        listed = chain.doc_nz_topics[chain.doc_ptr[d]:chain.doc_ptr[d] + chain.doc_nz_count[d]]
+        assert sorted(listed.tolist()) == np.flatnonzero(chain.doc_topic[d]).tolist()
 
 
 @pytest.mark.parametrize("name", SAMPLER_NAMES)
@@ -521,12 +482,14 @@ def _dirichlet_documents(alpha, n_docs, mean_length, seed):
     lengths = np.maximum(1, rng.poisson(mean_length, n_docs))
     theta = rng.dirichlet(alpha, n_docs)
     doc_topic = np.array([rng.multinomial(n, th) for n, th in zip(lengths, theta)]).astype(np.int32)
-    return doc_topic, lengths, lda.DocCounts.from_dense(doc_topic)
+    doc_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    nz_topics, nz_count = lda.build_doc_nonzero(doc_topic, doc_ptr)
+    return doc_topic, lengths, doc_ptr, nz_topics, nz_count
 
 
 def test_histograms_count_documents_per_topic_count_and_length():
-    doc_topic, lengths, counts = _dirichlet_documents(np.full(6, 0.3), 200, 20, seed=70)
-    hist = lda.doc_topic_histograms(counts, lengths, 6, 30)
+    doc_topic, lengths, doc_ptr, nz_topics, nz_count = _dirichlet_documents(np.full(6, 0.3), 200, 20, seed=70)
+    hist = lda.doc_topic_histograms(doc_topic, doc_ptr, nz_topics, nz_count, lengths, 30)
     assert hist.shape == (7, 31)
     for k in range(6):
         expected = np.bincount(np.minimum(doc_topic[:, k], 30), minlength=31)
@@ -534,14 +497,19 @@ def test_histograms_count_documents_per_topic_count_and_length():
         np.testing.assert_array_equal(hist[k], expected)
     np.testing.assert_array_equal(hist[6], np.bincount(np.minimum(lengths, 30), minlength=31))
     # two workers' histograms add up to the whole corpus's
-    halves = [lda.doc_topic_histograms(lda.DocCounts.from_dense(doc_topic[a:b]), lengths[a:b], 6, 30)
+    halves = [lda.doc_topic_histograms(doc_topic[a:b], *_nonzero(doc_topic[a:b], lengths[a:b]), lengths[a:b], 30)
               for a, b in [(0, 120), (120, 200)]]
     np.testing.assert_array_equal(halves[0] + halves[1], hist)
 
 
+def _nonzero(doc_topic, lengths):
+    doc_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return (doc_ptr,) + tuple(lda.build_doc_nonzero(doc_topic, doc_ptr))
+
+
 def test_one_fixed_point_step_matches_the_per_document_digamma_recurrence():
-    doc_topic, lengths, counts = _dirichlet_documents(np.array([0.1, 0.5, 2.0]), 50, 15, 71)
-    hist = lda.doc_topic_histograms(counts, lengths, 3, int(lengths.max()))
+    doc_topic, lengths, doc_ptr, nz_topics, nz_count = _dirichlet_documents(np.array([0.1, 0.5, 2.0]), 50, 15, 71)
+    hist = lda.doc_topic_histograms(doc_topic, doc_ptr, nz_topics, nz_count, lengths, int(lengths.max()))
     alpha = np.array([0.3, 0.2, 0.9])
 
     def digamma_difference(n, a):  # ψ(n + a) - ψ(a), summed term by term
@@ -555,8 +523,8 @@ def test_one_fixed_point_step_matches_the_per_document_digamma_recurrence():
 
 def test_fixed_point_recovers_a_known_asymmetric_alpha():
     true = np.array([0.05, 0.1, 0.2, 0.5, 1.0])
-    doc_topic, lengths, counts = _dirichlet_documents(true, 3000, 100, seed=72)
-    hist = lda.doc_topic_histograms(counts, lengths, len(true), int(lengths.max()))
+    doc_topic, lengths, doc_ptr, nz_topics, nz_count = _dirichlet_documents(true, 3000, 100, seed=72)
+    hist = lda.doc_topic_histograms(doc_topic, doc_ptr, nz_topics, nz_count, lengths, int(lengths.max()))
     start = np.full(5, true.mean())
     learned = lda.minka_fixed_point(start, hist, iterations=2000, tol=1e-10)
     # the maximum-likelihood estimate from 3000 documents: measured 4.5 % off the truth at most
@@ -675,8 +643,8 @@ def test_dispatch_by_name_and_recommendation():
     b = Chain(token_word, token_doc, true_topic.copy(), 100, 80, 5)
     a.sample(lda.sample_block_fplus, 0, token_word.size, 0, 100, 0.1, 0.05, new_state(60))
     lda.sample_block("fplus", b.token_word, b.token_doc, b.token_topic, 0, token_word.size, 0,
-                     b.word_topic, b.topic_totals, *b.doc_counts, b.doc_ptr, b.doc_tokens, np.full(5, 0.1), 0.05, 100,
-                     new_state(60))
+                     b.word_topic, b.topic_totals, b.doc_topic, b.doc_ptr, b.doc_tokens,
+                     b.doc_nz_topics, b.doc_nz_count, np.full(5, 0.1), 0.05, 100, new_state(60))
     np.testing.assert_array_equal(a.token_topic, b.token_topic)
 
 

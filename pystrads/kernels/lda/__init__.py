@@ -11,9 +11,8 @@ STRADS word rotation needs):
     local document index in ``[0, n_docs)``.
 ``token_topic`` int32[n]
     topic assignment z (mutated).
-``DocCounts``
-    document-topic counts of the worker's documents (mutated), as each
-    document's non-zero topics: see below.
+``doc_topic`` int32[n_docs, K]
+    document-topic counts of the worker's documents (mutated).
 
 In a round the worker samples the tokens ``[tok_lo, tok_hi)`` whose words lie
 in the block ``[word_lo, word_hi)``.  It holds ``word_topic_block``
@@ -23,23 +22,20 @@ caller re-syncs every round (the copy drifts within a round: the STRADS
 supplement's s-error).  A sampler moves every reassigned token from its old
 topic to its new one in all three count structures at once.
 
-Per-document structures (built by :func:`build_doc_tokens` and
-:meth:`DocCounts.from_tokens`, shared by every sampler so samplers are
+Per-document helper structures (built by :func:`build_doc_tokens` and
+:func:`build_doc_nonzero`, shared by every sampler so samplers are
 interchangeable at any time):
 
 ``doc_ptr`` int64[n_docs + 1]
     CSR offsets: document ``d`` owns slots ``doc_ptr[d]:doc_ptr[d + 1]``
-    (its number of tokens on this worker) in the arrays below.
+    (its number of tokens on this worker) in the two arrays below.
 ``doc_tokens`` int32[n]
     token indices of each document (immutable; MH doc proposals).
-``doc_nz_ptr`` int64[n_docs + 1], ``doc_nz`` int32[m]
-    the document-topic counts, O(tokens) whatever K (a :class:`DocCounts`):
-    per document a header, then the ``(t, n_dt)`` pairs of its non-zero
-    topics, ascending, if it is short (``2 L_d < K``; ``n_dt`` by bisection,
-    O(K_d) when a topic appears or leaves), or its K counts in topic order
-    if it is long (O(1), like a dense row).  A dense
-    documents x K table would take 4 K bytes a document (3 GB a worker at
-    7,500 documents and K = 100,000).
+``doc_nz_topics`` int32[n], ``doc_nz_count`` int32[n_docs]
+    the topics with ``doc_topic[d, t] > 0`` in the first
+    ``doc_nz_count[d]`` slots of document ``d`` (in no particular order),
+    exact whenever a sampler returns (kept per token through append /
+    swap-remove, or rebuilt for the documents a dense sweep touched).
 
 Samplers (all with the signature documented in :func:`sample_block`)
 ---------------------------------------------------------------------
@@ -121,7 +117,7 @@ clear the cache (the ``*.nbi`` / ``*.nbc`` files in ``__pycache__`` or
 
 from .alias import ALIAS_MH_STEPS, sample_block_alias, sample_block_alias_steps, sample_rows_alias, sample_rows_alias_steps
 from .counts import (
-    DocCounts,
+    build_doc_nonzero,
     build_doc_tokens,
     count_doc_topic,
     count_topic_totals,
@@ -158,11 +154,11 @@ __all__ = [
     "MH_CYCLES",
     "MIN_ALPHA",
     "MIN_BETA",
-    "DocCounts",
     "SAMPLERS",
     "STORE_SAMPLERS",
     "alpha_vector",
     "beta_fixed_point",
+    "build_doc_nonzero",
     "build_doc_tokens",
     "choose_sampler",
     "count_doc_topic",
