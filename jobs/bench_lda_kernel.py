@@ -171,22 +171,26 @@ class WorkerState:
         self.token_word, self.token_doc, self.token_topic = token_word, token_doc, token_topic
         self.n_topics, self.vocab_size = n_topics, vocab_size
         self.word_topic = lda.count_word_topic(token_word, token_topic, 0, vocab_size, n_topics)
-        self.doc_topic = lda.count_doc_topic(token_doc, token_topic, n_docs, n_topics)
         self.topic_totals = lda.count_topic_totals(token_topic, n_topics)
         self.doc_ptr, self.doc_tokens = lda.build_doc_tokens(token_doc, n_docs)
-        self.doc_nz_topics, self.doc_nz_count = lda.build_doc_nonzero(self.doc_topic, self.doc_ptr)
+        self.doc_counts = lda.DocCounts.from_tokens(token_topic, self.doc_ptr, self.doc_tokens, n_topics)
         # Word blocks of about equal token mass (the runtime's partitioning).
         cuts = np.arange(1, n_blocks) * token_word.size // n_blocks
         word_cuts = [0] + [int(token_word[c]) for c in cuts] + [vocab_size]
         self.word_bounds = sorted(set(word_cuts))
         self.tok_bounds = np.searchsorted(token_word, self.word_bounds)
 
-    def copy(self):
+    def copy(self, sampler=None):
+        """A copy; for ``sampler`` the document counts in the layout the LDA program gives it
+        (``lda.doc_counts_table``)."""
         other = object.__new__(WorkerState)
         other.__dict__.update(self.__dict__)
-        for name in ("token_topic", "word_topic", "doc_topic", "topic_totals",
-                     "doc_nz_topics", "doc_nz_count"):
+        for name in ("token_topic", "word_topic", "topic_totals", "doc_counts"):
             setattr(other, name, getattr(self, name).copy())
+        if sampler is not None:
+            table = self.lda.doc_counts_table(sampler, self.doc_ptr.size - 1, self.n_topics)
+            other.doc_counts = self.lda.DocCounts.from_tokens(other.token_topic, self.doc_ptr, self.doc_tokens,
+                                                              self.n_topics, table=table)
         return other
 
     def sweep(self, kernel, alpha, beta, rng_state):
@@ -194,16 +198,28 @@ class WorkerState:
             lo, hi = self.word_bounds[b], self.word_bounds[b + 1]
             kernel(self.token_word, self.token_doc, self.token_topic,
                    self.tok_bounds[b], self.tok_bounds[b + 1], lo, self.word_topic[lo:hi],
-                   self.topic_totals, self.doc_topic, self.doc_ptr, self.doc_tokens,
-                   self.doc_nz_topics, self.doc_nz_count, alpha, beta, self.vocab_size, rng_state)
+                   self.topic_totals, *self.doc_counts, self.doc_ptr, self.doc_tokens, alpha, beta, self.vocab_size,
+                   rng_state)
 
     def mean_doc_nonzero(self):
         """Token-weighted mean number of non-zero topics of a token's document (K_d)."""
-        return float((self.doc_nz_count[self.token_doc]).mean())
+        nonzero = np.count_nonzero(self.doc_counts.to_dense(self.n_topics), axis=1)
+        return float(nonzero[self.token_doc].mean())
 
     def log_likelihood(self, alpha, beta):
-        return self.lda.joint_log_likelihood(self.word_topic, self.topic_totals, self.doc_topic,
+        return self.lda.joint_log_likelihood(self.word_topic, self.topic_totals, self.doc_counts,
                                              np.diff(self.doc_ptr), alpha, beta, self.vocab_size)
+
+
+def time_to(run, target):
+    """Seconds a convergence run needed to reach log-likelihood ``target`` (linear between sweeps)."""
+    lls, secs = run["log_likelihood"], run["seconds"]
+    for i in range(1, len(lls)):
+        if lls[i] >= target:
+            step = lls[i] - lls[i - 1]
+            frac = 1.0 if step <= 0 else (target - lls[i - 1]) / step
+            return secs[i - 1] + frac * (secs[i] - secs[i - 1])
+    return float("inf")
 
 
 def prior(alpha, n_topics, spread, seed):
@@ -220,12 +236,11 @@ def tiny_args(lda, new_state):
     token_doc = np.array([0, 1, 0, 1], np.int32)
     token_topic = np.array([0, 1, 2, 1], np.int32)
     word_topic = lda.count_word_topic(token_word, token_topic, 0, 3, 3)
-    doc_topic = lda.count_doc_topic(token_doc, token_topic, 2, 3)
     doc_ptr, doc_tokens = lda.build_doc_tokens(token_doc, 2)
-    nz, nz_count = lda.build_doc_nonzero(doc_topic, doc_ptr)
+    doc_counts = lda.DocCounts.from_tokens(token_topic, doc_ptr, doc_tokens, 3)
     return (token_word, token_doc, token_topic, 0, 4, 0, word_topic,
-            lda.count_topic_totals(token_topic, 3), doc_topic, doc_ptr, doc_tokens, nz,
-            nz_count, np.full(3, 0.1), 0.01, 3, new_state(0))
+            lda.count_topic_totals(token_topic, 3), *doc_counts, doc_ptr, doc_tokens, np.full(3, 0.1), 0.01, 3,
+            new_state(0))
 
 
 def measure_compile(lda, new_state, samplers):
@@ -252,9 +267,10 @@ def measure_cache_load(samplers):
     snippet = _CACHE_LOAD_SNIPPET.replace(
         "{args}", "(np.array([0,0,1,2],np.int32), np.array([0,1,0,1],np.int32), "
         "np.array([0,1,2,1],np.int32), 0, 4, 0, np.array([[1,1,0],[0,0,1],[0,1,0]],np.int32), "
-        "np.array([1,2,1],np.int64), np.array([[1,0,1],[0,2,0]],np.int32), "
+        "np.array([1,2,1],np.int64), np.array([0,7,14],np.int64), "
+        "np.array([3,1,0,1,2,0,2,3,0,2,0,1,1,0],np.int32), "
         "np.array([0,2,4],np.int64), np.array([0,2,1,3],np.int32), "
-        "np.array([0,2,1,0],np.int32), np.array([2,1],np.int32), np.full(3, 0.1), 0.01, 3, new_state(0))")
+        "np.full(3, 0.1), 0.01, 3, new_state(0))")
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", snippet, *samplers], env=env,
@@ -308,7 +324,7 @@ def main(argv=None):
                 kernel = lda.SAMPLERS[name]
                 times = []
                 for run in range(args.runs):
-                    state = burned.copy()
+                    state = burned.copy(name)
                     run_rng = new_state(args.seed + run, stream=1)
                     t0 = time.perf_counter()
                     state.sweep(kernel, alpha, beta, run_rng)
@@ -326,7 +342,7 @@ def main(argv=None):
                 print(f"{regime:5s} K={n_topics:5d} {name:6s} {rate / 1e6:8.3f} M tok/s "
                       f"(sweep {sweep_s:.3f} s, K_d {kd:.1f})", flush=True)
             for name in samplers if args.convergence_sweeps else []:
-                state = start.copy()
+                state = start.copy(name)
                 conv_rng = new_state(args.seed, stream=99)
                 lls, elapsed = [state.log_likelihood(alpha, beta)], [0.0]
                 for _ in range(args.convergence_sweeps):
@@ -369,6 +385,17 @@ def main(argv=None):
                 print(f"{regime:6s} {n_topics:5d} " + " ".join(
                     f"{c['sampler']} {c['log_likelihood'][-1] / n:.3f} ({c['seconds'][-1]:.1f})"
                     for c in cells))
+        print()
+        print("seconds to the log-likelihood every sampler reached (the lowest final one)")
+        for regime in args.regimes:
+            for n_topics in args.topics:
+                cells = [c for c in convergence if c["regime"] == regime and c["K"] == n_topics]
+                target = min(c["log_likelihood"][-1] for c in cells)
+                for c in cells:
+                    c["seconds_to_common"] = time_to(c, target)
+                    c["common_log_likelihood"] = target
+                print(f"{regime:6s} {n_topics:5d} " + " ".join(
+                    f"{c['sampler']} {c['seconds_to_common']:.2f}" for c in cells))
 
     result = {
         "benchmark": "lda_kernel",

@@ -16,8 +16,9 @@ Worker data (immutable, cached)
 
 Worker state (carried between steps)
     the token topics ``z``, the RNG state and the last local copy of the
-    topic totals; the doc-topic counts are rebuilt from ``z`` at the start of
-    each step (cheaper than carrying them).
+    topic totals; the doc-topic counts (each document's non-zero topics:
+    O(tokens) memory whatever K) are rebuilt from ``z`` at the start of each
+    step (cheaper than carrying them).
 
 Schedule
     the vocabulary is cut into U blocks of about equal token mass; in round
@@ -292,9 +293,7 @@ class _WorkerState:
         self.rng_state = rng_state
         self.thread_rng = list(thread_rng)  # the RNG states of the worker's threads past the first
         self.last_totals: Optional[np.ndarray] = None
-        self.doc_topic = None
-        self.doc_nz_topics = None
-        self.doc_nz_count = None
+        self.doc_counts = None  # the documents' topic counts (kernels.lda.DocCounts), rebuilt from token_topic
         # a lone worker's _Kept block between the rounds of a step (never pickled: a restored state
         # reads the rows again)
         self.kept_rows = None
@@ -536,9 +535,9 @@ class LDAProgram(Program):
     def _doc_structures(self, data: _WorkerData, state: _WorkerState) -> None:
         from ..kernels import lda as K
 
-        state.doc_topic = K.count_doc_topic(data.token_doc, state.token_topic, len(data.doc_ids),
-                                            self.num_topics)
-        state.doc_nz_topics, state.doc_nz_count = K.build_doc_nonzero(state.doc_topic, data.doc_ptr)
+        table = K.doc_counts_table(self.sampler, len(data.doc_ids), self.num_topics)
+        state.doc_counts = K.DocCounts.from_tokens(state.token_topic, data.doc_ptr, data.doc_tokens, self.num_topics,
+                                                   table=table)
 
     def _row_chunks(self, data: _WorkerData, block: int, pieces: int = 1):
         """``(a, b, t_lo, t_hi)``: the worker's rows ``[a, b)`` of ``block``'s words in at least
@@ -561,7 +560,7 @@ class LDAProgram(Program):
         from ..kernels import lda as K
         from ..kernels.rows import csr_delta
 
-        if state.doc_topic is None:
+        if state.doc_counts is None:
             self._doc_structures(data, state)
         lo, hi = int(data.block_tok[block]), int(data.block_tok[block + 1])
         words = data.block_words[block]
@@ -639,11 +638,10 @@ class LDAProgram(Program):
         state.last_totals = totals
         ctx.report(tokens=hi - lo)
         if self.shard_metrics_due(ctx.round):
-            ctx.report(ll_doc=K.doc_log_likelihood(state.doc_topic, data.doc_lengths, self.alpha))
+            ctx.report(ll_doc=K.doc_log_likelihood(state.doc_counts, data.doc_lengths, self.alpha))
         if (ctx.round + 1) % self.num_workers == 0 and self.alpha_update_due((ctx.round + 1) // self.num_workers):
             # this worker's documents are final for the iteration: their histograms, for the driver's α update
-            hist = K.doc_topic_histograms(state.doc_topic, data.doc_ptr, state.doc_nz_topics, state.doc_nz_count,
-                                          data.doc_lengths, self.histogram_length)
+            hist = K.doc_topic_histograms(state.doc_counts, data.doc_lengths, self.num_topics, self.histogram_length)
             ctx.contribute("doc_topic_hist", range(0, len(hist)), hist.astype(np.float64))
         return state
 
@@ -677,15 +675,15 @@ class LDAProgram(Program):
         """Sample the run's tokens into ``rows`` and ``totals`` (both in place); returns the tokens
         that changed topic.  With T threads (tomotopy's partitioned scheme): T sub-rounds, in
         sub-round j thread t samples the tokens of document part t whose words lie in row part
-        (t + j) mod T, so no two threads touch the same row of ``rows`` or of ``doc_topic``; each
+        (t + j) mod T, so no two threads touch the same row of ``rows`` or the same document; each
         thread samples against its own copy of the totals, and their changes are summed into
         ``totals`` after every sub-round (exact counts)."""
         rows = rows if isinstance(rows, tuple) else (rows,)  # a row store's four arrays, or a dense block
 
         def sample(lo, hi, local_totals, rng_state):
             return sampler(data.token_row, data.token_doc, state.token_topic, int(lo), int(hi), run.rows_lo, *rows,
-                           local_totals, state.doc_topic, data.doc_ptr, data.doc_tokens, state.doc_nz_topics,
-                           state.doc_nz_count, self.alpha, self.beta, self.vocab_size, rng_state)
+                           local_totals, *state.doc_counts, data.doc_ptr, data.doc_tokens, self.alpha, self.beta, self.vocab_size,
+                           rng_state)
 
         threads = run.cells.shape[0]
         if threads == 1:

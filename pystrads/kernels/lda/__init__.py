@@ -11,8 +11,9 @@ STRADS word rotation needs):
     local document index in ``[0, n_docs)``.
 ``token_topic`` int32[n]
     topic assignment z (mutated).
-``doc_topic`` int32[n_docs, K]
-    document-topic counts of the worker's documents (mutated).
+``DocCounts``
+    document-topic counts of the worker's documents (mutated), as each
+    document's non-zero topics: see below.
 
 In a round the worker samples the tokens ``[tok_lo, tok_hi)`` whose words lie
 in the block ``[word_lo, word_hi)``.  It holds ``word_topic_block``
@@ -22,20 +23,27 @@ caller re-syncs every round (the copy drifts within a round: the STRADS
 supplement's s-error).  A sampler moves every reassigned token from its old
 topic to its new one in all three count structures at once.
 
-Per-document helper structures (built by :func:`build_doc_tokens` and
-:func:`build_doc_nonzero`, shared by every sampler so samplers are
-interchangeable at any time):
+Per-document structures (built by :func:`build_doc_tokens` and
+:meth:`DocCounts.from_tokens`, shared by every sampler so samplers are
+interchangeable at any time, the table layout by the dense, MH and alias
+samplers only):
 
 ``doc_ptr`` int64[n_docs + 1]
     CSR offsets: document ``d`` owns slots ``doc_ptr[d]:doc_ptr[d + 1]``
-    (its number of tokens on this worker) in the two arrays below.
+    (its number of tokens on this worker) in the arrays below.
 ``doc_tokens`` int32[n]
     token indices of each document (immutable; MH doc proposals).
-``doc_nz_topics`` int32[n], ``doc_nz_count`` int32[n_docs]
-    the topics with ``doc_topic[d, t] > 0`` in the first
-    ``doc_nz_count[d]`` slots of document ``d`` (in no particular order),
-    exact whenever a sampler returns (kept per token through append /
-    swap-remove, or rebuilt for the documents a dense sweep touched).
+``doc_nz_ptr`` int64[n_docs + 1], ``doc_nz`` int32[m]
+    the document-topic counts, O(tokens) whatever K (a :class:`DocCounts`):
+    per document a header, then the ``(t, n_dt)`` pairs of its non-zero
+    topics, ascending, if it is short (``2 L_d < K``; ``n_dt`` by bisection,
+    O(K_d) when a topic appears or leaves), or, if it is long, its K counts
+    in topic order (O(1), like a dense row) and its non-zero topics beside
+    them.  A dense documents x K table would take 4 K bytes a document (3 GB
+    a worker at 7,500 documents and K = 100,000).  Its **table** layout is
+    that table (every document's K counts at one stride, no lists): the LDA
+    program builds it for the samplers that read counts by topic while it is
+    small (:func:`doc_counts_table`), where it is their fastest.
 
 Samplers (all with the signature documented in :func:`sample_block`)
 ---------------------------------------------------------------------
@@ -117,7 +125,7 @@ clear the cache (the ``*.nbi`` / ``*.nbc`` files in ``__pycache__`` or
 
 from .alias import ALIAS_MH_STEPS, sample_block_alias, sample_block_alias_steps, sample_rows_alias, sample_rows_alias_steps
 from .counts import (
-    build_doc_nonzero,
+    DocCounts,
     build_doc_tokens,
     count_doc_topic,
     count_topic_totals,
@@ -140,7 +148,9 @@ from .samplers import (
     MH_CYCLES,
     SAMPLERS,
     STORE_SAMPLERS,
+    TABLE_MAX_BYTES,
     choose_sampler,
+    doc_counts_table,
     get_sampler,
     sample_block,
     sample_block_dense,
@@ -154,13 +164,15 @@ __all__ = [
     "MH_CYCLES",
     "MIN_ALPHA",
     "MIN_BETA",
+    "DocCounts",
     "SAMPLERS",
     "STORE_SAMPLERS",
+    "TABLE_MAX_BYTES",
     "alpha_vector",
     "beta_fixed_point",
-    "build_doc_nonzero",
     "build_doc_tokens",
     "choose_sampler",
+    "doc_counts_table",
     "count_doc_topic",
     "count_topic_totals",
     "count_word_topic_entries",

@@ -84,7 +84,7 @@ and 0.004 on the per-token marginals of the 6-token stale-table test, below
 the Monte Carlo noise of both tests; it shrinks as counts grow relative to
 the changes within one call.  ``"mh"`` (always-current F+ tree) has none.
 
-Counts stay exact integers; the document's non-zero lists are kept through
+Counts stay exact integers; the documents' counts are kept through
 the :mod:`.counts` helpers per token.  Every array is allocated per call: the
 kernel runs in several threads at once on disjoint rows and documents.
 """
@@ -93,7 +93,7 @@ import numpy as np
 from numba import njit
 
 from ..random import uniform
-from .counts import _doc_decrement, _doc_increment
+from .counts import _doc_count, _doc_decrement, _doc_increment, drop_doc_lists
 from .rowstore import block_row_store, store_into_block
 
 #: Metropolis-Hastings cycles (one word-proposal step + one document-proposal
@@ -140,8 +140,8 @@ def _alias_build(weights, n, total, prob, alias, small, large):
 
 @njit(cache=True, nogil=True)
 def sample_block_alias(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                       word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                       doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                       word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                       doc_tokens, alpha, beta, vocab_size, rng_state):
     """LightLDA alias-table Metropolis-Hastings sweep on a dense block (the samplers' common
     signature, documented in :func:`~pystrads.kernels.lda.sample_block`).
 
@@ -151,21 +151,21 @@ def sample_block_alias(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
     the LDA program samples its runs' stores directly.
     """
     return sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                                    word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                                    doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                                    word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                                    doc_tokens, alpha, beta, vocab_size, rng_state,
                                     ALIAS_MH_STEPS)
 
 
 @njit(cache=True, nogil=True)
 def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                             word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                             doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                             word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                             doc_tokens, alpha, beta, vocab_size, rng_state,
                              mh_steps):
     """:func:`sample_block_alias` with ``mh_steps`` (word + document) cycles per token."""
     ptr, used, topics, counts = block_row_store(word_topic_block, token_word, tok_lo, tok_hi, word_lo)
     changed = sample_rows_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                                      ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                                      doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                                      ptr, used, topics, counts, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                                      doc_tokens, alpha, beta, vocab_size, rng_state,
                                       mh_steps)
     store_into_block(ptr, used, topics, counts, word_topic_block)
     return changed
@@ -173,23 +173,23 @@ def sample_block_alias_steps(token_word, token_doc, token_topic, tok_lo, tok_hi,
 
 @njit(cache=True, nogil=True)
 def sample_rows_alias(token_row, token_doc, token_topic, tok_lo, tok_hi, row_lo,
-                      ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                      doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                      ptr, used, topics, counts, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                      doc_tokens, alpha, beta, vocab_size, rng_state):
     """The ``"alias"`` sweep on a row store (:mod:`.rowstore`) with ``ALIAS_MH_STEPS`` cycles."""
     return sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, row_lo,
-                                   ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                                   doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                                   ptr, used, topics, counts, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                                   doc_tokens, alpha, beta, vocab_size, rng_state,
                                    ALIAS_MH_STEPS)
 
 
 @njit(cache=True, nogil=True)
 def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, row_lo,
-                            ptr, used, topics, counts, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                            doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state,
+                            ptr, used, topics, counts, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                            doc_tokens, alpha, beta, vocab_size, rng_state,
                             mh_steps):
     """The ``"alias"`` sweep of the tokens ``[tok_lo, tok_hi)`` (word-major; token ``i``'s row is
     ``token_row[i] - row_lo`` of the store ``ptr, used, topics, counts``, mutated, as are
-    ``token_topic``, ``topic_totals``, ``doc_topic`` and the documents' non-zero lists) with
+    ``token_topic``, ``topic_totals`` and the documents' topic counts) with
     ``mh_steps`` cycles per token; returns the tokens that changed topic.
 
     O(1) per token and O(K_w) per word of the call (its slots: the alias table and a topic ->
@@ -198,6 +198,7 @@ def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, r
     arguments: see ``_fplus_sweep`` in :mod:`.samplers` for their cost).
     """
     n_topics = topic_totals.shape[0]
+    drop_doc_lists(doc_nz)  # its MH steps read counts only
     v_beta = vocab_size * beta
 
     # Dense part β / (D_t + Vβ) over the totals D at the start of the call.
@@ -279,7 +280,7 @@ def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, r
         old = token_topic[i]
         counts[slot[old]] -= 1
         topic_totals[old] -= 1
-        _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
+        _doc_decrement(d, old, doc_nz_ptr, doc_nz, n_topics)
 
         # g¬(z0) and the rejection step that turns draws of g into draws of g¬.
         g_old = sparse_w[old] + dense_w[old]
@@ -297,6 +298,7 @@ def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, r
         state = old
         s_state = slot[state]
         n_state = counts[s_state]  # n_w,state¬ (the token's own count is out)
+        nd_state = -1  # n_d,state¬, looked up when a word step first needs it
         for _ in range(mh_steps):
             # Word proposal: t ~ g¬, accept with π(t) g¬(x) / (π(x) g¬(t)).
             while True:
@@ -321,13 +323,17 @@ def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, r
                 n_cand = counts[s_cand] if s_cand >= 0 else 0
                 g_cand = g_old_own_removed if cand == old else sparse_w[cand] + dense_w[cand]
                 g_state = g_old_own_removed if state == old else sparse_w[state] + dense_w[state]
-                num = ((doc_topic[d, cand] + alpha[cand]) * (n_cand + beta)
+                nd_cand = _doc_count(d, cand, doc_nz_ptr, doc_nz, n_topics)
+                if nd_state < 0:
+                    nd_state = _doc_count(d, state, doc_nz_ptr, doc_nz, n_topics)
+                num = ((nd_cand + alpha[cand]) * (n_cand + beta)
                        * (topic_totals[state] + v_beta) * g_state)
-                den = ((doc_topic[d, state] + alpha[state]) * (n_state + beta)
+                den = ((nd_state + alpha[state]) * (n_state + beta)
                        * (topic_totals[cand] + v_beta) * g_cand)
                 if num >= den or uniform(rng_state) * den < num:
                     state = cand
                     n_state = n_cand
+                    nd_state = nd_cand
             # Document proposal: n_dt¬ + [t = x] + α_t, accept with the word factors' ratio.
             u = uniform(rng_state) * (doc_len + alpha_sum)
             if u < doc_len:
@@ -355,6 +361,7 @@ def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, r
                 if num >= den or uniform(rng_state) * den < num:
                     state = cand
                     n_state = n_cand
+                    nd_state = -1  # looked up when a word step needs it
 
         new = state
         s_new = slot[new]
@@ -366,7 +373,7 @@ def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, r
             slot[new] = s_new
         counts[s_new] += 1
         topic_totals[new] += 1
-        _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
+        _doc_increment(d, new, doc_nz_ptr, doc_nz, n_topics)
         token_topic[i] = new
         if new != old:
             n_changed += 1

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from ..random import STATE_SIZE, seed_states, uniform
+from .counts import DocCounts, _doc_count_at, _doc_topics_counts
 from .priors import alpha_vector
 
 
@@ -35,31 +36,39 @@ def _add_count_terms(ll, counts, prior, lgamma_prior):
     return ll
 
 
-def doc_log_likelihood(doc_topic, doc_lengths, alpha):
+def doc_log_likelihood(doc_counts, doc_lengths, alpha):
     """Document part of log p(w, z): log p(z | α) for a worker's documents.
 
     ``Σ_d [lgamma(α_0) - lgamma(L_d + α_0) + Σ_t (lgamma(n_dt + α_t) - lgamma(α_t))]``
     with ``α_0 = Σ_t α_t`` (Griffiths & Steyvers 2004, eq. 3, with an
-    asymmetric prior).  Sums over workers add up.
+    asymmetric prior).  Sums over workers add up.  O(non-zeros).
 
     Parameters
     ----------
-    doc_topic : ndarray of int, shape (n_docs, K)
+    doc_counts : DocCounts or ndarray of int, shape (n_docs, K)
+        The document-topic counts (a dense table is converted).
     doc_lengths : ndarray of int, shape (n_docs,)
-        Tokens per document (the row sums of ``doc_topic``).
+        Tokens per document (the sums of its counts).
     alpha : float or ndarray of float64, shape (K,)
-        A number is the symmetric prior.
+        A number is the symmetric prior (with a dense table only: a
+        :class:`DocCounts` does not know K).
 
     Returns
     -------
     float
     """
-    return _doc_log_likelihood(doc_topic, doc_lengths, alpha_vector(alpha, doc_topic.shape[1]))
+    if not isinstance(doc_counts, DocCounts):
+        dense = np.asarray(doc_counts)
+        alpha = alpha_vector(alpha, dense.shape[1])
+        doc_counts = DocCounts.from_dense(dense.astype(np.int32))
+    elif np.ndim(alpha) == 0:
+        raise ValueError("doc_log_likelihood: give alpha as a vector of K values with DocCounts")
+    return _doc_log_likelihood(*doc_counts, np.asarray(doc_lengths), alpha_vector(alpha, len(alpha)))
 
 
 @njit(cache=True, nogil=True)
-def _doc_log_likelihood(doc_topic, doc_lengths, alpha):
-    n_docs, n_topics = doc_topic.shape
+def _doc_log_likelihood(doc_nz_ptr, doc_nz, doc_lengths, alpha):
+    n_topics = alpha.shape[0]
     alpha_sum = 0.0
     lgamma_alpha = np.empty(n_topics, dtype=np.float64)
     for t in range(n_topics):
@@ -67,12 +76,14 @@ def _doc_log_likelihood(doc_topic, doc_lengths, alpha):
         lgamma_alpha[t] = math.lgamma(alpha[t])
     lgamma_alpha_sum = math.lgamma(alpha_sum)
     ll = 0.0
-    for d in range(n_docs):
+    for d in range(doc_nz_ptr.shape[0] - 1):
         ll += lgamma_alpha_sum - math.lgamma(doc_lengths[d] + alpha_sum)
-        for t in range(n_topics):  # term by term, as _add_count_terms
-            count = doc_topic[d, t]
-            if count > 0:
-                ll += math.lgamma(count + alpha[t]) - lgamma_alpha[t]
+        p = doc_nz_ptr[d]
+        dense, k = _doc_topics_counts(doc_nz, p, n_topics)
+        for j in range(k):  # term by term, as _add_count_terms
+            t, c = _doc_count_at(doc_nz, p, dense, j)
+            if c > 0:  # (a document in the dense form lists its zeros too)
+                ll += math.lgamma(c + alpha[t]) - lgamma_alpha[t]
     return ll
 
 
@@ -125,7 +136,7 @@ def topic_totals_log_likelihood(topic_totals, beta, vocab_size):
 
 
 def joint_log_likelihood(
-    word_topic, topic_totals, doc_topic, doc_lengths, alpha, beta, vocab_size
+    word_topic, topic_totals, doc_counts, doc_lengths, alpha, beta, vocab_size
 ):
     """Return log p(w, z | α, β) for the whole model.
 
@@ -137,7 +148,7 @@ def joint_log_likelihood(
     ----------
     word_topic : ndarray of int32 or int64, shape (V or n_rows, K)
     topic_totals : ndarray of int, shape (K,)
-    doc_topic : ndarray of int, shape (n_docs, K)
+    doc_counts : DocCounts or ndarray of int, shape (n_docs, K)
     doc_lengths : ndarray of int, shape (n_docs,)
     alpha : float or ndarray of float64, shape (K,)
     beta : float
@@ -148,7 +159,7 @@ def joint_log_likelihood(
     float
     """
     return (
-        doc_log_likelihood(doc_topic, doc_lengths, alpha)
+        doc_log_likelihood(doc_counts, doc_lengths, alpha_vector(alpha, word_topic.shape[1]))
         + word_log_likelihood_rows(word_topic, beta)
         + topic_totals_log_likelihood(topic_totals, beta, vocab_size)
     )

@@ -31,6 +31,8 @@ Arrays
 import numpy as np
 from numba import njit
 
+from .counts import _doc_count_at, _doc_topics_counts
+
 #: Smallest α_k the fixed point returns (tomotopy's floor): a topic no document uses
 #: would otherwise go to 0, which the samplers cannot divide by.
 MIN_ALPHA = 1e-5
@@ -45,21 +47,21 @@ def alpha_vector(alpha, n_topics):
     return np.ascontiguousarray(values.reshape(-1))
 
 
-@njit(cache=True, nogil=True)
-def doc_topic_histograms(doc_topic, doc_ptr, doc_nz_topics, doc_nz_count, doc_lengths, max_length):
+def doc_topic_histograms(doc_counts, doc_lengths, n_topics, max_length):
     """Histograms of a worker's document-topic counts and document lengths.
 
-    ``out[k, n]`` = documents with ``doc_topic[d, k] == n`` (n >= 1; column 0
-    is left 0: it adds nothing to the fixed point), ``out[K, n]`` = documents
-    of length ``n``.  Counts above ``max_length`` go to column ``max_length``.
-    O(non-zeros): reads only each document's non-zero topics.
+    ``out[k, n]`` = documents with ``n_dk == n`` (n >= 1; column 0 is left 0:
+    it adds nothing to the fixed point), ``out[K, n]`` = documents of length
+    ``n``.  Counts above ``max_length`` go to column ``max_length``.
+    O(non-zeros).
 
     Parameters
     ----------
-    doc_topic : ndarray of int32, shape (n_docs, K)
-    doc_ptr, doc_nz_topics, doc_nz_count
-        The documents' non-zero topic lists (:func:`build_doc_nonzero`).
+    doc_counts : DocCounts
+        The documents' topic counts.
     doc_lengths : ndarray of int, shape (n_docs,)
+    n_topics : int
+        K.
     max_length : int
         L; the histograms have ``L + 1`` columns.
 
@@ -67,13 +69,19 @@ def doc_topic_histograms(doc_topic, doc_ptr, doc_nz_topics, doc_nz_count, doc_le
     -------
     ndarray of int64, shape (K + 1, L + 1)
     """
-    n_docs, n_topics = doc_topic.shape
+    return _doc_topic_histograms(*doc_counts, np.asarray(doc_lengths), int(n_topics), int(max_length))
+
+
+@njit(cache=True, nogil=True)
+def _doc_topic_histograms(doc_nz_ptr, doc_nz, doc_lengths, n_topics, max_length):
     out = np.zeros((n_topics + 1, max_length + 1), dtype=np.int64)
-    for d in range(n_docs):
-        base = doc_ptr[d]
-        for j in range(doc_nz_count[d]):
-            t = doc_nz_topics[base + j]
-            out[t, min(doc_topic[d, t], max_length)] += 1
+    for d in range(doc_nz_ptr.shape[0] - 1):
+        p = doc_nz_ptr[d]
+        dense, k = _doc_topics_counts(doc_nz, p, n_topics)
+        for j in range(k):
+            t, c = _doc_count_at(doc_nz, p, dense, j)
+            if c > 0:  # (a document in the dense form lists its zeros too)
+                out[t, min(c, max_length)] += 1
         out[n_topics, min(doc_lengths[d], max_length)] += 1
     return out
 

@@ -14,31 +14,43 @@ from numba import njit
 
 from ..random import uniform
 from .alias import sample_block_alias, sample_rows_alias
-from .counts import _doc_decrement, _doc_increment, _doc_nz_rebuild, _word_nz_add, _word_nz_remove, _word_nz_scan
+from .counts import (TABLE_LAYOUT, _doc_count, _doc_decrement, _doc_entry, _doc_increment, _doc_nonzero, drop_doc_lists,
+                     keep_doc_lists,
+                     _word_nz_add, _word_nz_remove, _word_nz_scan)
 from .fplus_tree import _tree_depth, _tree_leaf_offset, _tree_rebuild, _tree_sample, _tree_set, _tree_switch_word
 
 #: ``choose_sampler`` picks the dense sampler up to this many topics (the measured crossover).
 DENSE_MAX_TOPICS = 600
 #: ``choose_sampler`` picks the ``"alias"`` sampler from this many topics on (measured: see there).
 ALIAS_MIN_TOPICS = 2000
+#: The LDA program gives the samplers that read counts by topic (dense, MH, alias) the table layout
+#: of ``DocCounts`` while the table takes at most this many bytes on a worker (see doc_counts_table).
+TABLE_MAX_BYTES = 256 << 20
 #: Topics per block of the dense sampler's two-level search (8 float32: one AVX2 register).
 DENSE_BLOCK = 8
 
 
 @njit(cache=True, nogil=True, fastmath=True)
 def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                       word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                       doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                       word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                       doc_tokens, alpha, beta, vocab_size, rng_state):
     """O(K) collapsed Gibbs sweep over tokens ``[tok_lo, tok_hi)``, written for SIMD.
 
     The conditional (LDA* eq. 1) as ``p_t = (n_dt¬ + α_t) q_t`` with
     ``q_t = (n_wt¬ + β) / (n_t¬ + Vβ)`` kept for the current word: rebuilt in
     O(K) when the word changes, two entries per token otherwise (the word-major
     order sweeps a word's tokens together).  Per token, one vectorised pass
-    computes the weights (float32) and their total; the draw then walks block
-    sums of ``DENSE_BLOCK`` topics and searches within one block.  The
-    document's non-zero lists are not touched per token: documents are marked
-    and their lists rebuilt once at the end (per-token upkeep cost ~25 %).
+    computes the weights ``(n_dt + α_t) q_t`` (float32) and their total (for a
+    document in the sparse form of :class:`DocCounts`, ``α_t q_t`` and then
+    ``n_dt q_t`` over its non-zero topics); the draw then walks block sums of
+    ``DENSE_BLOCK`` topics and searches within one block.  On the table
+    layout of :class:`DocCounts` (built for this sampler) a document's row is
+    found without a lookup and nothing else is kept; on the default layout a
+    document in the dense form has only its counts updated per token: this
+    sampler keeps no lists of non-zero topics (:func:`keep_doc_lists`;
+    keeping them per token cost ~25 % at K = 20, marking them stale per
+    token 25 % of the bundled sample's iterations, rebuilding them at the end
+    of every call 30 %).
 
     On Reuters it runs 2-2.5x (K = 50) and 3-3.5x (K = 100) the plain float64 loop it replaced
     (``jobs/bench_lda_kernel.py --corpus reuters``).  Counts stay exact
@@ -46,6 +58,23 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
     the total).  Signature, arguments and return value as in
     :func:`sample_block`.
     """
+    if doc_nz[0] == TABLE_LAYOUT:
+        # row d: document d's K counts, then the next one's header (the entries end in one int of padding)
+        n_docs, stride = doc_nz_ptr.shape[0] - 1, topic_totals.shape[0] + 1
+        table = doc_nz[2:2 + n_docs * stride].reshape((n_docs, stride))
+        return _dense_table_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo, word_topic_block,
+                                  topic_totals, table, alpha, beta, vocab_size, rng_state)
+    return _dense_lists_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo, word_topic_block,
+                              topic_totals, doc_nz_ptr, doc_nz, alpha, beta, vocab_size, rng_state)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _dense_table_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo, word_topic_block,
+                       topic_totals, table, alpha, beta, vocab_size, rng_state):
+    # the dense sweep on the table layout: document d's counts in table[d, :K].  Its statements
+    # keep the order of the plain-table kernel it replaced and the draw is written out as in
+    # _dense_lists_sweep: taking the row before the count update, or the draw as an inline helper,
+    # each cost 7-10 % at K = 20 on Reuters (the table's layout itself measured level).
     n_topics = topic_totals.shape[0]
     v_beta = vocab_size * beta
     inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
@@ -53,7 +82,6 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
     weights = np.zeros(n_topics + DENSE_BLOCK, dtype=np.float32)  # padded: whole blocks
     alpha32 = alpha.astype(np.float32)
     n_blocks = (n_topics + DENSE_BLOCK - 1) // DENSE_BLOCK
-    touched = np.zeros(doc_nz_count.shape[0], dtype=np.bool_)
     for t in range(n_topics):
         inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
     current_word = -1
@@ -71,9 +99,8 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
         topic_totals[old] -= 1
         inv_denom[old] = 1.0 / (topic_totals[old] + v_beta)
         q[old] = np.float32((c + beta) * inv_denom[old])
-        doc_topic[d, old] -= 1
-        touched[d] = True
-        row = doc_topic[d]
+        table[d, old] -= 1
+        row = table[d]
         total = np.float32(0.0)
         for t in range(n_topics):
             x = (np.float32(row[t]) + alpha32[t]) * q[t]
@@ -101,13 +128,93 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
         topic_totals[new] += 1
         inv_denom[new] = 1.0 / (topic_totals[new] + v_beta)
         q[new] = np.float32((c + beta) * inv_denom[new])
-        doc_topic[d, new] += 1
+        table[d, new] += 1
         token_topic[i] = new
         if new != old:
             n_changed += 1
-    for d in range(touched.shape[0]):
-        if touched[d]:
-            _doc_nz_rebuild(doc_topic, d, doc_ptr, doc_nz_topics, doc_nz_count)
+    return n_changed
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _dense_lists_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo, word_topic_block,
+                       topic_totals, doc_nz_ptr, doc_nz, alpha, beta, vocab_size, rng_state):
+    # the dense sweep on the default layout (each document's header says its form)
+    n_topics = topic_totals.shape[0]
+    v_beta = vocab_size * beta
+    inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
+    q = np.empty(n_topics, dtype=np.float32)  # (n_wt + β) / (n_t + Vβ) of the current word
+    weights = np.zeros(n_topics + DENSE_BLOCK, dtype=np.float32)  # padded: whole blocks
+    alpha32 = alpha.astype(np.float32)
+    n_blocks = (n_topics + DENSE_BLOCK - 1) // DENSE_BLOCK
+    drop_doc_lists(doc_nz)
+    for t in range(n_topics):
+        inv_denom[t] = 1.0 / (topic_totals[t] + v_beta)
+    current_word = -1
+    n_changed = 0
+    for i in range(tok_lo, tok_hi):
+        w = token_word[i] - word_lo
+        if w != current_word:
+            current_word = w
+            for t in range(n_topics):
+                q[t] = np.float32((word_topic_block[w, t] + beta) * inv_denom[t])
+        d = token_doc[i]
+        old = token_topic[i]
+        c = word_topic_block[w, old] - 1
+        word_topic_block[w, old] = c
+        topic_totals[old] -= 1
+        inv_denom[old] = 1.0 / (topic_totals[old] + v_beta)
+        q[old] = np.float32((c + beta) * inv_denom[old])
+        p = doc_nz_ptr[d]
+        dense_doc = doc_nz[p] == n_topics
+        if dense_doc:  # its counts only (this sampler keeps no lists of non-zero topics)
+            doc_nz[p + 1 + old] -= 1
+        else:
+            _doc_decrement(d, old, doc_nz_ptr, doc_nz, n_topics)
+        total = np.float32(0.0)
+        if dense_doc:  # a document in the dense form: its K counts in topic order
+            for t in range(n_topics):
+                x = (np.float32(doc_nz[p + 1 + t]) + alpha32[t]) * q[t]
+                weights[t] = x
+                total += x
+        else:
+            for t in range(n_topics):  # the prior's part α_t q_t, one vectorised pass
+                x = alpha32[t] * q[t]
+                weights[t] = x
+                total += x
+            for j in range(doc_nz[p]):  # the document's part n_dt q_t over its (t, n_dt) pairs
+                t = doc_nz[p + 1 + 2 * j]
+                x = np.float32(doc_nz[p + 2 + 2 * j]) * q[t]
+                weights[t] += x
+                total += x
+        u = np.float32(uniform(rng_state)) * total
+        b = 0
+        while b < n_blocks - 1:
+            block_sum = np.float32(0.0)
+            for t in range(b * DENSE_BLOCK, (b + 1) * DENSE_BLOCK):
+                block_sum += weights[t]
+            if u < block_sum:
+                break
+            u -= block_sum
+            b += 1
+        hi = min((b + 1) * DENSE_BLOCK, n_topics)
+        new = hi - 1  # rounding left u past the block's sum: its last topic
+        for t in range(b * DENSE_BLOCK, hi):
+            u -= weights[t]
+            if u < 0.0:
+                new = t
+                break
+        c = word_topic_block[w, new] + 1
+        word_topic_block[w, new] = c
+        topic_totals[new] += 1
+        inv_denom[new] = 1.0 / (topic_totals[new] + v_beta)
+        q[new] = np.float32((c + beta) * inv_denom[new])
+        if dense_doc:
+            doc_nz[p + 1 + new] += 1
+        else:
+            _doc_increment(d, new, doc_nz_ptr, doc_nz, n_topics)
+        token_topic[i] = new
+        if new != old:
+            n_changed += 1
     return n_changed
 
 
@@ -133,8 +240,8 @@ def _sparse_move(word_topic_block, w, t, delta, topic_totals, inv_denom, alpha_i
 
 @njit(cache=True, nogil=True)
 def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                        word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                        doc_tokens, alpha, beta, vocab_size, rng_state):
     """SparseLDA bucket sweep, adapted to word-major order.
 
     Yao, Mimno & McCallum (2009) eq. 2-4, with word and document swapped::
@@ -154,6 +261,7 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
     Signature, arguments and return value as in :func:`sample_block`.
     """
     n_topics = topic_totals.shape[0]
+    keep_doc_lists(doc_nz_ptr, doc_nz, n_topics)
     v_beta = vocab_size * beta
     inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
     alpha_inv_denom = np.empty(n_topics, dtype=np.float64)  # α_t / (n_t + Vβ)
@@ -200,15 +308,15 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
                                          alpha_inv_denom, v_beta, alpha, beta, s_mass, q_mass)
         if c == 0:
             word_nz_count = _word_nz_remove(word_nz_topics, word_nz_pos, word_nz_count, old)
-        _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
+        _doc_decrement(d, old, doc_nz_ptr, doc_nz, n_topics)
 
         # r bucket over the document's non-zero topics.
-        base = doc_ptr[d]
-        n_nz = doc_nz_count[d]
+        p = doc_nz_ptr[d]
+        dense_doc, n_nz = _doc_nonzero(doc_nz, p, n_topics)
         r_mass = 0.0
         for j in range(n_nz):
-            t = doc_nz_topics[base + j]
-            r_mass += doc_topic[d, t] * (word_topic_block[w, t] + beta) * inv_denom[t]
+            t, c = _doc_entry(doc_nz, p, dense_doc, j, n_topics)
+            r_mass += c * (word_topic_block[w, t] + beta) * inv_denom[t]
             doc_cumulative[j] = r_mass
         if q_mass < 0.0:  # rounding guard; the true value is >= 0
             q_mass = 0.0
@@ -217,7 +325,7 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
             j = 0
             while j < n_nz - 1 and doc_cumulative[j] <= u:
                 j += 1
-            new = doc_nz_topics[base + j]
+            new = _doc_entry(doc_nz, p, dense_doc, j, n_topics)[0]
         elif u < r_mass + q_mass and word_nz_count > 0:
             u -= r_mass
             new = word_nz_topics[word_nz_count - 1]
@@ -243,7 +351,7 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
                                          alpha_inv_denom, v_beta, alpha, beta, s_mass, q_mass)
         if c == 1:
             word_nz_count = _word_nz_add(word_nz_topics, word_nz_pos, word_nz_count, new)
-        _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
+        _doc_increment(d, new, doc_nz_ptr, doc_nz, n_topics)
         token_topic[i] = new
         if new != old:
             n_changed += 1
@@ -261,8 +369,8 @@ MH_CYCLES = 2
 
 @njit(cache=True, nogil=True)
 def sample_block_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                       word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                       doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                       word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                       doc_tokens, alpha, beta, vocab_size, rng_state):
     """F+LDA word-by-word sweep (Yu et al. 2015; LDA* §3.1.1).
 
     With ``q_t = (n_wt + β) / (n_t + Vβ)`` and the F+ tree holding
@@ -279,14 +387,14 @@ def sample_block_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
     :func:`sample_block`.
     """
     return _fplus_sweep(False, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
+                        word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                        doc_tokens, alpha, beta, vocab_size, rng_state)
 
 
 @njit(cache=True, nogil=True)
 def sample_block_mh(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                    word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                    doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                    word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                    doc_tokens, alpha, beta, vocab_size, rng_state):
     """Metropolis-Hastings sweep with cycling doc / word proposals.
 
     LightLDA's cycle proposal (Yuan et al. 2015; LDA* §2.2 Algorithm 1,
@@ -309,14 +417,14 @@ def sample_block_mh(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
     as in :func:`sample_block`.
     """
     return _fplus_sweep(True, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                        word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                        doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
+                        word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                        doc_tokens, alpha, beta, vocab_size, rng_state)
 
 
 @njit(cache=True, nogil=True)
 def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                 word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                 doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                 word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                 doc_tokens, alpha, beta, vocab_size, rng_state):
     # The word-by-word sweep shared by the "fplus" and "mh" samplers: the F+ tree
     # holds α_t q_t = α_t (n_wt + β) / (n_t + Vβ) of the current word and each count
     # change of a token moves one leaf; `mh` picks how the new topic is drawn.
@@ -324,6 +432,10 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
     # the draws as inline helpers, left per-token reference counting on their
     # array arguments in the loop and cost 5-15 % (jobs/bench_lda_kernel.py).
     n_topics = topic_totals.shape[0]
+    if mh:  # (its MH steps read counts only)
+        drop_doc_lists(doc_nz)
+    else:
+        keep_doc_lists(doc_nz_ptr, doc_nz, n_topics)
     v_beta = vocab_size * beta
     current_word = -1
     n_changed = 0
@@ -364,7 +476,7 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
         topic_totals[old] -= 1
         alpha_inv_denom[old] = alpha[old] / (topic_totals[old] + v_beta)
         _tree_set(tree, offset, old, (c + beta) * alpha_inv_denom[old])
-        _doc_decrement(doc_topic, d, old, doc_ptr, doc_nz_topics, doc_nz_count)
+        _doc_decrement(d, old, doc_nz_ptr, doc_nz, n_topics)
 
         if mh:  # MH_CYCLES cycles of a document and a word proposal
             base = doc_ptr[d]
@@ -397,27 +509,28 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
                 # Word proposal.
                 cand = _tree_sample(tree, offset, n_topics, uniform(rng_state) * tree[1])
                 if cand != state:
-                    ratio = ((doc_topic[d, cand] * inv_alpha[cand] + 1.0)
-                             / (doc_topic[d, state] * inv_alpha[state] + 1.0))
+                    n_cand = _doc_count(d, cand, doc_nz_ptr, doc_nz, n_topics)
+                    n_state = _doc_count(d, state, doc_nz_ptr, doc_nz, n_topics)
+                    ratio = (n_cand * inv_alpha[cand] + 1.0) / (n_state * inv_alpha[state] + 1.0)
                     if ratio >= 1.0 or uniform(rng_state) < ratio:
                         state = cand
             new = state
         else:  # F+LDA: p(t) ∝ n_dt q_t (the document's non-zero topics) + α_t q_t (tree)
-            base = doc_ptr[d]
-            n_nz = doc_nz_count[d]
+            p = doc_nz_ptr[d]
+            dense_doc, n_nz = _doc_nonzero(doc_nz, p, n_topics)
             doc_mass = 0.0
             if symmetric:
                 # q_t = leaf_t / α: sum n_dt leaf_t and divide once (the per-topic
                 # 1 / α_t below cost F+LDA 6-15 % in jobs/bench_lda_kernel.py)
                 for j in range(n_nz):
-                    t = doc_nz_topics[base + j]
-                    doc_mass += doc_topic[d, t] * tree[offset + t]
+                    t, c = _doc_entry(doc_nz, p, dense_doc, j, n_topics)
+                    doc_mass += c * tree[offset + t]
                     doc_cumulative[j] = doc_mass
                 doc_scale = inv_alpha[0]
             else:
                 for j in range(n_nz):
-                    t = doc_nz_topics[base + j]
-                    doc_mass += doc_topic[d, t] * tree[offset + t] * inv_alpha[t]
+                    t, c = _doc_entry(doc_nz, p, dense_doc, j, n_topics)
+                    doc_mass += c * tree[offset + t] * inv_alpha[t]
                     doc_cumulative[j] = doc_mass
                 doc_scale = 1.0
             doc_mass *= doc_scale
@@ -427,7 +540,7 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
                 j = 0
                 while j < n_nz - 1 and doc_cumulative[j] <= u:
                     j += 1
-                new = doc_nz_topics[base + j]
+                new = _doc_entry(doc_nz, p, dense_doc, j, n_topics)[0]
             else:
                 new = _tree_sample(tree, offset, n_topics, u - doc_mass)
 
@@ -438,7 +551,7 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
         topic_totals[new] += 1
         alpha_inv_denom[new] = alpha[new] / (topic_totals[new] + v_beta)
         _tree_set(tree, offset, new, (c + beta) * alpha_inv_denom[new])
-        _doc_increment(doc_topic, d, new, doc_ptr, doc_nz_topics, doc_nz_count)
+        _doc_increment(d, new, doc_nz_ptr, doc_nz, n_topics)
         token_topic[i] = new
         if new != old:
             n_changed += 1
@@ -480,8 +593,8 @@ def get_sampler(name):
 
 
 def sample_block(sampler, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                 word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                 doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state):
+                 word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                 doc_tokens, alpha, beta, vocab_size, rng_state):
     """Resample the topics of tokens ``[tok_lo, tok_hi)`` with a named sampler.
 
     Every kernel in ``SAMPLERS`` takes exactly the arguments after
@@ -507,14 +620,13 @@ def sample_block(sampler, token_word, token_doc, token_topic, tok_lo, tok_hi, wo
         ``word_lo + i``); updated in place.
     topic_totals : ndarray of int64, shape (K,)
         Local copy of the global topic totals; updated in place.
-    doc_topic : ndarray of int32, shape (n_docs, K)
-        Document-topic counts; updated in place.
+    doc_nz_ptr, doc_nz
+        The documents' topic counts (the fields of a :class:`DocCounts`, in
+        order): each document's topics, ascending, with their counts; updated
+        in place.
     doc_ptr : ndarray of int64, shape (n_docs + 1,)
     doc_tokens : ndarray of int32, shape (n,)
-        From :func:`build_doc_tokens` (read only).
-    doc_nz_topics : ndarray of int32, shape (n,)
-    doc_nz_count : ndarray of int32, shape (n_docs,)
-        From :func:`build_doc_nonzero`; kept exact in place.
+        From :func:`build_doc_tokens` (read only): each document's tokens.
     alpha : ndarray of float64, shape (K,)
         Dirichlet concentrations of the document-topic prior, one per topic
         (all > 0; a symmetric prior is a constant vector:
@@ -532,8 +644,8 @@ def sample_block(sampler, token_word, token_doc, token_topic, tok_lo, tok_hi, wo
         Number of tokens whose topic changed.
     """
     return get_sampler(sampler)(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                                word_topic_block, topic_totals, doc_topic, doc_ptr, doc_tokens,
-                                doc_nz_topics, doc_nz_count, alpha, beta, vocab_size, rng_state)
+                                word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                                doc_tokens, alpha, beta, vocab_size, rng_state)
 
 
 def choose_sampler(n_topics, mean_doc_len):
@@ -581,8 +693,7 @@ def choose_sampler(n_topics, mean_doc_len):
     ==============  =====  =====  ======  =====  ====
 
     The dense sampler (q cached per word, float32 weights summed in one
-    vectorised pass, a blocked search, no per-token upkeep of the document's
-    non-zero list) wins up to a few hundred topics whatever the document
+    vectorised pass, a blocked search) wins up to a few hundred topics whatever the document
     length; by K = 1000 F+LDA's O(K_d + log K) draw catches up with it (ahead
     on Reuters, level on the Debian descriptions) and its cost falls further
     as a fit converges and K_d shrinks.  On the synthetic Zipf corpus (the
@@ -616,3 +727,21 @@ def choose_sampler(n_topics, mean_doc_len):
     if n_topics < ALIAS_MIN_TOPICS:
         return "fplus"
     return "alias"
+
+
+def doc_counts_table(sampler, n_docs, n_topics):
+    """Whether the LDA program keeps ``sampler``'s document counts in the table layout of
+    :class:`DocCounts` (a plain documents x K table) rather than in O(tokens) memory.
+
+    The dense sampler always (it is O(K) a token, chosen only at small K); MH and alias while the
+    table takes at most ``TABLE_MAX_BYTES`` (their word steps read ``n_dt`` of a proposed topic:
+    O(1) in the table, a bisection in a short document's pairs; on Reuters at K = 1,000 alias ran
+    1.74-1.76 M tokens/s on the table, 1.29-1.45 on the O(tokens) counts), the O(tokens) counts
+    beyond; F+LDA and SparseLDA never (they walk each document's non-zero topics, which only the
+    O(tokens) layout lists; there they also ran 30-60 % faster than on a dense table).
+    """
+    if sampler == "dense":
+        return True
+    if sampler in ("mh", "alias"):
+        return 4 * int(n_docs) * int(n_topics) <= TABLE_MAX_BYTES
+    return False
