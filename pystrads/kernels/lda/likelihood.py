@@ -257,9 +257,9 @@ def _fold_in(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, rng_states):
     n_docs = doc_ptr.shape[0] - 1
     n_topics = topic_word_prob.shape[1]
     doc_topic = np.zeros((n_docs, n_topics), dtype=np.int32)
-    doc_topic_sum = np.zeros((n_docs, n_topics), dtype=np.float64)
+    # no pass is averaged (n_burn = n_iter): no running sums (3x the counts' memory at large K)
     _fold_in_run(doc_words, doc_ptr, topic_word_prob, alpha, n_iter, n_iter,
-                 rng_states, doc_topic, doc_topic_sum)
+                 rng_states, doc_topic, np.zeros((0, n_topics), dtype=np.float64))
     return doc_topic
 
 
