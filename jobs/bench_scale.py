@@ -64,7 +64,9 @@ MIB = 2 ** 20
 
 
 class Sampler(threading.Thread):
-    """Peak RSS of every process carrying ``MARKER=<value>`` in its environment, by role and pid."""
+    """Peak RSS of every process carrying ``MARKER=<value>`` in its environment or descending from
+    this one, by role and pid (a shard forked by the executor's forker names itself a shard in its
+    command line and overwrites the environment block /proc shows, so only its ancestry finds it)."""
 
     def __init__(self, value: str):
         super().__init__(daemon=True)
@@ -80,15 +82,34 @@ class Sampler(threading.Thread):
             return "JVM driver"
         return "python worker" if "pyspark" in cmd or "python" in cmd else "other"
 
+    @staticmethod
+    def descendants(root: int) -> set:
+        children = {}
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    children.setdefault(int(fh.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+        out, todo = set(), [root]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in out:
+                    out.add(child)
+                    todo.append(child)
+        return out
+
     def run(self):
         while not self.stopped.wait(0.2):
+            mine = self.descendants(os.getpid())
             for entry in os.listdir("/proc"):
                 if not entry.isdigit():
                     continue
                 try:
-                    with open(f"/proc/{entry}/environ", "rb") as fh:
-                        if self.tag not in fh.read().split(b"\0"):
-                            continue
+                    if int(entry) not in mine and int(entry) != os.getpid():
+                        with open(f"/proc/{entry}/environ", "rb") as fh:
+                            if self.tag not in fh.read().split(b"\0"):
+                                continue
                     with open(f"/proc/{entry}/cmdline", "rb") as fh:
                         cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
                     with open(f"/proc/{entry}/status") as fh:
