@@ -176,6 +176,17 @@ def test_samplers_take_over_each_others_document_counts():
         assert chain.log_likelihood(0.2, 0.05) == pytest.approx(recount.log_likelihood(0.2, 0.05), rel=1e-12)
 
 
+def test_the_table_layout_goes_to_the_samplers_that_read_counts_by_topic_while_it_is_small():
+    limit_docs = lda.TABLE_MAX_BYTES // (4 * 1000)
+    assert lda.doc_counts_table("dense", 10 ** 7, 10 ** 5)  # O(K) a token anyway
+    for name in ("mh", "alias"):
+        assert lda.doc_counts_table(name, limit_docs, 1000)
+        assert not lda.doc_counts_table(name, limit_docs + 1, 1000)
+    for name in ("fplus", "sparse"):
+        assert not lda.doc_counts_table(name, 10, 10)
+    assert set(lda.SAMPLERS) == {"dense", "mh", "alias", "fplus", "sparse"}  # a new one: decide its layout
+
+
 def test_table_layout_serves_the_count_readers_and_refuses_the_list_walkers():
     """On the table layout the dense, MH and alias samplers take over each other's counts exactly
     and the likelihood and histograms read them; F+LDA and SparseLDA, which walk the lists of

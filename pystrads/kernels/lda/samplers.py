@@ -71,10 +71,10 @@ def sample_block_dense(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
 @njit(cache=True, nogil=True, fastmath=True)
 def _dense_table_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo, word_topic_block,
                        topic_totals, table, alpha, beta, vocab_size, rng_state):
-    # the dense sweep on the table layout: document d's counts in table[d, :K].  Its statements
-    # keep the order of the plain-table kernel it replaced and the draw is written out as in
-    # _dense_lists_sweep: taking the row before the count update, or the draw as an inline helper,
-    # each cost 7-10 % at K = 20 on Reuters (the table's layout itself measured level).
+    # the dense sweep on the table layout: document d's counts in table[d, :K].  The row is taken
+    # after the count update and the draw is written out as in _dense_lists_sweep: taking the row
+    # first, or the draw as an inline helper, each cost 7-10 % at K = 20 on Reuters (the table's
+    # stride and alignment measured level).
     n_topics = topic_totals.shape[0]
     v_beta = vocab_size * beta
     inv_denom = np.empty(n_topics, dtype=np.float64)  # 1 / (n_t + Vβ)
