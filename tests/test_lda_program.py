@@ -467,6 +467,65 @@ def test_a_workers_threads_keep_the_counts_exact_and_learn_as_one_thread_does(sc
     assert abs(llt[-1] - ll1[-1]) <= 0.01 * abs(ll1[-1]), (ll1[-1], llt[-1])
 
 
+class _DocCountsChecked(LDAProgram):
+    """LDAProgram that checks, after every push, the worker's document counts against a recount of
+    its token topics and their memory against its tokens (a failure fails the fit)."""
+
+    def push(self, ctx, data, state, block):
+        state = super().push(ctx, data, state, block)
+        ptr, entries = state.doc_counts
+        n_docs, k = len(data.doc_ids), self.num_topics
+        assert state.doc_counts.is_table == K.doc_counts_table(self.sampler, n_docs, k)
+        if not state.doc_counts.is_table:
+            assert entries.nbytes <= 12 * int(data.doc_ptr[-1]) + 8 * n_docs + 8, entries.nbytes
+        for d in range(n_docs):
+            lo, hi = data.doc_ptr[d], data.doc_ptr[d + 1]
+            topics, counts = np.unique(state.token_topic[data.doc_tokens[lo:hi]], return_counts=True)
+            if state.doc_counts.is_table:
+                row = entries[ptr[d] + 1:ptr[d] + 1 + k]
+                kept = np.c_[np.flatnonzero(row), row[row > 0]]
+            else:
+                m = entries[ptr[d]]
+                kept = entries[ptr[d] + 1:ptr[d] + 1 + 2 * m].reshape(-1, 2)
+            assert kept.tolist() == np.c_[topics, counts].tolist(), (d, kept, topics, counts)
+        return state
+
+
+@pytest.mark.parametrize("sampler,threads,n_docs", [("alias", 2, 1400), ("alias", 1, 60), ("fplus", 1, 1400)])
+def test_counts_stay_exact_at_a_hundred_thousand_topics(sc, sampler, threads, n_docs):
+    """K = 100,000 (the alias sampler is auto's pick there): after three iterations the shards'
+    word-topic rows and the topic totals match a recount of the token topics, and after every
+    round each worker's document counts match a recount in the layout the rule gives: with 700
+    documents a worker (a documents x K table would be 267 MiB) the O(tokens) lists, with 30
+    the table."""
+    k, vocab = 100_000, 60
+    assert K.choose_sampler(k, 40) == "alias"
+    assert K.doc_counts_table("alias", n_docs // 2, k) == (n_docs == 60)
+    rng = np.random.default_rng(11)  # Zipf-like words: some rows fill up, most stay sparse
+    docs = [(d, *np.unique(np.minimum(rng.zipf(1.3, 40) - 1, vocab - 1), return_counts=True)) for d in range(n_docs)]
+    tokens = sum(int(c.sum()) for _, _, c in docs)
+    weights = np.zeros(vocab)
+    for _, w, c in docs:
+        np.add.at(weights, w, c)
+    program = _DocCountsChecked(num_topics=k, vocab_size=vocab, num_workers=2,
+                                block_bounds=range_bounds(vocab, 2, weights), alpha=0.1, beta=0.01, max_iter=3,
+                                sampler=sampler, seed=3, word_weights=weights)
+    with Engine(program, sc.parallelize(docs, 2), seed=1, config={"worker.threads": threads}).fit() as res:
+        word_topic = res.read_table("word_topic")
+        assert word_topic.shape == (vocab, k) and word_topic.sum() == tokens
+        assert np.array_equal(res.read_table("topic_totals")[0], word_topic.sum(axis=0))
+        wt = np.zeros((vocab, k), dtype=np.int64)  # recount() is sized for a handful of topics; the same sum
+        for part in res.map_states(lambda worker, data, state: [
+                (words[data.token_row[data.block_tok[b]:data.block_tok[b + 1]]],
+                 state.token_topic[data.block_tok[b]:data.block_tok[b + 1]])
+                for b, words in enumerate(data.block_words)]):
+            for w, z in part:
+                np.add.at(wt, (w, z), 1)
+        assert np.array_equal(word_topic, wt)
+        assert res.summary.fixed["threads"] == threads
+        assert res.summary.iterations[-1]["iteration"] == 3
+
+
 # learned beta (optimize_beta)
 # --------------------------------------------------------------------------
 

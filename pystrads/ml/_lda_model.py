@@ -195,36 +195,59 @@ def topic_word_prob(counts: np.ndarray, topic_totals: np.ndarray, vocab_size: in
     return (counts.astype(np.float64) + beta) / (topic_totals.astype(np.float64) + vocab_size * beta)
 
 
-def fitted_topics(spark, result, vocab_size: int, k: int, config: Config) -> WordTopics:
+def fitted_topics(spark, result, vocab_size: int, k: int, config: Config,
+                  word_tokens: Optional[np.ndarray] = None) -> WordTopics:
     """The :class:`WordTopics` of a finished fit.  A model of at most
     ``spark.pystrads.lda.localModelBytes`` as int32 is read onto the driver (one read of the
     shards, no Spark job: what transform would collect anyway).  A larger one is made by executor
     tasks that read the non-zero ``word_topic`` rows in ranges (each shard filters its part),
     materialised before the fit is released (:func:`~pystrads.engine.driver.frames.keep_frame`); the
-    topic totals (K numbers) come to the driver.  ``config``: the fit's settings."""
-    from ..engine.driver.frames import keep_frame, row_ranges, shard_frame  # the driver's side (this module is the workers' too)
+    topic totals (K numbers) come to the driver.  ``config``: the fit's settings; ``word_tokens``:
+    each word's tokens in the corpus, which bound its row's non-zeros (``min(K, tokens)``), so
+    the reads are cut by entries (without them: by rows, assuming rows 1/8 full)."""
+    from ..engine.driver.frames import keep_frame, shard_frame  # the driver's side (this module is the workers' too)
 
     totals = np.asarray(result.read_table("topic_totals")[0], dtype=np.int64)
     if vocab_size * k * 4 <= config["lda.localModelBytes"]:
         dense = np.ascontiguousarray(result.read_table("word_topic"), dtype=np.int32)
         return WordTopics(None, totals, int(vocab_size), dense)
-    # rows per request: READ_BYTES of entries at ~1/8 fill (a request is at most 8x that, all rows full);
-    # tasks: TASK_BYTES of entries each, from the table's non-zeros as the shards count them
-    step = max(1, 8 * READ_BYTES // (4 * k))
     stored = [t for s in result.summary.shards for name, t in (s.get("tables") or {}).items()
               if name.endswith("/word_topic") and "nonzeros" in t]
     entry_bytes = 8 * sum(t["nonzeros"] for t in stored) + 8 * vocab_size if stored else vocab_size * k * 4
-    tasks = row_ranges(vocab_size, max(result.engine.num_workers, -(-entry_bytes // TASK_BYTES)))
+    num_tasks = max(result.engine.num_workers, -(-entry_bytes // TASK_BYTES))
+    tasks = read_plan(vocab_size, k, num_tasks, word_tokens)
 
     def read(reader, task):
         table = reader.table("word_topic")
-        for lo in range(task[0], task[1], step):
-            got = table.read_entries(range(lo, min(task[1], lo + step)))
+        for lo, hi in zip(task[:-1], task[1:]):
+            got = table.read_entries(range(lo, hi))
             if len(got.keys):
                 yield _entries_batch(got.keys, *got.csr)
 
     frame = keep_frame(shard_frame(spark, result, tasks, read, ENTRIES_SCHEMA), result, "word_topic")
     return WordTopics(frame, totals, int(vocab_size))
+
+
+def read_plan(vocab_size: int, k: int, num_tasks: int, word_tokens: Optional[np.ndarray] = None) -> List[np.ndarray]:
+    """The reads of a V x K word-topic table in ``num_tasks`` tasks: per task the row bounds of
+    its requests, each request at most about :data:`READ_BYTES` of entries.  With ``word_tokens``
+    a row's entries are bounded by ``min(K, tokens)`` (8 bytes each, and 8 for its key): the
+    requests and the tasks are cut by that mass, so a table of rare words at large K is read in a
+    few requests; without, a request is ``8 READ_BYTES / 4K`` rows (rows 1/8 full, at most 8x
+    READ_BYTES) and the tasks are equal row ranges."""
+    from ..engine.driver.frames import row_ranges
+
+    if word_tokens is None:
+        step = max(1, 8 * READ_BYTES // (4 * k))
+        return [np.unique(np.r_[np.arange(lo, hi, step), hi]).astype(np.int64) for lo, hi in row_ranges(vocab_size, num_tasks)]
+    bound = 8 * np.minimum(k, np.ceil(np.asarray(word_tokens, dtype=np.float64))) + 8
+    mass = np.concatenate(([0.0], np.cumsum(bound)))
+    total = mass[-1]
+    cuts = np.unique(np.r_[0, np.searchsorted(mass, np.arange(1, total // READ_BYTES + 1) * READ_BYTES, side="right") - 1,
+                           vocab_size]).astype(np.int64)  # request bounds: each request's rows <= READ_BYTES (or one row)
+    num_tasks = max(1, min(num_tasks, len(cuts) - 1))
+    at = np.unique(np.r_[0, np.searchsorted(mass[cuts], np.linspace(0, total, num_tasks + 1)[1:-1]), len(cuts) - 1])
+    return [cuts[a:b + 1] for a, b in zip(at[:-1], at[1:]) if b > a]
 
 
 def dense_counts(topics: WordTopics, spark, cache: bool = False) -> np.ndarray:

@@ -297,7 +297,8 @@ class StradsLDA(_StradsEstimator, _StradsLDAParams, HasEarlyStopping):
 
     def _read_model(self, result, fit: Fit) -> "StradsLDAModel":
         # the driver's program holds the learned priors; the counts stay on the executors
-        topics = fitted_topics(fit.dataset.sparkSession, result, fit.program.vocab_size, self.getK(), fit.setup.config)
+        topics = fitted_topics(fit.dataset.sparkSession, result, fit.program.vocab_size, self.getK(), fit.setup.config,
+                               word_tokens=fit.program.word_weights)
         return StradsLDAModel(topics, fit.program.alpha, fit.program.beta)
 
 

@@ -328,7 +328,9 @@ class LDAProgram(Program):
     block_bounds : array of int, shape (U + 1,)
         Word-id bounds of the rotation blocks (about equal token mass).
     word_weights : array, shape (V,), optional
-        Token count per word; balances the shards' ``word_topic`` ranges.
+        Token count per word; balances the shards' ``word_topic`` ranges, and (as a bound of a
+        word's non-zero topics, ``min(K, count)``) sizes the runs of rows the row-store
+        samplers read at once by their entries instead of by K.
     alpha : float or array of float, shape (K,)
         Dirichlet concentrations of the doc-topic prior (a number: symmetric);
         the starting point when learned.
@@ -381,6 +383,11 @@ class LDAProgram(Program):
         self.sampler = sampler
         self.seed = int(seed)
         self.word_weights = word_weights
+        # each word's row holds at most min(K, its tokens) non-zeros: that bound as a power of two
+        # (ceil log2, one byte a word) travels to the workers to cut their runs of rows by entries
+        self.row_bound_log2 = None if word_weights is None else \
+            np.ceil(np.log2(np.clip(np.ceil(np.asarray(word_weights, dtype=np.float64)), 1,
+                                    self.num_topics))).astype(np.uint8)
         self.log_likelihood_every = int(log_likelihood_every)
         self.optimize_alpha = bool(optimize_alpha)
         self.optimize_interval = int(optimize_interval)
@@ -541,18 +548,30 @@ class LDAProgram(Program):
 
     def _row_chunks(self, data: _WorkerData, block: int, pieces: int = 1):
         """``(a, b, t_lo, t_hi)``: the worker's rows ``[a, b)`` of ``block``'s words in at least
-        ``pieces`` runs of about equal token mass, each at most ``rows_per_fetch`` rows, and their
-        tokens ``[t_lo, t_hi)`` (tokens are word-major, so a run of rows is a run of tokens): a
-        worker holds at most that many rows at once, whatever V x K."""
+        ``pieces`` runs of about equal token mass, each of at most ``round_rows_bytes`` of rows, and
+        their tokens ``[t_lo, t_hi)`` (tokens are word-major, so a run of rows is a run of tokens): a
+        worker holds at most that many rows at once, whatever V x K.  A dense block's row takes
+        4 K bytes (``rows_per_fetch`` rows a run); a row store's row at most 8 bytes a non-zero
+        topic, bounded by the word's tokens (``row_bound_log2``), so at large K a run holds many
+        more of the rare words' rows."""
         lo, hi = int(data.block_tok[block]), int(data.block_tok[block + 1])
-        n, step = len(data.block_words[block]), self.rows_per_fetch
+        n = len(data.block_words[block])
         if hi <= lo:
             return
         rows = data.token_row[lo:hi]
-        # row cuts: token quantiles (whole rows), then no run longer than rows_per_fetch
+        from ..kernels import lda as K
+
+        bound_log2 = getattr(self, "row_bound_log2", None)  # (a program pickled before it had one)
+        if self.sampler in K.STORE_SAMPLERS and bound_log2 is not None:
+            bound = np.minimum(self.num_topics, 1 << bound_log2[data.block_words[block]].astype(np.int64))
+            mass = np.cumsum(8 * bound + 16)
+            limit = np.searchsorted(mass, np.arange(1, mass[-1] // self.round_rows_bytes + 1) * self.round_rows_bytes,
+                                    side="right")
+        else:
+            limit = np.arange(0, n, self.rows_per_fetch) if n > self.rows_per_fetch else np.zeros(0, np.int64)
+        # row cuts: token quantiles (whole rows), then no run over round_rows_bytes
         cuts = unique(np.concatenate((
-            [0, n], rows[(np.arange(1, pieces) * (hi - lo)) // pieces], np.arange(0, n, step)))) \
-            if pieces > 1 or n > step else np.array([0, n])
+            [0, n], rows[(np.arange(1, pieces) * (hi - lo)) // pieces], limit)).astype(np.int64))
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             yield a, b, lo + int(np.searchsorted(rows, a)), lo + int(np.searchsorted(rows, b))
 
