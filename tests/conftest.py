@@ -21,7 +21,7 @@ SPARK_MODULES = {"test_checkpoints", "test_cluster", "test_connect_remote", "tes
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a scenario of a minute or more (fault injection, clusters, jobs, conformance); the README's test command leaves them to the second step of .ci/run, `pytest -m slow`")
+    config.addinivalue_line("markers", "slow: a scenario the README's test command leaves to the second step of .ci/run, `pytest -m slow`: fault injection, clusters, jobs, conformance, and end-to-end checks of several seconds each whose kind a faster test covers in the README's run")
     config.addinivalue_line("markers", "spark: the test starts Spark (set on every test that uses the spark or sc fixture, and on the modules in conftest.SPARK_MODULES); `pytest -m 'not spark and not slow'` is the quick tier for day-to-day work")
 
 

@@ -32,6 +32,7 @@ def fit(sc, ratings, config, max_steps=None, reverse=False):
         return program.item_matrix(res.read_table("item_factors")), res.summary
 
 
+@pytest.mark.slow  # the engine-level resume is tests/test_engine_parts.py's, in the README's command
 def test_a_fit_resumes_from_its_latest_checkpoint_with_the_same_result(sc, ratings):
     full, plain = fit(sc, ratings, {})
     assert "checkpoints" not in plain.fixed  # no directory: no checkpoints

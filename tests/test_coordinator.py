@@ -124,7 +124,7 @@ def test_an_rdd_input_is_refused_with_the_setting_named(spark):
         Engine(ex.RotationSum(1), rdd, config=IN_JOB)
 
 
-@pytest.mark.parametrize("where, at_round", [("push", 5), ("after_step", 6)])
+@pytest.mark.parametrize("where, at_round", [("push", 5), pytest.param("after_step", 6, marks=pytest.mark.slow)])
 def test_a_lost_job_resumes_from_the_coordinators_state_exactly(data, where, at_round):
     df, per_key = data
     marker = os.path.join(tempfile.mkdtemp(prefix="pystrads-coordinator-"), "struck")
@@ -146,7 +146,8 @@ def _side_effects_fit(df, where, at_round):
         return marker, res.read_table("sums")[:, 0], res.read_table("counts")[:, 0], res.summary, engine.program
 
 
-@pytest.mark.parametrize("where, at_round", [("after_write", 4), ("after_step", 4), ("push", 5)])
+@pytest.mark.parametrize("where, at_round", [("after_write", 4), pytest.param("after_step", 4, marks=pytest.mark.slow),
+                                             ("push", 5)])
 def test_a_relaunch_applies_the_loops_own_writes_once(data, where, at_round):
     """The coordinator's process dies while ``after_step`` of step 2 runs, once it wrote a table
     (before the step's commit point), or right after it (once ``after_step`` returned: the journal

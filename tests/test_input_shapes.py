@@ -37,7 +37,7 @@ ESTIMATORS = {
 }
 
 
-@pytest.mark.slow  # the input plans themselves are the LDA test's below, in the README's run
+@pytest.mark.slow  # the input plans themselves are the LDA test's below
 @pytest.mark.parametrize("name", list(ESTIMATORS))
 def test_a_fit_over_any_input_plan_equals_the_fit_over_two_partitions(spark, name):
     make, data, result = ESTIMATORS[name]
@@ -60,6 +60,7 @@ def _two_theme_corpus(spark, docs=400, length=40):
     return spark.createDataFrame(rows, ["id", "features"]).repartition(2)
 
 
+@pytest.mark.slow  # every input plan, ~16 s
 def test_lda_over_any_input_plan_keeps_the_counts_and_the_likelihood(spark):
     df = _two_theme_corpus(spark)  # 16,000 tokens: the chains' log-likelihoods agree to well under 1 %
     tokens = sum(float(v.values.sum()) for (v,) in df.select("features").collect())

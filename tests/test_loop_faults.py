@@ -222,7 +222,7 @@ def test_the_check_fails_when_the_journal_records_the_state_before_after_steps_e
     assert got.tables["counts"][0, 0] == got.program.after_steps + 1
 
 
-@pytest.mark.parametrize("name", ["mf", "lasso", "lda"])
+@pytest.mark.parametrize("name", ["mf", pytest.param("lasso", marks=pytest.mark.slow), "lda"])
 def test_a_checkpoint_directory_resumes_exactly_under_another_shard_layout(name):
     """One checkpoint directory, three fits of one program on 3, then 1, then 2 shards (each
     table's rows cut otherwise, its files per shard otherwise, the older layout's files still in

@@ -286,6 +286,7 @@ def test_lasso_in_a_pipeline_with_a_vector_assembler(spark):
         np.testing.assert_allclose(out["prediction"], out["y"], atol=1e-5)
 
 
+@pytest.mark.slow  # several seconds; the README's command keeps a faster test of the same kind
 def test_a_working_set_limit_the_multinomial_loss_ignores_is_named_in_a_warning(problem, caplog):
     """workingSetLimit sizes the squared and binary log-loss's working sets: set on a multinomial
     StradsLogisticRegression, whose rounds never use them, the fit says it is ignored; the
@@ -340,7 +341,7 @@ def test_logistic_output_columns_match_mllib(problem):
         assert back.transform(df).select("prediction").collect() == a.select("prediction").collect()
 
 
-@pytest.mark.parametrize("path", ["arrow_udf", "mapInArrow"])
+@pytest.mark.parametrize("path", ["arrow_udf", pytest.param("mapInArrow", marks=pytest.mark.slow)])
 def test_arrow_scoring_equals_mllibs_jvm_scoring(problem, spark, monkeypatch, path):
     """transform without a JVM model (as under Spark Connect) scores in Arrow (an Arrow UDF of the
     features where pyspark has one, else mapInArrow batches of whole rows) and gives

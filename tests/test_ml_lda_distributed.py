@@ -134,6 +134,7 @@ def _apply_all(df, k, path, **params):
     return model, loaded, top, theta, perplexity, again, loaded.describeTopics(5).collect()
 
 
+@pytest.mark.slow  # a model too big for the driver: ~16 s
 @pytest.mark.timeout(300)
 def test_the_driver_never_holds_the_model(spark, monkeypatch):
     """A 60,000 x 150 model (34 MiB as int32): fit, describe, transform, score, save, load and

@@ -61,6 +61,7 @@ def test_fit_quality_matches_als(fitted, ratings):
     assert len(rmse) == 15 and rmse[-1] == pytest.approx(ours, rel=1e-3)
 
 
+@pytest.mark.slow  # several seconds; the README's command keeps a faster test of the same kind
 def test_block_sizes_reach_the_same_quality(ratings):
     """CCD++ (featureBlockSize 1), blocks of 2 with a padded last block, and whole-row blocks (5 = rank)."""
     ev = RegressionEvaluator(labelCol="rating")
@@ -146,6 +147,7 @@ def test_cold_start_nan_and_drop(fitted, spark):
     assert fitted_drop.transform(new).count() == 1
 
 
+@pytest.mark.slow  # several seconds; the README's command keeps a faster test of the same kind
 def test_cross_validator_picks_and_the_best_model_saves_loads_and_recommends(ratings):
     est = mf(maxIter=8, coldStartStrategy="drop")
     grid = ParamGridBuilder().addGrid(est.rank, [1, 3]).addGrid(est.regParam, [0.05, 0.5]).build()
@@ -230,6 +232,7 @@ def implicit_objective(model, df, reg, alpha, scale_reg=True):
     return float((conf * err ** 2).sum() + reg * ((n_u[:, None] * w ** 2).sum() + (n_i[:, None] * h ** 2).sum()))
 
 
+@pytest.mark.slow  # several seconds; the README's command keeps a faster test of the same kind
 def test_implicit_feedback_reaches_als_objective_and_its_rankings(interactions):
     """implicitPrefs=True minimises ALS's implicit objective: after ALS's own params, ours is at most
     ALS's (both monotone from different starts), the history never increases and ends at the

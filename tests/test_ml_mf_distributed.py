@@ -88,6 +88,7 @@ def test_recommend_for_all_users_is_the_brute_force_top_10(model):
     assert _check_top(recs, brute, "movieId", 10) > 0  # some lists have no ties: those are equal item for item
 
 
+@pytest.mark.slow  # several seconds; the README's command keeps a faster test of the same kind
 def test_small_blocks_merge_the_same_top_lists(model):
     """blockSize 100: many source and destination blocks, so every list is merged from several
     block pairs; recommendForAllItems too."""

@@ -116,6 +116,7 @@ def test_binary_summary_methods_as_test_training_summary(spark):
     assert sorted(model.evaluate(df).predictions.collect()) == sorted(s.predictions.collect())
 
 
+@pytest.mark.slow  # several seconds; the README's command keeps a faster test of the same kind
 def test_train_validation_split_over_max_iter_zero_and_one(spark, tmp_path):
     """test_tuning's grid over maxIter [0, 1]: the maxIter=0 model is MLlib's starting point
     (an AUC of 0.5), the TVS and its model save and load."""

@@ -63,8 +63,9 @@ def frame(spark):
         np.bincount(keys, vals, 60)
 
 
-@pytest.mark.parametrize("phase, location", [("load", "driver"), ("check", "driver"), ("init", "driver"),
-                                             ("rounds", "driver"), ("load", "job"), ("init", "job")])
+@pytest.mark.parametrize("phase, location", [pytest.param("load", "driver", marks=pytest.mark.slow), ("check", "driver"),
+                                             ("init", "driver"), ("rounds", "driver"),
+                                             pytest.param("load", "job", marks=pytest.mark.slow), ("init", "job")])
 def test_a_task_lost_in_any_phase_is_recovered_exactly(frame, phase, location):
     df, per_key = frame
     marker = os.path.join(tempfile.mkdtemp(prefix="pystrads-phase-"), "struck")

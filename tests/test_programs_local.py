@@ -322,6 +322,7 @@ class LateReader(ex.CounterProgram):
             worker_module._Worker.next_command = next_command
 
 
+@pytest.mark.slow  # several seconds; the README's command keeps a faster test of the same kind
 def test_fits_released_at_once_leave_no_task_running(sc):
     """A fit whose states nobody keeps returns without waiting for its job's teardown, and the
     caller may drop its tables at once: a worker that had not yet read ``finish`` must then end

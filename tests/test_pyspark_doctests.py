@@ -132,6 +132,7 @@ def run_doctests(spark, module_name, class_name, names):
     return failures
 
 
+@pytest.mark.slow  # conformance: pyspark.ml's examples, ~40 s together
 @pytest.mark.parametrize("module_name,class_name", sorted(CASES))
 def test_pysparks_doctests_pass_on_the_drop_in(spark, module_name, class_name):
     failures = run_doctests(spark, module_name, class_name, CASES[module_name, class_name])

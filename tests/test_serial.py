@@ -96,7 +96,7 @@ def small(sc):
     return p, rows, ColumnSample([(i, v) for _, i, v in rows], 120)
 
 
-@pytest.mark.parametrize("cls", [LassoProgram, L1LogisticProgram, MultinomialProgram])
+@pytest.mark.parametrize("cls", [LassoProgram, pytest.param(L1LogisticProgram, marks=pytest.mark.slow), MultinomialProgram])
 def test_the_linear_programs_agree_with_their_serial_runs(sc, small, cls):
     """Parallel rounds (L = 32, dependency check off) and one coefficient (a feature's K
     coefficients) a round reach the same optimum: the programs' tolerance."""
