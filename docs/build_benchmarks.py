@@ -222,8 +222,8 @@ def runtime_throughput_table(data):
 
 # -- MF on MovieLens (jobs/bench_mf.py) ----------------------------------------------------------
 
-MF_NAMES = {"pystrads": "**pystrads StradsMF (defaults), 2 workers × 1 thread**",
-            "pystrads 1 worker x 2 threads": "pystrads StradsMF (defaults), 1 worker × 2 threads",
+MF_NAMES = {"pystrads": "**pystrads StradsMF (defaults: 1 worker × 2 threads)**",
+            "pystrads numWorkers=2": "pystrads StradsMF, `numWorkers=2` (2 workers × 1 thread)",
             "pystrads sgd": "pystrads StradsMF, `algorithm=\"sgd\"`", "ALS": "MLlib ALS"}
 
 
@@ -244,8 +244,8 @@ def mf_table(data):
                        + (f"{row['test_rmse'] - als['test_rmse']:+.4f} |".replace("-", "−") if ours else "|"))
     threads = data.get("threads_vs_workers")
     if threads:
-        out += ["", f"1 worker × {data['threads']} threads (a session with `spark.task.cpus={data['threads']}`) "
-                "against 2 workers × 1 thread: "
+        out += ["", f"The default shape (1 worker × 2 threads) against `numWorkers={data['workers']}` "
+                f"({data['workers']} workers × 1 thread): "
                 + "; ".join(f"rank {rank}: **{_f(t['time_ratio'], 2)}×** the time, test RMSE "
                             f"{t['rmse_difference']:+.4f}".replace("-", "−") for rank, t in threads.items()) + "."]
     rec = data.get("recommend")
@@ -369,21 +369,33 @@ def lda_peer_table(data):
 
 
 def lda_k_table(data):
-    """jobs/bench_scale.py --case lda-k: time per token at two K, StradsLDA and tomotopy."""
+    """jobs/bench_scale.py --case lda-k: time per token at two K, StradsLDA and tomotopy (and, where
+    the run sampled them, each pystrads role's largest process at each K)."""
     r = data["results"][0]
     g, size = r["growth"], r["size"]
+    roles = ["python driver", "JVM driver", "shard", "python worker"]
+    peaks = all("peak_mib" in row for row in g["rows"])
     out = [f"Corpus: Zipf(0.8), V = {size['vocab']:,}, {size['tokens']:,} tokens; per iteration = the difference of a "
-           "short and a long fit, divided by their difference in iterations.", "",
+           "short and a long fit, divided by their difference in iterations"
+           + ("; peaks: the largest process of each role over that K's fits (MiB)." if peaks else "."), "",
            "| K | StradsLDA's sampler (auto) | StradsLDA per iteration | ns per token | tomotopy per iteration "
-           "| ns per token |", "|---:|---|---:|---:|---:|---:|"]
+           "| ns per token |" + ("".join(f" {x} peak |" for x in roles) if peaks else ""),
+           "|---:|---|---:|---:|---:|---:|" + ("---:|" * len(roles) if peaks else "")]
+    skipped = []
     for row in g["rows"]:
         tt = row.get("tomotopy_per_iteration_s")
         out.append(f"| {row['k']:,} | {row['sampler']} | {_f(row['strads_per_iteration_s'], 2)} s | "
                    f"{row['strads_ns_per_token']:,.0f} | " + (f"{_f(tt, 2)} s | {row['tomotopy_ns_per_token']:,.0f} |"
-                                                            if tt is not None else "— | — |"))
+                                                            if tt is not None else "— | — |")
+                   + ("".join(f" {row['peak_mib'].get(x, 0):,} |" for x in roles) if peaks else ""))
+        if "tomotopy_skipped" in row:
+            skipped.append(f"tomotopy at K = {row['k']:,} not run: {row['tomotopy_skipped']}.")
     lo, hi = g["rows"][0]["k"], g["rows"][-1]["k"]
     out.append(f"| **growth, K = {lo:,} → {hi:,}** | | **{g['strads_growth']:.2f}×** | | "
-               + (f"**{g['tomotopy_growth']:.2f}×** | |" if "tomotopy_growth" in g else "— | |"))
+               + (f"**{g['tomotopy_growth']:.2f}×** | |" if "tomotopy_growth" in g else "— | |")
+               + (" |" * len(roles) if peaks else ""))
+    if skipped:
+        out += [""] + skipped
     return out
 
 
@@ -558,7 +570,7 @@ TABLES = {
     "lda_debian": Table(lda_table, _LDA.format(corpus="--corpus debian ", repeats=3), "2026-11-26"),
     "lda_debian_k1000": Table(lda_table, _LDA.format(corpus="--corpus debian -k 1000 --iters 50 ", repeats=1),
                               "2026-11-30"),
-    "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-11-30"),
+    "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-12-01"),
     "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
     "mf_implicit_iteration": Table(mf_implicit_iteration_table),
     "lasso_strads": Table(lasso_table, "python3 jobs/bench_lasso.py --quick --repeats 3", "2026-11-30"),
@@ -573,7 +585,9 @@ TABLES = {
     "scale": Table(scale_table, date="2026-11-24"),
     "lda_peer": Table(lda_peer_table),
     "lda_k": Table(lda_k_table),
+    "lda_k_v1m": Table(lda_k_table),
     "lda_samplers": Table(lda_samplers_table),
+    "lda_samplers_v1m": Table(lda_samplers_table),
     "scoring": Table(scoring_table),
     "lda_priors": Table(lda_priors_table),
     "cv": Table(cv_table),

@@ -18,7 +18,10 @@ unscaled by the counts); precision@10 and NDCG@10 (pyspark's RankingEvaluator) o
 system's top 10 unseen items, computed from its factors by one shared function.
 
 StradsMF with both algorithms (coordinate descent, the default, and SGD with
-block rotation) and ALS all get ALS's own params (rank, regParam, maxIter, seed); test RMSE with
+block rotation) and ALS run in one ``local[2]`` session without ``spark.task.cpus``, so
+StradsMF's default is its default shape (one worker computing with both cores); coordinate
+descent also runs with ``numWorkers=2`` (``--workers``: single-threaded workers, one per
+slot) for the comparison of the two shapes. All get ALS's own params (rank, regParam, maxIter, seed); test RMSE with
 cold starts dropped (RegressionEvaluator); fit time from ``fit`` to factors
 materialised. Medians of ``--repeats`` fits each, interleaved. A high-rank
 StradsMF run (``--high-rank``) reports the shards' memory. Prints a table,
@@ -53,9 +56,9 @@ def main(argv=None):
                    help="StradsMF featureBlockSize values to compare (0 = the automatic default, 1 = CCD++)")
     p.add_argument("--sgd-step", type=float, default=0.05, help="StradsMF(algorithm='sgd') stepSize; 0 to skip SGD")
     p.add_argument("--high-rank", type=int, default=500, help="0 to skip")
-    p.add_argument("--threads", type=int, default=2,
-                   help="also time StradsMF (coordinate descent) as one worker with this many threads, in a second "
-                        "Spark session with spark.task.cpus set to it; 0: skip")
+    p.add_argument("--workers", type=int, default=2,
+                   help="also time StradsMF (coordinate descent) with numWorkers set to this (single-threaded "
+                        "workers, one per task slot) against the default shape (one worker with every core); 0: skip")
     p.add_argument("--out", default=None, help="JSON path (default out/bench_mf.json, out/bench_mf_implicit.json)")
     p.add_argument("--implicit", action="store_true", help="the implicit-feedback benchmark instead")
     p.add_argument("--alphas", default="1,40", help="--implicit: confidence slopes alpha")
@@ -93,20 +96,17 @@ def main(argv=None):
     test_mask = np.random.default_rng(42).random(len(ratings)) < 0.1
     cols = ["userId", "movieId", "rating"]
 
-    def session(task_cpus=1):
-        spark = spark_session("local[2]", "pystrads-bench-mf", {"spark.ui.enabled": "false",
-                                                                "spark.driver.memory": "8g",
-                                                                # ALS's 15 iterations without a checkpoint
-                                                                # directory deserialise a deep lineage: room
-                                                                # for it (a StackOverflowError otherwise)
-                                                                "spark.driver.extraJavaOptions": "-Xss16m",
-                                                                "spark.task.cpus": str(task_cpus)})
-        spark.sparkContext.setLogLevel("ERROR")
-        train = spark.createDataFrame(ratings[~test_mask][cols]).repartition(2).cache()
-        test = spark.createDataFrame(ratings[test_mask][cols]).cache()
-        return spark, train, test
-
-    spark, train, test = session()
+    # the default session: spark.task.cpus unset, so StradsMF's default shape is one worker computing with
+    # both cores (the estimators' default), and every other stage (ALS's, the scans) has both slots
+    spark = spark_session("local[2]", "pystrads-bench-mf", {"spark.ui.enabled": "false",
+                                                            "spark.driver.memory": "8g",
+                                                            # ALS's 15 iterations without a checkpoint
+                                                            # directory deserialise a deep lineage: room
+                                                            # for it (a StackOverflowError otherwise)
+                                                            "spark.driver.extraJavaOptions": "-Xss16m"})
+    spark.sparkContext.setLogLevel("ERROR")
+    train = spark.createDataFrame(ratings[~test_mask][cols]).repartition(2).cache()
+    test = spark.createDataFrame(ratings[test_mask][cols]).cache()
     print(f"MovieLens latest-small: {train.count()} training / {test.count()} test ratings")
     ev = RegressionEvaluator(labelCol="rating", predictionCol="prediction")
     common = dict(userCol="userId", itemCol="movieId", ratingCol="rating", regParam=args.reg, maxIter=args.iters,
@@ -126,6 +126,7 @@ def main(argv=None):
         row = {"system": system, "rank": rank, "fit_s": round(wall, 2), "test_rmse": round(rmse, 4)}
         if system.startswith("pystrads"):
             row["fixed_s"] = {k: round(v, 3) for k, v in model.summary.fixed.items()}
+            row["workers"], row["threads"] = int(model.summary.fixed["workers"]), int(model.summary.fixed["threads"])
             row["steps"] = len(model.summary.steps)
             row["train_rmse"] = model.summary.trainRmseHistory[-1]
         results.append(row)
@@ -141,13 +142,22 @@ def main(argv=None):
     def label(b):
         return "pystrads" if b == 0 else f"pystrads b={b}"
 
+    spread = f"pystrads numWorkers={args.workers}"
+    if args.workers:
+        StradsMF(**dict(common, rank=2, maxIter=1, numWorkers=args.workers)).fit(train)
     for rank in [int(r) for r in args.ranks.split(",")]:
         for _ in range(args.repeats):
             for b in blocks:
                 mf = StradsMF(**dict(common, rank=rank, featureBlockSize=b))
                 if args.inner:
                     mf.setInnerIterations(args.inner)
-                run(label(b), rank, mf)
+                model = run(label(b), rank, mf)
+                if b == 0:  # the default shape of a local[2] session without spark.task.cpus
+                    assert (model.summary.fixed["workers"], model.summary.fixed["threads"]) == (1, 2), \
+                        model.summary.fixed
+            if args.workers:
+                model = run(spread, rank, StradsMF(**dict(common, rank=rank, numWorkers=args.workers)))
+                assert model.summary.fixed["threads"] == 1, model.summary.fixed
             if args.sgd_step > 0:
                 run("pystrads sgd", rank, StradsMF(**dict(common, rank=rank, algorithm="sgd", stepSize=args.sgd_step)))
             run("ALS", rank, ALS(**dict(common, rank=rank)))
@@ -168,23 +178,10 @@ def main(argv=None):
             print(f"  {system} rank {args.high_rank}: shard RSS "
                   f"{[round(s['rss_bytes'] / 2**20) for s in stats]} MiB")
 
-    threaded = f"pystrads 1 worker x {args.threads} threads"
-    if args.threads > 1:
-        # one worker with every core: spark.task.cpus is fixed per application, so a session of its own (the
-        # same split built again, untimed), warmed up the same way
-        spark.stop()
-        spark, train, test = session(args.threads)
-        train.count(), test.count()
-        StradsMF(**dict(common, rank=2, maxIter=1)).fit(train)
-        for rank in [int(r) for r in args.ranks.split(",")]:
-            for _ in range(args.repeats):
-                model = run(threaded, rank, StradsMF(**dict(common, rank=rank)))
-                assert model.summary.fixed["threads"] == args.threads, model.summary.fixed
-
     summary = {}
     print("\n| system | rank | fit s (median) | test RMSE (median) |")
     print("|---|---:|---:|---:|")
-    systems = ([threaded] if args.threads > 1 else []) + [label(b) for b in blocks] + \
+    systems = [label(b) for b in blocks] + ([spread] if args.workers else []) + \
         (["pystrads sgd"] if args.sgd_step > 0 else []) + ["ALS"]
     for rank in sorted({r["rank"] for r in results}):
         for system in systems:
@@ -194,24 +191,24 @@ def main(argv=None):
                 rmse = float(np.median([r["test_rmse"] for r in rows]))
                 summary[f"{system}_rank{rank}"] = {"fit_s": fit, "test_rmse": rmse}
                 print(f"| {system} | {rank} | {fit:.2f} | {rmse:.4f} |")
-    threads_vs_workers = {}  # rank -> 1 worker x T threads against 2 workers x 1 thread
+    threads_vs_workers = {}  # rank -> the default shape (1 worker x 2 threads) against numWorkers single-threaded
     for rank in [int(r) for r in args.ranks.split(",")]:
         for system in systems[:-1]:
             a, b = summary.get(f"{system}_rank{rank}"), summary.get(f"ALS_rank{rank}")
             if a and b:
                 print(f"rank {rank}, {system}: RMSE difference {a['test_rmse'] - b['test_rmse']:+.4f} "
                       f"(target <= +0.005), time ratio {a['fit_s'] / b['fit_s']:.2f} (target <= 1)")
-        a, b = summary.get(f"{threaded}_rank{rank}"), summary.get(f"pystrads_rank{rank}")
+        a, b = summary.get(f"pystrads_rank{rank}"), summary.get(f"{spread}_rank{rank}")
         if a and b:
             threads_vs_workers[rank] = {"time_ratio": a["fit_s"] / b["fit_s"],
                                         "rmse_difference": a["test_rmse"] - b["test_rmse"]}
-            print(f"rank {rank}, 1 worker x {args.threads} threads vs 2 workers: time ratio "
+            print(f"rank {rank}, the default (1 worker x 2 threads) vs {args.workers} workers: time ratio "
                   f"{a['fit_s'] / b['fit_s']:.2f} (target <= 1.05), RMSE difference "
                   f"{a['test_rmse'] - b['test_rmse']:+.4f} (target within 0.001)")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"results": results, "summary": summary, "threads_vs_workers": threads_vs_workers,
-                   "threads": args.threads, "high_rank": high, "recommend": recommend,
+                   "workers": args.workers, "high_rank": high, "recommend": recommend,
                    "reg": args.reg, "iters": args.iters,
                    "sgd_step": args.sgd_step,
                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}, fh, indent=2)

@@ -22,7 +22,12 @@ Each case runs in a fresh ``local[2]`` driver with ``spark.driver.memory=1g``:
 * **lda-k** -- the lda-peer corpus over V = 100,000 words (``--k-vocab``), fitted
   with K = 1,000 and 10,000 (``--k-list``) by StradsLDA (``sampler="auto"``) and
   tomotopy, a short and a long fit of each at each K: time per token at each K
-  and its growth from the first K to the last (target for StradsLDA: <= 1.5x);
+  and its growth from the first K to the last (target for StradsLDA:
+  ``--k-growth-target``, 1.5x), each pystrads role's largest process at each K
+  (target: ``--k-process-limit-mib``, 4 GiB); tomotopy is left out at a K where
+  its dense table of the corpus's distinct words x K counts would not fit in
+  the memory available (said in the report), e.g. ``--k-vocab 1000000 --k-list
+  1000 100000 --k-growth-target 2``;
 * **lda-samplers** -- the lda-k corpus, each of ``--samplers`` (fplus, alias) at
   each K of ``--k-list``, one fit of ``--sampler-iters`` iterations logging the
   log-likelihood every iteration: the time each sampler needs to reach the
@@ -134,6 +139,24 @@ class Sampler(threading.Thread):
 def status(key: str) -> int:
     with open("/proc/self/status") as fh:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(key))
+
+
+def status_mem(key: str) -> int:
+    """A line of /proc/meminfo, in bytes."""
+    with open("/proc/meminfo") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(key))
+
+
+def tomotopy_table_bytes(vocab: int, k: int, num_docs: int, doc_len: int) -> int:
+    """The dense word-topic table tomotopy would allocate for the Zipf corpus: its distinct words x K
+    int32 counts (tomotopy's vocabulary is the words it was given)."""
+    import numpy as np
+
+    cdf = zipf_cdf(vocab)
+    seen = np.zeros(vocab, dtype=bool)
+    for d in range(num_docs):
+        seen[zipf_doc(cdf, d, doc_len)[0]] = True
+    return int(seen.sum()) * k * 4
 
 
 def zipf_cdf(vocab: int):
@@ -285,9 +308,18 @@ def tomotopy_peer(args) -> dict:
     fit(40, 200, 2, 2, False)  # warm-up, as StradsLDA's
     num_docs = args.peer_tokens // args.doc_len
     if args.case == "tomotopy-k":  # the K-growth case: each K of --k-list at --k-vocab
-        out = {"by_k": {str(k): [{"short": fit(num_docs, args.k_vocab, k, args.peer_short, True),
-                                  "long": fit(num_docs, args.k_vocab, k, args.peer_long, True)}
-                                 for _ in range(args.repeats)] for k in args.k_list}}
+        out = {"by_k": {}, "skipped": {}}
+        for k in args.k_list:
+            need, have = tomotopy_table_bytes(args.k_vocab, k, num_docs, args.doc_len), status_mem("MemAvailable:")
+            if need > 0.8 * have:  # its dense table alone would not fit: say so instead of swapping or dying
+                out["skipped"][str(k)] = (f"tomotopy keeps a dense words x topics table of int32 counts: "
+                                          f"{need / 2**30:,.0f} GiB at K = {k:,} for this corpus's distinct words, "
+                                          f"against {have / 2**30:,.0f} GiB available")
+                print(f"tomotopy K={k}: skipped ({out['skipped'][str(k)]})", flush=True)
+                continue
+            out["by_k"][str(k)] = [{"short": fit(num_docs, args.k_vocab, k, args.peer_short, True),
+                                    "long": fit(num_docs, args.k_vocab, k, args.peer_long, True)}
+                                   for _ in range(args.repeats)]
         out["peak_rss"] = status("VmHWM:")
         return out
     out = {"runs": [{"short": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_short, True),
@@ -444,7 +476,7 @@ def _run_child(args, case: str) -> dict:
     return json.loads(line[0][len("RESULT "):])
 
 
-def print_report(r: dict) -> bool:
+def print_report(r: dict, args=None) -> bool:
     if "error" in r:
         print(f"\n== {r['case']}: FAILED\n{r['error']}")
         return False
@@ -472,7 +504,8 @@ def print_report(r: dict) -> bool:
     if r["case"] == "lda-peer":
         return print_peer(r) and driver_ok
     if r["case"] == "lda-k":
-        return print_k_growth(r) and driver_ok
+        return (print_k_growth(r, args.k_growth_target, args.k_process_limit_mib) if args else print_k_growth(r)) \
+            and driver_ok
     if r["case"] == "lda-samplers":
         print_sampler_race(r)
     if r["case"] == "mf":
@@ -567,9 +600,11 @@ def print_sampler_race(r: dict) -> None:
               f"{x['seconds_to_target'] or '—'} | {x['time_ratio'] or '—'} |")
 
 
-def print_k_growth(r: dict) -> bool:
-    """The K-growth case: time per token at each K for StradsLDA and tomotopy, and its growth from the
-    smallest K to the largest (StradsLDA's target: <= 1.5x); stores them in ``r["growth"]``."""
+def print_k_growth(r: dict, target_growth: float = 1.5, limit_mib: int = 4096) -> bool:
+    """The K-growth case: time per token at each K for StradsLDA and tomotopy (where its dense table
+    fits in memory), its growth from the smallest K to the largest (StradsLDA's target:
+    ``target_growth``) and each pystrads role's largest process at each K (target: ``limit_mib``);
+    stores them in ``r["growth"]``."""
     ks = [int(k) for k in r["by_k"]]
     tokens = r["size"]["tokens"]
     fits: dict = {}
@@ -582,7 +617,15 @@ def print_k_growth(r: dict) -> bool:
         row = {"k": k, "sampler": r["by_k"][str(k)]["sampler"],
                "strads_per_iteration_s": round(_per_iteration(fits[k][n_short], fits[k][n_long], n_short, n_long), 3)}
         row["strads_ns_per_token"] = round(row["strads_per_iteration_s"] / tokens * 1e9, 1)
-        if tt and "error" not in tt:
+        peaks: dict = {}  # role -> the largest peak of one process of it over this K's fits, MiB
+        for name, p in r["phases"].items():
+            if int(name.split()[0][2:]) == k:
+                for role, got in p["peaks"].items():
+                    peaks[role] = max(peaks.get(role, 0), round(got["max_mib"]))
+        row["peak_mib"] = peaks
+        if tt and "error" not in tt and str(k) in tt.get("skipped", {}):
+            row["tomotopy_skipped"] = tt["skipped"][str(k)]
+        elif tt and "error" not in tt:
             runs = tt["by_k"][str(k)]
             row["tomotopy_per_iteration_s"] = round(_per_iteration([x["short"]["train_s"] for x in runs],
                                                                    [x["long"]["train_s"] for x in runs],
@@ -590,21 +633,32 @@ def print_k_growth(r: dict) -> bool:
             row["tomotopy_ns_per_token"] = round(row["tomotopy_per_iteration_s"] / tokens * 1e9, 1)
         rows.append(row)
     lo, hi = rows[0], rows[-1]
-    growth = {"rows": rows, "strads_growth": round(hi["strads_per_iteration_s"] / lo["strads_per_iteration_s"], 3)}
-    if "tomotopy_per_iteration_s" in lo:
+    growth = {"rows": rows, "strads_growth": round(hi["strads_per_iteration_s"] / lo["strads_per_iteration_s"], 3),
+              "target": target_growth, "process_limit_mib": limit_mib}
+    if "tomotopy_per_iteration_s" in lo and "tomotopy_per_iteration_s" in hi:
         growth["tomotopy_growth"] = round(hi["tomotopy_per_iteration_s"] / lo["tomotopy_per_iteration_s"], 3)
     r["growth"] = growth
     print(f"time per token, V = {r['size']['vocab']:,}, {tokens:,} tokens (per iteration = (long - short fit) / "
           f"iterations, medians):")
-    print("| K | StradsLDA sampler | StradsLDA s/iteration | ns/token | tomotopy s/iteration | ns/token |")
-    print("|---:|---|---:|---:|---:|---:|")
+    roles = ["python driver", "JVM driver", "shard", "python worker"]
+    print("| K | StradsLDA sampler | StradsLDA s/iteration | ns/token | tomotopy s/iteration | ns/token | "
+          + " | ".join(f"{x} peak MiB" for x in roles) + " |")
+    print("|---:|---|---:|---:|---:|---:|" + "---:|" * len(roles))
     for row in rows:
         print(f"| {row['k']:,} | {row['sampler']} | {row['strads_per_iteration_s']:.2f} | {row['strads_ns_per_token']} | "
-              f"{row.get('tomotopy_per_iteration_s', '—')} | {row.get('tomotopy_ns_per_token', '—')} |")
-    ok = growth["strads_growth"] <= 1.5
-    print(f"K {lo['k']:,} -> {hi['k']:,}: StradsLDA's time per token grew {growth['strads_growth']}x (target <= 1.5x: "
-          f"{'met' if ok else 'NOT met'})" + (f", tomotopy's {growth['tomotopy_growth']}x" if "tomotopy_growth" in growth
-                                              else ""))
+              f"{row.get('tomotopy_per_iteration_s', '—')} | {row.get('tomotopy_ns_per_token', '—')} | "
+              + " | ".join(f"{row['peak_mib'].get(x, '—'):,}" for x in roles) + " |")
+        if "tomotopy_skipped" in row:
+            print(f"  tomotopy at K = {row['k']:,}: not run: {row['tomotopy_skipped']}")
+    grew_ok = growth["strads_growth"] <= target_growth
+    biggest = max(max(row["peak_mib"].values(), default=0) for row in rows)
+    memory_ok = biggest <= limit_mib
+    growth["largest_process_mib"] = biggest
+    print(f"K {lo['k']:,} -> {hi['k']:,}: StradsLDA's time per token grew {growth['strads_growth']}x (target <= "
+          f"{target_growth}x: {'met' if grew_ok else 'NOT met'})"
+          + (f", tomotopy's {growth['tomotopy_growth']}x" if "tomotopy_growth" in growth else ""))
+    print(f"largest pystrads process: {biggest:,} MiB (target <= {limit_mib:,} MiB: {'met' if memory_ok else 'NOT met'})")
+    ok = grew_ok and memory_ok
     if tt and "error" in tt:
         print(f"tomotopy FAILED: {tt['error'][-800:]}")
     return ok
@@ -627,6 +681,10 @@ def main(argv=None) -> int:
     p.add_argument("--peer-long", type=int, default=9)
     p.add_argument("--k-vocab", type=int, default=100_000, help="lda-k: V")
     p.add_argument("--k-list", type=int, nargs="+", default=[1000, 10_000], help="lda-k: the values of K")
+    p.add_argument("--k-growth-target", type=float, default=1.5,
+                   help="lda-k: the most StradsLDA's time per token may grow from the first K to the last")
+    p.add_argument("--k-process-limit-mib", type=int, default=4096,
+                   help="lda-k: the most any pystrads process (driver, shard, worker) may peak at, MiB")
     p.add_argument("--samplers", nargs="+", default=["fplus", "alias"], help="lda-samplers: the samplers raced")
     p.add_argument("--sampler-iters", type=int, default=10, help="lda-samplers: iterations of each fit")
     p.add_argument("--peer-sampler", default="auto", help="StradsLDA's sampler in lda-peer (default: auto)")
@@ -661,7 +719,7 @@ def main(argv=None) -> int:
     cases = {"both": ["lda", "mf"], "all": ["lda", "lda-peer", "lda-k", "mf"]}.get(args.case, [args.case])
     for case in cases:
         r = run_case(args, case)
-        ok = print_report(r) and ok
+        ok = print_report(r, args) and ok
         results.append(r)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
