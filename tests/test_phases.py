@@ -65,7 +65,7 @@ def frame(spark):
 
 @pytest.mark.parametrize("phase, location", [pytest.param("load", "driver", marks=pytest.mark.slow), ("check", "driver"),
                                              ("init", "driver"), ("rounds", "driver"),
-                                             pytest.param("load", "job", marks=pytest.mark.slow), ("init", "job")])
+                                             ("load", "job"), ("init", "job")])
 def test_a_task_lost_in_any_phase_is_recovered_exactly(frame, phase, location):
     df, per_key = frame
     marker = os.path.join(tempfile.mkdtemp(prefix="pystrads-phase-"), "struck")

@@ -1449,8 +1449,9 @@ def test_the_worker_side_and_the_shard_run_without_pandas(tmp_path):
 
 def test_a_stale_loop_epoch_is_refused_every_step_action_and_write(shards):
     """A coordinator kept alive after its replacement claimed a newer epoch: its begin_step,
-    commit_step, abort_step, post, table writes and journal writes are refused, naming its epoch;
-    the new one's go through."""
+    commit_step, abort_step, post, table writes, journal writes and the drop of the fit's tables
+    (an in-job coordinator's end on an error) are refused, naming its epoch; the new one's go
+    through."""
     servers, group = shards
     table = make_table(group, name="fit/t", rows=10, width=1)
     begin = dict(num_workers=1, namespace="fit")
@@ -1464,7 +1465,8 @@ def test_a_stale_loop_epoch_is_refused_every_step_action_and_write(shards):
                lambda: group.client(0).action("post", namespace="fit", command={"kind": "finish"}, epoch=1),
                lambda: group.client(0).put_blob("fit/loop/journal", b"x", {"step": 1, "epoch": 1, "namespace": "fit"}),
                lambda: group.broadcast("begin_step", step=2, epoch=1, **begin),
-               lambda: group.broadcast("claim", namespace="fit", epoch=1)]
+               lambda: group.broadcast("claim", namespace="fit", epoch=1),
+               lambda: group.broadcast("drop_tables", prefix="fit/", epoch=1)]
     for call in refused:
         with pytest.raises(ShardUnavailableError, match="loop epoch 1 refused: epoch 2 has taken the fit over"):
             call()

@@ -533,9 +533,12 @@ class ShardServer(flight.FlightServerBase):
         return {"rows": stop - start, "bytes": table.nbytes}
 
     def action_drop_tables(self, req):
-        """Drop every table whose name starts with ``prefix`` (and its program)."""
+        """Drop every table whose name starts with ``prefix`` (and its program).  With an
+        ``epoch`` (a fit's own step loop ending it) the drop is refused if a newer loop has
+        claimed the fit: a coordinator whose job was lost must not take its successor's tables."""
         prefix = req.str("prefix")
         with self.state.cond:
+            self.fences.check_epoch(prefix.rstrip("/"), req.get("epoch"), "a drop of the tables")
             names = [n for n in self.state.tables if n.startswith(prefix)]
             freed = sum(self.state.tables[n].nbytes for n in names) + sum(
                 b.nbytes for k, b in self.state.blobs.items() if k.startswith(prefix))

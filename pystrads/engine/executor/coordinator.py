@@ -164,7 +164,8 @@ class Coordinator:
             else:  # the fit ends here: its error goes to the client as the job's result
                 self.result = {"error": _picklable(exc), "summary": _summary_state(summary)}
                 try:  # workers waiting for a command read "closed" and end their tasks
-                    self.spec.group.broadcast(Action.DROP_TABLES, prefix=self.spec.namespace + "/")
+                    self.spec.group.broadcast(Action.DROP_TABLES, prefix=self.spec.namespace + "/",
+                                              epoch=self.cspec.epoch)  # refused once a successor claimed the fit
                 except Exception:  # noqa: BLE001 -- the job fails instead
                     pass
         finally:
