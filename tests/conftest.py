@@ -29,6 +29,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if {"spark", "sc"} & set(getattr(item, "fixturenames", ())) or item.module.__name__ in SPARK_MODULES:
             item.add_marker(pytest.mark.spark)
+    # the tests that start no Spark first (in their order), while the Spark JVMs' class-data
+    # archive is built beside them (pytest_collection_finish); then those that start Spark
+    items.sort(key=lambda item: item.get_closest_marker("spark") is not None)
     if not config.pluginmanager.hasplugin("timeout"):
         return
     for item in items:
@@ -115,8 +118,9 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_finish(session):
-    """The Spark JVMs' shared class-data archive, built when a selected test starts Spark (the
-    quick tier starts none), before any Spark process: they all inherit the options."""
+    """The Spark JVMs' shared class-data archive, when a selected test starts Spark (the quick
+    tier starts none): its options are set before any Spark process starts (they all inherit
+    them), and it is built in the background while the tests that start no Spark run."""
     if not session.config.option.collectonly and any(item.get_closest_marker("spark") for item in session.items):
         from jvm_archive import share_spark_classes
 

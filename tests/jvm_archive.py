@@ -7,8 +7,8 @@ classes a run loaded into an archive (``-XX:ArchiveClassesAtExit``) that later J
 class path map instead (``-XX:SharedArchiveFile``): a session's start falls from ~5.0 s to ~3.3 s.
 
 :func:`share_spark_classes` builds the archive once per test session, from one small local-mode
-run, in a fresh temporary directory (an archive outlives neither its JDK nor its pyspark), and
-hands it to the session's JVMs through the environment they all inherit: ``SPARK_SUBMIT_OPTS``
+run in a fresh temporary directory (an archive outlives neither its JDK nor its pyspark), in the
+background while the tests that start no Spark run, and hands it to the session's JVMs through the environment they all inherit: ``SPARK_SUBMIT_OPTS``
 (every ``spark-submit``, and so every PySpark driver and the Connect server) and
 ``SPARK_DAEMON_JAVA_OPTS`` (standalone masters and workers).  Executors and the product itself
 never see it.  Where the dump fails (an older JDK), the tests run without it; where an archive
@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 _DUMP_RUN = r"""
@@ -45,27 +46,50 @@ def _add(var: str, options: str) -> None:
 
 
 def share_spark_classes() -> str:
-    """Build the archive and point the session's JVMs at it; returns its path ('' when off)."""
+    """Point the session's JVMs at the archive and start building it in the background; returns
+    its path ('' when off).
+
+    The dump runs beside the tests that start no Spark (the session runs those first): a JVM that
+    starts before the archive is in place finds no file at the path and runs without it
+    (``-Xshare:auto``), one that starts later maps it.  The dump writes to another name and the
+    archive appears at its path by a rename, so no JVM ever maps a half-written file."""
     if os.environ.get("PYSTRADS_TEST_CDS", "1") == "0":
         return ""
     work = tempfile.mkdtemp(prefix="pystrads-cds-")
     atexit.register(shutil.rmtree, work, True)
     archive = os.path.join(work, "spark-classes.jsa")
     env = dict(os.environ, SPARK_SUBMIT_OPTS=(os.environ.get("SPARK_SUBMIT_OPTS", "") +
-                                              f" -XX:ArchiveClassesAtExit={archive} {_QUIET}").strip())
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, "-c", _DUMP_RUN], env=env, capture_output=True, text=True,
-                              timeout=300, cwd=work)
-    except subprocess.TimeoutExpired:
-        proc = None
-    if proc is None or proc.returncode != 0 or not os.path.exists(archive):
-        sys.stderr.write("tests: no class-data archive for the Spark JVMs (they start without one)"
-                         + (f": {proc.stderr[-500:]}" if proc is not None else ": the dump run timed out") + "\n")
-        return ""
+                                              f" -XX:ArchiveClassesAtExit={archive}.dump {_QUIET}").strip())
     options = f"-XX:SharedArchiveFile={archive} {_QUIET}"
     _add("SPARK_SUBMIT_OPTS", options)
     _add("SPARK_DAEMON_JAVA_OPTS", options)
-    sys.stderr.write(f"tests: Spark JVMs share the class-data archive {archive} "
-                     f"(built in {time.monotonic() - t0:.1f} s)\n")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", _DUMP_RUN], env=env, cwd=work, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    atexit.register(_stop, proc)
+
+    def finish() -> None:
+        try:
+            _, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            sys.stderr.write("tests: no class-data archive for the Spark JVMs (they start without one): "
+                             "the dump run timed out\n")
+            return
+        if proc.returncode != 0 or not os.path.exists(archive + ".dump"):
+            sys.stderr.write("tests: no class-data archive for the Spark JVMs (they start without one): "
+                             f"{(err or '')[-500:]}\n")
+            return
+        os.replace(archive + ".dump", archive)
+        sys.stderr.write(f"tests: Spark JVMs share the class-data archive {archive} "
+                         f"(built in {time.monotonic() - t0:.1f} s, beside the tests that start no Spark)\n")
+
+    threading.Thread(target=finish, name="class-data-archive", daemon=True).start()
     return archive
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()

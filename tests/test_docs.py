@@ -191,7 +191,12 @@ def _modules_with_examples():
     return found
 
 
-@pytest.mark.parametrize("module", _modules_with_examples())
+#: the modules whose examples fit estimators for over ten seconds: they run with the slow scenarios
+SLOW_MODULES = ("pystrads.ml.lda", "pystrads.ml.regression")
+
+
+@pytest.mark.parametrize("module", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_MODULES else m
+                                    for m in _modules_with_examples()])
 def test_docstring_examples_run(spark, module):
     from pyspark.ml.linalg import Vectors
 
