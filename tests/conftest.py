@@ -148,6 +148,13 @@ def sc(spark):
     return spark.sparkContext
 
 
+def pytest_terminal_summary(terminalreporter):
+    from jvm_archive import REPORT
+
+    for line in REPORT:
+        terminalreporter.write_line(line)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if exitstatus == 0:  # a failed run keeps the shards' logs under it
         import shutil

@@ -37,6 +37,10 @@ frame.groupBy((frame.id % 5).alias("k")).count().toPandas()
 spark.stop()
 """
 
+#: what became of the archive, for the session's summary (the build ends while tests run, whose
+#: output pytest captures)
+REPORT = []
+
 #: JVM options that keep CDS quiet: a JVM that cannot map the archive says so on stdout otherwise
 _QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
@@ -74,16 +78,16 @@ def share_spark_classes() -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            sys.stderr.write("tests: no class-data archive for the Spark JVMs (they start without one): "
-                             "the dump run timed out\n")
+            REPORT.append("tests: no class-data archive for the Spark JVMs (they started without one): "
+                          "the dump run timed out")
             return
         if proc.returncode != 0 or not os.path.exists(archive + ".dump"):
-            sys.stderr.write("tests: no class-data archive for the Spark JVMs (they start without one): "
-                             f"{(err or '')[-500:]}\n")
+            REPORT.append("tests: no class-data archive for the Spark JVMs (they started without one): "
+                          f"{(err or '')[-500:]}")
             return
         os.replace(archive + ".dump", archive)
-        sys.stderr.write(f"tests: Spark JVMs share the class-data archive {archive} "
-                         f"(built in {time.monotonic() - t0:.1f} s, beside the tests that start no Spark)\n")
+        REPORT.append(f"tests: Spark JVMs shared the class-data archive {archive} "
+                      f"(built in {time.monotonic() - t0:.1f} s, beside the tests that start no Spark)")
 
     threading.Thread(target=finish, name="class-data-archive", daemon=True).start()
     return archive
