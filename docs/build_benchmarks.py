@@ -335,6 +335,13 @@ def scale_table(data):
     return out
 
 
+def _shape(timings) -> str:
+    """A fit's shape from its one-off timings' ``workers`` and ``threads`` (2 workers where older
+    JSON does not say)."""
+    workers, threads = int(timings.get("workers", 2)), int(timings.get("threads", 1))
+    return f"{workers} workers" if threads == 1 else f"{workers} worker{'s' if workers > 1 else ''} × {threads} threads"
+
+
 def lda_peer_table(data):
     """jobs/bench_scale.py --case lda-peer: StradsLDA against tomotopy on one large sparse model."""
     r = data["results"][0]
@@ -345,7 +352,7 @@ def lda_peer_table(data):
            f"{peer['runs']} runs, each a {n_short}- and a {n_long}-iteration fit of each system "
            "(per iteration = their difference).", "",
            "| system | per iteration | whole fit | peak memory |", "|---|---:|---:|---:|",
-           f"| StradsLDA, 2 workers | {_f(peer['strads_per_iteration_s'], 2)} s | {_f(peer['strads_fit_s'])} s | shard "
+           f"| StradsLDA, {_shape(r.get('timings', {}))} | {_f(peer['strads_per_iteration_s'], 2)} s | {_f(peer['strads_fit_s'])} s | shard "
            f"{peer['shard_peak_bytes'] / 2**20:,.0f} MiB |"]
     if "tomotopy_fit_s" in peer:
         out.append(f"| tomotopy, 2 threads | {_f(peer['tomotopy_per_iteration_s'], 2)} s | {_f(peer['tomotopy_fit_s'])} s "

@@ -235,19 +235,20 @@ def lda_phases(spark, df, k: int, path: str, phase):
 
 
 def lda_peer_phases(spark, df, k: int, phase, short: int, long: int, repeats: int = 1, sampler: str = "auto",
-                    prefix: str = ""):
+                    prefix: str = "", workers: int = 2):
     """StradsLDA's short and long fits with fixed priors (the peer comparison's settings),
     ``repeats`` times, after a warm-up fit of a tiny model with the sampler they will use (its
     kernels compiled or loaded from numba's cache there, not in the short fit); the last long
-    fit's summary."""
+    fit's summary.  ``workers``: numWorkers (0: unset, the estimator's default shape)."""
     from pystrads.kernels.lda import choose_sampler
     from pystrads.ml import StradsLDA
 
+    shape = {"numWorkers": workers} if workers else {}
     warm = choose_sampler(k, 200) if sampler == "auto" else sampler
-    StradsLDA(k=2, maxIter=2, seed=1, numWorkers=2, sampler=warm).fit(zipf_docs(spark, 40, 200, 50)).close()
+    StradsLDA(k=2, maxIter=2, seed=1, sampler=warm, **shape).fit(zipf_docs(spark, 40, 200, 50)).close()
 
     def fit(iters):
-        return StradsLDA(k=k, maxIter=iters, seed=1, numWorkers=2, docConcentration=[0.1], topicConcentration=0.01,
+        return StradsLDA(k=k, maxIter=iters, seed=1, **shape, docConcentration=[0.1], topicConcentration=0.01,
                          optimizeDocConcentration=False, logLikelihoodEvery=0, sampler=sampler).fit(df)
 
     for run in range(1, repeats + 1):
@@ -440,11 +441,11 @@ def child(args) -> dict:
         report["by_k"] = {}
         for k in args.k_list:
             got = lda_peer_phases(spark, df, k, phase, args.peer_short, args.peer_long, args.repeats,
-                                  args.peer_sampler, prefix=f"K={k} ")
+                                  args.peer_sampler, prefix=f"K={k} ", workers=args.peer_workers)
             report["by_k"][str(k)] = {"sampler": got["sampler"], "timings": got["timings"]}
     elif args.case == "lda-peer":
         report.update(lda_peer_phases(spark, df, args.peer_k, phase, args.peer_short, args.peer_long, args.repeats,
-                                      args.peer_sampler))
+                                      args.peer_sampler, workers=args.peer_workers))
     else:
         report.update(mf_phases(spark, df, args.mf_rank, tmp + "/model", phase, args.sample_users))
     report["driver_traced_peak"] = tracemalloc.get_traced_memory()[1]
@@ -688,6 +689,9 @@ def main(argv=None) -> int:
     p.add_argument("--samplers", nargs="+", default=["fplus", "alias"], help="lda-samplers: the samplers raced")
     p.add_argument("--sampler-iters", type=int, default=10, help="lda-samplers: iterations of each fit")
     p.add_argument("--peer-sampler", default="auto", help="StradsLDA's sampler in lda-peer (default: auto)")
+    p.add_argument("--peer-workers", type=int, default=2,
+                   help="StradsLDA's numWorkers in lda-peer and lda-k (0: unset, the default shape: one worker "
+                        "an executor computing with its cores)")
     p.add_argument("--skip", nargs="*", default=[], help="peers to leave out (tomotopy)")
     p.add_argument("--repeats", type=int, default=1, help="lda-peer: short and long fits of each system (medians)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -713,7 +717,7 @@ def main(argv=None) -> int:
     args.passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                         if k in ("lda_vocab", "lda_k", "lda_tokens", "doc_len", "mf_users", "mf_items", "mf_rank",
                                  "mf_per_user", "sample_users", "peer_vocab", "peer_k", "peer_tokens", "peer_short",
-                                 "peer_long", "peer_sampler", "repeats", "k_vocab", "sampler_iters")] \
+                                 "peer_long", "peer_sampler", "peer_workers", "repeats", "k_vocab", "sampler_iters")] \
         + [f"--conf={kv}" for kv in args.conf] + ["--k-list", *map(str, args.k_list), "--samplers", *args.samplers]
     results, ok = [], True
     cases = {"both": ["lda", "mf"], "all": ["lda", "lda-peer", "lda-k", "mf"]}.get(args.case, [args.case])
