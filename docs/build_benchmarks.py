@@ -591,6 +591,7 @@ TABLES = {
                                 json="runtime"),
     "scale": Table(scale_table, date="2026-11-24"),
     "lda_peer": Table(lda_peer_table),
+    "lda_peer_default": Table(lda_peer_table),
     "lda_k": Table(lda_k_table),
     "lda_k_v1m": Table(lda_k_table),
     "lda_samplers": Table(lda_samplers_table),
