@@ -8,7 +8,8 @@ class path map instead (``-XX:SharedArchiveFile``): a session's start falls from
 
 :func:`share_spark_classes` builds the archive once per test session, from one small local-mode
 run in a fresh temporary directory (an archive outlives neither its JDK nor its pyspark), in the
-background while the tests that start no Spark run, and hands it to the session's JVMs through the environment they all inherit: ``SPARK_SUBMIT_OPTS``
+background while the tests that start no Spark run, and hands it to the session's JVMs through
+the environment they all inherit: ``SPARK_SUBMIT_OPTS``
 (every ``spark-submit``, and so every PySpark driver and the Connect server) and
 ``SPARK_DAEMON_JAVA_OPTS`` (standalone masters and workers).  Executors and the product itself
 never see it.  Where the dump fails (an older JDK), the tests run without it; where an archive
