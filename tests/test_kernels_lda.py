@@ -427,6 +427,41 @@ def test_alias_stale_word_proposal_keeps_the_exact_posterior():
                                   lda.count_word_topic(token_word, chain.token_topic, 0, vocab_size, n_topics))
 
 
+def test_fplus_tree_follows_the_word_switches_within_a_call():
+    """The F+ tree of the row-store F+LDA is switched between words by setting and resetting the
+    leaves of their topics only (K = 64 and words of two tokens: no full rebuild).  The last token
+    of a call is drawn after every other word of the call was swept: given the others' states
+    after the call, its draws must follow its exact conditional.  Topics are counted by their rank
+    in that conditional (the most likely first), so a draw that ignores which topics the word and
+    the document hold is seen even where the topics' overall frequencies agree (a leaf left from
+    an earlier word gives its topics ~20x their weight: chi2 ~ 16,000 against a critical 38)."""
+    n_topics, n_words, n_docs, beta, alpha = 64, 40, 8, 0.05, 0.3
+    rng = np.random.default_rng(17)
+    token_word = np.repeat(np.arange(n_words), 2).astype(np.int32)
+    token_doc = rng.integers(0, n_docs, token_word.size).astype(np.int32)
+    chain = Chain(token_word, token_doc, rng.integers(0, n_topics, token_word.size).astype(np.int32),
+                  n_words, n_docs, n_topics)
+    i, n_calls, rng_state, bins = token_word.size - 1, 20000, new_state(18), 12
+    w, d = token_word[i], token_doc[i]
+    hits, expected = np.zeros(bins), np.zeros(bins)
+    for _ in range(n_calls):
+        chain.sample(lda.SAMPLERS["fplus"], 0, token_word.size, 0, n_words, alpha, beta, rng_state)
+        t0 = chain.token_topic[i]
+        n_wt, n_t = chain.word_topic[w].astype(float), chain.topic_totals.astype(float)
+        n_dt = np.bincount(chain.token_topic[token_doc == d], minlength=n_topics).astype(float)
+        n_wt[t0] -= 1
+        n_t[t0] -= 1
+        n_dt[t0] -= 1
+        p = (n_dt + alpha) * (n_wt + beta) / (n_t + n_words * beta)
+        order = np.argsort(-p, kind="stable")  # rank r: bin min(r, bins - 1)
+        np.add.at(expected, np.minimum(np.arange(n_topics), bins - 1), p[order] / p.sum())
+        hits[min(int(np.flatnonzero(order == t0)[0]), bins - 1)] += 1
+    chi2 = ((hits - expected) ** 2 / expected).sum()
+    assert chi2 < chi2_critical(bins - 1), (hits, expected.round(1))
+    assert np.array_equal(chain.word_topic, lda.count_word_topic(token_word, chain.token_topic, 0, n_words,
+                                                                 n_topics))
+
+
 def test_alias_steps_argument():
     """``sample_block_alias`` is ``sample_block_alias_steps`` with ``ALIAS_MH_STEPS``; one step per
     call still samples a lone token's exact conditional (thinned 10 calls)."""

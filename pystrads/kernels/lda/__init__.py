@@ -60,6 +60,9 @@ Samplers (all with the signature documented in :func:`sample_block`)
     F+LDA word-by-word (Yu et al., WWW 2015; LDA* §3.1.1): the dense word
     part sits in an F+ (sum) tree over K, updated in O(log K) per count
     change, the document part runs over the document's non-zero topics.
+    It samples a row store (``STORE_SAMPLERS``, :mod:`.fplus_rows`): a
+    word's tree leaves are set when its run starts and reset when it ends,
+    O(K_w log K) a distinct word, nothing O(K) per word.
 ``"mh"``
     Metropolis-Hastings in the LightLDA / WarpLDA family (LDA* §2.2, §3.1.2):
     alternating O(1) document proposals (a random token of the document)
@@ -105,6 +108,8 @@ Modules
     :func:`sample_block` and :func:`choose_sampler`.
 :mod:`.alias`
     The ``"alias"`` sampler (LightLDA's alias tables + MH).
+:mod:`.fplus_rows`
+    The ``"fplus"`` sampler on a row store.
 :mod:`.rowstore`
     A run's rows as their non-zeros with room for the sweep's changes (the
     store the ``STORE_SAMPLERS`` sample), its entries and its delta.
@@ -117,13 +122,14 @@ Modules
 Every public name is re-exported here: import from ``pystrads.kernels.lda``.
 
 numba's on-disk cache checks only the file that defines a kernel, not the
-files of the inline helpers compiled into it: after editing
-:mod:`.counts` or :mod:`.fplus_tree` (or :mod:`pystrads.kernels.random`),
-clear the cache (the ``*.nbi`` / ``*.nbc`` files in ``__pycache__`` or
+files of the helpers and kernels compiled into it: after editing
+:mod:`.counts`, :mod:`.fplus_tree`, :mod:`.fplus_rows`, :mod:`.rowstore` (or
+:mod:`pystrads.kernels.random`), clear the cache (the ``*.nbi`` / ``*.nbc`` files in ``__pycache__`` or
 ``NUMBA_CACHE_DIR``) or touch the modules that call them.
 """
 
 from .alias import ALIAS_MH_STEPS, sample_block_alias, sample_block_alias_steps, sample_rows_alias, sample_rows_alias_steps
+from .fplus_rows import sample_rows_fplus
 from .counts import (
     DocCounts,
     build_doc_tokens,
@@ -199,6 +205,7 @@ __all__ = [
     "sample_block_sparse",
     "sample_rows_alias",
     "sample_rows_alias_steps",
+    "sample_rows_fplus",
     "topic_totals_log_likelihood",
     "word_log_likelihood_rows",
     "word_topic_count_summary",

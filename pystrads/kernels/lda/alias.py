@@ -195,7 +195,7 @@ def sample_rows_alias_steps(token_row, token_doc, token_topic, tok_lo, tok_hi, r
     O(1) per token and O(K_w) per word of the call (its slots: the alias table and a topic ->
     slot map); O(K) once per call (the dense proposal, the map).  The draws and the
     acceptance tests are written out in the token loop (no inline helpers with array
-    arguments: see ``_fplus_sweep`` in :mod:`.samplers` for their cost).
+    arguments: see ``_mh_sweep`` in :mod:`.samplers` for their cost).
     """
     n_topics = topic_totals.shape[0]
     drop_doc_lists(doc_nz)  # its MH steps read counts only

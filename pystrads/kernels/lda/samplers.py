@@ -14,6 +14,8 @@ from numba import njit
 
 from ..random import uniform
 from .alias import sample_block_alias, sample_rows_alias
+from .fplus_rows import sample_rows_fplus
+from .rowstore import block_row_store, store_into_block
 from .counts import (TABLE_LAYOUT, _doc_count, _doc_decrement, _doc_entry, _doc_increment, _doc_nonzero, drop_doc_lists,
                      keep_doc_lists,
                      _word_nz_add, _word_nz_remove, _word_nz_scan)
@@ -359,7 +361,7 @@ def sample_block_sparse(token_word, token_doc, token_topic, tok_lo, tok_hi, word
 
 
 # --------------------------------------------------------------------------
-# The F+ tree samplers: "fplus" and "mh" share one sweep, _fplus_sweep
+# The F+ tree samplers: "fplus" (on a row store, :mod:`.fplus_rows`) and "mh" (_mh_sweep)
 # --------------------------------------------------------------------------
 
 #: Metropolis-Hastings cycles (one document proposal + one word proposal
@@ -371,7 +373,7 @@ MH_CYCLES = 2
 def sample_block_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
                        word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
                        doc_tokens, alpha, beta, vocab_size, rng_state):
-    """F+LDA word-by-word sweep (Yu et al. 2015; LDA* §3.1.1).
+    """F+LDA word-by-word sweep (Yu et al. 2015; LDA* §3.1.1) on a dense block.
 
     With ``q_t = (n_wt + β) / (n_t + Vβ)`` and the F+ tree holding
     ``α_t q_t`` for the current word::
@@ -380,15 +382,17 @@ def sample_block_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
              + n_dt q_t       (the document's non-zero topics, O(K_d);
                                q_t = leaf_t / α_t)
 
-    Each count change updates one leaf in O(log K).  When the word changes
-    only the leaves of the old and new word's non-zero topics change
-    (O((K_w + K_w') log K), or an O(K) rebuild if that is cheaper), after
-    an O(K) scan of the new row.  Signature, arguments and return value as in
+    The kernel is :func:`~.fplus_rows.sample_rows_fplus`, which samples a row store; the touched
+    rows go through one here (an O(K) copy per row each way, which the LDA program avoids by
+    sampling its runs' stores directly).  Signature, arguments and return value as in
     :func:`sample_block`.
     """
-    return _fplus_sweep(False, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                        word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
-                        doc_tokens, alpha, beta, vocab_size, rng_state)
+    ptr, used, topics, counts = block_row_store(word_topic_block, token_word, tok_lo, tok_hi, word_lo)
+    changed = sample_rows_fplus(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                                ptr, used, topics, counts, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                                doc_tokens, alpha, beta, vocab_size, rng_state)
+    store_into_block(ptr, used, topics, counts, word_topic_block)
+    return changed
 
 
 @njit(cache=True, nogil=True)
@@ -416,26 +420,22 @@ def sample_block_mh(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
     the document's number of topics.  Signature, arguments and return value
     as in :func:`sample_block`.
     """
-    return _fplus_sweep(True, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                        word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
-                        doc_tokens, alpha, beta, vocab_size, rng_state)
+    return _mh_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+                     word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+                     doc_tokens, alpha, beta, vocab_size, rng_state)
 
 
 @njit(cache=True, nogil=True)
-def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
-                 word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
-                 doc_tokens, alpha, beta, vocab_size, rng_state):
-    # The word-by-word sweep shared by the "fplus" and "mh" samplers: the F+ tree
-    # holds α_t q_t = α_t (n_wt + β) / (n_t + Vβ) of the current word and each count
-    # change of a token moves one leaf; `mh` picks how the new topic is drawn.
-    # A plain (not inlined) kernel with both draws written out: inlining it, or
+def _mh_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo,
+              word_topic_block, topic_totals, doc_nz_ptr, doc_nz, doc_ptr,
+              doc_tokens, alpha, beta, vocab_size, rng_state):
+    # The "mh" sampler's word-by-word sweep: the F+ tree holds α_t q_t = α_t (n_wt + β) / (n_t + Vβ)
+    # of the current word and each count change of a token moves one leaf.
+    # A plain (not inlined) kernel with both proposals written out: inlining it, or
     # the draws as inline helpers, left per-token reference counting on their
     # array arguments in the loop and cost 5-15 % (jobs/bench_lda_kernel.py).
     n_topics = topic_totals.shape[0]
-    if mh:  # (its MH steps read counts only)
-        drop_doc_lists(doc_nz)
-    else:
-        keep_doc_lists(doc_nz_ptr, doc_nz, n_topics)
+    drop_doc_lists(doc_nz)  # its MH steps read counts only
     v_beta = vocab_size * beta
     current_word = -1
     n_changed = 0
@@ -458,7 +458,6 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
     word_nz_topics = np.empty(n_topics, dtype=np.int32)
     word_nz_pos = np.full(n_topics, -1, dtype=np.int32)
     word_nz_count = 0
-    doc_cumulative = np.empty(n_topics, dtype=np.float64)
     for i in range(tok_lo, tok_hi):
         w = token_word[i] - word_lo
         if w != current_word:
@@ -478,71 +477,43 @@ def _fplus_sweep(mh, token_word, token_doc, token_topic, tok_lo, tok_hi, word_lo
         _tree_set(tree, offset, old, (c + beta) * alpha_inv_denom[old])
         _doc_decrement(d, old, doc_nz_ptr, doc_nz, n_topics)
 
-        if mh:  # MH_CYCLES cycles of a document and a word proposal
-            base = doc_ptr[d]
-            doc_len = doc_ptr[d + 1] - base  # includes this token
-            state = old
-            for _ in range(MH_CYCLES):
-                # Document proposal.
-                u = uniform(rng_state) * (doc_len + alpha_sum)
-                if u < doc_len:
-                    j = doc_tokens[base + np.int64(u)]
-                    cand = state if j == i else token_topic[j]
-                elif symmetric:
-                    cand = np.int64((u - doc_len) * inv_alpha[0])
-                    if cand >= n_topics:
-                        cand = n_topics - 1
-                else:  # bisection: the first t with u - L_d < Σ_{s<=t} α_s
-                    u -= doc_len
-                    lo, hi = 0, n_topics - 1
-                    while lo < hi:
-                        mid = (lo + hi) >> 1
-                        if u < alpha_cumulative[mid]:
-                            hi = mid
-                        else:
-                            lo = mid + 1
-                    cand = lo
-                if cand != state:
-                    ratio = (tree[offset + cand] * inv_alpha[cand]) / (tree[offset + state] * inv_alpha[state])
-                    if ratio >= 1.0 or uniform(rng_state) < ratio:
-                        state = cand
-                # Word proposal.
-                cand = _tree_sample(tree, offset, n_topics, uniform(rng_state) * tree[1])
-                if cand != state:
-                    n_cand = _doc_count(d, cand, doc_nz_ptr, doc_nz, n_topics)
-                    n_state = _doc_count(d, state, doc_nz_ptr, doc_nz, n_topics)
-                    ratio = (n_cand * inv_alpha[cand] + 1.0) / (n_state * inv_alpha[state] + 1.0)
-                    if ratio >= 1.0 or uniform(rng_state) < ratio:
-                        state = cand
-            new = state
-        else:  # F+LDA: p(t) ∝ n_dt q_t (the document's non-zero topics) + α_t q_t (tree)
-            p = doc_nz_ptr[d]
-            dense_doc, n_nz = _doc_nonzero(doc_nz, p, n_topics)
-            doc_mass = 0.0
-            if symmetric:
-                # q_t = leaf_t / α: sum n_dt leaf_t and divide once (the per-topic
-                # 1 / α_t below cost F+LDA 6-15 % in jobs/bench_lda_kernel.py)
-                for j in range(n_nz):
-                    t, c = _doc_entry(doc_nz, p, dense_doc, j, n_topics)
-                    doc_mass += c * tree[offset + t]
-                    doc_cumulative[j] = doc_mass
-                doc_scale = inv_alpha[0]
-            else:
-                for j in range(n_nz):
-                    t, c = _doc_entry(doc_nz, p, dense_doc, j, n_topics)
-                    doc_mass += c * tree[offset + t] * inv_alpha[t]
-                    doc_cumulative[j] = doc_mass
-                doc_scale = 1.0
-            doc_mass *= doc_scale
-            u = uniform(rng_state) * (doc_mass + tree[1])
-            if u < doc_mass:
-                u /= doc_scale  # back to doc_cumulative's scale
-                j = 0
-                while j < n_nz - 1 and doc_cumulative[j] <= u:
-                    j += 1
-                new = _doc_entry(doc_nz, p, dense_doc, j, n_topics)[0]
-            else:
-                new = _tree_sample(tree, offset, n_topics, u - doc_mass)
+        # MH_CYCLES cycles of a document and a word proposal
+        base = doc_ptr[d]
+        doc_len = doc_ptr[d + 1] - base  # includes this token
+        state = old
+        for _ in range(MH_CYCLES):
+            # Document proposal.
+            u = uniform(rng_state) * (doc_len + alpha_sum)
+            if u < doc_len:
+                j = doc_tokens[base + np.int64(u)]
+                cand = state if j == i else token_topic[j]
+            elif symmetric:
+                cand = np.int64((u - doc_len) * inv_alpha[0])
+                if cand >= n_topics:
+                    cand = n_topics - 1
+            else:  # bisection: the first t with u - L_d < Σ_{s<=t} α_s
+                u -= doc_len
+                lo, hi = 0, n_topics - 1
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if u < alpha_cumulative[mid]:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                cand = lo
+            if cand != state:
+                ratio = (tree[offset + cand] * inv_alpha[cand]) / (tree[offset + state] * inv_alpha[state])
+                if ratio >= 1.0 or uniform(rng_state) < ratio:
+                    state = cand
+            # Word proposal.
+            cand = _tree_sample(tree, offset, n_topics, uniform(rng_state) * tree[1])
+            if cand != state:
+                n_cand = _doc_count(d, cand, doc_nz_ptr, doc_nz, n_topics)
+                n_state = _doc_count(d, state, doc_nz_ptr, doc_nz, n_topics)
+                ratio = (n_cand * inv_alpha[cand] + 1.0) / (n_state * inv_alpha[state] + 1.0)
+                if ratio >= 1.0 or uniform(rng_state) < ratio:
+                    state = cand
+        new = state
 
         c = word_topic_block[w, new] + 1
         word_topic_block[w, new] = c
@@ -573,6 +544,7 @@ SAMPLERS = {
 #: with ``word_lo, word_topic_block`` replaced by ``row_lo, ptr, used, topics, counts``.
 STORE_SAMPLERS = {
     "alias": sample_rows_alias,
+    "fplus": sample_rows_fplus,
 }
 
 
