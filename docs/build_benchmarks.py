@@ -358,6 +358,15 @@ def lda_peer_table(data):
         out.append(f"| tomotopy, 2 threads | {_f(peer['tomotopy_per_iteration_s'], 2)} s | {_f(peer['tomotopy_fit_s'])} s "
                    f"(add_doc {_f(peer['tomotopy_add_doc_s'])} s) | {peer['tomotopy_peak_rss'] / 2**20:,.0f} MiB |")
         out.append(f"| **tomotopy ÷ StradsLDA** | **{peer['per_iteration_ratio']:.2f}** | **{peer['fit_ratio']:.2f}** | |")
+    if "equal_time" in peer:
+        e = peer["equal_time"]
+        out += ["", f"In tomotopy's whole-fit time ({_f(e['budget_s'])} s), log p(w, z) per token of each system's "
+                "state, both scored by pystrads' formula (V = the features' size):", "",
+                "| system | iterations | time | log-likelihood per token |", "|---|---:|---:|---:|",
+                f"| StradsLDA (log-likelihood computed in the fit, its time included) | {e['iterations']} | "
+                f"{_f(e['fit_s'])} s | **{e['log_likelihood_per_token']:.4f}** |",
+                f"| tomotopy | {e['tomotopy_iterations']} | {_f(e['budget_s'])} s | "
+                f"{e['tomotopy_log_likelihood_per_token']:.4f} |"]
     stored = peer["word_topic_storage"]
     pairs = sum(w.get("pair_entries", 0) for w in stored)
     dense = sum(w.get("dense_rows", 0) for w in stored)
@@ -367,7 +376,9 @@ def lda_peer_table(data):
             f"({pairs:,} pair slots, {dense:,} dense rows; dense it is {r['model_bytes'] / 2**20:,.0f} MiB); the "
             f"shard's peak {peer['shard_peak_bytes'] / 2**20:,.0f} MiB against 500 MiB + 24 B × (non-zeros + V) = "
             f"{peer['shard_bound_bytes'] / 2**20:,.0f} MiB; the Python driver grew "
-            f"{r['driver_peak_rss_growth'] / 2**20:,.0f} MiB. The long fit's steps (one iteration each, medians): "
+            f"{r['driver_peak_rss_growth'] / 2**20:,.0f} MiB. The long fit's time per iteration ("
+            + ("its steps' sums over its iterations" if peer.get("split_per_iteration") else "medians of its steps")
+            + "): "
             + ", ".join(f"{k} {_f(v, 2)} s" for k, v in split.items()) + " (compute and sync: mean per worker, "
             "sample: summed over the workers). One-off costs of the long fit: "
             + ", ".join(f"{k} {_f(v)} s" for k, v in sorted(one_off.items())

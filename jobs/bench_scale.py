@@ -235,11 +235,16 @@ def lda_phases(spark, df, k: int, path: str, phase):
 
 
 def lda_peer_phases(spark, df, k: int, phase, short: int, long: int, repeats: int = 1, sampler: str = "auto",
-                    prefix: str = "", workers: int = 2):
+                    prefix: str = "", workers: int = 2, budget_s: float = 0.0):
     """StradsLDA's short and long fits with fixed priors (the peer comparison's settings),
     ``repeats`` times, after a warm-up fit of a tiny model with the sampler they will use (its
     kernels compiled or loaded from numba's cache there, not in the short fit); the last long
-    fit's summary.  ``workers``: numWorkers (0: unset, the estimator's default shape)."""
+    fit's summary.  ``workers``: numWorkers (0: unset, the estimator's default shape).
+    ``budget_s`` > 0: then a fit of as many iterations as the medians say fit in 90 % of that wall time
+    (the peer's whole fit), its log-likelihood computed at its last iteration (that time
+    included), for the log-likelihood per token each system reaches in the same time."""
+    import numpy as np
+
     from pystrads.kernels.lda import choose_sampler
     from pystrads.ml import StradsLDA
 
@@ -251,42 +256,97 @@ def lda_peer_phases(spark, df, k: int, phase, short: int, long: int, repeats: in
         return StradsLDA(k=k, maxIter=iters, seed=1, **shape, docConcentration=[0.1], topicConcentration=0.01,
                          optimizeDocConcentration=False, logLikelihoodEvery=0, sampler=sampler).fit(df)
 
+    times = {short: [], long: []}
     for run in range(1, repeats + 1):
         suffix = f" (run {run})" if repeats > 1 else ""
+        t0 = time.perf_counter()
         phase(f"{prefix}fit {short} iterations{suffix}", lambda: fit(short).close())
+        t1 = time.perf_counter()
         model = phase(f"{prefix}fit {long} iterations{suffix}", lambda: fit(long))
+        times[short].append(t1 - t0)
+        times[long].append(time.perf_counter() - t1)
         out = {"shards": model.summary.shards, "timings": model.summary.timings, "sampler": model.summary.sampler,
                "steps": model.summary.steps.to_dict(orient="list")}
+        model.close()
+    if budget_s > 0:
+        per_it = float(np.median(np.subtract(times[long], times[short]))) / (long - short)
+        fixed = float(np.median(times[long])) - long * per_it
+        # planned on 90 % of the budget: the log-likelihood's own read and the runs' spread (the fit's
+        # measured time is what the report shows)
+        iters = max(1, min(20 * long, int((0.9 * budget_s - fixed) / per_it) if per_it > 0 else 20 * long))
+        t0 = time.perf_counter()
+        model = StradsLDA(k=k, maxIter=iters, seed=1, **shape, docConcentration=[0.1], topicConcentration=0.01,
+                          optimizeDocConcentration=False, logLikelihoodEvery=iters, sampler=sampler).fit(df)
+        out["budget"] = {"budget_s": budget_s, "iterations": iters, "fit_s": time.perf_counter() - t0,
+                         "log_likelihood_per_token": model.summary.logLikelihoodHistory[-1] / model.summary.numTokens}
         model.close()
     return out
 
 
-def lda_sampler_phases(spark, df, ks, samplers, iterations: int, phase) -> dict:
-    """Each sampler at each K, one fit of ``iterations`` with the log-likelihood logged every
-    iteration (after a warm-up fit of a tiny model with the same sampler): its log-likelihood and
-    the cumulative time of its steps at each iteration, for ``auto``'s crossovers."""
+def lda_sampler_phases(spark, df, ks, samplers, iterations: int, phase, workers: int = 2) -> dict:
+    """Each sampler at each K (after a warm-up fit of a tiny model with the same sampler): a fit of
+    ``iterations`` with the log-likelihood logged every iteration, for its log-likelihood at each
+    iteration, and the same fit without it, for the cumulative time of its steps at each iteration
+    (the log-likelihood's own cost, a read of the whole table, would favour the sampler that needs
+    fewer iterations); for ``auto``'s crossovers.  ``workers``: numWorkers (0: the default shape)."""
     import numpy as np
 
     from pystrads.ml import StradsLDA
 
+    shape = {"numWorkers": workers} if workers else {}
     out = {}
     for k in ks:
         for sampler in samplers:
-            StradsLDA(k=2, maxIter=2, seed=1, numWorkers=2, sampler=sampler).fit(
-                zipf_docs(spark, 40, 200, 50)).close()
-            model = phase(f"K={k} {sampler} {iterations} iterations", lambda: StradsLDA(
-                k=k, maxIter=iterations, seed=1, numWorkers=2, docConcentration=[0.1], topicConcentration=0.01,
-                optimizeDocConcentration=False, logLikelihoodEvery=1, sampler=sampler).fit(df))
-            steps = model.summary.steps
-            seconds = []  # each step's time spread over its iterations
+            StradsLDA(k=2, maxIter=2, seed=1, sampler=sampler, **shape).fit(zipf_docs(spark, 40, 200, 50)).close()
+
+            def fit(every):
+                return StradsLDA(k=k, maxIter=iterations, seed=1, docConcentration=[0.1], topicConcentration=0.01,
+                                 optimizeDocConcentration=False, logLikelihoodEvery=every, sampler=sampler,
+                                 **shape).fit(df)
+
+            model = phase(f"K={k} {sampler} {iterations} iterations, log-likelihood every iteration", lambda: fit(1))
+            log_likelihood = [float(x) for x in model.summary.logLikelihoodHistory]
+            model.close()
+            model = phase(f"K={k} {sampler} {iterations} iterations", lambda: fit(0))
+            steps, seconds = model.summary.steps, []  # each step's time spread over its iterations
             for rounds, step_s in zip(steps["rounds"], steps["step_s"]):
-                per = max(1, int(rounds) // 2)
+                per = max(1, int(rounds) // model.summary.numWorkers)
                 seconds += [float(step_s) / per] * per
-            out[f"{k}/{sampler}"] = {"k": k, "sampler": sampler,
-                                     "log_likelihood": [float(x) for x in model.summary.logLikelihoodHistory],
+            out[f"{k}/{sampler}"] = {"k": k, "sampler": sampler, "workers": model.summary.numWorkers,
+                                     "threads": model.summary.timings.get("threads"),
+                                     "log_likelihood": log_likelihood,
                                      "cumulative_s": list(np.cumsum(seconds)[:iterations].round(3))}
             model.close()
     return out
+
+
+def tomotopy_log_likelihood_per_token(model, k: int, vocab: int, alpha: float, beta: float) -> float:
+    """log p(w, z) per token of a tomotopy model's topic assignments, by pystrads' own formula
+    (:mod:`pystrads.kernels.lda.likelihood`, with StradsLDA's V: the features' size, where
+    tomotopy's V is the words it was given), so both systems' states are scored alike."""
+    import numpy as np
+
+    from pystrads.kernels import lda as K
+
+    words, topics, lengths = [], [], []
+    for doc in model.docs:
+        words.append(np.asarray(doc.words, dtype=np.int64))
+        topics.append(np.asarray(doc.topics, dtype=np.int64))
+        lengths.append(len(doc.words))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    w, t = np.concatenate(words), np.concatenate(topics)
+    doc_topic = np.zeros((len(lengths), k), dtype=np.int32)
+    np.add.at(doc_topic, (np.repeat(np.arange(len(lengths)), lengths), t), 1)
+    ll = K.doc_log_likelihood(doc_topic, lengths, K.alpha_vector(alpha, k))
+    pairs, counts = np.unique(w * k + t, return_counts=True)
+    rows = pairs // k
+    for lo in range(0, int(rows.max()) + 1, 10_000):  # the word rows in dense chunks
+        part = (rows >= lo) & (rows < lo + 10_000)
+        block = np.zeros((10_000, k), dtype=np.int32)
+        block[rows[part] - lo, pairs[part] % k] = counts[part]
+        ll += K.word_log_likelihood_rows(block, beta)
+    ll += K.topic_totals_log_likelihood(np.bincount(t, minlength=k).astype(np.int64), beta, vocab)
+    return float(ll / len(w))
 
 
 def tomotopy_peer(args) -> dict:
@@ -294,7 +354,7 @@ def tomotopy_peer(args) -> dict:
     of a short and a long fit, 2 threads, the same priors and seed."""
     import tomotopy as tp
 
-    def fit(num_docs, vocab, k, iters, timed):
+    def fit(num_docs, vocab, k, iters, timed, score=False):
         cdf = zipf_cdf(vocab)
         t0 = time.perf_counter()
         model = tp.LDAModel(k=k, alpha=0.1, eta=0.01, seed=1)
@@ -304,7 +364,10 @@ def tomotopy_peer(args) -> dict:
         t1 = time.perf_counter()
         model.train(iters, workers=2)
         t2 = time.perf_counter()
-        return {"add_doc_s": t1 - t0, "train_s": t2 - t1, "fit_s": t2 - t0}
+        out = {"add_doc_s": t1 - t0, "train_s": t2 - t1, "fit_s": t2 - t0}
+        if score:  # after the clock stopped
+            out["log_likelihood_per_token"] = tomotopy_log_likelihood_per_token(model, k, vocab, 0.1, 0.01)
+        return out
 
     fit(40, 200, 2, 2, False)  # warm-up, as StradsLDA's
     num_docs = args.peer_tokens // args.doc_len
@@ -324,8 +387,9 @@ def tomotopy_peer(args) -> dict:
         out["peak_rss"] = status("VmHWM:")
         return out
     out = {"runs": [{"short": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_short, True),
-                     "long": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_long, True)}
-                    for _ in range(args.repeats)]}
+                     "long": fit(num_docs, args.peer_vocab, args.peer_k, args.peer_long, True,
+                                 score=run == args.repeats - 1)}
+                    for run in range(args.repeats)]}
     out["peak_rss"] = status("VmHWM:")
     return out
 
@@ -436,7 +500,8 @@ def child(args) -> dict:
     if args.case == "lda":
         report.update(lda_phases(spark, df, args.lda_k, tmp + "/model", phase))
     elif args.case == "lda-samplers":
-        report["fits"] = lda_sampler_phases(spark, df, args.k_list, args.samplers, args.sampler_iters, phase)
+        report["fits"] = lda_sampler_phases(spark, df, args.k_list, args.samplers, args.sampler_iters, phase,
+                                            args.peer_workers)
     elif args.case == "lda-k":
         report["by_k"] = {}
         for k in args.k_list:
@@ -445,7 +510,7 @@ def child(args) -> dict:
             report["by_k"][str(k)] = {"sampler": got["sampler"], "timings": got["timings"]}
     elif args.case == "lda-peer":
         report.update(lda_peer_phases(spark, df, args.peer_k, phase, args.peer_short, args.peer_long, args.repeats,
-                                      args.peer_sampler, workers=args.peer_workers))
+                                      args.peer_sampler, workers=args.peer_workers, budget_s=args.budget_s))
     else:
         report.update(mf_phases(spark, df, args.mf_rank, tmp + "/model", phase, args.sample_users))
     report["driver_traced_peak"] = tracemalloc.get_traced_memory()[1]
@@ -457,7 +522,15 @@ def child(args) -> dict:
 
 
 def run_case(args, case: str) -> dict:
-    if case in ("lda-peer", "lda-k") and "tomotopy" not in args.skip:
+    if case == "lda-peer" and "tomotopy" not in args.skip:
+        # tomotopy first: its whole fit's median time is StradsLDA's budget for the equal-time fit
+        tt = _run_child(args, "tomotopy")
+        budget = [] if "error" in tt else sorted(run["long"]["fit_s"] for run in tt["runs"])
+        r = _run_child(args, case, [f"--budget-s={budget[len(budget) // 2]}"] if budget else [])
+        if "error" not in r:
+            r["tomotopy"] = tt
+        return r
+    if case == "lda-k" and "tomotopy" not in args.skip:
         r = _run_child(args, case)
         if "error" not in r:
             r["tomotopy"] = _run_child(args, "tomotopy" if case == "lda-peer" else "tomotopy-k")
@@ -465,8 +538,8 @@ def run_case(args, case: str) -> dict:
     return _run_child(args, case)
 
 
-def _run_child(args, case: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", case] + args.passthrough
+def _run_child(args, case: str, extra=()) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", case] + args.passthrough + list(extra)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **{MARKER: f"{os.getpid()}-{case}"})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -534,14 +607,17 @@ def print_peer(r: dict) -> bool:
     shard_peak = max(p["peaks"].get("shard", {}).get("max_mib", 0) for p in r["phases"].values()) * MIB
     bound = 500 * MIB + 3 * 8 * (nnz + r["size"]["vocab"])
     steps = r.get("steps") or {}
+    # a step holds several rounds (iterations x workers): the split is per iteration, over the whole fit
+    iterations = max(1.0, sum(steps.get("rounds", [])) / max(1, int(r["timings"].get("workers", 2))))
     r["peer"] = {"iterations": [n_short, n_long], "runs": len(per_runs), "strads_fit_s": long_s,
                  "strads_per_iteration_s": round(per_it, 3), "strads_per_iteration_runs": per_runs,
                  "nonzeros": nnz, "word_topic_storage": word, "shard_peak_bytes": shard_peak,
                  "shard_bound_bytes": bound, "strads_one_off": {k: v for k, v in r["timings"].items()
                                                                  if isinstance(v, (int, float))},
-                 "strads_iteration_split": {key: _median(steps[key]) for key in ("seconds", "compute_s", "sample_s",
-                                                                                 "sync_s") if key in steps}}
-    print(f"StradsLDA's long fit, per iteration (medians): " + ", ".join(
+                 "strads_iteration_split": {key: sum(steps[key]) / iterations for key in ("seconds", "compute_s",
+                                                                                          "sample_s", "sync_s")
+                                            if key in steps}, "split_per_iteration": True}
+    print(f"StradsLDA's long fit, per iteration (its steps' sums over its iterations): " + ", ".join(
         f"{k} {v:.2f} s" for k, v in r["peer"]["strads_iteration_split"].items()))
     print("StradsLDA's long fit, one-off: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["timings"].items())
                                                         if isinstance(v, (int, float)) and v >= 0.05))
@@ -563,8 +639,16 @@ def print_peer(r: dict) -> bool:
         print(f"tomotopy: {n_long}-iteration add_doc + train {t_fit:.1f} s (add_doc "
               f"{r['peer']['tomotopy_add_doc_s']:.1f} s), {t_per_it:.2f} s per iteration; peak RSS "
               f"{tt['peak_rss'] / MIB:,.0f} MiB")
-        print(f"tomotopy / StradsLDA: per iteration {r['peer']['per_iteration_ratio']} (target >= 0.8), whole fit "
-              f"{r['peer']['fit_ratio']} (target >= 0.5)")
+        print(f"tomotopy / StradsLDA: per iteration {r['peer']['per_iteration_ratio']} (target >= 3), whole fit "
+              f"{r['peer']['fit_ratio']} (target >= 2)")
+        budget, t_ll = r.get("budget"), tt["runs"][-1]["long"].get("log_likelihood_per_token")
+        if budget and t_ll is not None:
+            r["peer"]["equal_time"] = dict(budget, tomotopy_log_likelihood_per_token=t_ll,
+                                           tomotopy_iterations=n_long)
+            print(f"log-likelihood per token in tomotopy's whole-fit time ({budget['budget_s']:.1f} s): StradsLDA "
+                  f"{budget['log_likelihood_per_token']:.4f} after {budget['iterations']} iterations "
+                  f"({budget['fit_s']:.1f} s), tomotopy {t_ll:.4f} after {n_long} (target: StradsLDA's >= tomotopy's: "
+                  f"{'met' if budget['log_likelihood_per_token'] >= t_ll else 'NOT met'})")
     elif tt:
         print(f"tomotopy FAILED: {tt['error'][-800:]}")
     return ok
@@ -593,7 +677,7 @@ def print_sampler_race(r: dict) -> None:
                          "time_ratio": None if hit is None else round(f["cumulative_s"][hit] / ref_s, 3)})
     r["race"] = race
     print(f"time to {race[0]['sampler'] if race else ''}'s log-likelihood at its iteration {TARGET_ITERATION} "
-          "(steps' time, log-likelihood computed every iteration):")
+          "(steps' time in fits without the log-likelihood; the log-likelihood from the same fits with it):")
     print("| K | sampler | s/iteration | iterations to target | seconds to target | × the first |")
     print("|---:|---|---:|---:|---:|---:|")
     for x in race:
@@ -690,9 +774,10 @@ def main(argv=None) -> int:
     p.add_argument("--sampler-iters", type=int, default=10, help="lda-samplers: iterations of each fit")
     p.add_argument("--peer-sampler", default="auto", help="StradsLDA's sampler in lda-peer (default: auto)")
     p.add_argument("--peer-workers", type=int, default=2,
-                   help="StradsLDA's numWorkers in lda-peer and lda-k (0: unset, the default shape: one worker "
+                   help="StradsLDA's numWorkers in lda-peer, lda-k and lda-samplers (0: unset, the default shape: one worker "
                         "an executor computing with its cores)")
     p.add_argument("--skip", nargs="*", default=[], help="peers to leave out (tomotopy)")
+    p.add_argument("--budget-s", type=float, default=0.0, help=argparse.SUPPRESS)  # lda-peer: tomotopy's fit time
     p.add_argument("--repeats", type=int, default=1, help="lda-peer: short and long fits of each system (medians)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the measured session (e.g. spark.pystrads.shard.mallocRetainBytes=0)")

@@ -24,7 +24,7 @@ from .fplus_tree import _tree_depth, _tree_leaf_offset, _tree_rebuild, _tree_sam
 #: ``choose_sampler`` picks the dense sampler up to this many topics (the measured crossover).
 DENSE_MAX_TOPICS = 600
 #: ``choose_sampler`` picks the ``"alias"`` sampler from this many topics on (measured: see there).
-ALIAS_MIN_TOPICS = 2000
+ALIAS_MIN_TOPICS = 50_000
 #: The LDA program gives the samplers that read counts by topic (dense, MH, alias) the table layout
 #: of ``DocCounts`` while the table takes at most this many bytes on a worker (see doc_counts_table).
 TABLE_MAX_BYTES = 256 << 20
@@ -624,7 +624,7 @@ def choose_sampler(n_topics, mean_doc_len):
     """Return the name of the recommended sampler for K and the mean doc length.
 
     ``"dense"`` when K <= ``DENSE_MAX_TOPICS`` (600), ``"fplus"`` up to
-    ``ALIAS_MIN_TOPICS`` (2000), ``"alias"`` from there on; the document
+    ``ALIAS_MIN_TOPICS`` (50,000), ``"alias"`` from there on; the document
     length did not move the crossovers in any corpus measured (it is kept as
     an argument for the rule to come).  ``"mh"`` is never the default (see
     below).
@@ -646,8 +646,8 @@ def choose_sampler(n_topics, mean_doc_len):
     Measured with ``jobs/bench_lda_kernel.py --blocks 1 --corpus reuters`` and
     ``--corpus debian`` (the real training corpora of ``jobs/bench_lda.py``,
     alpha = 50/K, beta = 0.1, one sweep after 10 F+LDA burn-in sweeps, median
-    of 3) on one core of the 2-core development VM (shared, +-20 %).
-    Million tokens/s/core:
+    of 3) on one core of the 2-core development VM (shared, +-20 %), F+LDA
+    on a dense block before it sampled row stores.  Million tokens/s/core:
 
     ==============  =====  =====  ======  =====  ====
     corpus (L_d)    K      dense  sparse  fplus  mh
@@ -677,22 +677,27 @@ def choose_sampler(n_topics, mean_doc_len):
     sooner, and ``fplus`` overtook it by its 6th sweep.  LDA* (§3.2) also
     places its switch at K > 600.
 
-    ``alias`` samples a row store (O(K_w) per word, not O(K)), so it is
-    measured end to end, in StradsLDA fits on the synthetic Zipf(0.8) corpus
-    of ``jobs/bench_scale.py --case lda-samplers`` (V = 100,000, 3 M tokens in
-    200-token documents, α = 0.1, β = 0.01, 2 workers, the log-likelihood
-    computed every iteration, its time included): time per iteration, and the
-    time each sampler needed to reach ``fplus``'s log-likelihood of its 4th
-    iteration::
+    ``fplus`` and ``alias`` sample row stores (nothing O(K) per word), so they
+    are measured end to end, in StradsLDA fits on the synthetic Zipf(0.8)
+    corpus of ``jobs/bench_scale.py --case lda-samplers`` (3 M tokens in
+    200-token documents, α = 0.1, β = 0.01, the default shape of one worker
+    with two threads): time per iteration (fits without the log-likelihood),
+    and the time each sampler needed to reach ``fplus``'s log-likelihood of
+    its 4th iteration (from fits that compute it every iteration)::
 
-        K        fplus s/it   alias s/it   alias's iterations   alias's time
-                                           to fplus's 4th       / fplus's
-        1,000    2.85         1.34         9                    1.10
-        2,500    4.74         1.59         8                    0.75
-        10,000   8.93         2.50         6                    0.43
+        V          K        fplus s/it   alias s/it   alias's iterations   alias's time
+                                                      to fplus's 4th       / fplus's
+        100,000    1,000    0.71         0.56         9                    1.57
+        100,000    2,500    0.97         0.77         8                    1.58
+        100,000    10,000   1.34         1.37         6                    1.55
+        1,000,000  1,000    0.90         0.84         10                   1.94
+        1,000,000  100,000  2.28         1.72         5                    0.93
 
-    Its MH steps gain about half as much per iteration as an exact draw, which
-    its cheaper iterations make up at K ~ 1,500 and outrun beyond.
+    The alias sampler's MH steps gain less than half as much per iteration
+    as an exact draw; its iterations are cheaper only where F+LDA's document
+    walk reads a large tree at random (K = 100,000: 2 MiB of leaves), and
+    there it reached the target 7 % sooner.  The switch sits between the two
+    measured points.
     """
     if n_topics <= DENSE_MAX_TOPICS:
         return "dense"
