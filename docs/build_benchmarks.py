@@ -587,7 +587,7 @@ TABLES = {
     "lda_scaleout": Table(lda_scaleout_table, "python3 jobs/bench_lda_scaleout.py", "2026-11-25"),
     "lda_debian": Table(lda_table, _LDA.format(corpus="--corpus debian ", repeats=3), "2026-11-26"),
     "lda_debian_k1000": Table(lda_table, _LDA.format(corpus="--corpus debian -k 1000 --iters 50 ", repeats=1),
-                              "2026-11-30"),
+                              "2026-12-01"),
     "mf_movielens": Table(mf_table, "python3 jobs/bench_mf.py --repeats 3 --high-rank 0", "2026-12-01"),
     "mf_implicit": Table(mf_implicit_table, date="2026-11-24"),
     "mf_implicit_iteration": Table(mf_implicit_iteration_table),
