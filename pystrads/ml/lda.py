@@ -80,7 +80,7 @@ class _StradsLDAParams(HasMaxIter, HasFeaturesCol, HasSeed, HasCheckpointInterva
         typeConverter=TypeConverters.toString)
     sampler: Param[str] = Param(
         Params._dummy(), "sampler",
-        "collapsed Gibbs sampler: 'auto' (chosen by k and mean document length), 'dense', 'sparse' "
+        "collapsed Gibbs sampler: 'auto' (by k: dense up to 600 topics, F+LDA below 50,000, alias above), 'dense', 'sparse' "
         "(SparseLDA), 'fplus' (F+LDA), 'mh' (Metropolis-Hastings) or 'alias' (LightLDA's alias-table MH).", typeConverter=TypeConverters.toString)
     logLikelihoodEvery: Param[int] = Param(
         Params._dummy(), "logLikelihoodEvery",
