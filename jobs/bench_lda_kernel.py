@@ -182,15 +182,15 @@ class WorkerState:
 
     def copy(self, sampler=None):
         """A copy; for ``sampler`` the document counts in the layout the LDA program gives it
-        (``lda.doc_counts_table``)."""
+        (``lda.doc_counts_layout``)."""
         other = object.__new__(WorkerState)
         other.__dict__.update(self.__dict__)
         for name in ("token_topic", "word_topic", "topic_totals", "doc_counts"):
             setattr(other, name, getattr(self, name).copy())
         if sampler is not None:
-            table = self.lda.doc_counts_table(sampler, self.doc_ptr.size - 1, self.n_topics)
+            layout = self.lda.doc_counts_layout(sampler, self.doc_ptr.size - 1, self.n_topics)
             other.doc_counts = self.lda.DocCounts.from_tokens(other.token_topic, self.doc_ptr, self.doc_tokens,
-                                                              self.n_topics, table=table)
+                                                              self.n_topics, layout=layout)
         return other
 
     def sweep(self, kernel, alpha, beta, rng_state):

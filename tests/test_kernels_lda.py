@@ -11,15 +11,16 @@ from pystrads.kernels.random import STATE_SIZE, new_state, next_uint64, randint,
 
 SAMPLER_NAMES = sorted(lda.SAMPLERS)
 FAST_SAMPLERS = [name for name in SAMPLER_NAMES if name != "dense"]
-# every sampler on the default layout of the document counts, and those that run on the table
-# layout too ("name:table"; the LDA program gives the dense sampler the table)
-LAYOUT_CASES = SAMPLER_NAMES + ["dense:table", "mh:table", "alias:table"]
+# every sampler on the default layout of the document counts, and those that run on the table and
+# hash layouts too ("name:table", "name:hash"; the LDA program gives the dense sampler the table,
+# MH and alias the table or the hash layout)
+LAYOUT_CASES = SAMPLER_NAMES + ["dense:table", "mh:table", "alias:table", "dense:hash", "mh:hash", "alias:hash"]
 
 
 def _case(name):
-    """``(kernel name, table layout?)`` of a LAYOUT_CASES entry."""
+    """``(kernel name, layout of the document counts)`` of a LAYOUT_CASES entry."""
     base, _, layout = name.partition(":")
-    return base, layout == "table"
+    return base, layout or "lists"
 
 
 # --------------------------------------------------------------------------
@@ -30,7 +31,7 @@ def _case(name):
 class Chain:
     """A worker's token arrays and counts, built from token topics."""
 
-    def __init__(self, token_word, token_doc, token_topic, vocab_size, n_docs, n_topics, table=False):
+    def __init__(self, token_word, token_doc, token_topic, vocab_size, n_docs, n_topics, layout="lists"):
         self.token_word = token_word
         self.token_doc = token_doc
         self.token_topic = token_topic
@@ -40,7 +41,7 @@ class Chain:
         self.word_topic = lda.count_word_topic(token_word, token_topic, 0, vocab_size, n_topics)
         self.topic_totals = lda.count_topic_totals(token_topic, n_topics)
         self.doc_ptr, self.doc_tokens = lda.build_doc_tokens(token_doc, n_docs)
-        self.doc_counts = lda.DocCounts.from_tokens(token_topic, self.doc_ptr, self.doc_tokens, n_topics, table)
+        self.doc_counts = lda.DocCounts.from_tokens(token_topic, self.doc_ptr, self.doc_tokens, n_topics, layout)
 
     @property
     def doc_topic(self):
@@ -117,13 +118,13 @@ def test_counts_match_recount_after_sweeps(name, n_topics):
     documents take the dense form and the cut ones (a few tokens) the sparse one; at K = 61 every
     document is sparse with up to 30 topics (the bisection); in the table layout every document
     has its K counts at one stride."""
-    name, table = _case(name)
+    name, layout = _case(name)
     token_word, token_doc, _, _ = make_lda_corpus(1, vocab_size=200, n_topics=13, doc_len=30)
     keep = (token_doc < 40) | (np.random.default_rng(9).random(token_doc.size) < 0.15)
     token_word, token_doc = token_word[keep], token_doc[keep]
     n_docs = 80  # 13: the F+ tree has padding leaves
     chain = Chain(token_word, token_doc, lda.random_topics(token_word.size, n_topics, new_state(3)),
-                  200, n_docs, n_topics, table)
+                  200, n_docs, n_topics, layout)
     rng_state = new_state(4)
     for _ in range(4):
         chain.sweep(lda.SAMPLERS[name], [0, 60, 130, 200], 0.2, 0.05, rng_state)
@@ -136,7 +137,25 @@ def test_counts_match_recount_after_sweeps(name, n_topics):
     np.testing.assert_array_equal(chain.topic_totals, np.bincount(z, minlength=n_topics))
     dense = chain.doc_topic
     ptr, entries = chain.doc_counts
-    if table:
+    if layout == "hash":  # short documents hashed (2^b >= 2 L_d slots, 2^(b+1) <= K), the others' K counts
+        assert entries[0] == 3 and chain.doc_counts.layout == "hash"
+        forms = set()
+        for d in range(n_docs):
+            m, rest, length = entries[ptr[d]], entries[ptr[d] + 1:ptr[d + 1]], chain.doc_ptr[d + 1] - chain.doc_ptr[d]
+            room = 2 ** max(1, math.ceil(math.log2(2 * max(length, 1))))  # the least 2^b >= 2 L_d
+            if m == n_topics:
+                forms.add("dense")
+                assert rest.tolist() == dense[d].tolist() and 2 * room > n_topics
+            else:
+                forms.add("hashed")
+                slots = rest.reshape(-1, 2)
+                assert m < 0 and len(slots) == 1 << -m == room and 2 * room <= n_topics
+                kept = slots[slots[:, 0] >= 0]
+                assert (slots[slots[:, 0] < 0, 1] == 0).all()
+                assert sorted(kept.tolist()) == np.c_[np.flatnonzero(dense[d]), dense[d][dense[d] > 0]].tolist()
+        assert forms == {"dense", "hashed"}
+        return
+    if layout == "table":
         assert entries[0] == 2 and chain.doc_counts.is_table
         np.testing.assert_array_equal(ptr, 1 + np.arange(n_docs + 1) * (n_topics + 1))
         assert entries.size == ptr[-1] + 1  # one int of padding: the dense sampler reads the table as rows
@@ -176,15 +195,76 @@ def test_samplers_take_over_each_others_document_counts():
         assert chain.log_likelihood(0.2, 0.05) == pytest.approx(recount.log_likelihood(0.2, 0.05), rel=1e-12)
 
 
-def test_the_table_layout_goes_to_the_samplers_that_read_counts_by_topic_while_it_is_small():
+def test_each_sampler_gets_the_document_counts_layout_it_is_fastest_on():
     limit_docs = lda.TABLE_MAX_BYTES // (4 * 1000)
-    assert lda.doc_counts_table("dense", 10 ** 7, 10 ** 5)  # O(K) a token anyway
+    assert lda.doc_counts_layout("dense", 10 ** 7, 10 ** 5) == "table"  # O(K) a token anyway
     for name in ("mh", "alias"):
-        assert lda.doc_counts_table(name, limit_docs, 1000)
-        assert not lda.doc_counts_table(name, limit_docs + 1, 1000)
+        assert lda.doc_counts_layout(name, limit_docs, 1000) == "table"
+        assert lda.doc_counts_layout(name, limit_docs + 1, 1000) == "hash"
     for name in ("fplus", "sparse"):
-        assert not lda.doc_counts_table(name, 10, 10)
+        assert lda.doc_counts_layout(name, 10, 10) == "lists"
     assert set(lda.SAMPLERS) == {"dense", "mh", "alias", "fplus", "sparse"}  # a new one: decide its layout
+    with pytest.raises(ValueError, match="layout='dense'.*'hash', 'lists', 'table'"):
+        lda.DocCounts.from_dense(np.zeros((2, 3), np.int32), layout="dense")
+
+
+def test_hashed_counts_follow_random_updates_through_collisions_and_wraps():
+    """The hash layout's count helpers against a dict: documents of 2 to 7 tokens (4 to 16 slots) at
+    K = 1,000, their topics drawn from 24 values so that probe runs collide, wrap around the slots'
+    end and lose entries from their middle; after every update each topic's count, the slots'
+    invariants (every kept topic reachable from its home slot, empty slots (-1, 0)) and the dense
+    view match the reference."""
+    from pystrads.kernels.lda.counts import _doc_count, _doc_decrement, _doc_increment, _hash_home
+
+    n_topics, rng = 1000, np.random.default_rng(17)
+    lengths = np.array([2, 3, 4, 5, 7])
+    token_doc = np.repeat(np.arange(lengths.size), lengths).astype(np.int32)
+    palette = rng.choice(n_topics, 24, replace=False)
+    token_topic = rng.choice(palette, token_doc.size).astype(np.int32)
+    doc_ptr, doc_tokens = lda.build_doc_tokens(token_doc, lengths.size)
+    counts = lda.DocCounts.from_tokens(token_topic, doc_ptr, doc_tokens, n_topics, "hash")
+    ptr, entries = counts
+    assert (entries[ptr[:-1]] < 0).all()  # every document hashed
+    moved = wrapped = 0
+    for _ in range(6000):
+        i = int(rng.integers(token_doc.size))
+        d, old, new = int(token_doc[i]), int(token_topic[i]), int(rng.choice(palette))
+        _doc_decrement(d, old, ptr, entries, n_topics)
+        _doc_increment(d, new, ptr, entries, n_topics)
+        token_topic[i] = new
+        want = np.bincount(token_topic[token_doc == d], minlength=n_topics)
+        assert [_doc_count(d, int(t), ptr, entries, n_topics) for t in palette] == want[palette].tolist()
+        b = -int(entries[ptr[d]])
+        slots = entries[ptr[d] + 1:ptr[d + 1]].reshape(-1, 2)
+        for s, (t, c) in enumerate(slots):
+            if t < 0:
+                assert c == 0
+                continue
+            home = int(_hash_home(int(t), b))
+            moved += s != home
+            wrapped += s < home
+            run = [(home + j) % len(slots) for j in range((s - home) % len(slots) + 1)]
+            assert all(slots[j, 0] >= 0 for j in run)  # no empty slot between its home and it
+    np.testing.assert_array_equal(counts.to_dense(n_topics), lda.count_doc_topic(token_doc, token_topic, 5, n_topics))
+    assert moved > 1000 and wrapped >= 10  # collisions and wrapped probe runs were exercised
+
+
+@pytest.mark.parametrize("name", ["mh", "alias"])
+def test_hashed_counts_give_the_lists_draws(name):
+    """The MH and alias samplers read counts only: on the hash layout they make the draws they make on
+    the sorted lists, token for token, through sweeps that move topics in and out of documents."""
+    n_topics = 400
+    token_word, token_doc, _, _ = make_lda_corpus(8, vocab_size=100, doc_len=12)
+    start = lda.random_topics(token_word.size, n_topics, new_state(2))
+    chains = [Chain(token_word, token_doc, start.copy(), 100, 80, n_topics, layout) for layout in ("lists", "hash")]
+    assert chains[1].doc_counts.layout == "hash" and (chains[1].doc_counts.entries[chains[1].doc_counts.ptr[:-1]] < 0).all()
+    for sweep in range(4):
+        for chain in chains:
+            chain.sweep(lda.SAMPLERS[name], [0, 30, 100], 0.05, 0.05, new_state(10 + sweep))
+        np.testing.assert_array_equal(chains[0].token_topic, chains[1].token_topic)
+        np.testing.assert_array_equal(chains[1].doc_topic, lda.count_doc_topic(token_doc, chains[1].token_topic, 80,
+                                                                               n_topics))
+    assert np.count_nonzero(chains[1].token_topic != start) > token_word.size // 2
 
 
 def test_table_layout_serves_the_count_readers_and_refuses_the_list_walkers():
@@ -194,7 +274,7 @@ def test_table_layout_serves_the_count_readers_and_refuses_the_list_walkers():
     token_word, token_doc, _, _ = make_lda_corpus(5, vocab_size=200, n_topics=13, doc_len=30)
     keep = (token_doc < 40) | (np.random.default_rng(9).random(token_doc.size) < 0.15)
     token_word, token_doc = token_word[keep], token_doc[keep]
-    chain = Chain(token_word, token_doc, lda.random_topics(token_word.size, 13, new_state(3)), 200, 80, 13, True)
+    chain = Chain(token_word, token_doc, lda.random_topics(token_word.size, 13, new_state(3)), 200, 80, 13, "table")
     rng_state = new_state(4)
     lengths = np.diff(chain.doc_ptr)
     for name in ["dense", "mh", "dense", "alias", "dense"]:
@@ -207,21 +287,24 @@ def test_table_layout_serves_the_count_readers_and_refuses_the_list_walkers():
                                       lda.doc_topic_histograms(recount.doc_counts, lengths, 13, 31))
     before = (chain.token_topic.copy(), chain.doc_counts.entries.copy(), chain.topic_totals.copy())
     for name in ("fplus", "sparse"):
-        with pytest.raises(ValueError, match="table layout .* table=False"):
+        with pytest.raises(ValueError, match="table and hash layouts .* layout='lists'"):
             chain.sweep(lda.SAMPLERS[name], [0, 100, 200], 0.2, 0.05, rng_state)
     for a, b in zip(before, (chain.token_topic, chain.doc_counts.entries, chain.topic_totals)):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["sparse", "mh", "alias"])
+@pytest.mark.parametrize("name", ["sparse", "mh", "alias", "mh:hash", "alias:hash"])
 def test_document_counts_take_memory_by_tokens_not_topics(name):
-    """At K = 100,000 the documents' counts take at most 8 bytes a token and 4 a document (a dense
-    table would be 80 x 100,000 int32, 32 MB), and stay exact through sweeps."""
+    """At K = 100,000 the documents' counts take at most 8 bytes a token and 4 a document, hashed
+    at most 32 bytes a token and 4 a document (a dense table would be 80 x 100,000 int32, 32 MB),
+    and stay exact through sweeps."""
+    name, layout = _case(name)
     n_topics = 100_000
     token_word, token_doc, _, _ = make_lda_corpus(6, vocab_size=100, doc_len=25)
     chain = Chain(token_word, token_doc, lda.random_topics(token_word.size, n_topics, new_state(7)),
-                  100, 80, n_topics)
-    assert chain.doc_counts.entries.nbytes <= 8 * token_word.size + 4 * 80 + 4
+                  100, 80, n_topics, layout)
+    per_token = 32 if layout == "hash" else 8
+    assert chain.doc_counts.entries.nbytes <= per_token * token_word.size + 4 * 80 + 4
     rng_state = new_state(8)
     for _ in range(2):
         chain.sweep(lda.SAMPLERS[name], [0, 50, 100], 0.1, 0.05, rng_state)
@@ -229,7 +312,12 @@ def test_document_counts_take_memory_by_tokens_not_topics(name):
     for d in range(80):
         topics, counts = np.unique(chain.token_topic[token_doc == d], return_counts=True)
         m = entries[ptr[d]]
-        assert entries[ptr[d] + 1:ptr[d] + 1 + 2 * m].reshape(-1, 2).tolist() == np.c_[topics, counts].tolist()
+        if layout == "hash":
+            slots = entries[ptr[d] + 1:ptr[d + 1]].reshape(-1, 2)
+            kept = sorted(slots[slots[:, 0] >= 0].tolist())
+        else:
+            kept = entries[ptr[d] + 1:ptr[d] + 1 + 2 * m].reshape(-1, 2).tolist()
+        assert kept == np.c_[topics, counts].tolist()
 
 
 @pytest.mark.parametrize("name", SAMPLER_NAMES)
@@ -359,9 +447,9 @@ def test_sweeps_sample_the_exact_posterior(name, layout, alpha):
     posterior /= posterior.sum()
 
     rng_state = new_state(21)
-    name, table = _case(name)
+    name, layout = _case(name)
     chain = Chain(token_word, token_doc, lda.random_topics(4, n_topics, rng_state),
-                  vocab_size, n_docs, n_topics, table)
+                  vocab_size, n_docs, n_topics, layout)
     kernel, powers = lda.SAMPLERS[name], n_topics ** np.arange(token_word.size)[::-1]
     n_sweeps = 100_000
     visits = np.zeros(len(states))

@@ -475,15 +475,22 @@ class _DocCountsChecked(LDAProgram):
         state = super().push(ctx, data, state, block)
         ptr, entries = state.doc_counts
         n_docs, k = len(data.doc_ids), self.num_topics
-        assert state.doc_counts.is_table == K.doc_counts_table(self.sampler, n_docs, k)
-        if not state.doc_counts.is_table:
-            assert entries.nbytes <= 12 * int(data.doc_ptr[-1]) + 8 * n_docs + 8, entries.nbytes
+        layout = state.doc_counts.layout
+        assert layout == K.doc_counts_layout(self.sampler, n_docs, k)
+        if layout != "table":
+            per_token = 32 if layout == "hash" else 12
+            assert entries.nbytes <= per_token * int(data.doc_ptr[-1]) + 8 * n_docs + 8, entries.nbytes
         for d in range(n_docs):
             lo, hi = data.doc_ptr[d], data.doc_ptr[d + 1]
             topics, counts = np.unique(state.token_topic[data.doc_tokens[lo:hi]], return_counts=True)
-            if state.doc_counts.is_table:
+            if layout == "table":
                 row = entries[ptr[d] + 1:ptr[d] + 1 + k]
                 kept = np.c_[np.flatnonzero(row), row[row > 0]]
+            elif layout == "hash":  # the occupied slots, in topic order
+                slots = entries[ptr[d] + 1:ptr[d + 1]].reshape(-1, 2)
+                assert entries[ptr[d]] == -int(np.log2(len(slots))) and len(slots) >= 2 * (hi - lo)
+                kept = slots[slots[:, 0] >= 0]
+                kept = kept[np.argsort(kept[:, 0])]
             else:
                 m = entries[ptr[d]]
                 kept = entries[ptr[d] + 1:ptr[d] + 1 + 2 * m].reshape(-1, 2)
@@ -496,11 +503,12 @@ def test_counts_stay_exact_at_a_hundred_thousand_topics(sc, sampler, threads, n_
     """K = 100,000 (the alias sampler is auto's pick there): after three iterations the shards'
     word-topic rows and the topic totals match a recount of the token topics, and after every
     round each worker's document counts match a recount in the layout the rule gives: with 700
-    documents a worker (a documents x K table would be 267 MiB) the O(tokens) lists, with 30
-    the table."""
+    documents a worker (a documents x K table would be 267 MiB) alias's hash layout and F+LDA's
+    O(tokens) lists, with 30 the table."""
     k, vocab = 100_000, 60
     assert K.choose_sampler(k, 40) == "alias"
-    assert K.doc_counts_table("alias", n_docs // 2, k) == (n_docs == 60)
+    expected = "table" if n_docs == 60 else {"fplus": "lists", "alias": "hash"}[sampler]
+    assert K.doc_counts_layout(sampler, n_docs // 2, k) == expected
     rng = np.random.default_rng(11)  # Zipf-like words: some rows fill up, most stay sparse
     docs = [(d, *np.unique(np.minimum(rng.zipf(1.3, 40) - 1, vocab - 1), return_counts=True)) for d in range(n_docs)]
     tokens = sum(int(c.sum()) for _, _, c in docs)

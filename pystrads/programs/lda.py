@@ -542,9 +542,9 @@ class LDAProgram(Program):
     def _doc_structures(self, data: _WorkerData, state: _WorkerState) -> None:
         from ..kernels import lda as K
 
-        table = K.doc_counts_table(self.sampler, len(data.doc_ids), self.num_topics)
+        layout = K.doc_counts_layout(self.sampler, len(data.doc_ids), self.num_topics)
         state.doc_counts = K.DocCounts.from_tokens(state.token_topic, data.doc_ptr, data.doc_tokens, self.num_topics,
-                                                   table=table)
+                                                   layout=layout)
 
     def _row_chunks(self, data: _WorkerData, block: int, pieces: int = 1):
         """``(a, b, t_lo, t_hi)``: the worker's rows ``[a, b)`` of ``block``'s words in at least

@@ -25,8 +25,8 @@ topic to its new one in all three count structures at once.
 
 Per-document structures (built by :func:`build_doc_tokens` and
 :meth:`DocCounts.from_tokens`, shared by every sampler so samplers are
-interchangeable at any time, the table layout by the dense, MH and alias
-samplers only):
+interchangeable at any time, the table and hash layouts by the dense, MH and
+alias samplers only):
 
 ``doc_ptr`` int64[n_docs + 1]
     CSR offsets: document ``d`` owns slots ``doc_ptr[d]:doc_ptr[d + 1]``
@@ -41,9 +41,12 @@ samplers only):
     in topic order (O(1), like a dense row) and its non-zero topics beside
     them.  A dense documents x K table would take 4 K bytes a document (3 GB
     a worker at 7,500 documents and K = 100,000).  Its **table** layout is
-    that table (every document's K counts at one stride, no lists): the LDA
-    program builds it for the samplers that read counts by topic while it is
-    small (:func:`doc_counts_table`), where it is their fastest.
+    that table (every document's K counts at one stride, no lists), its
+    **hash** layout keeps a short document's pairs in an open-addressing
+    table of ``2^b >= 2 L_d`` slots (``n_dt`` and its updates O(1)
+    expected, no lists): the LDA program builds the table for the samplers
+    that read counts by topic while it is small and the hash layout beyond
+    (:func:`doc_counts_layout`), where each is their fastest.
 
 Samplers (all with the signature documented in :func:`sample_block`)
 ---------------------------------------------------------------------
@@ -156,7 +159,7 @@ from .samplers import (
     STORE_SAMPLERS,
     TABLE_MAX_BYTES,
     choose_sampler,
-    doc_counts_table,
+    doc_counts_layout,
     get_sampler,
     sample_block,
     sample_block_dense,
@@ -178,7 +181,7 @@ __all__ = [
     "beta_fixed_point",
     "build_doc_tokens",
     "choose_sampler",
-    "doc_counts_table",
+    "doc_counts_layout",
     "count_doc_topic",
     "count_topic_totals",
     "count_word_topic_entries",

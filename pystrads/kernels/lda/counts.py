@@ -5,11 +5,11 @@
   total counts from the tokens' topics; :func:`count_doc_topic`: the dense
   document-topic table (a reference: the samplers keep :class:`DocCounts`);
 * :func:`build_doc_tokens`: each document's token index, and
-  :class:`DocCounts`: each document's topic counts as its sorted non-zeros
-  (the layout in :mod:`pystrads.kernels.lda`);
+  :class:`DocCounts`: each document's topic counts as its sorted or hashed
+  non-zeros or its K counts (the layouts in :mod:`pystrads.kernels.lda`);
 * inline helpers the samplers use to move one token's count:
   ``_doc_count`` / ``_doc_increment`` / ``_doc_decrement`` (the document's
-  sorted list) and ``_word_nz_add`` / ``_word_nz_remove`` /
+  counts in any form) and ``_word_nz_add`` / ``_word_nz_remove`` /
   ``_word_nz_scan`` (the list of the word being swept).
 """
 
@@ -25,8 +25,14 @@ from ..random import randint
 LISTS_KEPT = 1
 #: ... are not kept (the samplers that never walk them stop keeping them) ...
 LISTS_DROPPED = 0
-#: ... or the table layout (no room for them: the dense sampler's).
+#: ... or the table layout (no room for them: the dense sampler's) ...
 TABLE_LAYOUT = 2
+#: ... or the hash layout (short documents hashed, no lists: the MH and alias samplers' at large K).
+HASH_LAYOUT = 3
+#: The layouts by name (``DocCounts.from_tokens(layout=...)``).
+LAYOUTS = {"lists": LISTS_KEPT, "table": TABLE_LAYOUT, "hash": HASH_LAYOUT}
+#: Multiplier of the hash layout's Fibonacci hashing (2^32 / golden ratio).
+_HASH_MULTIPLIER = 2654435769
 
 
 @njit(cache=True, nogil=True)
@@ -129,38 +135,50 @@ class DocCounts(NamedTuple):
     """A worker's document-topic counts, O(tokens) memory whatever K.
 
     Document ``d`` owns ``entries[ptr[d]:ptr[d + 1]]`` (int32): a header
-    ``m_d`` and then its counts in one of two forms, chosen by its length
-    ``L_d``:
+    ``m_d`` and then its counts in one of three forms, chosen by the layout
+    and its length ``L_d``:
 
-    * **sparse** (``2 L_d < K``): ``m_d = K_d`` pairs ``(t, n_dt)``, the
-      topics with ``n_dt > 0`` in ascending order, with room for ``L_d``
-      pairs (its tokens bound its distinct topics); ``n_dt`` is found by
-      bisection, a topic that appears or leaves shifts the pairs after it
-      (O(K_d));
-    * **dense** (``2 L_d >= K``): ``m_d = K``, the K counts ``n_dt`` in topic
-      order (zeros included: a count is O(1) and a sweep over them
-      vectorises, as with a dense table's row), then ``K_d`` and the topics
-      with ``n_dt > 0`` in no order (room for ``min(L_d, K)``; a topic
-      that leaves is found by a scan and swapped with the last), so that
-      F+LDA and SparseLDA walk K_d topics, not K.  The samplers that never
-      read these lists stop keeping them and F+LDA and SparseLDA list them
-      again when they take over (:func:`keep_doc_lists`).
+    * **sparse** (``2 L_d < K``, the default ``"lists"`` layout): ``m_d = K_d``
+      pairs ``(t, n_dt)``, the topics with ``n_dt > 0`` in ascending order,
+      with room for ``L_d`` pairs (its tokens bound its distinct topics);
+      ``n_dt`` is found by bisection, a topic that appears or leaves shifts
+      the pairs after it (O(K_d));
+    * **hashed** (the ``"hash"`` layout, where ``2 C_d < K + 1`` for ``C_d``
+      the least power of two ``>= 2 L_d``): ``m_d = -b`` and ``C_d = 2^b``
+      slots of ``(t, n_dt)`` pairs, open addressing with linear probing
+      (Fibonacci hashing of t, empty slots ``(-1, 0)``, a load of at most
+      1/2; a topic that leaves shifts back the probe run after it), so that
+      ``n_dt`` and its updates are O(1) expected: at K = 100,000 the sorted
+      pairs' bisections and shifts cost the MH and alias samplers ~10 % of
+      an iteration.  Walkers visit all ``C_d`` slots (readers skip zero
+      counts);
+    * **dense** (``2 L_d >= K``, or in the hash layout where the slots would
+      take as much): ``m_d = K``, the K counts ``n_dt`` in topic order (zeros
+      included: a count is O(1) and a sweep over them vectorises, as with a
+      dense table's row); in the default layout then ``K_d`` and the topics
+      with ``n_dt > 0`` in no order (room for ``min(L_d, K)``; a topic that
+      leaves is found by a scan and swapped with the last), so that F+LDA
+      and SparseLDA walk K_d topics, not K.  The samplers that never read
+      these lists stop keeping them and F+LDA and SparseLDA list them again
+      when they take over (:func:`keep_doc_lists`).
 
-    ``entries[0]``, before every document's, says which: 1 the lists are
-    kept, 0 they are not, 2 the **table** layout (``table=True``): every
-    document dense at one stride ``K + 1`` (its header and K counts, no
-    room for lists), the plain documents x K table of the dense sampler,
+    ``entries[0]``, before every document's, says which layout: 1 the lists
+    are kept, 0 they are not, 2 the **table** layout (``layout="table"``):
+    every document dense at one stride ``K + 1`` (its header and K counts,
+    no room for lists), the plain documents x K table of the dense sampler,
     which reads its rows without a lookup and runs as fast as on a bare
     table (the lists' room doubles a document's footprint: at K = 20 that
-    cost it ~7 % once Reuters' documents outgrew L2).  Every sampler but
-    F+LDA and SparseLDA (which need the lists) runs on either layout.
+    cost it ~7 % once Reuters' documents outgrew L2); 3 the **hash** layout
+    (``layout="hash"``).  Every sampler but F+LDA and SparseLDA (which need
+    the lists) runs on any layout.
 
     A document's counts are adjacent cache lines, its header in the first.
-    At most 12 bytes a token plus 8 a document in the default layout (a
-    dense documents x K table takes 4 K bytes a document: 3 GB at 7,500
-    documents and K = 100,000).  (The header lives in the document's own
-    cache line: a separate per-document count array, written only in the
-    sparse form, slowed every token's count updates 3-4x in a numba loop.)
+    At most 12 bytes a token plus 8 a document in the default layout, 32 a
+    token in the hash layout (a dense documents x K table takes 4 K bytes a
+    document: 3 GB at 7,500 documents and K = 100,000).  (The header lives
+    in the document's own cache line: a separate per-document count array,
+    written only in the sparse form, slowed every token's count updates
+    3-4x in a numba loop.)
     """
 
     ptr: np.ndarray  # int64[n_docs + 1]
@@ -175,16 +193,22 @@ class DocCounts(NamedTuple):
         """Whether this is the table layout (every document's K counts, no lists)."""
         return bool(self.entries[0] == TABLE_LAYOUT)
 
-    @classmethod
-    def from_tokens(cls, token_topic, doc_ptr, doc_tokens, n_topics, table=False):
-        """The counts of the tokens' topics (``doc_ptr, doc_tokens`` from :func:`build_doc_tokens`);
-        ``table``: the table layout (for the dense sampler)."""
-        return cls(*_doc_counts_from_tokens(token_topic, doc_ptr, doc_tokens, int(n_topics), bool(table)))
+    @property
+    def layout(self) -> str:
+        """``"lists"``, ``"table"`` or ``"hash"``."""
+        code = int(self.entries[0])
+        return "table" if code == TABLE_LAYOUT else "hash" if code == HASH_LAYOUT else "lists"
 
     @classmethod
-    def from_dense(cls, doc_topic, table=False):
-        """The counts of a dense ``(n_docs, K)`` table; ``table``: the table layout."""
-        return cls(*_doc_counts_from_dense(np.ascontiguousarray(doc_topic), bool(table)))
+    def from_tokens(cls, token_topic, doc_ptr, doc_tokens, n_topics, layout="lists"):
+        """The counts of the tokens' topics (``doc_ptr, doc_tokens`` from :func:`build_doc_tokens`)
+        in ``layout`` (``"lists"``, ``"table"`` or ``"hash"``; see the class)."""
+        return cls(*_doc_counts_from_tokens(token_topic, doc_ptr, doc_tokens, int(n_topics), _layout_code(layout)))
+
+    @classmethod
+    def from_dense(cls, doc_topic, layout="lists"):
+        """The counts of a dense ``(n_docs, K)`` table in ``layout``."""
+        return cls(*_doc_counts_from_dense(np.ascontiguousarray(doc_topic), _layout_code(layout)))
 
     def to_dense(self, n_topics):
         """The dense ``(n_docs, n_topics)`` int32 table."""
@@ -194,17 +218,38 @@ class DocCounts(NamedTuple):
         return DocCounts(self.ptr, self.entries.copy())
 
 
+def _layout_code(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"DocCounts layout={layout!r}: use one of {sorted(LAYOUTS)}")
+    return LAYOUTS[layout]
+
+
 @njit(cache=True, nogil=True)
-def _doc_rows_ptr(lengths, n_topics, table):
+def _hash_bits(length, n_topics):
+    # b of a hashed document of `length` tokens (2^b >= 2 length), or -1 when its K counts take no more room
+    b = 1
+    while (1 << b) < 2 * length:
+        b += 1
+    if 2 * (1 << b) >= n_topics + 1:
+        return -1
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _doc_rows_ptr(lengths, n_topics, layout):
     # a header, then in the dense form (2 L_d >= K) K counts, K_d and room for min(L_d, K) topics;
-    # in the sparse one room for L_d pairs; in the table layout every document a header and K counts
+    # in the sparse one room for L_d pairs; in the table layout every document a header and K counts;
+    # in the hash layout a header and 2^b slots, or a header and K counts
     n_docs = lengths.shape[0]
     ptr = np.zeros(n_docs + 1, dtype=np.int64)
-    ptr[0] = 1  # entries[0]: the layout (lists kept, not kept, table)
+    ptr[0] = 1  # entries[0]: the layout (lists kept, not kept, table, hash)
     for d in range(n_docs):
         length = lengths[d]
-        if table:
+        if layout == TABLE_LAYOUT:
             ptr[d + 1] = ptr[d] + 1 + n_topics
+        elif layout == HASH_LAYOUT:
+            b = _hash_bits(length, n_topics)
+            ptr[d + 1] = ptr[d] + 1 + (n_topics if b < 0 else 2 << b)
         elif 2 * length >= n_topics:
             ptr[d + 1] = ptr[d] + 2 + n_topics + min(length, n_topics)
         else:
@@ -213,14 +258,25 @@ def _doc_rows_ptr(lengths, n_topics, table):
 
 
 @njit(cache=True, nogil=True)
-def _doc_counts_fill(ptr, entries, d, row, length, n_topics, table):
+def _doc_counts_fill(ptr, entries, d, row, length, n_topics, layout):
     # document d's entries from its dense counts `row` (K,) and its length
     p = ptr[d]
     k = 0
-    if table:  # the table layout's row: the counts only
+    b = _hash_bits(length, n_topics) if layout == HASH_LAYOUT else -1
+    if layout == TABLE_LAYOUT or (layout == HASH_LAYOUT and b < 0):  # the counts only
         for t in range(n_topics):
             entries[p + 1 + t] = row[t]
         entries[p] = n_topics
+    elif layout == HASH_LAYOUT:
+        entries[p] = -b
+        for s in range(1 << b):
+            entries[p + 1 + 2 * s] = -1
+            entries[p + 2 + 2 * s] = 0
+        for t in range(n_topics):
+            if row[t] > 0:
+                s = _hash_slot(entries, p, b, t)
+                entries[p + 1 + 2 * s] = t
+                entries[p + 2 + 2 * s] = row[t]
     elif 2 * length >= n_topics:
         for t in range(n_topics):
             entries[p + 1 + t] = row[t]
@@ -239,33 +295,33 @@ def _doc_counts_fill(ptr, entries, d, row, length, n_topics, table):
 
 
 @njit(cache=True, nogil=True)
-def _doc_counts_from_tokens(token_topic, doc_ptr, doc_tokens, n_topics, table):
+def _doc_counts_from_tokens(token_topic, doc_ptr, doc_tokens, n_topics, layout):
     n_docs = doc_ptr.shape[0] - 1
-    ptr = _doc_rows_ptr(doc_ptr[1:] - doc_ptr[:-1], n_topics, table)
-    entries = np.zeros(ptr[n_docs] + table, dtype=np.int32)  # the table: one int of padding
-    entries[0] = TABLE_LAYOUT if table else LISTS_KEPT
+    ptr = _doc_rows_ptr(doc_ptr[1:] - doc_ptr[:-1], n_topics, layout)
+    entries = np.zeros(ptr[n_docs] + (layout == TABLE_LAYOUT), dtype=np.int32)  # the table: one int of padding
+    entries[0] = layout
     row = np.zeros(n_topics, dtype=np.int32)
     for d in range(n_docs):
         for j in range(doc_ptr[d], doc_ptr[d + 1]):
             row[token_topic[doc_tokens[j]]] += 1
-        _doc_counts_fill(ptr, entries, d, row, doc_ptr[d + 1] - doc_ptr[d], n_topics, table)
+        _doc_counts_fill(ptr, entries, d, row, doc_ptr[d + 1] - doc_ptr[d], n_topics, layout)
         for j in range(doc_ptr[d], doc_ptr[d + 1]):
             row[token_topic[doc_tokens[j]]] = 0
     return ptr, entries
 
 
 @njit(cache=True, nogil=True)
-def _doc_counts_from_dense(doc_topic, table):
+def _doc_counts_from_dense(doc_topic, layout):
     n_docs, n_topics = doc_topic.shape
     lengths = np.zeros(n_docs, dtype=np.int64)
     for d in range(n_docs):
         for t in range(n_topics):
             lengths[d] += doc_topic[d, t]
-    ptr = _doc_rows_ptr(lengths, n_topics, table)
-    entries = np.zeros(ptr[n_docs] + table, dtype=np.int32)  # the table: one int of padding
-    entries[0] = TABLE_LAYOUT if table else LISTS_KEPT
+    ptr = _doc_rows_ptr(lengths, n_topics, layout)
+    entries = np.zeros(ptr[n_docs] + (layout == TABLE_LAYOUT), dtype=np.int32)  # the table: one int of padding
+    entries[0] = layout
     for d in range(n_docs):
-        _doc_counts_fill(ptr, entries, d, doc_topic[d], lengths[d], n_topics, table)
+        _doc_counts_fill(ptr, entries, d, doc_topic[d], lengths[d], n_topics, layout)
     return ptr, entries
 
 
@@ -278,7 +334,8 @@ def _doc_counts_to_dense(ptr, entries, n_topics):
         dense, k = _doc_topics_counts(entries, p, n_topics)
         for j in range(k):
             t, c = _doc_count_at(entries, p, dense, j)
-            out[d, t] = c
+            if c > 0:  # (a hashed document's empty slots: (-1, 0))
+                out[d, t] = c
     return out
 
 
@@ -309,9 +366,9 @@ def keep_doc_lists(doc_nz_ptr, doc_nz, n_topics):
     O(K) per dense-form document when they were not kept, O(1) otherwise: one rebuild when a
     sampler that walks them takes over, never within a fit (which keeps one sampler).  The table
     layout has no room for them: ValueError."""
-    if doc_nz[0] == TABLE_LAYOUT:
-        raise ValueError("F+LDA and SparseLDA walk the documents' non-zero topics, which the table layout "
-                         "of DocCounts does not keep: build the counts with table=False")
+    if doc_nz[0] == TABLE_LAYOUT or doc_nz[0] == HASH_LAYOUT:
+        raise ValueError("F+LDA and SparseLDA walk the documents' non-zero topics, which the table and hash "
+                         "layouts of DocCounts do not keep: build the counts with layout='lists'")
     if doc_nz[0] == LISTS_DROPPED:
         for d in range(doc_nz_ptr.shape[0] - 1):
             p = doc_nz_ptr[d]
@@ -330,10 +387,14 @@ def drop_doc_lists(doc_nz):
 @njit(cache=True, nogil=True, inline="always")
 def _doc_topics_counts(doc_nz, p, n_topics):
     # (dense form?, the number of (t, n_dt) to walk) for a reader that does not need the lists: a
-    # dense-form document's K counts (zeros included), a sparse one's pairs
-    if doc_nz[p] == n_topics:
+    # dense-form document's K counts (zeros included), a sparse one's pairs, a hashed one's slots
+    # (empty ones (-1, 0)): readers skip zero counts
+    m = doc_nz[p]
+    if m == n_topics:
         return True, n_topics
-    return False, doc_nz[p]
+    if m < 0:
+        return False, 1 << -m
+    return False, m
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -370,12 +431,52 @@ def _doc_slot(doc_nz, p, m, t):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _hash_home(t, b):
+    # the first slot of topic t in a hashed document of 2^b slots
+    return ((t * _HASH_MULTIPLIER) & 0xFFFFFFFF) >> (32 - b)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _hash_slot(doc_nz, p, b, t):
+    # the slot of topic t in the hashed document at p, or the empty slot where it would go
+    mask = (1 << b) - 1
+    s = _hash_home(t, b)
+    while True:
+        k = doc_nz[p + 1 + 2 * s]
+        if k == t or k < 0:
+            return s
+        s = (s + 1) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _hash_remove(doc_nz, p, b, s):
+    # empty slot s of the hashed document at p, moving back the entries of the probe run after it
+    # that may move (whose home is not cyclically in (s, j]), so that no lookup stops short
+    mask = (1 << b) - 1
+    j = s
+    while True:
+        j = (j + 1) & mask
+        k = doc_nz[p + 1 + 2 * j]
+        if k < 0:
+            break
+        h = _hash_home(k, b)
+        if (j > s and (h <= s or h > j)) or (j < s and h <= s and h > j):
+            doc_nz[p + 1 + 2 * s] = k
+            doc_nz[p + 2 + 2 * s] = doc_nz[p + 2 + 2 * j]
+            s = j
+    doc_nz[p + 1 + 2 * s] = -1
+    doc_nz[p + 2 + 2 * s] = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _doc_count(d, t, doc_nz_ptr, doc_nz, n_topics):
-    # n_dt: O(1) in a dense document, bisection in a sparse one.
+    # n_dt: O(1) in a dense document, O(1) expected in a hashed one, bisection in a sparse one.
     p = doc_nz_ptr[d]
     m = doc_nz[p]
     if m == n_topics:
         return doc_nz[p + 1 + t]
+    if m < 0:
+        return doc_nz[p + 2 + 2 * _hash_slot(doc_nz, p, -m, t)]
     j = _doc_slot(doc_nz, p, m, t)
     if j < m and doc_nz[p + 1 + 2 * j] == t:
         return doc_nz[p + 2 + 2 * j]
@@ -399,6 +500,13 @@ def _doc_decrement(d, t, doc_nz_ptr, doc_nz, n_topics):
                 k += 1
             doc_nz[k] = doc_nz[last]
             doc_nz[q] -= 1
+    elif m < 0:
+        s = _hash_slot(doc_nz, p, -m, t)
+        c = doc_nz[p + 2 + 2 * s] - 1
+        if c > 0:
+            doc_nz[p + 2 + 2 * s] = c
+        else:
+            _hash_remove(doc_nz, p, -m, s)
     else:
         j = _doc_slot(doc_nz, p, m, t)
         c = doc_nz[p + 2 + 2 * j] - 1
@@ -423,6 +531,10 @@ def _doc_increment(d, t, doc_nz_ptr, doc_nz, n_topics):
             q = p + 1 + n_topics
             doc_nz[q + 1 + doc_nz[q]] = t
             doc_nz[q] += 1
+    elif m < 0:
+        s = _hash_slot(doc_nz, p, -m, t)
+        doc_nz[p + 1 + 2 * s] = t
+        doc_nz[p + 2 + 2 * s] += 1
     else:
         j = _doc_slot(doc_nz, p, m, t)
         if j < m and doc_nz[p + 1 + 2 * j] == t:

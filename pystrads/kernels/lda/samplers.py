@@ -26,7 +26,7 @@ DENSE_MAX_TOPICS = 600
 #: ``choose_sampler`` picks the ``"alias"`` sampler from this many topics on (measured: see there).
 ALIAS_MIN_TOPICS = 50_000
 #: The LDA program gives the samplers that read counts by topic (dense, MH, alias) the table layout
-#: of ``DocCounts`` while the table takes at most this many bytes on a worker (see doc_counts_table).
+#: of ``DocCounts`` while the table takes at most this many bytes on a worker (see doc_counts_layout).
 TABLE_MAX_BYTES = 256 << 20
 #: Topics per block of the dense sampler's two-level search (8 float32: one AVX2 register).
 DENSE_BLOCK = 8
@@ -183,11 +183,13 @@ def _dense_lists_sweep(token_word, token_doc, token_topic, tok_lo, tok_hi, word_
                 x = alpha32[t] * q[t]
                 weights[t] = x
                 total += x
-            for j in range(doc_nz[p]):  # the document's part n_dt q_t over its (t, n_dt) pairs
+            m = doc_nz[p]  # the document's part n_dt q_t over its (t, n_dt) pairs (or hash slots)
+            for j in range(1 << -m if m < 0 else m):
                 t = doc_nz[p + 1 + 2 * j]
-                x = np.float32(doc_nz[p + 2 + 2 * j]) * q[t]
-                weights[t] += x
-                total += x
+                if t >= 0:  # (a hashed document's empty slots: (-1, 0))
+                    x = np.float32(doc_nz[p + 2 + 2 * j]) * q[t]
+                    weights[t] += x
+                    total += x
         u = np.float32(uniform(rng_state)) * total
         b = 0
         while b < n_blocks - 1:
@@ -706,19 +708,20 @@ def choose_sampler(n_topics, mean_doc_len):
     return "alias"
 
 
-def doc_counts_table(sampler, n_docs, n_topics):
-    """Whether the LDA program keeps ``sampler``'s document counts in the table layout of
-    :class:`DocCounts` (a plain documents x K table) rather than in O(tokens) memory.
+def doc_counts_layout(sampler, n_docs, n_topics):
+    """The layout of :class:`DocCounts` in which the LDA program keeps ``sampler``'s document counts:
+    ``"table"`` (a plain documents x K table), ``"hash"`` or ``"lists"`` (O(tokens) memory).
 
-    The dense sampler always (it is O(K) a token, chosen only at small K); MH and alias while the
-    table takes at most ``TABLE_MAX_BYTES`` (their word steps read ``n_dt`` of a proposed topic:
-    O(1) in the table, a bisection in a short document's pairs; on Reuters at K = 1,000 alias ran
-    1.74-1.76 M tokens/s on the table, 1.29-1.45 on the O(tokens) counts), the O(tokens) counts
-    beyond; F+LDA and SparseLDA never (they walk each document's non-zero topics, which only the
-    O(tokens) layout lists; there they also ran 30-60 % faster than on a dense table).
+    The dense sampler the table always (it is O(K) a token, chosen only at small K); MH and alias
+    the table while it takes at most ``TABLE_MAX_BYTES``, the hash layout beyond (their steps read
+    ``n_dt`` of proposed topics: O(1) in either; in the sorted lists a bisection and a shift of the
+    pairs when a topic comes or goes: one thread, V = 1 M, 3 M tokens, alias ran an iteration in
+    4.3 s on the table, 3.5 s hashed and 4.9 s on the lists at K = 100,000, 2.4 / 2.4 / 3.9 s at
+    K = 1,000); F+LDA and SparseLDA the lists (they walk each document's non-zero topics, which only
+    that layout lists; there they also ran 30-60 % faster than on a dense table).
     """
     if sampler == "dense":
-        return True
+        return "table"
     if sampler in ("mh", "alias"):
-        return 4 * int(n_docs) * int(n_topics) <= TABLE_MAX_BYTES
-    return False
+        return "table" if 4 * int(n_docs) * int(n_topics) <= TABLE_MAX_BYTES else "hash"
+    return "lists"
